@@ -1,0 +1,30 @@
+//! `aya::Pod` for the map types: each is `#[repr(C)]`, `Copy`, and has no implicit padding
+//! (checked by the size assertions beside each definition), so any byte pattern is valid.
+
+use crate::maps::{
+    Backend, DecapAddrKey, DecapConfig, FlowKey, FlowState, GlobalConfig, VipKey, VipMeta,
+};
+use crate::stats::{DecapStats, GlobalStats, TrafficStats};
+
+// SAFETY: see the module docs; every field is an integer or an array of integers.
+unsafe impl aya::Pod for VipKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for VipMeta {}
+// SAFETY: as above.
+unsafe impl aya::Pod for Backend {}
+// SAFETY: as above.
+unsafe impl aya::Pod for FlowKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for FlowState {}
+// SAFETY: as above.
+unsafe impl aya::Pod for GlobalConfig {}
+// SAFETY: as above.
+unsafe impl aya::Pod for GlobalStats {}
+// SAFETY: as above.
+unsafe impl aya::Pod for TrafficStats {}
+// SAFETY: as above.
+unsafe impl aya::Pod for DecapConfig {}
+// SAFETY: as above.
+unsafe impl aya::Pod for DecapAddrKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for DecapStats {}

@@ -1,0 +1,146 @@
+//! Counter layouts. All counters are per-CPU in the kernel; the daemon sums them.
+
+/// Global counters; the index names one entry of [`GlobalStats::counters`].
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// Packets returned with `XDP_PASS` (not for a VIP, or a policy pass).
+    ActionPass = 0,
+    /// Packets returned with `XDP_TX` (forwarded to a backend, or an ICMP answer).
+    ActionTx,
+    /// Packets returned with `XDP_DROP`.
+    ActionDrop,
+    /// A VIP packet whose flow was in the connection table.
+    ConntrackHit,
+    /// A VIP packet whose flow was not in the connection table.
+    ConntrackMiss,
+    /// A tracked flow whose backend had left (removed or unhealthy) and was chosen again.
+    FlowRehashed,
+    /// A tracked UDP flow idle past the timeout and chosen again.
+    UdpFlowExpired,
+    /// Times a CPU entered flood mode (new-flow rate over the threshold).
+    FloodActivations,
+    /// New flows not inserted into the connection table because of flood mode.
+    FloodInsertsSkipped,
+    /// VIP packet dropped: the VIP has no table or no usable backend.
+    DropNoBackend,
+    /// VIP packet dropped: an IP fragment.
+    DropFragment,
+    /// VIP packet dropped: IPv4 header with options.
+    DropIpOptions,
+    /// VIP packet dropped: headers inconsistent with the frame (bad lengths).
+    DropMalformed,
+    /// VIP packet dropped: the kernel refused to grow the headroom for encapsulation.
+    DropEncapFailed,
+    /// ICMP error quoting a VIP flow, forwarded to that flow's backend.
+    IcmpErrorForwarded,
+    /// ICMP fragmentation-needed / packet-too-big sent back to a client.
+    IcmpTooBigSent,
+}
+
+impl Counter {
+    /// Every counter, in index order.
+    pub const ALL: [Counter; COUNTERS] = [
+        Counter::ActionPass,
+        Counter::ActionTx,
+        Counter::ActionDrop,
+        Counter::ConntrackHit,
+        Counter::ConntrackMiss,
+        Counter::FlowRehashed,
+        Counter::UdpFlowExpired,
+        Counter::FloodActivations,
+        Counter::FloodInsertsSkipped,
+        Counter::DropNoBackend,
+        Counter::DropFragment,
+        Counter::DropIpOptions,
+        Counter::DropMalformed,
+        Counter::DropEncapFailed,
+        Counter::IcmpErrorForwarded,
+        Counter::IcmpTooBigSent,
+    ];
+
+    /// A snake_case name for metrics and the CLI.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Counter::ActionPass => "xdp_pass",
+            Counter::ActionTx => "xdp_tx",
+            Counter::ActionDrop => "xdp_drop",
+            Counter::ConntrackHit => "conntrack_hit",
+            Counter::ConntrackMiss => "conntrack_miss",
+            Counter::FlowRehashed => "flow_rehashed",
+            Counter::UdpFlowExpired => "udp_flow_expired",
+            Counter::FloodActivations => "flood_activations",
+            Counter::FloodInsertsSkipped => "flood_inserts_skipped",
+            Counter::DropNoBackend => "drop_no_backend",
+            Counter::DropFragment => "drop_fragment",
+            Counter::DropIpOptions => "drop_ip_options",
+            Counter::DropMalformed => "drop_malformed",
+            Counter::DropEncapFailed => "drop_encap_failed",
+            Counter::IcmpErrorForwarded => "icmp_error_forwarded",
+            Counter::IcmpTooBigSent => "icmp_too_big_sent",
+        }
+    }
+}
+
+/// Number of global counters.
+pub const COUNTERS: usize = 16;
+
+/// The single per-CPU entry of [`crate::maps::STATS`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GlobalStats {
+    pub counters: [u64; COUNTERS],
+}
+const _: () = assert!(core::mem::size_of::<GlobalStats>() == 8 * COUNTERS);
+
+impl Default for GlobalStats {
+    fn default() -> Self {
+        Self {
+            counters: [0; COUNTERS],
+        }
+    }
+}
+
+impl GlobalStats {
+    pub const fn get(&self, counter: Counter) -> u64 {
+        self.counters[counter as usize]
+    }
+}
+
+/// Per-CPU traffic counters of one VIP or one backend.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TrafficStats {
+    pub packets: u64,
+    pub bytes: u64,
+    /// Flows this VIP/backend took from the Maglev table (connection-table misses).
+    pub new_flows: u64,
+}
+const _: () = assert!(core::mem::size_of::<TrafficStats>() == 24);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_lists_every_counter_in_index_order() {
+        for (i, c) in Counter::ALL.iter().enumerate() {
+            assert_eq!(*c as usize, i, "{} is out of order", c.name());
+        }
+    }
+}
+
+/// Counters of the backend-side decapsulator (one per-CPU entry).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DecapStats {
+    /// IPIP / IPv6-in-IP packets stripped and passed on.
+    pub ipip: u64,
+    /// GUE packets stripped and passed on.
+    pub gue: u64,
+    /// Encapsulated packets for an address not in the accepted set, passed untouched.
+    pub foreign: u64,
+    /// Encapsulated packets whose inner header was cut off or whose headroom could not move.
+    pub malformed: u64,
+}
+const _: () = assert!(core::mem::size_of::<DecapStats>() == 32);

@@ -1,0 +1,172 @@
+//! The balancer's XDP program.
+//!
+//! The packet path reads top to bottom: parse, look up the VIP, choose a backend (connection
+//! table, else Maglev), rewrite or encapsulate, count. Anything not addressed to a VIP leaves
+//! untouched with `XDP_PASS`, so the host's own traffic (ARP, SSH, ICMP to its addresses) is
+//! unaffected.
+#![cfg_attr(target_arch = "bpf", no_std)]
+#![cfg_attr(target_arch = "bpf", no_main)]
+
+mod choose;
+mod forward;
+mod icmp;
+mod maps;
+
+use aya_ebpf::{
+    bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
+    macros::xdp,
+    programs::XdpContext,
+};
+use balancer_common::{
+    maps::VipKey,
+    stats::{Counter, GlobalStats, TrafficStats},
+};
+use balancer_ebpf::{
+    headers::{IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP},
+    parse::{Frame, Ip, Shape, parse_ip, parse_l2, parse_ports},
+};
+
+use crate::{
+    choose::{choose, count},
+    forward::{EncapError, frame_of, to_backend},
+    maps::{BACKEND_STATS, CONFIG, STATS, VIP_STATS, VIPS},
+};
+
+#[xdp]
+pub fn balancer(ctx: XdpContext) -> u32 {
+    let Some(stats) = STATS.get_ptr_mut(0) else {
+        return XDP_PASS;
+    };
+    // SAFETY: this CPU's entry, valid while the program runs.
+    let stats = unsafe { &mut *stats };
+    let action = process(&ctx, stats);
+    let counter = match action {
+        XDP_TX => Counter::ActionTx,
+        XDP_DROP => Counter::ActionDrop,
+        _ => Counter::ActionPass,
+    };
+    count(stats, counter);
+    action
+}
+
+#[inline(always)]
+fn process(ctx: &XdpContext, stats: &mut GlobalStats) -> u32 {
+    let frame = frame_of(ctx);
+    let Some(l2) = parse_l2(&frame) else {
+        return XDP_PASS;
+    };
+    let Some(ip) = parse_ip(&frame, &l2) else {
+        return XDP_PASS;
+    };
+    if ip.shape == Shape::Plain
+        && (ip.proto == IPPROTO_TCP || ip.proto == IPPROTO_UDP)
+        && let Some(ports) = parse_ports(&frame, ip.l4_off)
+    {
+        let key = VipKey {
+            addr: ip.dst,
+            port: ports.dst,
+            proto: ip.proto,
+            family: ip.family,
+        };
+        // SAFETY: the value is only read while the program runs.
+        let Some(vip) = (unsafe { VIPS.get(&key) }) else {
+            return XDP_PASS;
+        };
+        return to_vip(ctx, &frame, &ip, vip, ports.src, stats);
+    }
+    not_plain_transport(ctx, &frame, &ip, stats)
+}
+
+/// A TCP/UDP packet for a VIP.
+#[inline(always)]
+fn to_vip(
+    ctx: &XdpContext,
+    frame: &Frame,
+    ip: &Ip,
+    vip: &balancer_common::maps::VipMeta,
+    sport: u16,
+    stats: &mut GlobalStats,
+) -> u32 {
+    let Some(cfg) = CONFIG.get(0) else {
+        return XDP_PASS;
+    };
+    let Some(choice) = choose(vip, &ip.src, sport, ip.proto == IPPROTO_UDP, cfg, stats) else {
+        count(stats, Counter::DropNoBackend);
+        return XDP_DROP;
+    };
+    let bytes = frame.len() as u64;
+    add_traffic(VIP_STATS.get_ptr_mut(vip.vip_id), bytes, choice.new_flow);
+    add_traffic(BACKEND_STATS.get_ptr_mut(choice.id), bytes, choice.new_flow);
+    let entropy = ip.src[0] ^ ip.src[3] ^ u32::from(sport);
+    match to_backend(ctx, ip, vip, choice.backend, cfg, entropy) {
+        Ok(action) => action,
+        Err(EncapError::TooBig { mtu }) => icmp::too_big(ctx, ip, mtu, stats),
+        Err(EncapError::Failed) => {
+            count(stats, Counter::DropEncapFailed);
+            XDP_DROP
+        }
+    }
+}
+
+/// Fragments, IPv4 options, malformed headers, ICMP and other protocols: only packets for a VIP
+/// address are ours; everything else passes untouched.
+#[inline(always)]
+fn not_plain_transport(
+    ctx: &XdpContext,
+    frame: &Frame,
+    ip: &Ip,
+    stats: &mut GlobalStats,
+) -> u32 {
+    let key = VipKey {
+        addr: ip.dst,
+        port: 0,
+        proto: 0,
+        family: ip.family,
+    };
+    // SAFETY: the value is only read while the program runs.
+    if unsafe { VIPS.get(&key) }.is_none() {
+        return XDP_PASS;
+    }
+    let drop_reason = match ip.shape {
+        Shape::Fragment => Counter::DropFragment,
+        Shape::Options => Counter::DropIpOptions,
+        Shape::Malformed => Counter::DropMalformed,
+        Shape::Plain => match ip.proto {
+            IPPROTO_ICMP | IPPROTO_ICMPV6 => {
+                let Some(cfg) = CONFIG.get(0) else {
+                    return XDP_PASS;
+                };
+                return icmp::to_vip_address(ctx, frame, ip, cfg, stats);
+            }
+            // TCP/UDP whose ports are cut off.
+            IPPROTO_TCP | IPPROTO_UDP => Counter::DropMalformed,
+            _ => return XDP_PASS,
+        },
+    };
+    count(stats, drop_reason);
+    XDP_DROP
+}
+
+#[inline(always)]
+fn add_traffic(entry: Option<*mut TrafficStats>, bytes: u64, new_flow: bool) {
+    if let Some(entry) = entry {
+        // SAFETY: this CPU's entry, valid while the program runs.
+        let entry = unsafe { &mut *entry };
+        entry.packets += 1;
+        entry.bytes += bytes;
+        entry.new_flows += u64::from(new_flow);
+    }
+}
+
+#[cfg(all(target_arch = "bpf", not(test)))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[cfg(not(target_arch = "bpf"))]
+fn main() {}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

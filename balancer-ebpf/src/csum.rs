@@ -1,0 +1,46 @@
+//! Internet checksums (RFC 1071) over fixed-size headers, unrolled for the verifier.
+
+use crate::headers::Ipv4Hdr;
+
+/// Folds a 64-bit one's-complement sum to 16 bits.
+#[inline(always)]
+pub fn fold(mut sum: u64) -> u16 {
+    sum = (sum & 0xffff_ffff) + (sum >> 32);
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum as u16
+}
+
+/// One's-complement sum of `N` 16-bit words read from `words` (in memory order).
+///
+/// # Safety
+/// `words` must point at `2 * N` readable bytes.
+#[inline(always)]
+pub unsafe fn sum_words<const N: usize>(words: *const u16) -> u64 {
+    let mut sum = 0u64;
+    let mut i = 0;
+    while i < N {
+        // SAFETY: the caller guarantees `2 * N` readable bytes.
+        sum += u64::from(unsafe { words.add(i).read_unaligned() });
+        i += 1;
+    }
+    sum
+}
+
+/// The checksum of an IPv4 header without options whose `check` field is zero.
+#[inline(always)]
+pub fn ipv4_header(h: &Ipv4Hdr) -> u16 {
+    // SAFETY: an `Ipv4Hdr` is 20 bytes = 10 words.
+    !fold(unsafe { sum_words::<10>((h as *const Ipv4Hdr).cast()) })
+}
+
+/// Sum of the words of an address as stored in the packet.
+#[inline(always)]
+pub fn sum_addr(words: &[u32; 4]) -> u64 {
+    let mut sum = 0u64;
+    for w in words {
+        sum += u64::from(*w & 0xffff) + u64::from(*w >> 16);
+    }
+    sum
+}

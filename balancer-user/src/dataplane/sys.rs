@@ -1,0 +1,112 @@
+//! The few `bpf(2)` commands aya 0.14 does not offer for maps of maps: creating a memory-mapped
+//! inner array, and writing or deleting an outer entry by file descriptor.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+const BPF_MAP_TYPE_ARRAY: u32 = 2;
+
+/// `union bpf_attr` is 128+ bytes in current kernels; unused fields must be zero.
+#[repr(C, align(8))]
+struct Attr([u8; 128]);
+
+impl Attr {
+    fn zeroed() -> Self {
+        Attr([0; 128])
+    }
+    fn put_u32(&mut self, offset: usize, v: u32) {
+        self.0[offset..offset + 4].copy_from_slice(&v.to_ne_bytes());
+    }
+    fn put_u64(&mut self, offset: usize, v: u64) {
+        self.0[offset..offset + 8].copy_from_slice(&v.to_ne_bytes());
+    }
+}
+
+fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<libc::c_long> {
+    // SAFETY: `attr` is a valid, zero-initialised `bpf_attr` of the size passed.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *mut Attr,
+            std::mem::size_of::<Attr>() as libc::c_uint,
+        )
+    };
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Creates a `BPF_MAP_TYPE_ARRAY` of `u32` values with `flags` and a name (at most 15 bytes).
+pub fn create_u32_array(max_entries: u32, flags: u32, name: &str) -> io::Result<OwnedFd> {
+    let mut attr = Attr::zeroed();
+    attr.put_u32(0, BPF_MAP_TYPE_ARRAY);
+    attr.put_u32(4, 4); // key_size
+    attr.put_u32(8, 4); // value_size
+    attr.put_u32(12, max_entries);
+    attr.put_u32(16, flags);
+    let name = name.as_bytes();
+    let len = name.len().min(15);
+    attr.0[28..28 + len].copy_from_slice(&name[..len]); // map_name[16]
+    let fd = bpf(BPF_MAP_CREATE, &mut attr)?;
+    // SAFETY: the kernel returned a new file descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Writes `value` at `key` in a map whose keys and values are `u32`.
+pub fn update_u32(map: BorrowedFd<'_>, key: u32, value: u32) -> io::Result<()> {
+    let mut attr = Attr::zeroed();
+    attr.put_u32(0, map.as_raw_fd() as u32);
+    attr.put_u64(8, &key as *const u32 as u64);
+    attr.put_u64(16, &value as *const u32 as u64);
+    attr.put_u64(24, 0); // BPF_ANY
+    bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map(drop)
+}
+
+/// Deletes `key` from a map with `u32` keys; a missing key is not an error.
+pub fn delete_u32(map: BorrowedFd<'_>, key: u32) -> io::Result<()> {
+    let mut attr = Attr::zeroed();
+    attr.put_u32(0, map.as_raw_fd() as u32);
+    attr.put_u64(8, &key as *const u32 as u64);
+    match bpf(BPF_MAP_DELETE_ELEM, &mut attr) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        other => other.map(drop),
+    }
+}
+
+/// Fills a memory-mappable `u32` array from `values` through a shared mapping. Array elements
+/// are stored 8 bytes apart (the kernel rounds the value size up to 8).
+pub fn fill_mmapable_u32(map: BorrowedFd<'_>, values: &[u32]) -> io::Result<()> {
+    const STRIDE: usize = 8;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let bytes = values.len() * STRIDE;
+    let len = bytes.div_ceil(page).max(1) * page;
+    // SAFETY: mapping a BPF array fd created with BPF_F_MMAPABLE and at least `values.len()`
+    // entries; the mapping is private to this function and unmapped before it returns.
+    unsafe {
+        let ptr = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            map.as_raw_fd(),
+            0,
+        );
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let words = ptr.cast::<u32>();
+        for (i, v) in values.iter().enumerate() {
+            // The value is the element's first 4 bytes; the rest is padding.
+            words.add(i * STRIDE / 4).write(*v);
+        }
+        libc::munmap(ptr, len);
+    }
+    Ok(())
+}

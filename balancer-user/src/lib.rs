@@ -1,0 +1,12 @@
+//! The balancer's control plane as a library: configuration, the bookkeeping that turns VIPs
+//! and backends into kernel state, the kernel access behind it, and the daemons. The `balancer`
+//! binary is a thin command-line front end over this crate.
+
+pub mod balancer;
+pub mod config;
+pub mod daemon;
+pub mod dataplane;
+pub mod decap;
+pub mod ebpf;
+pub mod netinfo;
+pub mod settings;

@@ -1,0 +1,113 @@
+//! The data plane's global settings, derived from the config and the interface.
+
+use std::net::IpAddr;
+
+use balancer_common::addr::raw_from_ip;
+use balancer_common::maps::GlobalConfig;
+
+use crate::config::{Config, Forwarding, entropy_mask, network_v4, network_v6};
+use crate::netinfo::Interface;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    #[error(
+        "VIP {vip} encapsulates to {family} backend {backend}, but there is no outer {family} source: set encap.source_{short} or give {interface} an {family} address"
+    )]
+    NoEncapSource {
+        vip: String,
+        backend: IpAddr,
+        family: &'static str,
+        short: &'static str,
+        interface: String,
+    },
+}
+
+/// Builds the [`GlobalConfig`] for `config` on `iface`.
+pub fn data_plane_settings(config: &Config, iface: &Interface) -> Result<GlobalConfig, SettingsError> {
+    let mut settings = GlobalConfig {
+        mtu: config.encap.mtu.unwrap_or(iface.mtu),
+        udp_idle_timeout_ns: config.conntrack.udp_idle_timeout.as_nanos() as u64,
+        flood_threshold: config.conntrack.flood_threshold,
+        ..GlobalConfig::default()
+    };
+    let v4 = match &config.encap.source_v4 {
+        Some(p) => network_v4(p).map(|a| (a, entropy_mask(p))),
+        None => iface.first_v4().map(|a| (a, 0)),
+    };
+    let v6 = match &config.encap.source_v6 {
+        Some(p) => network_v6(p).map(|a| (a, entropy_mask(p))),
+        None => iface.first_v6().map(|a| (a, 0)),
+    };
+    if let Some((addr, mask)) = v4 {
+        settings.encap_src_v4 = raw_from_ip(addr.into()).0[0];
+        settings.encap_src_v4_hash_mask = mask;
+    }
+    if let Some((addr, mask)) = v6 {
+        settings.encap_src_v6 = raw_from_ip(addr.into()).0;
+        settings.encap_src_v6_hash_mask = mask;
+    }
+    for vip in config.vips.iter().filter(|v| v.forwarding != Forwarding::L2Dsr) {
+        for b in &vip.backends {
+            let missing = match b.address {
+                IpAddr::V4(_) if v4.is_none() => Some(("IPv4", "v4")),
+                IpAddr::V6(_) if v6.is_none() => Some(("IPv6", "v6")),
+                _ => None,
+            };
+            if let Some((family, short)) = missing {
+                return Err(SettingsError::NoEncapSource {
+                    vip: vip.name.clone(),
+                    backend: b.address,
+                    family,
+                    short,
+                    interface: iface.name.clone(),
+                });
+            }
+        }
+    }
+    Ok(settings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::MacAddr;
+
+    fn iface(addresses: Vec<(IpAddr, u8)>) -> Interface {
+        Interface {
+            name: "eth0".into(),
+            index: 2,
+            mac: MacAddr([2, 0, 0, 0, 0, 1]),
+            mtu: 1500,
+            addresses,
+        }
+    }
+
+    #[test]
+    fn encap_source_comes_from_config_or_interface() {
+        let cfg = Config::parse(
+            "interface = \"eth0\"\n[encap]\nsource_v4 = \"172.16.0.0/16\"\nmtu = 1400\n[conntrack]\nudp_idle_timeout_secs = 5",
+        )
+        .unwrap();
+        let s = data_plane_settings(&cfg, &iface(vec![])).unwrap();
+        assert_eq!(s.encap_src_v4.to_ne_bytes(), [172, 16, 0, 0]);
+        assert_eq!(s.encap_src_v4_hash_mask, 0xffff);
+        assert_eq!(s.mtu, 1400);
+        assert_eq!(s.udp_idle_timeout_ns, 5_000_000_000);
+
+        let cfg = Config::parse("interface = \"eth0\"").unwrap();
+        let s = data_plane_settings(&cfg, &iface(vec![("10.0.0.2".parse().unwrap(), 24)])).unwrap();
+        assert_eq!(s.encap_src_v4.to_ne_bytes(), [10, 0, 0, 2]);
+        assert_eq!(s.encap_src_v4_hash_mask, 0);
+        assert_eq!(s.mtu, 1500);
+    }
+
+    #[test]
+    fn encapsulating_without_a_source_is_refused() {
+        let cfg = Config::parse(
+            "interface = \"eth0\"\n[[vip]]\naddress = \"2001:db8::1\"\nport = 80\nforwarding = \"ipip\"\n[[vip.backend]]\naddress = \"2001:db8::11\"",
+        )
+        .unwrap();
+        let err = data_plane_settings(&cfg, &iface(vec![("10.0.0.2".parse().unwrap(), 24)])).unwrap_err();
+        assert!(err.to_string().contains("encap.source_v6"), "{err}");
+    }
+}

@@ -1,0 +1,8 @@
+//! Test support for the balancer: network namespaces, the test rack (client, balancer and
+//! backends on one bridge), client traffic, and packet builders for `BPF_PROG_TEST_RUN`
+//! fixtures. The integration tests in `tests/` and the demo binary use it.
+
+pub mod netns;
+pub mod packet;
+pub mod topology;
+pub mod traffic;
