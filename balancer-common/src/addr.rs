@@ -51,7 +51,13 @@ mod tests {
 
     #[test]
     fn round_trips_both_families() {
-        for text in ["10.1.2.3", "0.0.0.0", "2001:db8::1", "::ffff:1.2.3.4", "fe80::1:2:3:4"] {
+        for text in [
+            "10.1.2.3",
+            "0.0.0.0",
+            "2001:db8::1",
+            "::ffff:1.2.3.4",
+            "fe80::1:2:3:4",
+        ] {
             let ip: IpAddr = text.parse().unwrap();
             let (raw, family) = raw_from_ip(ip);
             assert_eq!(ip_from_raw(&raw, family), Some(ip), "round trip of {text}");

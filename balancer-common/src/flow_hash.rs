@@ -65,7 +65,10 @@ mod tests {
         // live flows between backends during a rolling upgrade.
         let src = [u32::from_ne_bytes([10, 0, 0, 1]), 0, 0, 0];
         assert_eq!(flow_hash(&src, 1234u16.to_be()), 0x2d38_1299);
-        assert_eq!(slot(flow_hash(&src, 1234u16.to_be()), 65_537), 0x2d38_1299 % 65_537);
+        assert_eq!(
+            slot(flow_hash(&src, 1234u16.to_be()), 65_537),
+            0x2d38_1299 % 65_537
+        );
     }
 
     #[test]
@@ -83,7 +86,12 @@ mod tests {
         let slots = 101u32;
         let mut counts = vec![0u32; slots as usize];
         for c in 0..1000u32 {
-            let src = [u32::from_ne_bytes([10, 1, (c >> 8) as u8, c as u8]), 0, 0, 0];
+            let src = [
+                u32::from_ne_bytes([10, 1, (c >> 8) as u8, c as u8]),
+                0,
+                0,
+                0,
+            ];
             for p in 0..200u16 {
                 counts[slot(flow_hash(&src, (40000 + p).to_be()), slots) as usize] += 1;
             }
@@ -91,7 +99,10 @@ mod tests {
         let fair = 200_000.0 / f64::from(slots);
         for (i, &n) in counts.iter().enumerate() {
             let dev = (f64::from(n) - fair).abs() / fair;
-            assert!(dev < 0.10, "slot {i} got {n} flows, fair share {fair:.0} (off by {dev:.3})");
+            assert!(
+                dev < 0.10,
+                "slot {i} got {n} flows, fair share {fair:.0} (off by {dev:.3})"
+            );
         }
     }
 }

@@ -106,9 +106,7 @@ impl Ord for Turn {
     fn cmp(&self, other: &Self) -> Ordering {
         let mine = u128::from(self.turns + 1) * u128::from(other.weight);
         let theirs = u128::from(other.turns + 1) * u128::from(self.weight);
-        theirs
-            .cmp(&mine)
-            .then_with(|| other.rank.cmp(&self.rank))
+        theirs.cmp(&mine).then_with(|| other.rank.cmp(&self.rank))
     }
 }
 
@@ -120,7 +118,10 @@ impl PartialOrd for Turn {
 
 /// Builds the table: `table_size` slots, each holding the `id` of a backend, or [`NO_BACKEND`]
 /// everywhere when no backend has a weight.
-pub fn build_table(backends: &[MaglevBackend<'_>], table_size: u32) -> Result<Vec<u32>, MaglevError> {
+pub fn build_table(
+    backends: &[MaglevBackend<'_>],
+    table_size: u32,
+) -> Result<Vec<u32>, MaglevError> {
     if !is_prime(table_size) {
         return Err(MaglevError::NotPrime(table_size));
     }
@@ -229,7 +230,9 @@ mod tests {
     use super::*;
 
     fn names(n: usize) -> Vec<String> {
-        (0..n).map(|i| format!("10.0.{}.{}", i / 250, i % 250 + 1)).collect()
+        (0..n)
+            .map(|i| format!("10.0.{}.{}", i / 250, i % 250 + 1))
+            .collect()
     }
 
     fn backends(names: &[String], weight: impl Fn(usize) -> u32) -> Vec<MaglevBackend<'_>> {
@@ -250,17 +253,17 @@ mod tests {
         assert!(is_prime(655_373));
         assert!(is_prime(2) && is_prime(3) && is_prime(13));
         assert!(!is_prime(0) && !is_prime(1) && !is_prime(65_536) && !is_prime(655_371));
-        assert_eq!(
-            build_table(&[], 65_536),
-            Err(MaglevError::NotPrime(65_536))
-        );
+        assert_eq!(build_table(&[], 65_536), Err(MaglevError::NotPrime(65_536)));
     }
 
     #[test]
     fn every_slot_is_filled() {
         let n = names(7);
         let table = build_table(&backends(&n, |_| 1), 65_537).unwrap();
-        assert!(table.iter().all(|&id| id < 7), "a slot was left empty or holds a stray id");
+        assert!(
+            table.iter().all(|&id| id < 7),
+            "a slot was left empty or holds a stray id"
+        );
     }
 
     #[test]
@@ -306,7 +309,10 @@ mod tests {
         let fair = 65_537.0 / 100.0;
         for (id, &c) in &counts {
             let dev = (c as f64 - fair).abs() / fair;
-            assert!(dev <= 0.01, "backend {id} has {c} slots, fair {fair}: off by {dev:.4}");
+            assert!(
+                dev <= 0.01,
+                "backend {id} has {c} slots, fair {fair}: off by {dev:.4}"
+            );
         }
     }
 
@@ -321,7 +327,10 @@ mod tests {
             for (id, &c) in &slot_counts(&table) {
                 let want = f64::from(m) * f64::from(weight(*id as usize)) / f64::from(total);
                 let dev = (c as f64 - want).abs() / want;
-                assert!(dev <= 0.01, "M={m} backend {id}: {c} slots, want {want:.1} ({dev:.4})");
+                assert!(
+                    dev <= 0.01,
+                    "M={m} backend {id}: {c} slots, want {want:.1} ({dev:.4})"
+                );
             }
         }
     }
@@ -343,7 +352,10 @@ mod tests {
             }
         }
         let frac = others_moved as f64 / 65_537.0;
-        assert!(frac < 0.01, "{others_moved} slots of survivors moved ({frac:.4})");
+        assert!(
+            frac < 0.01,
+            "{others_moved} slots of survivors moved ({frac:.4})"
+        );
     }
 
     #[test]
@@ -362,7 +374,10 @@ mod tests {
         let lost = slot_counts(&before)[&7] - slot_counts(&after)[&7];
         let moved = slots_changed(&before, &after);
         let extra = (moved - lost) as f64 / 65_537.0;
-        assert!(extra < 0.01, "{moved} slots moved for {lost} that had to ({extra:.4} extra)");
+        assert!(
+            extra < 0.01,
+            "{moved} slots moved for {lost} that had to ({extra:.4} extra)"
+        );
     }
 
     #[test]

@@ -28,7 +28,7 @@ impl Frame {
     }
 
     #[inline(always)]
-    pub fn len(&self) -> usize {
+    pub fn size(&self) -> usize {
         self.end - self.start
     }
 }
@@ -105,7 +105,7 @@ pub fn parse_ipv4(frame: &Frame, l3_off: usize) -> Option<Ip> {
     let h = unsafe { &*h };
     let ihl = (h.ver_ihl & 0x0f) as usize * 4;
     let len = u16::from_be(h.tot_len) as usize;
-    let shape = if h.ver_ihl >> 4 != 4 || ihl < IPV4_LEN || len < ihl || l3_off + len > frame.len()
+    let shape = if h.ver_ihl >> 4 != 4 || ihl < IPV4_LEN || len < ihl || l3_off + len > frame.size()
     {
         Shape::Malformed
     } else if h.frag_off & IPV4_FRAG_MASK != 0 {
@@ -146,7 +146,7 @@ pub fn parse_ipv6(frame: &Frame, l3_off: usize) -> Option<Ip> {
         l4_off: l3_off + IPV6_LEN,
         len,
     };
-    if h.ver_tc_flow[0] >> 4 != 6 || l3_off + len > frame.len() {
+    if h.ver_tc_flow[0] >> 4 != 6 || l3_off + len > frame.size() {
         ip.shape = Shape::Malformed;
         return Some(ip);
     }

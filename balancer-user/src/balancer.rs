@@ -168,8 +168,10 @@ pub fn build_table(
     table_size: u32,
     backends: &BTreeMap<IpAddr, BackendState>,
 ) -> Result<(Vec<u32>, u64), BalancerError> {
-    let identities: Vec<(String, &BackendState)> =
-        backends.values().map(|b| (b.address.to_string(), b)).collect();
+    let identities: Vec<(String, &BackendState)> = backends
+        .values()
+        .map(|b| (b.address.to_string(), b))
+        .collect();
     let input: Vec<MaglevBackend<'_>> = identities
         .iter()
         .map(|(identity, b)| MaglevBackend {
@@ -238,7 +240,8 @@ impl<D: Dataplane> Balancer<D> {
         macs: &HashMap<IpAddr, MacAddr>,
     ) -> Result<ApplyReport, BalancerError> {
         let mut report = ApplyReport::default();
-        let desired: BTreeMap<Endpoint, &VipConfig> = vips.iter().map(|v| (v.endpoint(), v)).collect();
+        let desired: BTreeMap<Endpoint, &VipConfig> =
+            vips.iter().map(|v| (v.endpoint(), v)).collect();
 
         // Check: MACs known, ids available, tables buildable (with placeholder ids).
         for vip in vips {
@@ -251,7 +254,10 @@ impl<D: Dataplane> Balancer<D> {
                 }
             }
         }
-        let new_vips = desired.keys().filter(|e| !self.vips.contains_key(e)).count();
+        let new_vips = desired
+            .keys()
+            .filter(|e| !self.vips.contains_key(e))
+            .count();
         if new_vips > self.vip_ids.available() {
             return Err(BalancerError::IdsExhausted {
                 what: "VIP",
@@ -265,7 +271,8 @@ impl<D: Dataplane> Balancer<D> {
             .map(|(_, v)| v.backends.len())
             .sum();
         let wanted_backends: usize = vips.iter().map(|v| v.backends.len()).sum();
-        let freed_backends: usize = self.vips.values().map(|v| v.backends.len()).sum::<usize>() - kept_backends;
+        let freed_backends: usize =
+            self.vips.values().map(|v| v.backends.len()).sum::<usize>() - kept_backends;
         if wanted_backends > self.backend_ids.available() + kept_backends + freed_backends {
             return Err(BalancerError::IdsExhausted {
                 what: "backend",
@@ -343,7 +350,11 @@ impl<D: Dataplane> Balancer<D> {
         Ok(())
     }
 
-    fn mac_of(vip: &VipConfig, address: IpAddr, macs: &HashMap<IpAddr, MacAddr>) -> Result<MacAddr, BalancerError> {
+    fn mac_of(
+        vip: &VipConfig,
+        address: IpAddr,
+        macs: &HashMap<IpAddr, MacAddr>,
+    ) -> Result<MacAddr, BalancerError> {
         vip.backends
             .iter()
             .find(|b| b.address == address)
@@ -355,7 +366,11 @@ impl<D: Dataplane> Balancer<D> {
             })
     }
 
-    fn add_vip(&mut self, config: &VipConfig, macs: &HashMap<IpAddr, MacAddr>) -> Result<(), BalancerError> {
+    fn add_vip(
+        &mut self,
+        config: &VipConfig,
+        macs: &HashMap<IpAddr, MacAddr>,
+    ) -> Result<(), BalancerError> {
         let id = self.vip_ids.take().ok_or(BalancerError::IdsExhausted {
             what: "VIP",
             max: MAX_VIPS,
@@ -397,8 +412,11 @@ impl<D: Dataplane> Balancer<D> {
         let Some(vip) = self.vips.remove(endpoint) else {
             return Ok(());
         };
-        self.dataplane
-            .remove_vip(&vip_key(vip.config.address, vip.config.port, vip.config.protocol.number()))?;
+        self.dataplane.remove_vip(&vip_key(
+            vip.config.address,
+            vip.config.port,
+            vip.config.protocol.number(),
+        ))?;
         self.unmark_address(vip.config.address)?;
         self.dataplane.clear_table(vip.id)?;
         for b in vip.backends.values() {
@@ -431,10 +449,13 @@ impl<D: Dataplane> Balancer<D> {
             let mac = Self::mac_of(config, b.address, macs)?;
             match current.backends.get(&b.address) {
                 Some(old) if old.mac == mac => {
-                    backends.insert(b.address, BackendState {
-                        weight: b.weight,
-                        ..old.clone()
-                    });
+                    backends.insert(
+                        b.address,
+                        BackendState {
+                            weight: b.weight,
+                            ..old.clone()
+                        },
+                    );
                 }
                 Some(old) => {
                     // New next hop: same id and generation (flows stay), new MAC.
@@ -443,7 +464,8 @@ impl<D: Dataplane> Balancer<D> {
                         mac,
                         ..old.clone()
                     };
-                    self.dataplane.set_backend(state.id, &backend_entry(&state))?;
+                    self.dataplane
+                        .set_backend(state.id, &backend_entry(&state))?;
                     backends.insert(b.address, state);
                 }
                 None => {
@@ -455,9 +477,12 @@ impl<D: Dataplane> Balancer<D> {
         }
         let meta_changed = vip_meta(current.id, &current.config) != vip_meta(current.id, config);
         let membership_changed = !added.is_empty() || !retired.is_empty();
-        let weights_changed = backends
-            .values()
-            .any(|b| current.backends.get(&b.address).is_some_and(|old| old.weight != b.weight));
+        let weights_changed = backends.values().any(|b| {
+            current
+                .backends
+                .get(&b.address)
+                .is_some_and(|old| old.weight != b.weight)
+        });
         let resize = config.table_size != current.config.table_size;
 
         let mut changed = None;
@@ -572,7 +597,12 @@ mac = "02:00:00:00:00:99"
 
     fn macs() -> HashMap<IpAddr, MacAddr> {
         (1..=20u8)
-            .map(|i| (IpAddr::from([10, 0, 0, 10 + i]), MacAddr([2, 0, 0, 0, 0, 10 + i])))
+            .map(|i| {
+                (
+                    IpAddr::from([10, 0, 0, 10 + i]),
+                    MacAddr([2, 0, 0, 0, 0, 10 + i]),
+                )
+            })
             .collect()
     }
 
@@ -588,7 +618,10 @@ mac = "02:00:00:00:00:99"
         let dp = lb.dataplane();
         // Two VIP entries plus one shared address marker.
         assert_eq!(dp.vips.len(), 3);
-        assert!(dp.vips.contains_key(&vip_key("10.100.0.1".parse().unwrap(), 0, 0)));
+        assert!(
+            dp.vips
+                .contains_key(&vip_key("10.100.0.1".parse().unwrap(), 0, 0))
+        );
         let web = lb.vip("web").unwrap();
         let meta = dp.vips[&vip_key("10.100.0.1".parse().unwrap(), 80, 6)];
         assert_eq!(meta.vip_id, web.id);
@@ -603,9 +636,18 @@ mac = "02:00:00:00:00:99"
         let dns = lb.vip("dns").unwrap();
         let b11 = &dns.backends[&"10.0.0.11".parse::<IpAddr>().unwrap()];
         assert_eq!(dp.backends[&b11.id].mac, [2, 0, 0, 0, 0, 0x99]);
-        assert_ne!(b11.id, web.backends[&"10.0.0.11".parse::<IpAddr>().unwrap()].id);
-        assert_eq!(dp.vips[&vip_key("10.100.0.1".parse().unwrap(), 53, 17)].mode, ForwardMode::Gue as u8);
-        assert_eq!(dp.vips[&vip_key("10.100.0.1".parse().unwrap(), 53, 17)].gue_port, 6080u16.to_be());
+        assert_ne!(
+            b11.id,
+            web.backends[&"10.0.0.11".parse::<IpAddr>().unwrap()].id
+        );
+        assert_eq!(
+            dp.vips[&vip_key("10.100.0.1".parse().unwrap(), 53, 17)].mode,
+            ForwardMode::Gue as u8
+        );
+        assert_eq!(
+            dp.vips[&vip_key("10.100.0.1".parse().unwrap(), 53, 17)].gue_port,
+            6080u16.to_be()
+        );
     }
 
     #[test]
@@ -630,9 +672,15 @@ mac = "02:00:00:00:00:99"
         let report = lb.apply(&cfg.vips, &macs()).unwrap();
         assert_eq!(report.vips_updated, 1);
         let dp = lb.dataplane();
-        assert_eq!(dp.backends[&gone.id].flags, 0, "removed backend still active");
+        assert_eq!(
+            dp.backends[&gone.id].flags, 0,
+            "removed backend still active"
+        );
         assert_eq!(dp.backends[&kept.id].flags, BACKEND_F_ACTIVE);
-        assert_eq!(dp.backends[&kept.id].generation, kept.generation, "survivor's flows must stay");
+        assert_eq!(
+            dp.backends[&kept.id].generation, kept.generation,
+            "survivor's flows must stay"
+        );
         let web = lb.vip("web").unwrap();
         assert!(web.table.iter().all(|&id| id == kept.id));
     }
@@ -691,7 +739,10 @@ mac = "02:00:00:00:00:99"
         let web = lb.vip("web").unwrap();
         assert_eq!(web.table.len(), 13);
         assert_eq!(lb.dataplane().tables[&web.id].len(), 13);
-        assert_eq!(lb.dataplane().vips[&vip_key("10.100.0.1".parse().unwrap(), 80, 6)].table_size, 13);
+        assert_eq!(
+            lb.dataplane().vips[&vip_key("10.100.0.1".parse().unwrap(), 80, 6)].table_size,
+            13
+        );
     }
 
     #[test]

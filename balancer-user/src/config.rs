@@ -45,7 +45,11 @@ pub enum ConfigError {
     },
 }
 
-fn invalid(key: impl Into<String>, value: impl fmt::Display, reason: impl Into<String>) -> ConfigError {
+fn invalid(
+    key: impl Into<String>,
+    value: impl fmt::Display,
+    reason: impl Into<String>,
+) -> ConfigError {
     ConfigError::Invalid {
         key: key.into(),
         value: value.to_string(),
@@ -172,12 +176,14 @@ impl FromStr for MacAddr {
         let mut out = [0u8; 6];
         let mut parts = s.split(':');
         for byte in &mut out {
-            let part = parts.next().ok_or("expected six hex bytes like 02:00:00:00:00:01")?;
+            let part = parts
+                .next()
+                .ok_or("expected six hex bytes like 02:00:00:00:00:01")?;
             if part.len() != 2 {
                 return Err("expected six hex bytes like 02:00:00:00:00:01".into());
             }
-            *byte = u8::from_str_radix(part, 16)
-                .map_err(|_| format!("{part:?} is not a hex byte"))?;
+            *byte =
+                u8::from_str_radix(part, 16).map_err(|_| format!("{part:?} is not a hex byte"))?;
         }
         if parts.next().is_some() {
             return Err("expected six hex bytes like 02:00:00:00:00:01".into());
@@ -231,7 +237,9 @@ impl Prefix {
                 u32::from(net) & mask == u32::from(ip) & mask
             }
             (IpAddr::V6(net), IpAddr::V6(ip)) => {
-                let mask = u128::MAX.checked_shl(128 - u32::from(self.len)).unwrap_or(0);
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.len))
+                    .unwrap_or(0);
                 u128::from(net) & mask == u128::from(ip) & mask
             }
             _ => false,
@@ -363,7 +371,8 @@ fn required<T>(value: Option<T>, key: &str) -> Result<T, ConfigError> {
 }
 
 fn parse_field<T: FromStr<Err = String>>(text: &str, key: &str) -> Result<T, ConfigError> {
-    text.parse().map_err(|reason| invalid(key, format!("{text:?}"), reason))
+    text.parse()
+        .map_err(|reason| invalid(key, format!("{text:?}"), reason))
 }
 
 fn parse_ip(text: &str, key: &str) -> Result<IpAddr, ConfigError> {
@@ -373,7 +382,11 @@ fn parse_ip(text: &str, key: &str) -> Result<IpAddr, ConfigError> {
 
 fn int_in<T: TryFrom<i64>>(value: i64, min: i64, max: i64, key: &str) -> Result<T, ConfigError> {
     if value < min || value > max {
-        return Err(invalid(key, value, format!("must be between {min} and {max}")));
+        return Err(invalid(
+            key,
+            value,
+            format!("must be between {min} and {max}"),
+        ));
     }
     T::try_from(value).map_err(|_| invalid(key, value, "out of range"))
 }
@@ -390,8 +403,8 @@ impl Config {
 
     /// Validates config text.
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
-        let raw: RawConfig =
-            toml::from_str(text).map_err(|e| ConfigError::Syntax(e.to_string().trim().to_string()))?;
+        let raw: RawConfig = toml::from_str(text)
+            .map_err(|e| ConfigError::Syntax(e.to_string().trim().to_string()))?;
         let interface = required(raw.interface, "interface")?;
         if interface.is_empty() || interface.len() > 15 || interface.contains(['/', ' ']) {
             return Err(invalid(
@@ -633,7 +646,9 @@ pub fn network_v4(prefix: &Prefix) -> Option<Ipv4Addr> {
 /// The network part of an IPv6 prefix (at most the last 32 bits cleared).
 pub fn network_v6(prefix: &Prefix) -> Option<Ipv6Addr> {
     match prefix.addr {
-        IpAddr::V6(a) => Some(Ipv6Addr::from(u128::from(a) & !u128::from(entropy_mask(prefix)))),
+        IpAddr::V6(a) => Some(Ipv6Addr::from(
+            u128::from(a) & !u128::from(entropy_mask(prefix)),
+        )),
         IpAddr::V4(_) => None,
     }
 }
@@ -740,19 +755,28 @@ table_size = 655373
                 "vip[0].table_size = 65536: must be a prime number",
             ),
             (
-                with_vip("address = \"10.0.0.1\"\nport = 80\n[[vip.backend]]\naddress = \"10.0.0.2\"\nweight = -1"),
+                with_vip(
+                    "address = \"10.0.0.1\"\nport = 80\n[[vip.backend]]\naddress = \"10.0.0.2\"\nweight = -1",
+                ),
                 "vip[0].backend[0].weight = -1: must be between 0 and 65535",
             ),
             (
-                with_vip("address = \"10.0.0.1\"\nport = 80\n[[vip.backend]]\naddress = \"10.0.0.2\"\n[[vip.backend]]\naddress = \"10.0.0.2\""),
+                with_vip(
+                    "address = \"10.0.0.1\"\nport = 80\n[[vip.backend]]\naddress = \"10.0.0.2\"\n[[vip.backend]]\naddress = \"10.0.0.2\"",
+                ),
                 "vip[0].backend[1].address = \"10.0.0.2\": this backend is listed twice",
             ),
             (
-                with_vip("address = \"10.0.0.1\"\nport = 80\n[[vip.backend]]\naddress = \"10.0.0.2\"\nmac = \"02:00:00\""),
+                with_vip(
+                    "address = \"10.0.0.1\"\nport = 80\n[[vip.backend]]\naddress = \"10.0.0.2\"\nmac = \"02:00:00\"",
+                ),
                 "vip[0].backend[0].mac = \"02:00:00\"",
             ),
             (
-                format!("{}[[vip]]\naddress = \"10.0.0.1\"\nport = 80\n", with_vip("address = \"10.0.0.1\"\nport = 80")),
+                format!(
+                    "{}[[vip]]\naddress = \"10.0.0.1\"\nport = 80\n",
+                    with_vip("address = \"10.0.0.1\"\nport = 80")
+                ),
                 "vip[1] = 10.0.0.1:80/tcp: the same address, port and protocol",
             ),
             (
@@ -770,7 +794,10 @@ table_size = 655373
         ];
         for (text, want) in cases {
             let got = error_of(text);
-            assert!(got.contains(want), "config:\n{text}\nexpected an error containing {want:?}, got {got:?}");
+            assert!(
+                got.contains(want),
+                "config:\n{text}\nexpected an error containing {want:?}, got {got:?}"
+            );
         }
     }
 
@@ -796,7 +823,13 @@ table_size = 655373
             "02:0a:FF:00:00:01".parse::<MacAddr>().unwrap().to_string(),
             "02:0a:ff:00:00:01"
         );
-        for bad in ["", "02:00:00:00:00", "02:00:00:00:00:00:00", "0g:00:00:00:00:00", "2:00:00:00:00:00"] {
+        for bad in [
+            "",
+            "02:00:00:00:00",
+            "02:00:00:00:00:00:00",
+            "0g:00:00:00:00:00",
+            "2:00:00:00:00:00",
+        ] {
             assert!(bad.parse::<MacAddr>().is_err(), "{bad:?} parsed");
         }
     }

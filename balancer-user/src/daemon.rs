@@ -35,7 +35,11 @@ pub fn xdp_mode(mode: AttachMode) -> XdpMode {
 }
 
 /// Next-hop MACs for the backends of `config` that do not name one.
-pub fn backend_macs(config: &Config, iface: &Interface, timeout: Duration) -> Result<HashMap<IpAddr, MacAddr>> {
+pub fn backend_macs(
+    config: &Config,
+    iface: &Interface,
+    timeout: Duration,
+) -> Result<HashMap<IpAddr, MacAddr>> {
     let mut wanted: Vec<IpAddr> = config
         .vips
         .iter()
@@ -59,7 +63,11 @@ fn prepare(path: &Path, neighbour_timeout: Duration) -> Result<Loaded> {
     let iface = Interface::by_name(&config.interface)
         .with_context(|| format!("interface {:?} from {}", config.interface, path.display()))?;
     let macs = backend_macs(&config, &iface, neighbour_timeout)?;
-    Ok(Loaded { config, iface, macs })
+    Ok(Loaded {
+        config,
+        iface,
+        macs,
+    })
 }
 
 /// Runs the daemon until SIGINT or SIGTERM, then detaches the program.
@@ -72,7 +80,8 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     } = prepare(&opts.config_path, opts.neighbour_timeout)?;
     let settings = data_plane_settings(&config, &iface)?;
 
-    let mut object = ebpf::load_balancer(config.conntrack.max_flows).context("loading the XDP program")?;
+    let mut object =
+        ebpf::load_balancer(config.conntrack.max_flows).context("loading the XDP program")?;
     match aya_log::EbpfLogger::init(&mut object) {
         Ok(logger) => spawn_ebpf_logger(logger),
         Err(e) => tracing::debug!("no eBPF log channel: {e}"),
@@ -146,9 +155,7 @@ fn reload(
         || loaded.config.attach_mode != current.attach_mode
         || loaded.config.conntrack.max_flows != current.conntrack.max_flows
     {
-        anyhow::bail!(
-            "interface, attach_mode and conntrack.max_flows only change with a restart"
-        );
+        anyhow::bail!("interface, attach_mode and conntrack.max_flows only change with a restart");
     }
     let settings = data_plane_settings(&loaded.config, iface)?;
     balancer.set_settings(&settings)?;

@@ -120,7 +120,13 @@ pub async fn run(opts: DecapOptions) -> Result<()> {
         _ = terminate.recv() => {}
     }
     if let Ok(s) = decap.stats() {
-        tracing::info!(ipip = s.ipip, gue = s.gue, foreign = s.foreign, malformed = s.malformed, "decap counters at exit");
+        tracing::info!(
+            ipip = s.ipip,
+            gue = s.gue,
+            foreign = s.foreign,
+            malformed = s.malformed,
+            "decap counters at exit"
+        );
     }
     Ok(())
 }

@@ -5,9 +5,11 @@ use aya::{Ebpf, EbpfLoader};
 use balancer_common::maps::FLOWS;
 
 /// The balancer object (program `balancer` and its maps).
-pub static BALANCER_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdp-balancer"));
+pub static BALANCER_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdp-balancer"));
 /// The backend-side object (programs `decap` and `pass`).
-pub static DECAP_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdp-decap"));
+pub static DECAP_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdp-decap"));
 
 pub const BALANCER_PROGRAM: &str = "balancer";
 pub const DECAP_PROGRAM: &str = "decap";
@@ -35,7 +37,10 @@ pub fn raise_memlock_limit() {
     };
     // SAFETY: setrlimit with a valid struct.
     if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } != 0 {
-        tracing::debug!("could not raise RLIMIT_MEMLOCK: {}", std::io::Error::last_os_error());
+        tracing::debug!(
+            "could not raise RLIMIT_MEMLOCK: {}",
+            std::io::Error::last_os_error()
+        );
     }
 }
 
@@ -43,7 +48,9 @@ pub fn raise_memlock_limit() {
 /// program.
 pub fn load_balancer(max_flows: u32) -> Result<Ebpf, LoadError> {
     raise_memlock_limit();
-    let mut ebpf = EbpfLoader::new().map_max_entries(FLOWS, max_flows).load(BALANCER_OBJECT)?;
+    let mut ebpf = EbpfLoader::new()
+        .map_max_entries(FLOWS, max_flows)
+        .load(BALANCER_OBJECT)?;
     load_program(&mut ebpf, BALANCER_PROGRAM)?;
     Ok(ebpf)
 }

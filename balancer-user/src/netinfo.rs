@@ -24,7 +24,8 @@ pub struct Interface {
 impl Interface {
     /// Looks an interface up by name.
     pub fn by_name(name: &str) -> io::Result<Interface> {
-        let c_name = CString::new(name).map_err(|_| io::Error::other("interface name contains NUL"))?;
+        let c_name =
+            CString::new(name).map_err(|_| io::Error::other("interface name contains NUL"))?;
         // SAFETY: `c_name` is a valid C string.
         let index = unsafe { libc::if_nametoindex(c_name.as_ptr()) };
         if index == 0 {
@@ -106,7 +107,11 @@ fn addresses_of(name: &str) -> io::Result<Vec<(IpAddr, u8)>> {
                         128
                     } else {
                         let m = &*(ifa.ifa_netmask as *const libc::sockaddr_in6);
-                        m.sin6_addr.s6_addr.iter().map(|b| b.count_ones() as u8).sum()
+                        m.sin6_addr
+                            .s6_addr
+                            .iter()
+                            .map(|b| b.count_ones() as u8)
+                            .sum()
                     };
                     out.push((IpAddr::V6(addr), len));
                 }
@@ -126,14 +131,18 @@ pub enum NeighbourError {
     Netlink(#[from] io::Error),
     #[error("no route to backend {0}")]
     NoRoute(IpAddr),
-    #[error("backend {backend} is reached through interface index {oif}, not {interface} (index {index}); give its next-hop MAC in the config")]
+    #[error(
+        "backend {backend} is reached through interface index {oif}, not {interface} (index {index}); give its next-hop MAC in the config"
+    )]
     WrongInterface {
         backend: IpAddr,
         oif: u32,
         interface: String,
         index: u32,
     },
-    #[error("neighbour {next_hop} (next hop of backend {backend}) did not resolve on {interface} within {waited:?}; is it up? (or give its MAC in the config)")]
+    #[error(
+        "neighbour {next_hop} (next hop of backend {backend}) did not resolve on {interface} within {waited:?}; is it up? (or give its MAC in the config)"
+    )]
     Unresolved {
         backend: IpAddr,
         next_hop: IpAddr,
@@ -269,7 +278,12 @@ mod netlink {
         }
 
         /// Sends one request and collects the replies' (type, payload) until done.
-        fn request(&self, msg_type: u16, flags: u16, payload: &[u8]) -> io::Result<Vec<(u16, Vec<u8>)>> {
+        fn request(
+            &self,
+            msg_type: u16,
+            flags: u16,
+            payload: &[u8],
+        ) -> io::Result<Vec<(u16, Vec<u8>)>> {
             let len = 16 + payload.len();
             let mut msg = Vec::with_capacity(len);
             msg.extend_from_slice(&(len as u32).to_ne_bytes());
@@ -335,8 +349,12 @@ mod netlink {
 
     fn ip_from(bytes: &[u8]) -> Option<IpAddr> {
         match bytes.len() {
-            4 => Some(IpAddr::V4(Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]))),
-            16 => Some(IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(bytes).ok()?))),
+            4 => Some(IpAddr::V4(Ipv4Addr::new(
+                bytes[0], bytes[1], bytes[2], bytes[3],
+            ))),
+            16 => Some(IpAddr::V6(Ipv6Addr::from(
+                <[u8; 16]>::try_from(bytes).ok()?,
+            ))),
             _ => None,
         }
     }
@@ -354,7 +372,12 @@ mod netlink {
         payload.extend_from_slice(&bytes);
         let replies = match Socket::open()?.request(RTM_GETROUTE, 0, &payload) {
             Ok(r) => r,
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENETUNREACH | libc::EHOSTUNREACH)) => {
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENETUNREACH | libc::EHOSTUNREACH)
+                ) =>
+            {
                 return Ok(None);
             }
             Err(e) => return Err(e),
@@ -434,7 +457,9 @@ mod tests {
     #[test]
     fn routes_are_looked_up() {
         // 127.0.0.1 always routes through lo without a gateway.
-        let route = netlink::route_to("127.0.0.1".parse().unwrap()).unwrap().unwrap();
+        let route = netlink::route_to("127.0.0.1".parse().unwrap())
+            .unwrap()
+            .unwrap();
         assert_eq!(route.oif, Interface::by_name("lo").unwrap().index);
         assert!(route.gateway.is_none());
     }

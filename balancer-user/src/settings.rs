@@ -23,7 +23,10 @@ pub enum SettingsError {
 }
 
 /// Builds the [`GlobalConfig`] for `config` on `iface`.
-pub fn data_plane_settings(config: &Config, iface: &Interface) -> Result<GlobalConfig, SettingsError> {
+pub fn data_plane_settings(
+    config: &Config,
+    iface: &Interface,
+) -> Result<GlobalConfig, SettingsError> {
     let mut settings = GlobalConfig {
         mtu: config.encap.mtu.unwrap_or(iface.mtu),
         udp_idle_timeout_ns: config.conntrack.udp_idle_timeout.as_nanos() as u64,
@@ -46,7 +49,11 @@ pub fn data_plane_settings(config: &Config, iface: &Interface) -> Result<GlobalC
         settings.encap_src_v6 = raw_from_ip(addr.into()).0;
         settings.encap_src_v6_hash_mask = mask;
     }
-    for vip in config.vips.iter().filter(|v| v.forwarding != Forwarding::L2Dsr) {
+    for vip in config
+        .vips
+        .iter()
+        .filter(|v| v.forwarding != Forwarding::L2Dsr)
+    {
         for b in &vip.backends {
             let missing = match b.address {
                 IpAddr::V4(_) if v4.is_none() => Some(("IPv4", "v4")),
@@ -107,7 +114,8 @@ mod tests {
             "interface = \"eth0\"\n[[vip]]\naddress = \"2001:db8::1\"\nport = 80\nforwarding = \"ipip\"\n[[vip.backend]]\naddress = \"2001:db8::11\"",
         )
         .unwrap();
-        let err = data_plane_settings(&cfg, &iface(vec![("10.0.0.2".parse().unwrap(), 24)])).unwrap_err();
+        let err =
+            data_plane_settings(&cfg, &iface(vec![("10.0.0.2".parse().unwrap(), 24)])).unwrap_err();
         assert!(err.to_string().contains("encap.source_v6"), "{err}");
     }
 }

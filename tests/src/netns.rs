@@ -42,7 +42,10 @@ impl Netns {
         if !name.starts_with(PREFIX) {
             bail!("test namespaces must start with {PREFIX:?}: {name:?}");
         }
-        let _ = Command::new("ip").args(["netns", "del", name]).stderr(Stdio::null()).status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", name])
+            .stderr(Stdio::null())
+            .status();
         run("ip", &["netns", "add", name])?;
         let ns = Netns {
             name: name.to_string(),
@@ -119,7 +122,10 @@ fn enter(file: &File) -> Result<()> {
 impl Drop for Netns {
     fn drop(&mut self) {
         // Processes still running inside keep the namespace alive; kill them first.
-        if let Ok(out) = Command::new("ip").args(["netns", "pids", &self.name]).output() {
+        if let Ok(out) = Command::new("ip")
+            .args(["netns", "pids", &self.name])
+            .output()
+        {
             for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
                 if let Ok(pid) = pid.parse::<i32>() {
                     // SAFETY: kill(2) on a pid reported by `ip netns pids`.

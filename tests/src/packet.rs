@@ -82,7 +82,10 @@ impl Harness {
 
     /// Like [`Harness::new`], then lets `tweak` change the global settings before they are
     /// written.
-    pub fn with_settings(config_text: &str, tweak: impl FnOnce(&mut GlobalConfig)) -> Result<Harness> {
+    pub fn with_settings(
+        config_text: &str,
+        tweak: impl FnOnce(&mut GlobalConfig),
+    ) -> Result<Harness> {
         let config = Config::parse(config_text)?;
         let mut settings = data_plane_settings(&config, &fixture_interface())?;
         tweak(&mut settings);
@@ -141,14 +144,22 @@ impl Harness {
         if result.return_value == XDP_ABORTED {
             bail!("XDP_ABORTED for frame {frame:02x?}");
         }
-        Ok((result.return_value, result.data_size_out as usize, result.duration))
+        Ok((
+            result.return_value,
+            result.data_size_out as usize,
+            result.duration,
+        ))
     }
 
     /// The backend the VIP's table assigns to a flow (what a connection-table miss picks).
     pub fn table_backend(&self, vip: &str, client: IpAddr, sport: u16) -> Result<IpAddr> {
-        let state = self.balancer.vip(vip).with_context(|| format!("no VIP {vip}"))?;
+        let state = self
+            .balancer
+            .vip(vip)
+            .with_context(|| format!("no VIP {vip}"))?;
         let (raw, _) = raw_from_ip(client);
-        let id = state.table[slot(flow_hash(&raw, sport.to_be()), state.config.table_size) as usize];
+        let id =
+            state.table[slot(flow_hash(&raw, sport.to_be()), state.config.table_size) as usize];
         state
             .backends
             .values()
@@ -159,12 +170,23 @@ impl Harness {
 }
 
 /// Ethernet + IPv4/IPv6 + TCP frame from `client`:`sport` to `dst`:`dport`.
-pub fn tcp_frame(client: IpAddr, sport: u16, dst: IpAddr, dport: u16, syn: bool, payload: &[u8]) -> Vec<u8> {
+pub fn tcp_frame(
+    client: IpAddr,
+    sport: u16,
+    dst: IpAddr,
+    dport: u16,
+    syn: bool,
+    payload: &[u8],
+) -> Vec<u8> {
     let eth = PacketBuilder::ethernet2(CLIENT_MAC, LB_MAC);
     let mut out = Vec::new();
     let step = match (client, dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => eth.ipv4(s.octets(), d.octets(), 64).tcp(sport, dport, 1000, 65535),
-        (IpAddr::V6(s), IpAddr::V6(d)) => eth.ipv6(s.octets(), d.octets(), 64).tcp(sport, dport, 1000, 65535),
+        (IpAddr::V4(s), IpAddr::V4(d)) => eth
+            .ipv4(s.octets(), d.octets(), 64)
+            .tcp(sport, dport, 1000, 65535),
+        (IpAddr::V6(s), IpAddr::V6(d)) => eth
+            .ipv6(s.octets(), d.octets(), 64)
+            .tcp(sport, dport, 1000, 65535),
         _ => panic!("mixed families"),
     };
     let step = if syn { step.syn() } else { step.ack(1) };
@@ -177,8 +199,14 @@ pub fn udp_frame(client: IpAddr, sport: u16, dst: IpAddr, dport: u16, payload: &
     let eth = PacketBuilder::ethernet2(CLIENT_MAC, LB_MAC);
     let mut out = Vec::new();
     match (client, dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => eth.ipv4(s.octets(), d.octets(), 64).udp(sport, dport).write(&mut out, payload),
-        (IpAddr::V6(s), IpAddr::V6(d)) => eth.ipv6(s.octets(), d.octets(), 64).udp(sport, dport).write(&mut out, payload),
+        (IpAddr::V4(s), IpAddr::V4(d)) => eth
+            .ipv4(s.octets(), d.octets(), 64)
+            .udp(sport, dport)
+            .write(&mut out, payload),
+        (IpAddr::V6(s), IpAddr::V6(d)) => eth
+            .ipv6(s.octets(), d.octets(), 64)
+            .udp(sport, dport)
+            .write(&mut out, payload),
         _ => panic!("mixed families"),
     }
     .expect("build UDP frame");
@@ -231,7 +259,11 @@ pub fn expect_encap(frame: &[u8], l3_off: usize, client: IpAddr, sport: u16, e: 
         40 + u16::from_be_bytes([inner[4], inner[5]]) as usize
     };
     let inner = &inner[..inner_len];
-    let tos = if inner_v4 { inner[1] } else { (inner[0] << 4) | (inner[1] >> 4) };
+    let tos = if inner_v4 {
+        inner[1]
+    } else {
+        (inner[0] << 4) | (inner[1] >> 4)
+    };
     let entropy = encap_entropy(client, sport);
     let udp_len = e.gue_port.map_or(0, |_| 8);
     let mut out = Vec::new();
@@ -239,14 +271,28 @@ pub fn expect_encap(frame: &[u8], l3_off: usize, client: IpAddr, sport: u16, e: 
     out.extend_from_slice(&LB_MAC);
     // VLAN tags, if any, stay.
     out.extend_from_slice(&frame[12..l3_off - 2]);
-    let inner_proto = if inner_v4 { IpNumber::IPV4 } else { IpNumber::IPV6 };
-    let proto = if e.gue_port.is_some() { IpNumber::UDP } else { inner_proto };
+    let inner_proto = if inner_v4 {
+        IpNumber::IPV4
+    } else {
+        IpNumber::IPV6
+    };
+    let proto = if e.gue_port.is_some() {
+        IpNumber::UDP
+    } else {
+        inner_proto
+    };
     match (e.backend, e.source) {
         (IpAddr::V4(dst), IpAddr::V4(src)) => {
             out.extend_from_slice(&0x0800u16.to_be_bytes());
             let src = u32::from(src) | (entropy & e.entropy_mask);
-            let mut h = Ipv4Header::new((inner_len + udp_len) as u16, 64, proto, src.to_be_bytes(), dst.octets())
-                .expect("outer IPv4");
+            let mut h = Ipv4Header::new(
+                (inner_len + udp_len) as u16,
+                64,
+                proto,
+                src.to_be_bytes(),
+                dst.octets(),
+            )
+            .expect("outer IPv4");
             h.dscp = etherparse::IpDscp::try_new(tos >> 2).expect("dscp");
             h.ecn = etherparse::IpEcn::try_new(tos & 3).expect("ecn");
             h.dont_fragment = true;
@@ -256,7 +302,8 @@ pub fn expect_encap(frame: &[u8], l3_off: usize, client: IpAddr, sport: u16, e: 
         (IpAddr::V6(dst), IpAddr::V6(src)) => {
             out.extend_from_slice(&0x86ddu16.to_be_bytes());
             let mut s = src.octets();
-            let last = u32::from_be_bytes([s[12], s[13], s[14], s[15]]) | (entropy & e.entropy_mask);
+            let last =
+                u32::from_be_bytes([s[12], s[13], s[14], s[15]]) | (entropy & e.entropy_mask);
             s[12..].copy_from_slice(&last.to_be_bytes());
             let h = Ipv6Header {
                 traffic_class: tos,

@@ -87,7 +87,9 @@ impl Process {
             .stdin(Stdio::null())
             .stdout(file.try_clone()?)
             .stderr(file);
-        let child = cmd.spawn().with_context(|| format!("starting {name}: {}", argv.join(" ")))?;
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {name}: {}", argv.join(" ")))?;
         Ok(Process {
             name: name.to_string(),
             child,
@@ -103,10 +105,18 @@ impl Process {
                 return Ok(());
             }
             if let Some(status) = self.child.try_wait()? {
-                bail!("{} exited ({status}) before {needle:?}:\n{}", self.name, self.log_text());
+                bail!(
+                    "{} exited ({status}) before {needle:?}:\n{}",
+                    self.name,
+                    self.log_text()
+                );
             }
             if started.elapsed() > timeout {
-                bail!("{} did not log {needle:?} within {timeout:?}:\n{}", self.name, self.log_text());
+                bail!(
+                    "{} did not log {needle:?} within {timeout:?}:\n{}",
+                    self.name,
+                    self.log_text()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -121,7 +131,11 @@ impl Process {
     }
 
     /// Sends a signal; returns the exit status if it exits within `timeout`.
-    pub fn signal_and_wait(&mut self, signal: i32, timeout: Duration) -> Result<std::process::ExitStatus> {
+    pub fn signal_and_wait(
+        &mut self,
+        signal: i32,
+        timeout: Duration,
+    ) -> Result<std::process::ExitStatus> {
         // SAFETY: kill(2) on our own child.
         unsafe { libc::kill(self.child.id() as i32, signal) };
         let started = Instant::now();
@@ -130,7 +144,10 @@ impl Process {
                 return Ok(status);
             }
             if started.elapsed() > timeout {
-                bail!("{} did not exit within {timeout:?} after signal {signal}", self.name);
+                bail!(
+                    "{} did not exit within {timeout:?} after signal {signal}",
+                    self.name
+                );
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -221,24 +238,54 @@ impl Topology {
 
     fn wire(&mut self) -> Result<()> {
         let rack = self.rack.name().to_string();
-        self.rack.sh(
-            "ip link add br0 type bridge && ip link set br0 up; \
+        self.rack
+            .sh("ip link add br0 type bridge && ip link set br0 up; \
              sysctl -qw net.bridge.bridge-nf-call-iptables=0 2>/dev/null || true; \
-             sysctl -qw net.bridge.bridge-nf-call-ip6tables=0 2>/dev/null || true",
-        )?;
+             sysctl -qw net.bridge.bridge-nf-call-ip6tables=0 2>/dev/null || true")?;
         let mut hosts: Vec<(&Netns, String, String, String)> = vec![
-            (&self.client, "client".into(), format!("{CLIENT4}/24"), format!("{CLIENT6}/64")),
-            (&self.lb, "lb".into(), format!("{LB4}/24"), format!("{LB6}/64")),
+            (
+                &self.client,
+                "client".into(),
+                format!("{CLIENT4}/24"),
+                format!("{CLIENT6}/64"),
+            ),
+            (
+                &self.lb,
+                "lb".into(),
+                format!("{LB4}/24"),
+                format!("{LB6}/64"),
+            ),
         ];
         for (i, b) in self.backends.iter().enumerate() {
-            hosts.push((b, format!("b{}", i + 1), format!("{}/24", backend4(i)), format!("{}/64", backend6(i))));
+            hosts.push((
+                b,
+                format!("b{}", i + 1),
+                format!("{}/24", backend4(i)),
+                format!("{}/64", backend6(i)),
+            ));
         }
         for (host, port, v4, v6) in &hosts {
             run(
                 "ip",
-                &["-n", &rack, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", host.name()],
+                &[
+                    "-n",
+                    &rack,
+                    "link",
+                    "add",
+                    port,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    "eth0",
+                    "netns",
+                    host.name(),
+                ],
             )?;
-            run("ip", &["-n", &rack, "link", "set", port, "master", "br0", "up"])?;
+            run(
+                "ip",
+                &["-n", &rack, "link", "set", port, "master", "br0", "up"],
+            )?;
             host.sh(&format!(
                 "sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.eth0.accept_dad=0; \
                  ip addr add {v4} dev eth0 && ip addr add {v6} dev eth0 nodad && ip link set eth0 up"
@@ -246,7 +293,7 @@ impl Topology {
         }
         self.client.sh(&format!(
             "ip link set eth0 mtu {mtu}; \
-             ip route add {VIP4}/24 via {LB4}; ip -6 route add {VIP6}/64 via {LB6}; \
+             ip route add 10.111.1.0/24 via {LB4}; ip -6 route add fd00:111:1::/64 via {LB6}; \
              ethtool -K eth0 tx off tso off gso off >/dev/null 2>&1 || \
                {{ echo 'ethtool is missing: run cargo xtask setup' >&2; exit 1; }}",
             mtu = self.opts.client_mtu,
@@ -270,11 +317,30 @@ impl Topology {
             let (own4, own6) = (backend4(i).to_string(), backend6(i).to_string());
             let (v4, v6) = (VIP4.to_string(), VIP6.to_string());
             let argv = [
-                server.as_str(), "--name", &name, "--http-port", "80", "--echo-port", "9000",
-                "--udp-port", "5353", "--udp-addr", &v4, "--udp-addr", &v6, "--udp-addr", &own4,
-                "--udp-addr", &own6,
+                server.as_str(),
+                "--name",
+                &name,
+                "--http-port",
+                "80",
+                "--echo-port",
+                "9000",
+                "--udp-port",
+                "5353",
+                "--udp-addr",
+                &v4,
+                "--udp-addr",
+                &v6,
+                "--udp-addr",
+                &own4,
+                "--udp-addr",
+                &own6,
             ];
-            let mut p = Process::spawn(&self.backends[i], &format!("server-{name}"), &argv, &self.log_dir)?;
+            let mut p = Process::spawn(
+                &self.backends[i],
+                &format!("server-{name}"),
+                &argv,
+                &self.log_dir,
+            )?;
             p.wait_for_log("listening", Duration::from_secs(10))?;
             self.processes.push(p);
         }
@@ -319,8 +385,22 @@ impl Topology {
         let mode = mode.to_string();
         let gue = GUE_PORT.to_string();
         for i in 0..self.backends.len() {
-            let argv = [bin.as_str(), "decap", "--interface", "eth0", "--mode", &mode, "--gue-port", &gue];
-            let mut p = Process::spawn(&self.backends[i], &format!("decap-b{}", i + 1), &argv, &self.log_dir)?;
+            let argv = [
+                bin.as_str(),
+                "decap",
+                "--interface",
+                "eth0",
+                "--mode",
+                &mode,
+                "--gue-port",
+                &gue,
+            ];
+            let mut p = Process::spawn(
+                &self.backends[i],
+                &format!("decap-b{}", i + 1),
+                &argv,
+                &self.log_dir,
+            )?;
             p.wait_for_log("decap ready", Duration::from_secs(30))?;
             self.processes.push(p);
         }
@@ -357,12 +437,20 @@ pub fn rack_config(topo: &Topology, forwarding: &str, mode: AttachMode, extra: &
         "interface = \"eth0\"\nattach_mode = \"{mode}\"\n\n[conntrack]\nmax_flows = 65536\n\n{extra}\n"
     );
     for (vip, family) in [(IpAddr::from(VIP4), 4), (IpAddr::from(VIP6), 6)] {
-        for (port, proto, service) in [(HTTP_PORT, "tcp", "http"), (ECHO_PORT, "tcp", "echo"), (UDP_PORT, "udp", "udp")] {
+        for (port, proto, service) in [
+            (HTTP_PORT, "tcp", "http"),
+            (ECHO_PORT, "tcp", "echo"),
+            (UDP_PORT, "udp", "udp"),
+        ] {
             text.push_str(&format!(
                 "[[vip]]\nname = \"{service}{family}\"\naddress = \"{vip}\"\nport = {port}\nprotocol = \"{proto}\"\nforwarding = \"{forwarding}\"\ngue_port = {GUE_PORT}\n"
             ));
             for i in 0..topo.backends.len() {
-                let b: IpAddr = if family == 4 { backend4(i).into() } else { backend6(i).into() };
+                let b: IpAddr = if family == 4 {
+                    backend4(i).into()
+                } else {
+                    backend6(i).into()
+                };
                 text.push_str(&format!("  [[vip.backend]]\n  address = \"{b}\"\n"));
             }
             text.push('\n');

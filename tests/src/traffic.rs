@@ -10,7 +10,8 @@ use anyhow::{Context as _, Result, bail};
 
 /// One HTTP GET on a fresh connection; returns the body (the backend's name).
 pub fn http_get(addr: SocketAddr, timeout: Duration) -> Result<String> {
-    let mut stream = TcpStream::connect_timeout(&addr, timeout).with_context(|| format!("connect {addr}"))?;
+    let mut stream =
+        TcpStream::connect_timeout(&addr, timeout).with_context(|| format!("connect {addr}"))?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
     stream.write_all(b"GET / HTTP/1.1\r\nHost: vip\r\nConnection: close\r\n\r\n")?;
@@ -39,7 +40,9 @@ pub fn udp_request(addr: SocketAddr, payload: &str, timeout: Duration) -> Result
     sock.set_read_timeout(Some(timeout))?;
     sock.send(payload.as_bytes())?;
     let mut buf = [0u8; 2048];
-    let n = sock.recv(&mut buf).with_context(|| format!("no UDP reply from {addr}"))?;
+    let n = sock
+        .recv(&mut buf)
+        .with_context(|| format!("no UDP reply from {addr}"))?;
     Ok(String::from_utf8_lossy(&buf[..n]).to_string())
 }
 
@@ -52,7 +55,8 @@ pub fn pattern_byte(offset: usize) -> u8 {
 /// Sends `bytes` to an echo server on one connection while reading them back; fails unless
 /// every byte returns intact.
 pub fn echo_stream(addr: SocketAddr, bytes: usize, timeout: Duration) -> Result<()> {
-    let stream = TcpStream::connect_timeout(&addr, timeout).with_context(|| format!("connect {addr}"))?;
+    let stream =
+        TcpStream::connect_timeout(&addr, timeout).with_context(|| format!("connect {addr}"))?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
     let mut writer = stream.try_clone()?;
@@ -74,17 +78,25 @@ pub fn echo_stream(addr: SocketAddr, bytes: usize, timeout: Duration) -> Result<
     let mut received = 0;
     let mut buf = vec![0u8; 64 * 1024];
     while received < bytes {
-        let n = reader.read(&mut buf).with_context(|| format!("receiving after {received} bytes"))?;
+        let n = reader
+            .read(&mut buf)
+            .with_context(|| format!("receiving after {received} bytes"))?;
         if n == 0 {
             bail!("connection closed after {received} of {bytes} bytes");
         }
         for (i, b) in buf[..n].iter().enumerate() {
             if *b != pattern_byte(received + i) {
-                bail!("byte {} differs: got {b}, sent {}", received + i, pattern_byte(received + i));
+                bail!(
+                    "byte {} differs: got {b}, sent {}",
+                    received + i,
+                    pattern_byte(received + i)
+                );
             }
         }
         received += n;
     }
-    sender.join().map_err(|_| anyhow::anyhow!("sender panicked"))??;
+    sender
+        .join()
+        .map_err(|_| anyhow::anyhow!("sender panicked"))??;
     Ok(())
 }

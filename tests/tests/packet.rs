@@ -95,14 +95,18 @@ fn ip(s: &str) -> IpAddr {
 }
 
 fn harness() -> Harness {
-    Harness::new(CONFIG).expect("loading the balancer needs root and BPF: run through cargo xtask test")
+    Harness::new(CONFIG)
+        .expect("loading the balancer needs root and BPF: run through cargo xtask test")
 }
 
 #[test]
 #[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
 fn l2_dsr_rewrites_only_the_macs() {
     let mut h = harness();
-    for (client, vip, name) in [("10.9.0.1", "10.111.1.1", "l2dsr4"), ("2001:db8::5", "fd00:111:1::1", "l2dsr6")] {
+    for (client, vip, name) in [
+        ("10.9.0.1", "10.111.1.1", "l2dsr4"),
+        ("2001:db8::5", "fd00:111:1::1", "l2dsr6"),
+    ] {
         for sport in [1000u16, 40000, 65535] {
             let frame = tcp_frame(ip(client), sport, ip(vip), 80, true, b"hello");
             let backend = h.table_backend(name, ip(client), sport).unwrap();
@@ -112,4 +116,3 @@ fn l2_dsr_rewrites_only_the_macs() {
         }
     }
 }
-

@@ -93,7 +93,7 @@ fn try_decap(ctx: &XdpContext, stats: &mut DecapStats) {
         _pad: [0; 3],
     };
     // SAFETY: the value is only read while the program runs.
-    if unsafe { DECAP_ADDRS.get(&key) }.is_none() {
+    if unsafe { DECAP_ADDRS.get(key) }.is_none() {
         stats.foreign += 1;
         return;
     }

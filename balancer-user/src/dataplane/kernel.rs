@@ -26,7 +26,10 @@ fn map_err(map: &'static str, op: &'static str) -> impl FnOnce(MapError) -> Data
     move |source| DataplaneError::Map { map, op, source }
 }
 
-fn take<T: TryFrom<Map, Error = MapError>>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, DataplaneError> {
+fn take<T: TryFrom<Map, Error = MapError>>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+) -> Result<T, DataplaneError> {
     let map = ebpf.take_map(name).ok_or(DataplaneError::Map {
         map: name,
         op: "find",
@@ -91,7 +94,9 @@ impl Dataplane for KernelDataplane {
     fn remove_vip(&mut self, key: &VipKey) -> Result<(), DataplaneError> {
         match self.vips.remove(key) {
             Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {
+                Ok(())
+            }
             Err(e) => Err(map_err(names::VIPS, "remove")(e)),
         }
     }

@@ -1,1 +1,154 @@
-fn main() {}
+//! `cargo xtask demo`: builds the test rack in network namespaces, starts the balancer on it,
+//! sends real traffic through the VIPs and prints which backend served what; then changes the
+//! weights live (SIGHUP reload) and shows the new spread; then tears everything down (also on
+//! failure and Ctrl-C).
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use balancer::config::AttachMode;
+use balancer_tests::netns::{PREFIX, is_root, sweep};
+use balancer_tests::topology::*;
+use balancer_tests::traffic::{echo_stream, http_get, udp_request};
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_interrupt(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+fn check_interrupt() -> Result<()> {
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        bail!("interrupted");
+    }
+    Ok(())
+}
+
+const REQUESTS: usize = 300;
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+fn main() {
+    // SAFETY: installing a handler that only stores to an atomic.
+    unsafe {
+        libc::signal(
+            libc::SIGINT,
+            on_interrupt as *const () as libc::sighandler_t,
+        );
+        libc::signal(
+            libc::SIGTERM,
+            on_interrupt as *const () as libc::sighandler_t,
+        );
+    }
+    let result = demo();
+    sweep(&format!("{PREFIX}-demo-"));
+    match result {
+        Ok(()) => println!("\ndemo finished; namespaces removed."),
+        Err(e) => {
+            eprintln!("demo failed: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn config(topo: &Topology, weights: &[u32]) -> String {
+    let mut text = rack_config(topo, "l2-dsr", AttachMode::Native, "");
+    // Give the HTTP VIPs' backends explicit weights.
+    for (i, w) in weights.iter().enumerate() {
+        for b in [backend4(i).to_string(), backend6(i).to_string()] {
+            text = text.replace(
+                &format!("address = \"{b}\"\n"),
+                &format!("address = \"{b}\"\n  weight = {w}\n"),
+            );
+        }
+    }
+    text
+}
+
+fn spread(topo: &Topology, vip: IpAddr) -> Result<BTreeMap<String, usize>> {
+    let addr = SocketAddr::new(vip, HTTP_PORT);
+    topo.client
+        .run_in(move || -> Result<BTreeMap<String, usize>> {
+            let mut served = BTreeMap::new();
+            for _ in 0..REQUESTS {
+                check_interrupt()?;
+                *served.entry(http_get(addr, TIMEOUT)?).or_insert(0) += 1;
+            }
+            Ok(served)
+        })?
+        .with_context(|| format!("requests to {addr}"))
+}
+
+fn show(title: &str, served: &BTreeMap<String, usize>) {
+    println!("  {title}:");
+    for (name, n) in served {
+        let pct = 100.0 * *n as f64 / REQUESTS as f64;
+        println!(
+            "    {name:<4} {n:>4} requests {pct:>5.1}%  {}",
+            "#".repeat((pct / 2.0) as usize)
+        );
+    }
+}
+
+fn demo() -> Result<()> {
+    if !is_root() {
+        bail!("the demo creates network namespaces and loads XDP programs: run it as root");
+    }
+    sweep(&format!("{PREFIX}-demo-"));
+    println!(
+        "Building the rack: client, balancer and 3 backends in network namespaces on one bridge"
+    );
+    let mut topo = Topology::build(TopologyOptions::new("demo"))?;
+    topo.attach_peer_pass(AttachMode::Native)?;
+    println!("Starting `balancer run` in the balancer namespace (native XDP on its eth0, L2 DSR)");
+    topo.start_balancer(&config(&topo, &[1, 1, 1]))?;
+    check_interrupt()?;
+
+    println!("\n{REQUESTS} HTTP requests, one fresh TCP connection each, equal weights:");
+    show(
+        &format!("client -> {VIP4}:{HTTP_PORT}"),
+        &spread(&topo, VIP4.into())?,
+    );
+    show(
+        &format!("client -> [{VIP6}]:{HTTP_PORT}"),
+        &spread(&topo, VIP6.into())?,
+    );
+
+    let udp = topo
+        .client
+        .run_in(|| udp_request(SocketAddr::new(VIP4.into(), UDP_PORT), "hello", TIMEOUT))??;
+    println!("\nUDP {VIP4}:{UDP_PORT} answered: {udp:?}");
+    topo.client.run_in(|| {
+        echo_stream(
+            SocketAddr::new(VIP4.into(), ECHO_PORT),
+            4 << 20,
+            Duration::from_secs(20),
+        )
+    })??;
+    println!("TCP stream to {VIP4}:{ECHO_PORT}: 4 MiB each way, every byte verified");
+    check_interrupt()?;
+
+    println!("\nChanging weights to 1:1:2 live (config rewritten, SIGHUP to the daemon):");
+    std::fs::write(
+        topo.log_dir.join("balancer.toml"),
+        config(&topo, &[1, 1, 2]),
+    )?;
+    let balancer = topo.process("balancer").context("balancer process")?;
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(balancer.pid() as i32, libc::SIGHUP) };
+    balancer.wait_for_log("config reloaded", Duration::from_secs(10))?;
+    show(
+        &format!("client -> {VIP4}:{HTTP_PORT}"),
+        &spread(&topo, VIP4.into())?,
+    );
+
+    let balancer = topo.process("balancer").context("balancer process")?;
+    balancer.signal_and_wait(libc::SIGTERM, Duration::from_secs(10))?;
+    println!("\nBalancer log (stopped with SIGTERM, XDP detached):");
+    for line in balancer.log_text().lines() {
+        println!("  {line}");
+    }
+    Ok(())
+}

@@ -34,7 +34,7 @@ fn main() {
     let http = TcpListener::bind(SocketAddr::new(any, args.http_port)).expect("bind HTTP port");
     let echo = TcpListener::bind(SocketAddr::new(any, args.echo_port)).expect("bind echo port");
     let name = args.name.clone();
-    thread::spawn(move || serve(echo, |s| echo_stream(s)));
+    thread::spawn(move || serve(echo, echo_stream));
     for addr in &args.udp_addrs {
         let sock = UdpSocket::bind(SocketAddr::new(*addr, args.udp_port))
             .unwrap_or_else(|e| panic!("bind UDP {addr}:{}: {e}", args.udp_port));

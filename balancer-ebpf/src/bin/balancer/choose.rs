@@ -5,7 +5,7 @@ use aya_ebpf::helpers::generated::bpf_ktime_get_ns;
 use balancer_common::{
     addr::RawAddr,
     flow_hash::{flow_hash, slot},
-    maps::{BACKEND_F_ACTIVE, NO_BACKEND, Backend, FlowKey, FlowState, GlobalConfig, VipMeta},
+    maps::{BACKEND_F_ACTIVE, Backend, FlowKey, FlowState, GlobalConfig, NO_BACKEND, VipMeta},
     stats::{Counter, GlobalStats},
 };
 
@@ -103,10 +103,14 @@ pub fn choose(
             backend_id: id,
             backend_generation: backend.generation,
             // SAFETY: helper without arguments.
-            last_seen_ns: if udp { unsafe { bpf_ktime_get_ns() } } else { 0 },
+            last_seen_ns: if udp {
+                unsafe { bpf_ktime_get_ns() }
+            } else {
+                0
+            },
         };
         // A failed insert only means the next packet of the flow is hashed again.
-        let _ = FLOWS.insert(&key, &state, 0);
+        let _ = FLOWS.insert(key, state, 0);
     }
     Some(Choice {
         id,

@@ -121,16 +121,12 @@ pub fn encap(
     let outer_proto = if gue { IPPROTO_UDP } else { inner_proto };
     let frame = push_headroom(ctx, extra, Some(backend.mac))?;
 
-    let ether_type = frame
-        .ptr::<u16>(ip.l3_off - 2)
-        .ok_or(EncapError::Failed)?;
+    let ether_type = frame.ptr::<u16>(ip.l3_off - 2).ok_or(EncapError::Failed)?;
     let l4_off;
     if backend.family == FAMILY_V4 {
         // SAFETY: bounds checked by `ptr`.
         unsafe { *ether_type = ETH_P_IP };
-        let h = frame
-            .ptr::<Ipv4Hdr>(ip.l3_off)
-            .ok_or(EncapError::Failed)?;
+        let h = frame.ptr::<Ipv4Hdr>(ip.l3_off).ok_or(EncapError::Failed)?;
         // SAFETY: bounds checked by `ptr`.
         let h = unsafe { &mut *h };
         *h = Ipv4Hdr {
@@ -150,9 +146,7 @@ pub fn encap(
     } else {
         // SAFETY: bounds checked by `ptr`.
         unsafe { *ether_type = ETH_P_IPV6 };
-        let h = frame
-            .ptr::<Ipv6Hdr>(ip.l3_off)
-            .ok_or(EncapError::Failed)?;
+        let h = frame.ptr::<Ipv6Hdr>(ip.l3_off).ok_or(EncapError::Failed)?;
         // SAFETY: bounds checked by `ptr`.
         let h = unsafe { &mut *h };
         let label = entropy & 0x000f_ffff;

@@ -55,7 +55,7 @@ pub fn too_big(ctx: &XdpContext, ip: &Ip, mtu: u32, stats: &mut GlobalStats) -> 
 #[inline(always)]
 fn trim(ctx: &XdpContext, len: usize) -> Result<Frame, EncapError> {
     let frame = frame_of(ctx);
-    let delta = len as i32 - frame.len() as i32;
+    let delta = len as i32 - frame.size() as i32;
     // SAFETY: `ctx.ctx` is the program's context.
     if delta > 0 || unsafe { bpf_xdp_adjust_tail(ctx.ctx, delta) } != 0 {
         return Err(EncapError::Failed);
@@ -72,9 +72,7 @@ fn too_big_v4(ctx: &XdpContext, ip: &Ip, mtu: u32) -> Result<(), EncapError> {
     push_headroom(ctx, IPV4_LEN + ICMP_LEN, None)?;
     let total = IPV4_LEN + ICMP_LEN + QUOTE_V4;
     let frame = trim(ctx, ip.l3_off + total)?;
-    let h = frame
-        .ptr::<Ipv4Hdr>(ip.l3_off)
-        .ok_or(EncapError::Failed)?;
+    let h = frame.ptr::<Ipv4Hdr>(ip.l3_off).ok_or(EncapError::Failed)?;
     // SAFETY: bounds checked by `ptr`.
     let h = unsafe { &mut *h };
     *h = Ipv4Hdr {
@@ -91,9 +89,7 @@ fn too_big_v4(ctx: &XdpContext, ip: &Ip, mtu: u32) -> Result<(), EncapError> {
     };
     h.check = csum::ipv4_header(h);
     let icmp_off = ip.l3_off + IPV4_LEN;
-    let icmp = frame
-        .ptr::<IcmpHdr>(icmp_off)
-        .ok_or(EncapError::Failed)?;
+    let icmp = frame.ptr::<IcmpHdr>(icmp_off).ok_or(EncapError::Failed)?;
     let mtu = (mtu.min(0xffff) as u16).to_be_bytes();
     // SAFETY: bounds checked by `ptr`.
     let icmp = unsafe { &mut *icmp };
@@ -107,7 +103,8 @@ fn too_big_v4(ctx: &XdpContext, ip: &Ip, mtu: u32) -> Result<(), EncapError> {
         .ptr::<[u16; (ICMP_LEN + QUOTE_V4) / 2]>(icmp_off)
         .ok_or(EncapError::Failed)?;
     // SAFETY: `body` covers exactly the ICMP message.
-    icmp.check = !csum::fold(unsafe { csum::sum_words::<{ (ICMP_LEN + QUOTE_V4) / 2 }>(body.cast()) });
+    icmp.check =
+        !csum::fold(unsafe { csum::sum_words::<{ (ICMP_LEN + QUOTE_V4) / 2 }>(body.cast()) });
     Ok(())
 }
 
@@ -119,9 +116,7 @@ fn too_big_v6(ctx: &XdpContext, ip: &Ip, mtu: u32) -> Result<(), EncapError> {
     push_headroom(ctx, IPV6_LEN + ICMP_LEN, None)?;
     let payload = ICMP_LEN + QUOTE_V6;
     let frame = trim(ctx, ip.l3_off + IPV6_LEN + payload)?;
-    let h = frame
-        .ptr::<Ipv6Hdr>(ip.l3_off)
-        .ok_or(EncapError::Failed)?;
+    let h = frame.ptr::<Ipv6Hdr>(ip.l3_off).ok_or(EncapError::Failed)?;
     // SAFETY: bounds checked by `ptr`.
     unsafe {
         *h = Ipv6Hdr {
@@ -134,9 +129,7 @@ fn too_big_v6(ctx: &XdpContext, ip: &Ip, mtu: u32) -> Result<(), EncapError> {
         }
     };
     let icmp_off = ip.l3_off + IPV6_LEN;
-    let icmp = frame
-        .ptr::<IcmpHdr>(icmp_off)
-        .ok_or(EncapError::Failed)?;
+    let icmp = frame.ptr::<IcmpHdr>(icmp_off).ok_or(EncapError::Failed)?;
     // SAFETY: bounds checked by `ptr`.
     let icmp = unsafe { &mut *icmp };
     *icmp = IcmpHdr {
@@ -231,9 +224,7 @@ fn echo(frame: &Frame, ip: &Ip, icmp: &mut IcmpHdr, reply: u8) -> u32 {
     };
     // SAFETY: bounds checked by `ptr`.
     let eth = unsafe { &mut *eth };
-    let ours = eth.dst;
-    eth.dst = eth.src;
-    eth.src = ours;
+    core::mem::swap(&mut eth.dst, &mut eth.src);
     XDP_TX
 }
 
@@ -303,7 +294,7 @@ fn forward_error(
         return XDP_PASS;
     }
     // SAFETY: the value is only read while the program runs.
-    let Some(vip) = (unsafe { VIPS.get(&quoted.vip) }) else {
+    let Some(vip) = (unsafe { VIPS.get(quoted.vip) }) else {
         return XDP_PASS;
     };
     let key = FlowKey {

@@ -69,7 +69,7 @@ fn process(ctx: &XdpContext, stats: &mut GlobalStats) -> u32 {
             family: ip.family,
         };
         // SAFETY: the value is only read while the program runs.
-        let Some(vip) = (unsafe { VIPS.get(&key) }) else {
+        let Some(vip) = (unsafe { VIPS.get(key) }) else {
             return XDP_PASS;
         };
         return to_vip(ctx, &frame, &ip, vip, ports.src, stats);
@@ -94,7 +94,7 @@ fn to_vip(
         count(stats, Counter::DropNoBackend);
         return XDP_DROP;
     };
-    let bytes = frame.len() as u64;
+    let bytes = frame.size() as u64;
     add_traffic(VIP_STATS.get_ptr_mut(vip.vip_id), bytes, choice.new_flow);
     add_traffic(BACKEND_STATS.get_ptr_mut(choice.id), bytes, choice.new_flow);
     let entropy = ip.src[0] ^ ip.src[3] ^ u32::from(sport);
@@ -111,12 +111,7 @@ fn to_vip(
 /// Fragments, IPv4 options, malformed headers, ICMP and other protocols: only packets for a VIP
 /// address are ours; everything else passes untouched.
 #[inline(always)]
-fn not_plain_transport(
-    ctx: &XdpContext,
-    frame: &Frame,
-    ip: &Ip,
-    stats: &mut GlobalStats,
-) -> u32 {
+fn not_plain_transport(ctx: &XdpContext, frame: &Frame, ip: &Ip, stats: &mut GlobalStats) -> u32 {
     let key = VipKey {
         addr: ip.dst,
         port: 0,
@@ -124,7 +119,7 @@ fn not_plain_transport(
         family: ip.family,
     };
     // SAFETY: the value is only read while the program runs.
-    if unsafe { VIPS.get(&key) }.is_none() {
+    if unsafe { VIPS.get(key) }.is_none() {
         return XDP_PASS;
     }
     let drop_reason = match ip.shape {

@@ -7,8 +7,8 @@ use aya_ebpf::{
 };
 use balancer_common::{
     maps::{
-        BPF_F_NO_COMMON_LRU, MAGLEV_TABLE_FLAGS, Backend, DEFAULT_MAX_FLOWS, FlowKey, FlowState,
-        GlobalConfig, MAX_BACKENDS, MAX_TABLE_SIZE, MAX_VIPS, VipKey, VipMeta,
+        BPF_F_NO_COMMON_LRU, Backend, DEFAULT_MAX_FLOWS, FlowKey, FlowState, GlobalConfig,
+        MAGLEV_TABLE_FLAGS, MAX_BACKENDS, MAX_TABLE_SIZE, MAX_VIPS, VipKey, VipMeta,
     },
     stats::{GlobalStats, TrafficStats},
 };
@@ -53,8 +53,7 @@ pub static VIP_STATS: PerCpuArray<TrafficStats, { MAX_VIPS as usize }> = PerCpuA
 
 /// Traffic per backend id.
 #[btf_map]
-pub static BACKEND_STATS: PerCpuArray<TrafficStats, { MAX_BACKENDS as usize }> =
-    PerCpuArray::new();
+pub static BACKEND_STATS: PerCpuArray<TrafficStats, { MAX_BACKENDS as usize }> = PerCpuArray::new();
 
 /// New-flow rate of the current one-second window, per CPU (flood mode).
 #[repr(C)]

@@ -1,0 +1,160 @@
+//! End-to-end through network namespaces (needs root): a client, the balancer and three
+//! backends on one bridge; real TCP and UDP through the VIP in every forwarding mode, in
+//! native and skb attach modes.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
+
+use balancer::config::AttachMode;
+use balancer_tests::netns::{PREFIX, sweep};
+use balancer_tests::topology::*;
+use balancer_tests::traffic::{echo_stream, http_get, udp_request};
+
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+struct Case {
+    tag: &'static str,
+    forwarding: &'static str,
+    mode: AttachMode,
+}
+
+/// Builds the rack for `case` and starts the balancer (and decap for encapsulating modes).
+fn rack(case: &Case) -> Topology {
+    sweep(&format!("{PREFIX}-{}-", case.tag));
+    let mut opts = TopologyOptions::new(case.tag);
+    if case.forwarding != "l2-dsr" {
+        // Room for the outer headers on the balancer's 1500-byte link.
+        opts.client_mtu = 1400;
+    }
+    let mut topo = Topology::build(opts).expect("building the test rack");
+    if case.mode == AttachMode::Native {
+        topo.attach_peer_pass(case.mode)
+            .expect("pass program on the balancer's peer");
+    }
+    if case.forwarding != "l2-dsr" {
+        topo.start_decap(case.mode)
+            .expect("starting decap on the backends");
+    }
+    let config = rack_config(
+        &topo,
+        case.forwarding,
+        case.mode,
+        "[encap]\nsource_v4 = \"10.111.0.2\"\nsource_v6 = \"fd00:111::2\"\n",
+    );
+    topo.start_balancer(&config).expect("starting the balancer");
+    topo
+}
+
+/// 300 fresh connections: all succeed and every backend serves 20%..47% of them.
+fn spread_over_backends(topo: &Topology, vip: IpAddr) {
+    let addr = SocketAddr::new(vip, HTTP_PORT);
+    let served = topo
+        .client
+        .run_in(move || -> Result<BTreeMap<String, usize>, String> {
+            let mut served = BTreeMap::new();
+            for i in 0..300 {
+                let name =
+                    http_get(addr, TIMEOUT).map_err(|e| format!("request {i} to {addr}: {e:#}"))?;
+                *served.entry(name).or_insert(0) += 1;
+            }
+            Ok(served)
+        })
+        .expect("client thread")
+        .unwrap_or_else(|e| panic!("{e}\n{}", topo.logs()));
+    assert_eq!(
+        served.len(),
+        3,
+        "expected 3 backends to serve {addr}, got {served:?}"
+    );
+    for (name, n) in &served {
+        let share = *n as f64 / 300.0;
+        assert!(
+            (0.20..=0.47).contains(&share),
+            "{name} served {n} of 300 requests to {addr} ({share:.2}): {served:?}"
+        );
+    }
+}
+
+fn udp_works(topo: &Topology, vip: IpAddr) {
+    let addr = SocketAddr::new(vip, UDP_PORT);
+    let reply = topo
+        .client
+        .run_in(move || udp_request(addr, "ping", TIMEOUT).map_err(|e| format!("{e:#}")))
+        .expect("client thread")
+        .unwrap_or_else(|e| panic!("UDP to {addr}: {e}\n{}", topo.logs()));
+    assert!(
+        reply.ends_with(":ping") && reply.starts_with('b'),
+        "unexpected UDP reply {reply:?}"
+    );
+}
+
+fn long_stream_works(topo: &Topology, vip: IpAddr) {
+    let addr = SocketAddr::new(vip, ECHO_PORT);
+    topo.client
+        .run_in(move || {
+            echo_stream(addr, 4 << 20, Duration::from_secs(20)).map_err(|e| format!("{e:#}"))
+        })
+        .expect("client thread")
+        .unwrap_or_else(|e| panic!("4 MiB each way through {addr}: {e}\n{}", topo.logs()));
+}
+
+/// A TCP service on the balancer's own address still answers (not for a VIP: passed).
+fn own_address_works(topo: &Topology) {
+    let listener = topo
+        .lb
+        .run_in(|| TcpListener::bind((LB4, 8080)))
+        .expect("lb thread")
+        .expect("bind on the balancer's address");
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().expect("accept");
+        let mut buf = [0u8; 5];
+        s.read_exact(&mut buf).expect("read");
+        s.write_all(b"pong!").expect("write");
+    });
+    let reply = topo
+        .client
+        .run_in(|| -> std::io::Result<String> {
+            let mut s = TcpStream::connect_timeout(&SocketAddr::from((LB4, 8080)), TIMEOUT)?;
+            s.set_read_timeout(Some(TIMEOUT))?;
+            s.write_all(b"ping!")?;
+            let mut buf = [0u8; 5];
+            s.read_exact(&mut buf)?;
+            Ok(String::from_utf8_lossy(&buf).to_string())
+        })
+        .expect("client thread")
+        .expect("TCP to the balancer's own address");
+    assert_eq!(reply, "pong!");
+    server.join().expect("server thread");
+}
+
+fn full_check(case: Case) {
+    let topo = rack(&case);
+    for vip in [IpAddr::from(VIP4), IpAddr::from(VIP6)] {
+        spread_over_backends(&topo, vip);
+        udp_works(&topo, vip);
+        long_stream_works(&topo, vip);
+    }
+    own_address_works(&topo);
+}
+
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn l2_dsr_native() {
+    full_check(Case {
+        tag: "dsrn",
+        forwarding: "l2-dsr",
+        mode: AttachMode::Native,
+    });
+}
+
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn l2_dsr_skb() {
+    full_check(Case {
+        tag: "dsrs",
+        forwarding: "l2-dsr",
+        mode: AttachMode::Skb,
+    });
+}
