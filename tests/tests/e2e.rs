@@ -137,6 +137,16 @@ fn full_check(case: Case) {
         long_stream_works(&topo, vip);
     }
     own_address_works(&topo);
+    ping_works(&topo);
+}
+
+/// ICMP to the balancer's own addresses still gets answers (and ARP/ND resolved them).
+fn ping_works(topo: &Topology) {
+    for target in [LB4.to_string(), LB6.to_string()] {
+        topo.client
+            .exec(&["ping", "-c", "1", "-W", "2", &target])
+            .unwrap_or_else(|e| panic!("ping {target} from the client: {e:#}"));
+    }
 }
 
 #[test]
@@ -155,6 +165,46 @@ fn l2_dsr_skb() {
     full_check(Case {
         tag: "dsrs",
         forwarding: "l2-dsr",
+        mode: AttachMode::Skb,
+    });
+}
+
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn ipip_native() {
+    full_check(Case {
+        tag: "ipipn",
+        forwarding: "ipip",
+        mode: AttachMode::Native,
+    });
+}
+
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn ipip_skb() {
+    full_check(Case {
+        tag: "ipips",
+        forwarding: "ipip",
+        mode: AttachMode::Skb,
+    });
+}
+
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn gue_native() {
+    full_check(Case {
+        tag: "guen",
+        forwarding: "gue",
+        mode: AttachMode::Native,
+    });
+}
+
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn gue_skb() {
+    full_check(Case {
+        tag: "gues",
+        forwarding: "gue",
         mode: AttachMode::Skb,
     });
 }

@@ -15,7 +15,7 @@ use anyhow::{Context as _, Result, bail};
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_MAJOR: u32 = 22;
 /// Debian packages the tests and demo need at run time.
-const HOST_PACKAGES: &[&str] = &["iproute2", "ethtool", "procps"];
+const HOST_PACKAGES: &[&str] = &["iproute2", "ethtool", "procps", "iputils-ping"];
 /// Debian packages needed to build bpf-linker against LLVM 22.
 const LLVM_PACKAGES: &[&str] = &[
     "llvm-22-dev",

@@ -1,7 +1,8 @@
 //! Choosing a packet's backend: the connection table first, the VIP's Maglev table for new
 //! flows, and flood mode to keep a burst of new flows from thrashing the connection table.
 
-use aya_ebpf::helpers::generated::bpf_ktime_get_ns;
+use aya_ebpf::{helpers::generated::bpf_ktime_get_ns, programs::XdpContext};
+use aya_log_ebpf::warn;
 use balancer_common::{
     addr::RawAddr,
     flow_hash::{flow_hash, slot},
@@ -57,6 +58,7 @@ pub fn tracked(key: &FlowKey) -> Tracked {
 /// backend. `udp` flows expire after the configured idle time.
 #[inline(always)]
 pub fn choose(
+    ctx: &XdpContext,
     vip: &VipMeta,
     src: &RawAddr,
     sport: u16,
@@ -98,7 +100,7 @@ pub fn choose(
     }
 
     let (id, backend) = from_table(vip, src, sport)?;
-    if flood_allows_insert(cfg, stats) {
+    if flood_allows_insert(ctx, cfg, stats) {
         let state = FlowState {
             backend_id: id,
             backend_generation: backend.generation,
@@ -140,7 +142,7 @@ pub fn from_table(vip: &VipMeta, src: &RawAddr, sport: u16) -> Option<(u32, &'st
 /// Counts a new flow against this CPU's one-second window; `false` once the window is over
 /// the threshold (flood mode: the flow is forwarded by hash alone, not inserted).
 #[inline(always)]
-fn flood_allows_insert(cfg: &GlobalConfig, stats: &mut GlobalStats) -> bool {
+fn flood_allows_insert(ctx: &XdpContext, cfg: &GlobalConfig, stats: &mut GlobalStats) -> bool {
     if cfg.flood_threshold == 0 {
         return true;
     }
@@ -163,6 +165,11 @@ fn flood_allows_insert(cfg: &GlobalConfig, stats: &mut GlobalStats) -> bool {
     if window.flooding == 0 {
         window.flooding = 1;
         count(stats, Counter::FloodActivations);
+        warn!(
+            ctx,
+            "flood mode: over {} new flows/s on this CPU; new flows use the hash alone",
+            cfg.flood_threshold
+        );
     }
     count(stats, Counter::FloodInsertsSkipped);
     false

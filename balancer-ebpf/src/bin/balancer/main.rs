@@ -90,7 +90,15 @@ fn to_vip(
     let Some(cfg) = CONFIG.get(0) else {
         return XDP_PASS;
     };
-    let Some(choice) = choose(vip, &ip.src, sport, ip.proto == IPPROTO_UDP, cfg, stats) else {
+    let Some(choice) = choose(
+        ctx,
+        vip,
+        &ip.src,
+        sport,
+        ip.proto == IPPROTO_UDP,
+        cfg,
+        stats,
+    ) else {
         count(stats, Counter::DropNoBackend);
         return XDP_DROP;
     };
