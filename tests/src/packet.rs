@@ -30,6 +30,92 @@ pub const LB_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
 /// The client's (or upstream router's) MAC in fixtures.
 pub const CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x10];
 
+/// The fixtures' VIPs: every forwarding mode, both families, a VIP without backends.
+pub const FIXTURE_CONFIG: &str = r#"
+interface = "eth0"
+[conntrack]
+max_flows = 4096
+flood_threshold = 0
+[encap]
+source_v4 = "172.16.0.0/16"
+source_v6 = "fd00:e::/96"
+
+[[vip]]
+name = "l2dsr4"
+address = "10.111.1.1"
+port = 80
+  [[vip.backend]]
+  address = "10.111.0.11"
+  [[vip.backend]]
+  address = "10.111.0.12"
+  [[vip.backend]]
+  address = "10.111.0.13"
+
+[[vip]]
+name = "ipip4"
+address = "10.111.1.2"
+port = 80
+forwarding = "ipip"
+  [[vip.backend]]
+  address = "10.111.0.11"
+  [[vip.backend]]
+  address = "10.111.0.12"
+
+[[vip]]
+name = "gue4"
+address = "10.111.1.3"
+port = 80
+forwarding = "gue"
+gue_port = 6080
+  [[vip.backend]]
+  address = "10.111.0.11"
+  [[vip.backend]]
+  address = "10.111.0.12"
+
+[[vip]]
+name = "l2dsr6"
+address = "fd00:111:1::1"
+port = 80
+  [[vip.backend]]
+  address = "fd00:111::11"
+  [[vip.backend]]
+  address = "fd00:111::12"
+
+[[vip]]
+name = "ipip6"
+address = "fd00:111:1::2"
+port = 80
+forwarding = "ipip"
+  [[vip.backend]]
+  address = "fd00:111::11"
+  [[vip.backend]]
+  address = "fd00:111::12"
+
+[[vip]]
+name = "gue6"
+address = "fd00:111:1::3"
+port = 443
+protocol = "udp"
+forwarding = "gue"
+gue_port = 6081
+  [[vip.backend]]
+  address = "fd00:111::11"
+
+[[vip]]
+name = "dns4"
+address = "10.111.1.1"
+port = 53
+protocol = "udp"
+forwarding = "ipip"
+  [[vip.backend]]
+  address = "10.111.0.13"
+
+[[vip]]
+name = "empty"
+address = "10.111.1.9"
+port = 80
+"#;
+
 /// The MAC fixtures give a backend: derived from its address.
 pub fn backend_mac(addr: IpAddr) -> [u8; 6] {
     let o = match addr {

@@ -1,0 +1,375 @@
+//! Malformed-input sweep (needs root): over a million generated frames — every truncation of
+//! valid frames, corrupted bytes, random header lengths and fragment fields, random IPv6
+//! extension chains, garbage — through the XDP program with BPF_PROG_TEST_RUN.
+//!
+//! Invariants, judged independently of the program's parser:
+//! - never `XDP_ABORTED` (the harness fails on it);
+//! - a frame not addressed to a VIP address passes, byte for byte unchanged;
+//! - `XDP_PASS` never changes a frame;
+//! - `XDP_TX` is a well-formed forward: only the MACs changed (L2 DSR), or an outer header with a
+//!   valid checksum to a backend in front of the unchanged inner packet (IPIP/GUE), or an echo
+//!   reply to the sender.
+
+use std::collections::HashSet;
+use std::net::IpAddr;
+
+use balancer_tests::packet::*;
+use etherparse::PacketBuilder;
+
+const FRAMES: usize = 1 << 20;
+
+/// xorshift64*: a fixed, dependency-free generator so every run sweeps the same frames.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn byte(&mut self) -> u8 {
+        self.next() as u8
+    }
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// Valid frames of every kind the sweep mutates.
+fn base_frames() -> Vec<Vec<u8>> {
+    let c4 = ip("10.9.0.1");
+    let c6 = ip("2001:db8::5");
+    let mut frames = vec![
+        tcp_frame(
+            c4,
+            1000,
+            ip("10.111.1.1"),
+            80,
+            true,
+            b"GET / HTTP/1.1\r\n\r\n",
+        ),
+        tcp_frame(c4, 1001, ip("10.111.1.2"), 80, false, &[0x55; 64]),
+        tcp_frame(c4, 1002, ip("10.111.1.3"), 80, true, b""),
+        udp_frame(c4, 1003, ip("10.111.1.1"), 53, b"query"),
+        tcp_frame(c6, 1004, ip("fd00:111:1::1"), 80, true, b"hello"),
+        tcp_frame(c6, 1005, ip("fd00:111:1::2"), 80, false, &[0xaa; 32]),
+        udp_frame(c6, 1006, ip("fd00:111:1::3"), 443, b"quic"),
+        tcp_frame(c4, 1007, ip("10.111.0.2"), 22, false, b"ssh"),
+        tcp_frame(c6, 1008, ip("fd00:111::2"), 22, false, b"ssh"),
+        with_vlan(&tcp_frame(c4, 1009, ip("10.111.1.2"), 80, true, b"vlan"), 9),
+        tcp_frame(c4, 1010, ip("10.111.1.9"), 80, true, b""),
+    ];
+    let mut ping = Vec::new();
+    PacketBuilder::ethernet2(CLIENT_MAC, LB_MAC)
+        .ipv4([10, 9, 0, 1], [10, 111, 1, 1], 64)
+        .icmpv4_echo_request(1, 2)
+        .write(&mut ping, b"ping")
+        .unwrap();
+    frames.push(ping);
+    let mut quoted = Vec::new();
+    PacketBuilder::ipv4([10, 111, 1, 2], [10, 9, 0, 1], 63)
+        .tcp(80, 1001, 1, 100)
+        .write(&mut quoted, &[])
+        .unwrap();
+    let mut err = Vec::new();
+    PacketBuilder::ethernet2(CLIENT_MAC, LB_MAC)
+        .ipv4([192, 0, 2, 1], [10, 111, 1, 2], 64)
+        .icmpv4_raw(3, 4, [0, 0, 5, 0xdc])
+        .write(&mut err, &quoted[..28])
+        .unwrap();
+    frames.push(err);
+    frames
+}
+
+/// The frame's L3 offset and ether type as an Ethernet parser following the same VLAN rules
+/// sees them (outer 802.1Q or 802.1ad, inner 802.1Q).
+fn l3_of(f: &[u8]) -> Option<(usize, u16)> {
+    let be = |i: usize| u16::from_be_bytes([f[i], f[i + 1]]);
+    if f.len() < 14 {
+        return None;
+    }
+    let mut et = be(12);
+    let mut l3 = 14;
+    if et == 0x8100 || et == 0x88a8 {
+        if f.len() < 18 {
+            return None;
+        }
+        et = be(16);
+        l3 = 18;
+        if et == 0x8100 {
+            if f.len() < 22 {
+                return None;
+            }
+            et = be(20);
+            l3 = 22;
+        }
+    }
+    Some((l3, et))
+}
+
+struct Vips {
+    v4: HashSet<[u8; 4]>,
+    v6: HashSet<[u8; 16]>,
+    backend_macs: HashSet<[u8; 6]>,
+    backends: HashSet<IpAddr>,
+}
+
+impl Vips {
+    fn new() -> Vips {
+        let v4 = ["10.111.1.1", "10.111.1.2", "10.111.1.3", "10.111.1.9"]
+            .iter()
+            .map(|s| s.parse::<std::net::Ipv4Addr>().unwrap().octets())
+            .collect();
+        let v6 = ["fd00:111:1::1", "fd00:111:1::2", "fd00:111:1::3"]
+            .iter()
+            .map(|s| s.parse::<std::net::Ipv6Addr>().unwrap().octets())
+            .collect();
+        let backends: HashSet<IpAddr> = [
+            "10.111.0.11",
+            "10.111.0.12",
+            "10.111.0.13",
+            "fd00:111::11",
+            "fd00:111::12",
+        ]
+        .iter()
+        .map(|s| ip(s))
+        .collect();
+        let backend_macs = backends.iter().map(|b| backend_mac(*b)).collect();
+        Vips {
+            v4,
+            v6,
+            backend_macs,
+            backends,
+        }
+    }
+
+    /// Whether the frame's IP destination is a VIP address (the fixed header must be present).
+    fn addressed(&self, f: &[u8]) -> bool {
+        match l3_of(f) {
+            Some((l3, 0x0800)) if f.len() >= l3 + 20 => self
+                .v4
+                .contains(&<[u8; 4]>::try_from(&f[l3 + 16..l3 + 20]).unwrap()),
+            Some((l3, 0x86dd)) if f.len() >= l3 + 40 => self
+                .v6
+                .contains(&<[u8; 16]>::try_from(&f[l3 + 24..l3 + 40]).unwrap()),
+            _ => false,
+        }
+    }
+}
+
+/// Checks an `XDP_TX` output; `Err` says what is wrong.
+fn check_tx(vips: &Vips, input: &[u8], out: &[u8]) -> Result<(), String> {
+    let (l3, _) = l3_of(input).ok_or("TX of a frame without an L3 header")?;
+    if out.len() == input.len() {
+        let to_backend = vips
+            .backend_macs
+            .contains(&<[u8; 6]>::try_from(&out[0..6]).unwrap());
+        if to_backend && out[6..12] == input[0..6] && out[12..] == input[12..] {
+            return Ok(());
+        }
+        // An echo reply: MACs and IP addresses swapped, ICMP type changed, nothing else.
+        if out[0..6] == input[6..12] && out[6..12] == input[0..6] && out[12..l3] == input[12..l3] {
+            return Ok(());
+        }
+        return Err(
+            "same-length TX that is neither an L2 DSR rewrite nor an answer to the sender".into(),
+        );
+    }
+    if out.len() < input.len() {
+        return Err("TX shrank the frame".into());
+    }
+    if !vips
+        .backend_macs
+        .contains(&<[u8; 6]>::try_from(&out[0..6]).unwrap())
+        || out[6..12] != input[0..6]
+    {
+        return Err("encapsulated frame not addressed from us to a backend".into());
+    }
+    if out[12..l3 - 2] != input[12..l3 - 2] {
+        return Err("VLAN tags changed".into());
+    }
+    let outer_type = u16::from_be_bytes([out[l3 - 2], out[l3 - 1]]);
+    let (overhead, proto, dst) = match outer_type {
+        0x0800 => {
+            let h = &out[l3..l3 + 20];
+            if ones_complement_sum(h) != 0xffff {
+                return Err("outer IPv4 checksum invalid".into());
+            }
+            (
+                20,
+                h[9],
+                IpAddr::from(<[u8; 4]>::try_from(&h[16..20]).unwrap()),
+            )
+        }
+        0x86dd => {
+            let h = &out[l3..l3 + 40];
+            (
+                40,
+                h[6],
+                IpAddr::from(<[u8; 16]>::try_from(&h[24..40]).unwrap()),
+            )
+        }
+        other => return Err(format!("outer ether type {other:#x}")),
+    };
+    if !vips.backends.contains(&dst) {
+        return Err(format!("outer destination {dst} is not a backend"));
+    }
+    let overhead = match proto {
+        4 | 41 => overhead,
+        17 => overhead + 8,
+        p => return Err(format!("outer protocol {p}")),
+    };
+    if out.len() != input.len() + overhead || out[l3 + overhead..] != input[l3..] {
+        return Err("inner packet changed".into());
+    }
+    Ok(())
+}
+
+fn mutate(rng: &mut Rng, base: &[u8]) -> Vec<u8> {
+    let mut f = base.to_vec();
+    let l3 = l3_of(&f).map_or(14, |(l3, _)| l3);
+    // Header edits need the first bytes of the IP header; short frames get byte flips.
+    let kind = if f.len() < l3 + 8 {
+        rng.below(2)
+    } else {
+        rng.below(8)
+    };
+    match kind {
+        // Flip a few bytes, mostly in the headers.
+        0 | 1 => {
+            for _ in 0..1 + rng.below(4) {
+                let at = if rng.below(4) == 0 {
+                    rng.below(f.len())
+                } else {
+                    rng.below(f.len().min(l3 + 60))
+                };
+                f[at] = rng.byte();
+            }
+        }
+        // Random IHL / version nibble.
+        2 => f[l3] = rng.byte(),
+        // Random length fields (IPv4 total length, IPv6 payload length).
+        3 => {
+            let at = if f[l3] >> 4 == 6 { l3 + 4 } else { l3 + 2 };
+            if at + 1 < f.len() {
+                f[at] = rng.byte();
+                f[at + 1] = rng.byte();
+            }
+        }
+        // Random fragment fields / IPv6 next header.
+        4 => {
+            if f[l3] >> 4 == 6 {
+                f[l3 + 6] = [0u8, 43, 44, 51, 60, 6, 17, 58, 59][rng.below(9)];
+            } else if l3 + 7 < f.len() {
+                f[l3 + 6] = rng.byte();
+                f[l3 + 7] = rng.byte();
+            }
+        }
+        // Random tail cut.
+        5 => f.truncate(14.max(rng.below(f.len() + 1))),
+        // Random extension-header chain spliced into an IPv6 frame.
+        6 if f[l3] >> 4 == 6 && f.len() >= l3 + 40 => {
+            let mut chain = Vec::new();
+            let mut next = f[l3 + 6];
+            for _ in 0..rng.below(7) {
+                let kind = [0u8, 43, 60, 51, 44][rng.below(5)];
+                let len_field = rng.below(3) as u8;
+                let len = if kind == 44 {
+                    8
+                } else if kind == 51 {
+                    (len_field as usize + 2) * 4
+                } else {
+                    (len_field as usize + 1) * 8
+                };
+                let mut h = vec![next, if kind == 44 { 0 } else { len_field }];
+                h.resize(len, rng.byte());
+                chain.splice(0..0, h);
+                next = kind;
+            }
+            f[l3 + 6] = next;
+            f.splice(l3 + 40..l3 + 40, chain);
+            let payload = (f.len() - l3 - 40) as u16;
+            f[l3 + 4..l3 + 6].copy_from_slice(&payload.to_be_bytes());
+        }
+        // Garbage after a plausible Ethernet header, sometimes aimed at a VIP.
+        _ => {
+            let len = 14 + rng.below(120);
+            f.resize(len, 0);
+            for b in &mut f[12..] {
+                *b = rng.byte();
+            }
+            if rng.below(2) == 0 {
+                f[12..14].copy_from_slice(&[0x08, 0x00]);
+                if f.len() >= 34 {
+                    f[14] = 0x45;
+                    f[30..34].copy_from_slice(&[10, 111, 1, 1 + rng.below(3) as u8]);
+                }
+            }
+        }
+    }
+    f
+}
+
+#[test]
+#[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
+fn a_million_malformed_frames() {
+    let mut h = Harness::new(FIXTURE_CONFIG).expect("loading the balancer needs root and BPF");
+    let vips = Vips::new();
+    let bases = base_frames();
+    let mut rng = Rng(0x5eed_0f_ba1a_2ce5);
+    let mut run = 0usize;
+    let mut actions = [0usize; 4];
+    let mut check = |h: &mut Harness, frame: &[u8]| {
+        let (action, out) = h
+            .run(frame)
+            .unwrap_or_else(|e| panic!("frame {frame:02x?}: {e:#}"));
+        actions[action.min(3) as usize] += 1;
+        let addressed = vips.addressed(frame);
+        let verdict = match action {
+            XDP_PASS if out == frame => Ok(()),
+            XDP_PASS => Err("XDP_PASS changed the frame".to_string()),
+            _ if !addressed => Err(format!(
+                "{} for a frame not addressed to a VIP",
+                action_name(action)
+            )),
+            XDP_DROP => Ok(()),
+            XDP_TX => check_tx(&vips, frame, &out),
+            other => Err(format!("unexpected action {other}")),
+        };
+        if let Err(why) = verdict {
+            panic!("{why}\ninput  {frame:02x?}\noutput {out:02x?}");
+        }
+    };
+    // Every truncation of every base frame.
+    for base in &bases {
+        for len in 14..=base.len() {
+            check(&mut h, &base[..len]);
+            run += 1;
+        }
+    }
+    while run < FRAMES {
+        let base = &bases[rng.below(bases.len())];
+        let mut frame = mutate(&mut rng, base);
+        if rng.below(4) == 0 {
+            frame = mutate(&mut rng, &frame);
+        }
+        if frame.len() >= 14 {
+            check(&mut h, &frame);
+            run += 1;
+        }
+    }
+    println!(
+        "{run} frames: {} passed, {} dropped, {} transmitted",
+        actions[XDP_PASS as usize], actions[XDP_DROP as usize], actions[XDP_TX as usize]
+    );
+    assert!(run >= 1_000_000);
+    assert!(
+        actions[XDP_TX as usize] > 1000 && actions[XDP_DROP as usize] > 1000,
+        "the sweep barely reached the VIP paths: {actions:?}"
+    );
+}
