@@ -12,7 +12,8 @@ pub enum Counter {
     ActionDrop,
     /// A VIP packet whose flow was in the connection table.
     ConntrackHit,
-    /// A VIP packet whose flow was not in the connection table.
+    /// A VIP packet whose flow was not in the connection table, or a TCP SYN (a new
+    /// connection is always chosen from the table).
     ConntrackMiss,
     /// A tracked flow whose backend had left (removed or unhealthy) and was chosen again.
     FlowRehashed,

@@ -208,3 +208,16 @@ pub fn parse_ports(frame: &Frame, l4_off: usize) -> Option<Ports> {
     // SAFETY: bounds checked by `ptr`.
     Some(unsafe { *p })
 }
+
+/// TCP flags: SYN.
+pub const TCP_SYN: u8 = 0x02;
+/// TCP flags: ACK.
+pub const TCP_ACK: u8 = 0x10;
+
+/// The TCP flags byte of the header at `l4_off`, if the first 14 bytes are present.
+#[inline(always)]
+pub fn parse_tcp_flags(frame: &Frame, l4_off: usize) -> Option<u8> {
+    let h: *const [u8; 14] = frame.ptr(l4_off)?;
+    // SAFETY: bounds checked by `ptr`.
+    Some(unsafe { (*h)[13] })
+}

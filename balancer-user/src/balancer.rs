@@ -7,7 +7,10 @@
 //! - a new table is published (one atomic swap) after new backends are written and before
 //!   removed backends are deactivated; packets of a removed backend's flows are re-hashed;
 //! - a drained backend (weight 0) leaves the table but stays active, so its established
-//!   flows continue.
+//!   flows continue;
+//! - a backend removed from a VIP leaves the table at once but stays active for a grace period
+//!   (its established flows continue), then is deactivated; re-adding it within the grace
+//!   period takes it back with its flows. A removed VIP takes its backends with it at once.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::IpAddr;
@@ -99,6 +102,14 @@ impl VipState {
     }
 }
 
+/// A backend removed from its VIP, still serving its established flows until `until`.
+#[derive(Clone, Debug)]
+pub struct RetiringBackend {
+    pub vip: Endpoint,
+    pub state: BackendState,
+    pub until: Instant,
+}
+
 /// What one `apply` changed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ApplyReport {
@@ -120,6 +131,8 @@ pub struct Balancer<D: Dataplane> {
     next_generation: u32,
     /// How many VIPs use each address (for the address-only marker entries).
     address_users: HashMap<IpAddr, usize>,
+    retiring: Vec<RetiringBackend>,
+    removal_grace: Duration,
 }
 
 fn vip_key(address: IpAddr, port: u16, proto: u8) -> VipKey {
@@ -197,7 +210,34 @@ impl<D: Dataplane> Balancer<D> {
             backend_ids: IdPool::new(MAX_BACKENDS),
             next_generation: 1,
             address_users: HashMap::new(),
+            retiring: Vec::new(),
+            removal_grace: Duration::ZERO,
         }
+    }
+
+    /// How long a backend removed from a VIP keeps its established flows (zero: re-hash them
+    /// at once).
+    pub fn set_removal_grace(&mut self, grace: Duration) {
+        self.removal_grace = grace;
+    }
+
+    /// Backends removed from their VIP that still serve established flows.
+    pub fn retiring(&self) -> &[RetiringBackend] {
+        &self.retiring
+    }
+
+    /// Deactivates retiring backends whose grace period ended by `now` (their remaining flows
+    /// are re-hashed). Returns how many.
+    pub fn expire_retired(&mut self, now: Instant) -> Result<usize, BalancerError> {
+        let (expired, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retiring)
+            .into_iter()
+            .partition(|r| r.until <= now);
+        self.retiring = kept;
+        for r in &expired {
+            self.retire_backend(&r.state)?;
+            tracing::info!(backend = %r.state.address, vip = %format!("{}:{}/{}", r.vip.0, r.vip.1, r.vip.2), "removed backend's grace period over; its remaining flows are re-hashed");
+        }
+        Ok(expired.len())
     }
 
     pub fn dataplane(&self) -> &D {
@@ -343,6 +383,14 @@ impl<D: Dataplane> Balancer<D> {
         Ok(state)
     }
 
+    fn take_retiring(&mut self, endpoint: &Endpoint, address: IpAddr) -> Option<BackendState> {
+        let at = self
+            .retiring
+            .iter()
+            .position(|r| r.vip == *endpoint && r.state.address == address)?;
+        Some(self.retiring.swap_remove(at).state)
+    }
+
     fn retire_backend(&mut self, b: &BackendState) -> Result<(), BalancerError> {
         // Inactive: flows pinned to it are re-hashed on their next packet.
         self.dataplane.set_backend(b.id, &Backend::default())?;
@@ -422,6 +470,13 @@ impl<D: Dataplane> Balancer<D> {
         for b in vip.backends.values() {
             self.retire_backend(b)?;
         }
+        let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retiring)
+            .into_iter()
+            .partition(|r| r.vip == *endpoint);
+        self.retiring = others;
+        for r in &mine {
+            self.retire_backend(&r.state)?;
+        }
         self.vip_ids.give_back(vip.id);
         tracing::info!(vip = %vip.config.name, "VIP removed");
         Ok(())
@@ -469,7 +524,22 @@ impl<D: Dataplane> Balancer<D> {
                     backends.insert(b.address, state);
                 }
                 None => {
-                    let state = self.new_backend(config, b.address, b.weight, mac)?;
+                    let state = match self.take_retiring(endpoint, b.address) {
+                        // Back within its grace period: same slot, its flows continue.
+                        Some(old) => {
+                            let state = BackendState {
+                                weight: b.weight,
+                                mac,
+                                ..old
+                            };
+                            if state.mac != old.mac {
+                                self.dataplane
+                                    .set_backend(state.id, &backend_entry(&state))?;
+                            }
+                            state
+                        }
+                        None => self.new_backend(config, b.address, b.weight, mac)?,
+                    };
                     added.push(state.id);
                     backends.insert(b.address, state);
                 }
@@ -517,8 +587,17 @@ impl<D: Dataplane> Balancer<D> {
             self.dataplane.set_vip(&key, &vip_meta(vip.id, config))?;
             changed = Some(0);
         }
-        for b in &retired {
-            self.retire_backend(b)?;
+        let until = Instant::now() + self.removal_grace;
+        for b in retired.iter() {
+            if self.removal_grace.is_zero() {
+                self.retire_backend(b)?;
+            } else {
+                self.retiring.push(RetiringBackend {
+                    vip: *endpoint,
+                    state: b.clone(),
+                    until,
+                });
+            }
         }
         if changed.is_some() {
             tracing::info!(
@@ -683,6 +762,45 @@ mac = "02:00:00:00:00:99"
         );
         let web = lb.vip("web").unwrap();
         assert!(web.table.iter().all(|&id| id == kept.id));
+    }
+
+    #[test]
+    fn a_removed_backend_serves_its_flows_through_the_grace_period() {
+        let mut lb = balancer();
+        lb.set_removal_grace(Duration::from_secs(60));
+        let mut cfg = two_vips();
+        lb.apply(&cfg.vips, &macs()).unwrap();
+        let gone = lb.vip("web").unwrap().backends[&"10.0.0.11".parse::<IpAddr>().unwrap()].clone();
+        cfg.vips[0].backends.remove(0);
+        lb.apply(&cfg.vips, &macs()).unwrap();
+        assert!(
+            !lb.vip("web").unwrap().table.contains(&gone.id),
+            "removed backend still in the table"
+        );
+        assert_eq!(
+            lb.dataplane().backends[&gone.id].flags,
+            BACKEND_F_ACTIVE,
+            "flows cut before the grace period"
+        );
+        assert_eq!(lb.retiring().len(), 1);
+        // Not yet.
+        assert_eq!(lb.expire_retired(Instant::now()).unwrap(), 0);
+        // Re-added within the grace period: same slot and generation, so flows continue.
+        let mut back = cfg.clone();
+        back.vips[0]
+            .backends
+            .insert(0, two_vips().vips[0].backends[0].clone());
+        lb.apply(&back.vips, &macs()).unwrap();
+        assert_eq!(lb.vip("web").unwrap().backends[&gone.address], gone);
+        assert!(lb.retiring().is_empty());
+        // Removed again, and the grace period passes.
+        lb.apply(&cfg.vips, &macs()).unwrap();
+        assert_eq!(
+            lb.expire_retired(Instant::now() + Duration::from_secs(61))
+                .unwrap(),
+            1
+        );
+        assert_eq!(lb.dataplane().backends[&gone.id].flags, 0);
     }
 
     #[test]

@@ -23,6 +23,8 @@ pub const MIN_MAX_FLOWS: u32 = 1024;
 pub const DEFAULT_UDP_IDLE_TIMEOUT_SECS: u64 = 30;
 /// Default new flows per second per CPU before flood mode.
 pub const DEFAULT_FLOOD_THRESHOLD: u32 = 250_000;
+/// Default time a removed backend keeps its established flows.
+pub const DEFAULT_REMOVAL_GRACE_SECS: u64 = 60;
 /// Default GUE destination port.
 pub const DEFAULT_GUE_PORT: u16 = 6080;
 
@@ -256,6 +258,9 @@ pub struct ConntrackConfig {
     pub udp_idle_timeout: Duration,
     /// New flows per second per CPU before flood mode (zero: no limit).
     pub flood_threshold: u32,
+    /// A backend removed from a VIP keeps its established flows this long (it takes no new
+    /// ones); then they are re-hashed. Zero: at once.
+    pub removal_grace: Duration,
 }
 
 /// Encapsulation (ipip and gue VIPs).
@@ -334,6 +339,7 @@ struct RawConntrack {
     max_flows: Option<i64>,
     udp_idle_timeout_secs: Option<i64>,
     flood_threshold: Option<i64>,
+    removal_grace_secs: Option<i64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -430,6 +436,10 @@ impl Config {
                 Some(v) => int_in(v, 0, u32::MAX.into(), "conntrack.flood_threshold")?,
                 None => DEFAULT_FLOOD_THRESHOLD,
             },
+            removal_grace: Duration::from_secs(match raw.conntrack.removal_grace_secs {
+                Some(v) => int_in(v, 0, 86_400, "conntrack.removal_grace_secs")?,
+                None => DEFAULT_REMOVAL_GRACE_SECS,
+            }),
         };
         let encap = EncapConfig {
             source_v4: raw

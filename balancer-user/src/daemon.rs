@@ -89,6 +89,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     let dataplane = KernelDataplane::from_ebpf(&mut object)?;
     let mut balancer = Balancer::new(dataplane);
     balancer.set_settings(&settings)?;
+    balancer.set_removal_grace(config.conntrack.removal_grace);
     let report = balancer.apply(&config.vips, &macs)?;
     tracing::info!(
         vips = report.vips_added,
@@ -115,9 +116,15 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
     let mut hangup = signal(SignalKind::hangup())?;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut current = config;
     loop {
         tokio::select! {
+            _ = tick.tick() => {
+                if let Err(e) = balancer.expire_retired(std::time::Instant::now()) {
+                    tracing::error!("retiring removed backends: {e}");
+                }
+            }
             _ = interrupt.recv() => break,
             _ = terminate.recv() => break,
             _ = hangup.recv() => {
@@ -159,6 +166,7 @@ fn reload(
     }
     let settings = data_plane_settings(&loaded.config, iface)?;
     balancer.set_settings(&settings)?;
+    balancer.set_removal_grace(loaded.config.conntrack.removal_grace);
     let report = balancer.apply(&loaded.config.vips, &loaded.macs)?;
     tracing::info!(
         added = report.vips_added,

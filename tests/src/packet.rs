@@ -36,6 +36,7 @@ interface = "eth0"
 [conntrack]
 max_flows = 4096
 flood_threshold = 0
+removal_grace_secs = 0
 [encap]
 source_v4 = "172.16.0.0/16"
 source_v6 = "fd00:e::/96"
@@ -179,6 +180,7 @@ impl Harness {
         let dataplane = KernelDataplane::from_ebpf(&mut object)?;
         let mut balancer = Balancer::new(dataplane);
         balancer.set_settings(&settings)?;
+        balancer.set_removal_grace(config.conntrack.removal_grace);
         let macs: HashMap<IpAddr, MacAddr> = config
             .vips
             .iter()

@@ -431,8 +431,21 @@ impl Drop for Topology {
 }
 
 /// A balancer config for the rack: HTTP, echo (TCP) and UDP VIPs on both families, each with
-/// every backend, forwarded by `forwarding` and attached in `mode`.
+/// every backend, forwarded by `forwarding` and attached in `mode`. `extra` is appended to the
+/// global part (e.g. an `[encap]` table).
 pub fn rack_config(topo: &Topology, forwarding: &str, mode: AttachMode, extra: &str) -> String {
+    let weights = vec![Some(1); topo.backends.len()];
+    rack_config_weighted(topo, forwarding, mode, extra, &weights)
+}
+
+/// Like [`rack_config`] with backend `i` given weight `weights[i]`, or left out when `None`.
+pub fn rack_config_weighted(
+    topo: &Topology,
+    forwarding: &str,
+    mode: AttachMode,
+    extra: &str,
+    weights: &[Option<u32>],
+) -> String {
     let mut text = format!(
         "interface = \"eth0\"\nattach_mode = \"{mode}\"\n\n[conntrack]\nmax_flows = 65536\n\n{extra}\n"
     );
@@ -445,16 +458,40 @@ pub fn rack_config(topo: &Topology, forwarding: &str, mode: AttachMode, extra: &
             text.push_str(&format!(
                 "[[vip]]\nname = \"{service}{family}\"\naddress = \"{vip}\"\nport = {port}\nprotocol = \"{proto}\"\nforwarding = \"{forwarding}\"\ngue_port = {GUE_PORT}\n"
             ));
-            for i in 0..topo.backends.len() {
+            for (i, weight) in weights.iter().enumerate().take(topo.backends.len()) {
+                let Some(weight) = weight else { continue };
                 let b: IpAddr = if family == 4 {
                     backend4(i).into()
                 } else {
                     backend6(i).into()
                 };
-                text.push_str(&format!("  [[vip.backend]]\n  address = \"{b}\"\n"));
+                text.push_str(&format!(
+                    "  [[vip.backend]]\n  address = \"{b}\"\n  weight = {weight}\n"
+                ));
             }
             text.push('\n');
         }
     }
     text
+}
+
+impl Topology {
+    /// Rewrites the balancer's config and has it reload (SIGHUP); waits until it has.
+    pub fn reload_balancer(&mut self, config: &str) -> Result<()> {
+        fs::write(self.log_dir.join("balancer.toml"), config)?;
+        let p = self.process("balancer").context("no balancer running")?;
+        let reloads = p.log_text().matches("config reloaded").count();
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(p.pid() as i32, libc::SIGHUP) };
+        let started = Instant::now();
+        while p.log_text().matches("config reloaded").count() == reloads {
+            if started.elapsed() > Duration::from_secs(10)
+                || p.log_text().contains("reload refused")
+            {
+                bail!("the balancer did not reload:\n{}", p.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
 }

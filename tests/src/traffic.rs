@@ -4,7 +4,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 
@@ -52,13 +52,35 @@ pub fn pattern_byte(offset: usize) -> u8 {
     (x.wrapping_mul(2_654_435_761) >> 13) as u8 ^ (x >> 8) as u8
 }
 
-/// Sends `bytes` to an echo server on one connection while reading them back; fails unless
-/// every byte returns intact.
-pub fn echo_stream(addr: SocketAddr, bytes: usize, timeout: Duration) -> Result<()> {
+/// Reads the echo server's greeting: its name and a newline.
+fn read_greeting(stream: &mut TcpStream) -> Result<String> {
+    let mut name = Vec::new();
+    let mut byte = [0u8; 1];
+    while byte[0] != b'\n' {
+        stream
+            .read_exact(&mut byte)
+            .context("reading the echo server's greeting")?;
+        name.push(byte[0]);
+        if name.len() > 64 {
+            bail!("echo server greeting too long");
+        }
+    }
+    Ok(String::from_utf8_lossy(&name).trim().to_string())
+}
+
+fn connect(addr: SocketAddr, timeout: Duration) -> Result<TcpStream> {
     let stream =
         TcpStream::connect_timeout(&addr, timeout).with_context(|| format!("connect {addr}"))?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
+    Ok(stream)
+}
+
+/// Sends `bytes` to an echo server on one connection while reading them back; fails unless
+/// every byte returns intact. Returns the name of the backend that served it.
+pub fn echo_stream(addr: SocketAddr, bytes: usize, timeout: Duration) -> Result<String> {
+    let mut stream = connect(addr, timeout)?;
+    let backend = read_greeting(&mut stream)?;
     let mut writer = stream.try_clone()?;
     let sender = std::thread::spawn(move || -> Result<()> {
         let mut sent = 0;
@@ -74,11 +96,10 @@ pub fn echo_stream(addr: SocketAddr, bytes: usize, timeout: Duration) -> Result<
         writer.shutdown(std::net::Shutdown::Write)?;
         Ok(())
     });
-    let mut reader = stream;
     let mut received = 0;
     let mut buf = vec![0u8; 64 * 1024];
     while received < bytes {
-        let n = reader
+        let n = stream
             .read(&mut buf)
             .with_context(|| format!("receiving after {received} bytes"))?;
         if n == 0 {
@@ -98,5 +119,32 @@ pub fn echo_stream(addr: SocketAddr, bytes: usize, timeout: Duration) -> Result<
     sender
         .join()
         .map_err(|_| anyhow::anyhow!("sender panicked"))??;
-    Ok(())
+    Ok(backend)
+}
+
+/// A long-lived connection to an echo server that keeps data flowing until `until`, checking
+/// every byte. Returns the backend's name and the bytes echoed.
+pub fn echo_until(addr: SocketAddr, until: Instant, timeout: Duration) -> Result<(String, usize)> {
+    let mut stream = connect(addr, timeout)?;
+    let backend = read_greeting(&mut stream)?;
+    let mut offset = 0usize;
+    let mut chunk = vec![0u8; 8 * 1024];
+    let mut back = vec![0u8; 8 * 1024];
+    while Instant::now() < until {
+        for (i, b) in chunk.iter_mut().enumerate() {
+            *b = pattern_byte(offset + i);
+        }
+        stream
+            .write_all(&chunk)
+            .with_context(|| format!("sending to {backend} after {offset} bytes"))?;
+        stream
+            .read_exact(&mut back)
+            .with_context(|| format!("echo from {backend} after {offset} bytes"))?;
+        if back != chunk {
+            bail!("echo from {backend} corrupted after {offset} bytes");
+        }
+        offset += chunk.len();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok((backend, offset))
 }

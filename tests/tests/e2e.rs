@@ -10,7 +10,7 @@ use std::time::Duration;
 use balancer::config::AttachMode;
 use balancer_tests::netns::{PREFIX, sweep};
 use balancer_tests::topology::*;
-use balancer_tests::traffic::{echo_stream, http_get, udp_request};
+use balancer_tests::traffic::{echo_stream, echo_until, http_get, udp_request};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -130,7 +130,7 @@ fn own_address_works(topo: &Topology) {
 }
 
 fn full_check(case: Case) {
-    let topo = rack(&case);
+    let mut topo = rack(&case);
     for vip in [IpAddr::from(VIP4), IpAddr::from(VIP6)] {
         spread_over_backends(&topo, vip);
         udp_works(&topo, vip);
@@ -138,6 +138,79 @@ fn full_check(case: Case) {
     }
     own_address_works(&topo);
     ping_works(&topo);
+    churn_breaks_nothing(&mut topo, &case);
+}
+
+/// 50 long-lived TCP connections keep streaming (every byte checked) while the weights change
+/// and then a backend is removed: none breaks — connections on other backends keep theirs
+/// (connection table), and those on the removed one keep it through its grace period.
+fn churn_breaks_nothing(topo: &mut Topology, case: &Case) {
+    const STREAMS: usize = 50;
+    let until = std::time::Instant::now() + Duration::from_secs(4);
+    let mut streams = Vec::new();
+    for i in 0..STREAMS {
+        let vip = if i % 2 == 0 {
+            IpAddr::from(VIP4)
+        } else {
+            IpAddr::from(VIP6)
+        };
+        let addr = SocketAddr::new(vip, ECHO_PORT);
+        streams.push(
+            topo.client
+                .spawn_in(move || echo_until(addr, until, TIMEOUT).map_err(|e| format!("{e:#}")))
+                .expect("client thread"),
+        );
+    }
+    std::thread::sleep(Duration::from_millis(1000));
+    let extra = "[encap]\nsource_v4 = \"10.111.0.2\"\nsource_v6 = \"fd00:111::2\"\n";
+    let reweighted = rack_config_weighted(
+        topo,
+        case.forwarding,
+        case.mode,
+        extra,
+        &[Some(5), Some(1), Some(2)],
+    );
+    topo.reload_balancer(&reweighted).expect("weight change");
+    std::thread::sleep(Duration::from_millis(1000));
+    let removed = rack_config_weighted(
+        topo,
+        case.forwarding,
+        case.mode,
+        extra,
+        &[Some(5), Some(1), None],
+    );
+    topo.reload_balancer(&removed).expect("backend removal");
+    let mut per_backend = BTreeMap::new();
+    for (i, s) in streams.into_iter().enumerate() {
+        let (backend, bytes) = s
+            .join()
+            .expect("stream thread")
+            .expect("client namespace")
+            .unwrap_or_else(|e| {
+                panic!(
+                    "stream {i} broke during weight change / backend removal: {e}\n{}",
+                    topo.logs()
+                )
+            });
+        assert!(bytes > 0, "stream {i} moved no data");
+        *per_backend.entry(backend).or_insert(0) += 1;
+    }
+    assert!(
+        per_backend.contains_key("b3"),
+        "no stream was on the removed backend b3: {per_backend:?}"
+    );
+    // New connections avoid the removed backend.
+    for _ in 0..30 {
+        let name = topo
+            .client
+            .run_in(|| {
+                http_get(SocketAddr::new(VIP4.into(), HTTP_PORT), TIMEOUT)
+                    .map_err(|e| format!("{e:#}"))
+            })
+            .expect("client thread")
+            .expect("request after removal");
+        assert_ne!(name, "b3", "a new connection reached the removed backend");
+    }
 }
 
 /// ICMP to the balancer's own addresses still gets answers (and ARP/ND resolved them).

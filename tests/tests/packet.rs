@@ -649,3 +649,38 @@ fn oversize_packets_get_fragmentation_needed_or_packet_too_big() {
         "quote = original IPv6 header + 8 bytes"
     );
 }
+
+#[test]
+#[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
+fn a_syn_on_a_reused_port_is_a_new_connection() {
+    let mut h = harness();
+    let client = ip("10.9.4.4");
+    let vip = ip("10.111.1.1");
+    let sport = 8080;
+    let first = h.table_backend("l2dsr4", client, sport).unwrap();
+    h.run(&tcp_frame(client, sport, vip, 80, true, b""))
+        .unwrap();
+    h.run(&tcp_frame(client, sport, vip, 80, false, b"data"))
+        .unwrap();
+    // Drain the backend; the old connection's packets still reach it...
+    h.reconfigure(&l2dsr4_with(first, Some(0))).unwrap();
+    let (_, out) = h
+        .run(&tcp_frame(client, sport, vip, 80, false, b"more"))
+        .unwrap();
+    assert_eq!(out[0..6], backend_mac(first));
+    // ...but a new connection from the same port is chosen from the table, and its later
+    // packets follow it.
+    let now = h.table_backend("l2dsr4", client, sport).unwrap();
+    let (_, out) = h
+        .run(&tcp_frame(client, sport, vip, 80, true, b""))
+        .unwrap();
+    assert_eq!(
+        out[0..6],
+        backend_mac(now),
+        "SYN on a reused port went to the drained backend"
+    );
+    let (_, out) = h
+        .run(&tcp_frame(client, sport, vip, 80, false, b"data"))
+        .unwrap();
+    assert_eq!(out[0..6], backend_mac(now));
+}

@@ -54,17 +54,8 @@ fn main() {
 }
 
 fn config(topo: &Topology, weights: &[u32]) -> String {
-    let mut text = rack_config(topo, "l2-dsr", AttachMode::Native, "");
-    // Give the HTTP VIPs' backends explicit weights.
-    for (i, w) in weights.iter().enumerate() {
-        for b in [backend4(i).to_string(), backend6(i).to_string()] {
-            text = text.replace(
-                &format!("address = \"{b}\"\n"),
-                &format!("address = \"{b}\"\n  weight = {w}\n"),
-            );
-        }
-    }
-    text
+    let weights: Vec<Option<u32>> = weights.iter().map(|w| Some(*w)).collect();
+    rack_config_weighted(topo, "l2-dsr", AttachMode::Native, "", &weights)
 }
 
 fn spread(topo: &Topology, vip: IpAddr) -> Result<BTreeMap<String, usize>> {

@@ -17,7 +17,7 @@ struct Args {
     /// HTTP port (any path answers 200 with the name).
     #[arg(long, default_value_t = 80)]
     http_port: u16,
-    /// TCP echo port.
+    /// TCP echo port (the server first sends its name and a newline, then echoes).
     #[arg(long, default_value_t = 9000)]
     echo_port: u16,
     /// UDP echo port.
@@ -34,7 +34,8 @@ fn main() {
     let http = TcpListener::bind(SocketAddr::new(any, args.http_port)).expect("bind HTTP port");
     let echo = TcpListener::bind(SocketAddr::new(any, args.echo_port)).expect("bind echo port");
     let name = args.name.clone();
-    thread::spawn(move || serve(echo, echo_stream));
+    let echo_name = name.clone();
+    thread::spawn(move || serve(echo, move |s| echo_stream(s, &echo_name)));
     for addr in &args.udp_addrs {
         let sock = UdpSocket::bind(SocketAddr::new(*addr, args.udp_port))
             .unwrap_or_else(|e| panic!("bind UDP {addr}:{}: {e}", args.udp_port));
@@ -52,7 +53,10 @@ fn serve(listener: TcpListener, handler: impl Fn(TcpStream) + Send + Sync + Clon
     }
 }
 
-fn echo_stream(mut stream: TcpStream) {
+fn echo_stream(mut stream: TcpStream, name: &str) {
+    if stream.write_all(format!("{name}\n").as_bytes()).is_err() {
+        return;
+    }
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         match stream.read(&mut buf) {

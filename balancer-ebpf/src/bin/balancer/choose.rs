@@ -14,6 +14,25 @@ use crate::maps::{BACKENDS, FLOOD, FLOWS, MAGLEV};
 
 const NS_PER_SEC: u64 = 1_000_000_000;
 
+/// What kind of packet a flow's packet is, as far as choosing goes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum PacketKind {
+    /// A TCP SYN without ACK: a new connection, always chosen afresh from the table (a reused
+    /// client port must not land on the backend an old connection had, which may be draining).
+    TcpSyn,
+    /// Any other TCP packet.
+    Tcp,
+    /// UDP: tracked flows expire after the configured idle time.
+    Udp,
+}
+
+/// A packet's flow: the client address and port, and the packet kind.
+pub struct Flow<'a> {
+    pub src: &'a RawAddr,
+    pub sport: u16,
+    pub kind: PacketKind,
+}
+
 /// The chosen backend.
 pub struct Choice {
     pub id: u32,
@@ -54,25 +73,28 @@ pub fn tracked(key: &FlowKey) -> Tracked {
     }
 }
 
-/// The backend for a flow of `vip` from `src`:`sport`, or `None` if the VIP has no usable
-/// backend. `udp` flows expire after the configured idle time.
+/// The backend for `flow` to `vip`, or `None` if the VIP has no usable backend.
 #[inline(always)]
 pub fn choose(
     ctx: &XdpContext,
     vip: &VipMeta,
-    src: &RawAddr,
-    sport: u16,
-    udp: bool,
+    flow: &Flow<'_>,
     cfg: &GlobalConfig,
     stats: &mut GlobalStats,
 ) -> Option<Choice> {
     let key = FlowKey {
-        src: *src,
+        src: *flow.src,
         vip_id: vip.vip_id,
-        sport,
+        sport: flow.sport,
         _pad: 0,
     };
-    match tracked(&key) {
+    let udp = flow.kind == PacketKind::Udp;
+    let tracked = if flow.kind == PacketKind::TcpSyn {
+        Tracked::Miss
+    } else {
+        tracked(&key)
+    };
+    match tracked {
         Tracked::Live(state, backend) => {
             if !udp || cfg.udp_idle_timeout_ns == 0 {
                 count(stats, Counter::ConntrackHit);
@@ -99,7 +121,7 @@ pub fn choose(
         Tracked::Miss => count(stats, Counter::ConntrackMiss),
     }
 
-    let (id, backend) = from_table(vip, src, sport)?;
+    let (id, backend) = from_table(vip, flow.src, flow.sport)?;
     if flood_allows_insert(ctx, cfg, stats) {
         let state = FlowState {
             backend_id: id,

@@ -23,11 +23,11 @@ use balancer_common::{
 };
 use balancer_ebpf::{
     headers::{IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP},
-    parse::{Frame, Ip, Shape, parse_ip, parse_l2, parse_ports},
+    parse::{Frame, Ip, Shape, TCP_ACK, TCP_SYN, parse_ip, parse_l2, parse_ports, parse_tcp_flags},
 };
 
 use crate::{
-    choose::{choose, count},
+    choose::{Flow, PacketKind, choose, count},
     forward::{EncapError, frame_of, to_backend},
     maps::{BACKEND_STATS, CONFIG, STATS, VIP_STATS, VIPS},
 };
@@ -72,7 +72,20 @@ fn process(ctx: &XdpContext, stats: &mut GlobalStats) -> u32 {
         let Some(vip) = (unsafe { VIPS.get(key) }) else {
             return XDP_PASS;
         };
-        return to_vip(ctx, &frame, &ip, vip, ports.src, stats);
+        let kind = if ip.proto == IPPROTO_UDP {
+            PacketKind::Udp
+        } else {
+            match parse_tcp_flags(&frame, ip.l4_off) {
+                Some(flags) if flags & (TCP_SYN | TCP_ACK) == TCP_SYN => PacketKind::TcpSyn,
+                _ => PacketKind::Tcp,
+            }
+        };
+        let flow = Flow {
+            src: &ip.src,
+            sport: ports.src,
+            kind,
+        };
+        return to_vip(ctx, &frame, &ip, vip, &flow, stats);
     }
     not_plain_transport(ctx, &frame, &ip, stats)
 }
@@ -84,28 +97,20 @@ fn to_vip(
     frame: &Frame,
     ip: &Ip,
     vip: &balancer_common::maps::VipMeta,
-    sport: u16,
+    flow: &Flow<'_>,
     stats: &mut GlobalStats,
 ) -> u32 {
     let Some(cfg) = CONFIG.get(0) else {
         return XDP_PASS;
     };
-    let Some(choice) = choose(
-        ctx,
-        vip,
-        &ip.src,
-        sport,
-        ip.proto == IPPROTO_UDP,
-        cfg,
-        stats,
-    ) else {
+    let Some(choice) = choose(ctx, vip, flow, cfg, stats) else {
         count(stats, Counter::DropNoBackend);
         return XDP_DROP;
     };
     let bytes = frame.size() as u64;
     add_traffic(VIP_STATS.get_ptr_mut(vip.vip_id), bytes, choice.new_flow);
     add_traffic(BACKEND_STATS.get_ptr_mut(choice.id), bytes, choice.new_flow);
-    let entropy = ip.src[0] ^ ip.src[3] ^ u32::from(sport);
+    let entropy = ip.src[0] ^ ip.src[3] ^ u32::from(flow.sport);
     match to_backend(ctx, ip, vip, choice.backend, cfg, entropy) {
         Ok(action) => action,
         Err(EncapError::TooBig { mtu }) => icmp::too_big(ctx, ip, mtu, stats),
