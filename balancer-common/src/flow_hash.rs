@@ -15,7 +15,7 @@ use crate::addr::RawAddr;
 const SEED: u32 = 0x9e37_79b9;
 
 #[inline(always)]
-const fn fmix32(mut h: u32) -> u32 {
+pub(crate) const fn fmix32(mut h: u32) -> u32 {
     h ^= h >> 16;
     h = h.wrapping_mul(0x85eb_ca6b);
     h ^= h >> 13;
@@ -25,7 +25,7 @@ const fn fmix32(mut h: u32) -> u32 {
 }
 
 #[inline(always)]
-const fn absorb(h: u32, word: u32) -> u32 {
+pub(crate) const fn absorb(h: u32, word: u32) -> u32 {
     fmix32(h ^ word).wrapping_add(0x6b43_a9b5)
 }
 

@@ -10,9 +10,11 @@
 #![cfg_attr(not(feature = "std"), no_std)]
 
 pub mod addr;
+pub mod flow_cache;
 pub mod flow_hash;
 pub mod maps;
 pub mod stats;
+pub mod vip_index;
 
 #[cfg(feature = "std")]
 pub mod maglev;

@@ -4,13 +4,15 @@
 
 use crate::addr::RawAddr;
 
-/// VIP lookup: [`VipKey`] -> [`VipMeta`].
+/// The VIP index: array of maps with one inner array of [`VipSlot`]s, an open-addressing hash
+/// table the daemon builds whole and swaps in (see [`crate::vip_index`]).
 pub const VIPS: &str = "VIPS";
 /// Maglev tables: array of maps indexed by `vip_id`; each inner array maps slot -> backend id.
 pub const MAGLEV: &str = "MAGLEV";
 /// Backends by id: array of [`Backend`].
 pub const BACKENDS: &str = "BACKENDS";
-/// Connection table: LRU hash [`FlowKey`] -> [`FlowState`].
+/// Connection table: array of [`FlowBucket`]s, a set-associative flow cache (see
+/// [`crate::flow_cache`]).
 pub const FLOWS: &str = "FLOWS";
 /// Global settings: array of one [`GlobalConfig`].
 pub const CONFIG: &str = "CONFIG";
@@ -23,16 +25,23 @@ pub const BACKEND_STATS: &str = "BACKEND_STATS";
 
 /// Most VIPs one balancer serves (outer Maglev array, per-VIP counters).
 pub const MAX_VIPS: u32 = 1024;
-/// Most backends over all VIPs (backend array, per-backend counters).
+/// Most backends over all VIPs (backend array, per-backend counters). Backend ids fit 16 bits
+/// (they are stored in 16 bits of a connection-table entry).
 pub const MAX_BACKENDS: u32 = 16384;
 /// Largest Maglev table. The inner-map template is declared with this size and
 /// `BPF_F_INNER_MAP`, so each VIP's table may be any prime up to it.
 pub const MAX_TABLE_SIZE: u32 = 655_373;
 /// Default Maglev table size (prime), as in the Maglev paper.
 pub const DEFAULT_TABLE_SIZE: u32 = 65_537;
-/// Connection-table capacity compiled into the object; the daemon sets the real size from its
-/// config before loading.
-pub const DEFAULT_MAX_FLOWS: u32 = 1 << 20;
+/// Slots of the VIP index (a power of two; VIPs and address markers fill at most 3% of it).
+pub const VIP_INDEX_SLOTS: u32 = 1 << 16;
+/// A VIP sits at most this many slots after its home slot in the index.
+pub const VIP_INDEX_PROBES: u32 = 4;
+/// Ways per connection-table bucket.
+pub const FLOW_WAYS: usize = 4;
+/// Connection-table buckets compiled into the object; the daemon sets the real number (a power
+/// of two) from its config before loading.
+pub const DEFAULT_FLOW_BUCKETS: u32 = 1 << 18;
 
 /// Slot value of a Maglev table with no usable backend; the data plane drops such packets.
 pub const NO_BACKEND: u32 = u32::MAX;
@@ -44,19 +53,20 @@ pub const BPF_F_MMAPABLE: u32 = 1 << 10;
 /// Flags of every Maglev table (inner map): sizes may differ per VIP, and the daemon fills a
 /// new table through a memory mapping instead of one syscall per slot.
 pub const MAGLEV_TABLE_FLAGS: u32 = BPF_F_INNER_MAP | BPF_F_MMAPABLE;
-/// `BPF_F_NO_COMMON_LRU`: each CPU keeps its own LRU list (no cross-CPU lock on eviction).
-pub const BPF_F_NO_COMMON_LRU: u32 = 1 << 1;
+/// Flags of the VIP index (inner map): fixed size, so the kernel inlines lookups into it.
+pub const VIP_INDEX_FLAGS: u32 = BPF_F_MMAPABLE;
 
-/// Key of the VIP map.
+/// Key of a VIP: address, port, protocol. An address marker (port 0, protocol 0) tells that
+/// an address belongs to some VIP, for fragments and ICMP.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct VipKey {
     pub addr: RawAddr,
     /// Destination port in network byte order.
     pub port: u16,
-    /// IP protocol number (6 TCP, 17 UDP).
+    /// IP protocol number (6 TCP, 17 UDP; 0 for an address marker).
     pub proto: u8,
-    /// [`crate::addr::FAMILY_V4`] or [`crate::addr::FAMILY_V6`].
+    /// [`crate::addr::FAMILY_V4`] or [`crate::addr::FAMILY_V6`]; 0 marks an empty slot.
     pub family: u8,
 }
 const _: () = assert!(core::mem::size_of::<VipKey>() == 20);
@@ -84,7 +94,7 @@ impl ForwardMode {
     }
 }
 
-/// Value of the VIP map.
+/// What the data plane knows of a VIP.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct VipMeta {
@@ -102,6 +112,16 @@ pub struct VipMeta {
 }
 const _: () = assert!(core::mem::size_of::<VipMeta>() == 16);
 
+/// One slot of the VIP index.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VipSlot {
+    pub key: VipKey,
+    pub _pad: u32,
+    pub meta: VipMeta,
+}
+const _: () = assert!(core::mem::size_of::<VipSlot>() == 40);
+
 /// A backend slot is in use and may receive packets.
 pub const BACKEND_F_ACTIVE: u8 = 1;
 
@@ -116,13 +136,14 @@ pub struct Backend {
     /// `BACKEND_F_*` bits.
     pub flags: u8,
     /// Changes whenever the slot is given to a different backend, so connection-table entries
-    /// that point at a previous occupant are detected and re-hashed.
+    /// that point at a previous occupant are detected and re-hashed (16 bits are compared).
     pub generation: u32,
 }
 const _: () = assert!(core::mem::size_of::<Backend>() == 28);
 
-/// Key of the connection table: one client flow to one VIP. The VIP's address, port and
-/// protocol are implied by `vip_id`, which keeps the key (and the hash over it) short.
+/// One client flow to one VIP: what the connection table is keyed by (through
+/// [`crate::flow_cache::flow_tag`]). The VIP's address, port and protocol are implied by
+/// `vip_id`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct FlowKey {
@@ -134,17 +155,23 @@ pub struct FlowKey {
 }
 const _: () = assert!(core::mem::size_of::<FlowKey>() == 24);
 
-/// Value of the connection table.
+/// One way of a connection-table bucket: the flow's tag (0 = empty) and its packed value
+/// (see [`crate::flow_cache::FlowValue`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FlowState {
-    pub backend_id: u32,
-    /// [`Backend::generation`] when the flow was pinned.
-    pub backend_generation: u32,
-    /// Last packet time (`bpf_ktime_get_ns`), kept for UDP idle expiry.
-    pub last_seen_ns: u64,
+pub struct FlowEntry {
+    pub tag: u64,
+    pub value: u64,
 }
-const _: () = assert!(core::mem::size_of::<FlowState>() == 16);
+const _: () = assert!(core::mem::size_of::<FlowEntry>() == 16);
+
+/// A connection-table bucket: one 64-byte cache line.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowBucket {
+    pub ways: [FlowEntry; FLOW_WAYS],
+}
+const _: () = assert!(core::mem::size_of::<FlowBucket>() == 64);
 
 /// Global settings, the single entry of [`CONFIG`].
 #[repr(C)]
@@ -162,14 +189,20 @@ pub struct GlobalConfig {
     /// Largest IP packet the egress link carries; an encapsulated packet that would exceed it
     /// is answered with ICMP fragmentation-needed / packet-too-big. 0 = no check.
     pub mtu: u32,
-    /// A UDP flow idle longer than this is chosen afresh. 0 = never expires.
-    pub udp_idle_timeout_ns: u64,
+    /// Seed of the connection table's hash (per host; keeps crafted flows from piling into
+    /// one bucket).
+    pub flow_seed: u64,
+    /// Connection-table buckets - 1 (their number is a power of two).
+    pub flow_bucket_mask: u32,
+    /// A UDP flow idle longer than this many [`crate::flow_cache::TICK_NS`] ticks is chosen
+    /// afresh. 0 = never expires.
+    pub udp_idle_ticks: u32,
     /// New flows per second per CPU above which the connection table stops taking entries and
     /// new flows use the consistent hash alone (flood mode). 0 = no limit.
     pub flood_threshold: u32,
     pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<GlobalConfig>() == 48);
+const _: () = assert!(core::mem::size_of::<GlobalConfig>() == 56);
 
 /// Decapsulator settings: array of one [`DecapConfig`].
 pub const DECAP_CONFIG: &str = "DECAP_CONFIG";

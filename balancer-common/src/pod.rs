@@ -2,7 +2,7 @@
 //! (checked by the size assertions beside each definition), so any byte pattern is valid.
 
 use crate::maps::{
-    Backend, DecapAddrKey, DecapConfig, FlowKey, FlowState, GlobalConfig, VipKey, VipMeta,
+    Backend, DecapAddrKey, DecapConfig, FlowBucket, FlowKey, GlobalConfig, VipKey, VipMeta, VipSlot,
 };
 use crate::stats::{DecapStats, GlobalStats, TrafficStats};
 
@@ -15,7 +15,9 @@ unsafe impl aya::Pod for Backend {}
 // SAFETY: as above.
 unsafe impl aya::Pod for FlowKey {}
 // SAFETY: as above.
-unsafe impl aya::Pod for FlowState {}
+unsafe impl aya::Pod for FlowBucket {}
+// SAFETY: as above.
+unsafe impl aya::Pod for VipSlot {}
 // SAFETY: as above.
 unsafe impl aya::Pod for GlobalConfig {}
 // SAFETY: as above.

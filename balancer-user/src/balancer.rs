@@ -133,6 +133,7 @@ pub struct Balancer<D: Dataplane> {
     address_users: HashMap<IpAddr, usize>,
     retiring: Vec<RetiringBackend>,
     removal_grace: Duration,
+    settings: GlobalConfig,
 }
 
 fn vip_key(address: IpAddr, port: u16, proto: u8) -> VipKey {
@@ -212,7 +213,13 @@ impl<D: Dataplane> Balancer<D> {
             address_users: HashMap::new(),
             retiring: Vec::new(),
             removal_grace: Duration::ZERO,
+            settings: GlobalConfig::default(),
         }
+    }
+
+    /// The global data-plane settings in force.
+    pub fn settings(&self) -> &GlobalConfig {
+        &self.settings
     }
 
     /// How long a backend removed from a VIP keeps its established flows (zero: re-hash them
@@ -246,7 +253,9 @@ impl<D: Dataplane> Balancer<D> {
 
     /// Replaces the global data-plane settings.
     pub fn set_settings(&mut self, settings: &GlobalConfig) -> Result<(), BalancerError> {
-        Ok(self.dataplane.set_config(settings)?)
+        self.dataplane.set_config(settings)?;
+        self.settings = *settings;
+        Ok(())
     }
 
     /// The VIPs in endpoint order.

@@ -78,7 +78,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
         iface,
         macs,
     } = prepare(&opts.config_path, opts.neighbour_timeout)?;
-    let settings = data_plane_settings(&config, &iface)?;
+    let settings = data_plane_settings(&config, &iface, crate::dataplane::sys::random_u64())?;
 
     let mut object =
         ebpf::load_balancer(config.conntrack.max_flows).context("loading the XDP program")?;
@@ -164,7 +164,8 @@ fn reload(
     {
         anyhow::bail!("interface, attach_mode and conntrack.max_flows only change with a restart");
     }
-    let settings = data_plane_settings(&loaded.config, iface)?;
+    // The connection table's seed stays: changing it would orphan every tracked flow.
+    let settings = data_plane_settings(&loaded.config, iface, balancer.settings().flow_seed)?;
     balancer.set_settings(&settings)?;
     balancer.set_removal_grace(loaded.config.conntrack.removal_grace);
     let report = balancer.apply(&loaded.config.vips, &loaded.macs)?;

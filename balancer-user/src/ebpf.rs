@@ -2,7 +2,7 @@
 
 use aya::programs::{ProgramError, Xdp};
 use aya::{Ebpf, EbpfLoader};
-use balancer_common::maps::FLOWS;
+use balancer_common::maps::{FLOW_WAYS, FLOWS};
 
 /// The balancer object (program `balancer` and its maps).
 pub static BALANCER_OBJECT: &[u8] =
@@ -44,12 +44,19 @@ pub fn raise_memlock_limit() {
     }
 }
 
-/// Loads the balancer object with a connection table of `max_flows` entries and verifies its
+/// Connection-table buckets for a capacity of `max_flows` flows: a power of two.
+pub fn flow_buckets(max_flows: u32) -> u32 {
+    (max_flows.div_ceil(FLOW_WAYS as u32))
+        .next_power_of_two()
+        .max(256)
+}
+
+/// Loads the balancer object with a connection table for `max_flows` flows and verifies its
 /// program.
 pub fn load_balancer(max_flows: u32) -> Result<Ebpf, LoadError> {
     raise_memlock_limit();
     let mut ebpf = EbpfLoader::new()
-        .map_max_entries(FLOWS, max_flows)
+        .map_max_entries(FLOWS, flow_buckets(max_flows))
         .load(BALANCER_OBJECT)?;
     load_program(&mut ebpf, BALANCER_PROGRAM)?;
     Ok(ebpf)

@@ -3,9 +3,11 @@
 use std::net::IpAddr;
 
 use balancer_common::addr::raw_from_ip;
+use balancer_common::flow_cache::TICK_NS;
 use balancer_common::maps::GlobalConfig;
 
 use crate::config::{Config, Forwarding, entropy_mask, network_v4, network_v6};
+use crate::ebpf::flow_buckets;
 use crate::netinfo::Interface;
 
 #[derive(Debug, thiserror::Error)]
@@ -22,14 +24,19 @@ pub enum SettingsError {
     },
 }
 
-/// Builds the [`GlobalConfig`] for `config` on `iface`.
+/// Builds the [`GlobalConfig`] for `config` on `iface`. `flow_seed` seeds the connection
+/// table's hash (random per host; kept across reloads, which keep the table).
 pub fn data_plane_settings(
     config: &Config,
     iface: &Interface,
+    flow_seed: u64,
 ) -> Result<GlobalConfig, SettingsError> {
+    let idle = config.conntrack.udp_idle_timeout.as_nanos() as u64;
     let mut settings = GlobalConfig {
         mtu: config.encap.mtu.unwrap_or(iface.mtu),
-        udp_idle_timeout_ns: config.conntrack.udp_idle_timeout.as_nanos() as u64,
+        flow_seed,
+        flow_bucket_mask: flow_buckets(config.conntrack.max_flows) - 1,
+        udp_idle_ticks: idle.div_ceil(TICK_NS) as u32,
         flood_threshold: config.conntrack.flood_threshold,
         ..GlobalConfig::default()
     };
@@ -95,14 +102,24 @@ mod tests {
             "interface = \"eth0\"\n[encap]\nsource_v4 = \"172.16.0.0/16\"\nmtu = 1400\n[conntrack]\nudp_idle_timeout_secs = 5",
         )
         .unwrap();
-        let s = data_plane_settings(&cfg, &iface(vec![])).unwrap();
+        let s = data_plane_settings(&cfg, &iface(vec![]), 7).unwrap();
         assert_eq!(s.encap_src_v4.to_ne_bytes(), [172, 16, 0, 0]);
         assert_eq!(s.encap_src_v4_hash_mask, 0xffff);
         assert_eq!(s.mtu, 1400);
-        assert_eq!(s.udp_idle_timeout_ns, 5_000_000_000);
+        assert_eq!(
+            s.udp_idle_ticks, 5,
+            "5 s = 4.66 ticks of 2^30 ns, rounded up"
+        );
+        assert_eq!(s.flow_seed, 7);
+        assert_eq!(
+            s.flow_bucket_mask,
+            (1 << 19) - 1,
+            "2,000,000 flows / 4 ways -> 2^19 buckets"
+        );
 
         let cfg = Config::parse("interface = \"eth0\"").unwrap();
-        let s = data_plane_settings(&cfg, &iface(vec![("10.0.0.2".parse().unwrap(), 24)])).unwrap();
+        let s =
+            data_plane_settings(&cfg, &iface(vec![("10.0.0.2".parse().unwrap(), 24)]), 0).unwrap();
         assert_eq!(s.encap_src_v4.to_ne_bytes(), [10, 0, 0, 2]);
         assert_eq!(s.encap_src_v4_hash_mask, 0);
         assert_eq!(s.mtu, 1500);
@@ -114,8 +131,8 @@ mod tests {
             "interface = \"eth0\"\n[[vip]]\naddress = \"2001:db8::1\"\nport = 80\nforwarding = \"ipip\"\n[[vip.backend]]\naddress = \"2001:db8::11\"",
         )
         .unwrap();
-        let err =
-            data_plane_settings(&cfg, &iface(vec![("10.0.0.2".parse().unwrap(), 24)])).unwrap_err();
+        let err = data_plane_settings(&cfg, &iface(vec![("10.0.0.2".parse().unwrap(), 24)]), 0)
+            .unwrap_err();
         assert!(err.to_string().contains("encap.source_v6"), "{err}");
     }
 }

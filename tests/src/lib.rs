@@ -2,6 +2,7 @@
 //! backends on one bridge), client traffic, and packet builders for `BPF_PROG_TEST_RUN`
 //! fixtures. The integration tests in `tests/` and the demo binary use it.
 
+pub mod bench;
 pub mod netns;
 pub mod packet;
 pub mod topology;

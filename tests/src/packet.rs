@@ -174,7 +174,7 @@ impl Harness {
         tweak: impl FnOnce(&mut GlobalConfig),
     ) -> Result<Harness> {
         let config = Config::parse(config_text)?;
-        let mut settings = data_plane_settings(&config, &fixture_interface())?;
+        let mut settings = data_plane_settings(&config, &fixture_interface(), 0x5eed)?;
         tweak(&mut settings);
         let mut object = ebpf::load_balancer(config.conntrack.max_flows)?;
         let dataplane = KernelDataplane::from_ebpf(&mut object)?;

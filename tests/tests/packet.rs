@@ -61,8 +61,9 @@ fn encap(backend: IpAddr, gue_port: Option<u16>) -> Encap {
 #[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
 fn ipip_and_gue_push_exact_outer_headers() {
     let mut h = harness();
-    let cases: &[(&str, &str, &str, u16, bool, Option<u16>)] = &[
-        // (vip name, client, vip, port, udp, gue port)
+    // (vip name, client, vip, port, udp, gue port)
+    type EncapCase<'a> = (&'a str, &'a str, &'a str, u16, bool, Option<u16>);
+    let cases: &[EncapCase<'_>] = &[
         ("ipip4", "10.9.0.1", "10.111.1.2", 80, false, None),
         ("gue4", "10.9.0.1", "10.111.1.3", 80, false, Some(6080)),
         ("ipip6", "2001:db8::5", "fd00:111:1::2", 80, false, None),
@@ -226,8 +227,8 @@ fn established_flows_keep_their_backend_across_table_changes() {
 #[test]
 #[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
 fn idle_udp_flows_are_chosen_afresh() {
-    let mut h =
-        Harness::with_settings(FIXTURE_CONFIG, |s| s.udp_idle_timeout_ns = 50_000_000).unwrap();
+    let mut h = Harness::with_settings(FIXTURE_CONFIG, |s| s.udp_idle_ticks = 1).unwrap();
+    // One tick of idle time (about 1.07 s).
     let client = ip("10.9.2.2");
     let vip = ip("10.111.1.1");
     let sport = 5555;
@@ -236,13 +237,15 @@ fn idle_udp_flows_are_chosen_afresh() {
     let frame = udp_frame(client, sport, vip, 53, b"q");
     h.run(&frame).unwrap();
     let hits = counter(&h, Counter::ConntrackHit);
+    std::thread::sleep(Duration::from_millis(500));
     h.run(&frame).unwrap();
     assert_eq!(
         counter(&h, Counter::ConntrackHit),
         hits + 1,
         "second packet within the idle time"
     );
-    std::thread::sleep(Duration::from_millis(120));
+    // The flow clock ticks every 2^30 ns; idle more than one tick expires.
+    std::thread::sleep(Duration::from_millis(2300));
     let expired = counter(&h, Counter::UdpFlowExpired);
     let (action, _) = h.run(&frame).unwrap();
     assert_eq!(action_name(action), "XDP_TX");

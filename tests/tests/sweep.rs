@@ -321,7 +321,7 @@ fn a_million_malformed_frames() {
     let mut h = Harness::new(FIXTURE_CONFIG).expect("loading the balancer needs root and BPF");
     let vips = Vips::new();
     let bases = base_frames();
-    let mut rng = Rng(0x5eed_0f_ba1a_2ce5);
+    let mut rng = Rng(0x005e_ed0f_ba1a_2ce5);
     let mut run = 0usize;
     let mut actions = [0usize; 4];
     let mut check = |h: &mut Harness, frame: &[u8]| {

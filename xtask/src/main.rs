@@ -39,6 +39,14 @@ enum Task {
     },
     /// Setup, build, then run the demo: a rack in network namespaces with real traffic.
     Demo,
+    /// Run a benchmark (release build); figures go to target/bench/<name>.json.
+    Bench {
+        /// Which benchmark: dataplane.
+        name: String,
+        /// Extra arguments for the benchmark (see `balancer-bench <name> --help`).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -57,6 +65,7 @@ fn run(cli: Cli) -> Result<()> {
         Task::Build { release } => build(release),
         Task::Test { filter, unit_only } => test(filter.as_deref(), unit_only),
         Task::Demo => demo(),
+        Task::Bench { name, args } => bench(&name, &args),
     }
 }
 
@@ -141,6 +150,29 @@ fn demo() -> Result<()> {
         .with_context(|| format!("running {}", bin.display()))?;
     if !status.success() {
         bail!("the demo failed ({status})");
+    }
+    Ok(())
+}
+
+fn bench(name: &str, args: &[String]) -> Result<()> {
+    const BENCHES: &[&str] = &["dataplane"];
+    if !BENCHES.contains(&name) {
+        bail!(
+            "unknown benchmark {name:?}; choose one of {}",
+            BENCHES.join(", ")
+        );
+    }
+    setup::run()?;
+    build(true)?;
+    let bin = root().join("target/release/balancer-bench");
+    let status = Command::new(&bin)
+        .arg(name)
+        .args(args)
+        .current_dir(root())
+        .status()
+        .with_context(|| format!("running {}", bin.display()))?;
+    if !status.success() {
+        bail!("benchmark {name} failed ({status})");
     }
     Ok(())
 }

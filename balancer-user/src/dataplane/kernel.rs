@@ -1,19 +1,24 @@
 //! [`Dataplane`] on the maps of the loaded XDP program.
 
+use std::collections::BTreeMap;
 use std::os::fd::{AsFd, AsRawFd};
 
 use aya::Ebpf;
-use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
+use aya::maps::{Array, Map, MapData, MapError, PerCpuArray};
 use balancer_common::maps::{
-    self as names, Backend, GlobalConfig, MAGLEV_TABLE_FLAGS, VipKey, VipMeta,
+    self as names, Backend, GlobalConfig, MAGLEV_TABLE_FLAGS, VIP_INDEX_FLAGS, VIP_INDEX_SLOTS,
+    VipKey, VipMeta, VipSlot,
 };
 use balancer_common::stats::{COUNTERS, GlobalStats, TrafficStats};
+use balancer_common::vip_index::build_index;
 
 use super::{Dataplane, DataplaneError, add_traffic, sys};
 
 /// The balancer program's maps, owned by the daemon.
 pub struct KernelDataplane {
-    vips: HashMap<MapData, VipKey, VipMeta>,
+    /// The VIP index's outer map, and the entries of the index in force.
+    vip_index: MapData,
+    vips: BTreeMap<VipKey, VipMeta>,
     maglev: MapData,
     backends: Array<MapData, Backend>,
     config: Array<MapData, GlobalConfig>,
@@ -24,6 +29,17 @@ pub struct KernelDataplane {
 
 fn map_err(map: &'static str, op: &'static str) -> impl FnOnce(MapError) -> DataplaneError {
     move |source| DataplaneError::Map { map, op, source }
+}
+
+fn take_map_of_maps(ebpf: &mut Ebpf, name: &'static str) -> Result<MapData, DataplaneError> {
+    match ebpf.take_map(name) {
+        Some(Map::ArrayOfMaps(data)) => Ok(data),
+        _ => Err(DataplaneError::Map {
+            map: name,
+            op: "find",
+            source: MapError::InvalidName { name: name.into() },
+        }),
+    }
 }
 
 fn take<T: TryFrom<Map, Error = MapError>>(
@@ -41,27 +57,39 @@ fn take<T: TryFrom<Map, Error = MapError>>(
 impl KernelDataplane {
     /// Takes the balancer's maps out of a loaded object.
     pub fn from_ebpf(ebpf: &mut Ebpf) -> Result<Self, DataplaneError> {
-        let maglev = match ebpf.take_map(names::MAGLEV) {
-            Some(Map::ArrayOfMaps(data)) => data,
-            _ => {
-                return Err(DataplaneError::Map {
-                    map: names::MAGLEV,
-                    op: "find",
-                    source: MapError::InvalidName {
-                        name: names::MAGLEV.into(),
-                    },
-                });
-            }
-        };
-        Ok(KernelDataplane {
-            vips: take(ebpf, names::VIPS)?,
-            maglev,
+        let mut dataplane = KernelDataplane {
+            vip_index: take_map_of_maps(ebpf, names::VIPS)?,
+            vips: BTreeMap::new(),
+            maglev: take_map_of_maps(ebpf, names::MAGLEV)?,
             backends: take(ebpf, names::BACKENDS)?,
             config: take(ebpf, names::CONFIG)?,
             stats: take(ebpf, names::STATS)?,
             vip_stats: take(ebpf, names::VIP_STATS)?,
             backend_stats: take(ebpf, names::BACKEND_STATS)?,
-        })
+        };
+        // An empty index, so lookups find no VIP rather than no index.
+        dataplane.publish_index()?;
+        Ok(dataplane)
+    }
+
+    /// Builds the VIP index of `self.vips` in a new inner map and swaps it in.
+    fn publish_index(&mut self) -> Result<(), DataplaneError> {
+        let entries: Vec<(VipKey, VipMeta)> = self.vips.iter().map(|(k, m)| (*k, *m)).collect();
+        let slots = build_index(&entries).map_err(|e| DataplaneError::VipIndex(e.to_string()))?;
+        let failed = |op: &str| {
+            let op = op.to_string();
+            move |e: std::io::Error| DataplaneError::VipIndex(format!("{op}: {e}"))
+        };
+        let inner = sys::create_array(
+            std::mem::size_of::<VipSlot>() as u32,
+            VIP_INDEX_SLOTS,
+            VIP_INDEX_FLAGS,
+            "vip_index",
+        )
+        .map_err(failed("create"))?;
+        sys::fill_mmapable(inner.as_fd(), &slots).map_err(failed("fill"))?;
+        sys::update_u32(self.vip_index.fd().as_fd(), 0, inner.as_raw_fd() as u32)
+            .map_err(failed("swap in"))
     }
 
     fn traffic(
@@ -86,19 +114,25 @@ impl Dataplane for KernelDataplane {
     }
 
     fn set_vip(&mut self, key: &VipKey, meta: &VipMeta) -> Result<(), DataplaneError> {
-        self.vips
-            .insert(key, meta, 0)
-            .map_err(map_err(names::VIPS, "insert"))
+        let previous = self.vips.insert(*key, *meta);
+        if previous == Some(*meta) {
+            return Ok(());
+        }
+        let result = self.publish_index();
+        if result.is_err() {
+            match previous {
+                Some(p) => self.vips.insert(*key, p),
+                None => self.vips.remove(key),
+            };
+        }
+        result
     }
 
     fn remove_vip(&mut self, key: &VipKey) -> Result<(), DataplaneError> {
-        match self.vips.remove(key) {
-            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {
-                Ok(())
-            }
-            Err(e) => Err(map_err(names::VIPS, "remove")(e)),
+        if self.vips.remove(key).is_none() {
+            return Ok(());
         }
+        self.publish_index()
     }
 
     fn set_backend(&mut self, id: u32, backend: &Backend) -> Result<(), DataplaneError> {
@@ -110,9 +144,9 @@ impl Dataplane for KernelDataplane {
     fn publish_table(&mut self, vip_id: u32, table: &[u32]) -> Result<(), DataplaneError> {
         let failed = |op| move |source| DataplaneError::Table { vip_id, op, source };
         let slots = table.len() as u32;
-        let inner = sys::create_u32_array(slots, MAGLEV_TABLE_FLAGS, "maglev_table")
+        let inner = sys::create_array(4, slots, MAGLEV_TABLE_FLAGS, "maglev_table")
             .map_err(failed("create"))?;
-        sys::fill_mmapable_u32(inner.as_fd(), table).map_err(failed("fill"))?;
+        sys::fill_mmapable(inner.as_fd(), table).map_err(failed("fill"))?;
         // One update of the outer array swaps the whole table in. The value written is the
         // inner map's descriptor; the kernel keeps its own reference, so ours may close.
         sys::update_u32(self.maglev.fd().as_fd(), vip_id, inner.as_raw_fd() as u32)

@@ -5,7 +5,7 @@
 
 pub mod kernel;
 pub mod memory;
-mod sys;
+pub(crate) mod sys;
 
 use balancer_common::maps::{Backend, GlobalConfig, VipKey, VipMeta};
 use balancer_common::stats::{GlobalStats, TrafficStats};
@@ -27,6 +27,8 @@ pub enum DataplaneError {
         #[source]
         source: std::io::Error,
     },
+    #[error("VIP index: {0}")]
+    VipIndex(String),
     #[error("map {map} is full ({capacity} entries)")]
     Full { map: &'static str, capacity: u32 },
 }

@@ -42,12 +42,18 @@ fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<libc::c_long> {
     }
 }
 
-/// Creates a `BPF_MAP_TYPE_ARRAY` of `u32` values with `flags` and a name (at most 15 bytes).
-pub fn create_u32_array(max_entries: u32, flags: u32, name: &str) -> io::Result<OwnedFd> {
+/// Creates a `BPF_MAP_TYPE_ARRAY` with `value_size`-byte values, `flags` and a name (at most
+/// 15 bytes).
+pub fn create_array(
+    value_size: u32,
+    max_entries: u32,
+    flags: u32,
+    name: &str,
+) -> io::Result<OwnedFd> {
     let mut attr = Attr::zeroed();
     attr.put_u32(0, BPF_MAP_TYPE_ARRAY);
     attr.put_u32(4, 4); // key_size
-    attr.put_u32(8, 4); // value_size
+    attr.put_u32(8, value_size);
     attr.put_u32(12, max_entries);
     attr.put_u32(16, flags);
     let name = name.as_bytes();
@@ -79,16 +85,17 @@ pub fn delete_u32(map: BorrowedFd<'_>, key: u32) -> io::Result<()> {
     }
 }
 
-/// Fills a memory-mappable `u32` array from `values` through a shared mapping. Array elements
-/// are stored 8 bytes apart (the kernel rounds the value size up to 8).
-pub fn fill_mmapable_u32(map: BorrowedFd<'_>, values: &[u32]) -> io::Result<()> {
-    const STRIDE: usize = 8;
+/// Fills a memory-mappable array from `values` through a shared mapping. Array elements are
+/// stored `size_of::<T>()` rounded up to 8 bytes apart, as the kernel lays them out.
+pub fn fill_mmapable<T: Copy>(map: BorrowedFd<'_>, values: &[T]) -> io::Result<()> {
+    let stride = std::mem::size_of::<T>().next_multiple_of(8);
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-    let bytes = values.len() * STRIDE;
+    let bytes = values.len() * stride;
     let len = bytes.div_ceil(page).max(1) * page;
-    // SAFETY: mapping a BPF array fd created with BPF_F_MMAPABLE and at least `values.len()`
-    // entries; the mapping is private to this function and unmapped before it returns.
+    // SAFETY: mapping a BPF array fd created with BPF_F_MMAPABLE, `T`-sized values and at
+    // least `values.len()` entries; the mapping is private to this function and unmapped
+    // before it returns.
     unsafe {
         let ptr = libc::mmap(
             std::ptr::null_mut(),
@@ -101,12 +108,26 @@ pub fn fill_mmapable_u32(map: BorrowedFd<'_>, values: &[u32]) -> io::Result<()> 
         if ptr == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let words = ptr.cast::<u32>();
+        let base = ptr.cast::<u8>();
         for (i, v) in values.iter().enumerate() {
-            // The value is the element's first 4 bytes; the rest is padding.
-            words.add(i * STRIDE / 4).write(*v);
+            base.add(i * stride).cast::<T>().write_unaligned(*v);
         }
         libc::munmap(ptr, len);
     }
     Ok(())
+}
+
+/// Eight random bytes from the kernel.
+pub fn random_u64() -> u64 {
+    let mut v = 0u64;
+    // SAFETY: getrandom fills the 8 bytes of `v`.
+    let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, 0) };
+    if n != 8 {
+        // No entropy source: fall back to the clock (the seed only spreads buckets).
+        v = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0x5eed);
+    }
+    v
 }

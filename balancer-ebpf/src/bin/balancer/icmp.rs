@@ -19,9 +19,8 @@ use balancer_ebpf::{
 };
 
 use crate::{
-    choose::{Tracked, count, from_table, tracked},
+    choose::{Tracked, count, find_vip, flow_slot, from_table, tracked},
     forward::{EncapError, frame_of, push_headroom, to_backend},
-    maps::VIPS,
 };
 
 /// Bytes of the offending packet quoted back: its IP header and the first 8 bytes after it.
@@ -293,8 +292,7 @@ fn forward_error(
     if quoted.vip.proto != IPPROTO_TCP && quoted.vip.proto != IPPROTO_UDP {
         return XDP_PASS;
     }
-    // SAFETY: the value is only read while the program runs.
-    let Some(vip) = (unsafe { VIPS.get(quoted.vip) }) else {
+    let Some(vip) = find_vip(&quoted.vip) else {
         return XDP_PASS;
     };
     let key = FlowKey {
@@ -303,17 +301,22 @@ fn forward_error(
         sport: quoted.client_port,
         _pad: 0,
     };
-    let backend = match tracked(&key) {
-        Tracked::Live(_, backend) => backend,
-        Tracked::Miss | Tracked::Gone => {
-            match from_table(vip, &quoted.client, quoted.client_port) {
-                Some((_, backend)) => backend,
-                None => {
-                    count(stats, Counter::DropNoBackend);
-                    return XDP_DROP;
-                }
+    let live = match flow_slot(&key, cfg) {
+        Some(slot) => match tracked(&slot) {
+            Tracked::Live(_, _, backend) => Some(backend),
+            Tracked::Miss | Tracked::Gone => None,
+        },
+        None => None,
+    };
+    let backend = match live {
+        Some(backend) => backend,
+        None => match from_table(vip, &quoted.client, quoted.client_port) {
+            Some((_, backend)) => backend,
+            None => {
+                count(stats, Counter::DropNoBackend);
+                return XDP_DROP;
             }
-        }
+        },
     };
     let entropy = quoted.client[0] ^ u32::from(quoted.client_port);
     match to_backend(ctx, ip, vip, backend, cfg, entropy) {

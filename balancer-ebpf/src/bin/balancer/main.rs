@@ -27,9 +27,9 @@ use balancer_ebpf::{
 };
 
 use crate::{
-    choose::{Flow, PacketKind, choose, count},
+    choose::{Flow, PacketKind, choose, count, find_vip},
     forward::{EncapError, frame_of, to_backend},
-    maps::{BACKEND_STATS, CONFIG, STATS, VIP_STATS, VIPS},
+    maps::{BACKEND_STATS, CONFIG, STATS, VIP_STATS},
 };
 
 #[xdp]
@@ -68,8 +68,7 @@ fn process(ctx: &XdpContext, stats: &mut GlobalStats) -> u32 {
             proto: ip.proto,
             family: ip.family,
         };
-        // SAFETY: the value is only read while the program runs.
-        let Some(vip) = (unsafe { VIPS.get(key) }) else {
+        let Some(vip) = find_vip(&key) else {
             return XDP_PASS;
         };
         let kind = if ip.proto == IPPROTO_UDP {
@@ -131,8 +130,7 @@ fn not_plain_transport(ctx: &XdpContext, frame: &Frame, ip: &Ip, stats: &mut Glo
         proto: 0,
         family: ip.family,
     };
-    // SAFETY: the value is only read while the program runs.
-    if unsafe { VIPS.get(key) }.is_none() {
+    if find_vip(&key).is_none() {
         return XDP_PASS;
     }
     let drop_reason = match ip.shape {

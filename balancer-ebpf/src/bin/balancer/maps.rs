@@ -2,21 +2,26 @@
 //! daemon resizes the connection table from its config before loading.
 
 use aya_ebpf::{
-    btf_maps::{Array, ArrayOfMaps, HashMap, LruHashMap, PerCpuArray},
+    btf_maps::{Array, ArrayOfMaps, PerCpuArray},
     macros::btf_map,
 };
 use balancer_common::{
     maps::{
-        BPF_F_NO_COMMON_LRU, Backend, DEFAULT_MAX_FLOWS, FlowKey, FlowState, GlobalConfig,
-        MAGLEV_TABLE_FLAGS, MAX_BACKENDS, MAX_TABLE_SIZE, MAX_VIPS, VipKey, VipMeta,
+        BPF_F_MMAPABLE, Backend, DEFAULT_FLOW_BUCKETS, FlowBucket, GlobalConfig,
+        MAGLEV_TABLE_FLAGS, MAX_BACKENDS, MAX_TABLE_SIZE, MAX_VIPS, VIP_INDEX_FLAGS,
+        VIP_INDEX_SLOTS, VipSlot,
     },
     stats::{GlobalStats, TrafficStats},
 };
 
-/// VIP (address, port, protocol) -> its settings. Also holds one address-only entry per VIP
-/// address (port 0, protocol 0) so fragments and ICMP can be recognised as VIP traffic.
+/// The VIP index (one inner array of slots, replaced whole when VIPs change). Besides VIPs it
+/// holds one marker per VIP address (port 0, protocol 0) so fragments and ICMP can be
+/// recognised as VIP traffic.
 #[btf_map]
-pub static VIPS: HashMap<VipKey, VipMeta, { 2 * MAX_VIPS as usize }> = HashMap::new();
+pub static VIPS: ArrayOfMaps<
+    Array<VipSlot, { VIP_INDEX_SLOTS as usize }, { VIP_INDEX_FLAGS as usize }>,
+    1,
+> = ArrayOfMaps::new();
 
 /// One Maglev table per VIP (slot -> backend id). The daemon builds a new inner map and swaps
 /// it in with one update, so a packet sees either the whole old table or the whole new one.
@@ -30,14 +35,13 @@ pub static MAGLEV: ArrayOfMaps<
 #[btf_map]
 pub static BACKENDS: Array<Backend, { MAX_BACKENDS as usize }> = Array::new();
 
-/// Connection table: each CPU keeps its own LRU list, so evictions never contend across CPUs.
+/// Connection table: a set-associative flow cache (see `balancer_common::flow_cache`).
 #[btf_map]
-pub static FLOWS: LruHashMap<
-    FlowKey,
-    FlowState,
-    { DEFAULT_MAX_FLOWS as usize },
-    { BPF_F_NO_COMMON_LRU as usize },
-> = LruHashMap::new();
+pub static FLOWS: Array<
+    FlowBucket,
+    { DEFAULT_FLOW_BUCKETS as usize },
+    { BPF_F_MMAPABLE as usize },
+> = Array::new();
 
 /// Global settings (one entry).
 #[btf_map]
@@ -55,11 +59,11 @@ pub static VIP_STATS: PerCpuArray<TrafficStats, { MAX_VIPS as usize }> = PerCpuA
 #[btf_map]
 pub static BACKEND_STATS: PerCpuArray<TrafficStats, { MAX_BACKENDS as usize }> = PerCpuArray::new();
 
-/// New-flow rate of the current one-second window, per CPU (flood mode).
+/// New-flow rate of the current window (one flow-clock tick), per CPU (flood mode).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct FloodWindow {
-    pub start_ns: u64,
+    pub tick: u64,
     pub new_flows: u32,
     pub flooding: u32,
 }

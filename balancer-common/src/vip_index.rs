@@ -1,0 +1,165 @@
+//! The VIP index: an open-addressing hash table in a plain array, so the XDP program finds a
+//! VIP with one inlined array access per probe instead of a hash-map call. The daemon builds
+//! the whole index and swaps it in with one map update whenever the VIP set changes (rare), so
+//! readers never see it half-written.
+//!
+//! A key lives in one of [`crate::maps::VIP_INDEX_PROBES`] slots starting at its home slot; an empty slot
+//! (family 0) ends a search early. With at most 2 x [`crate::maps::MAX_VIPS`] keys in
+//! [`VIP_INDEX_SLOTS`] slots the table is at most 3% full.
+
+use crate::flow_hash::{absorb, fmix32};
+use crate::maps::{VIP_INDEX_SLOTS, VipKey};
+
+/// The home slot hash of a key.
+#[inline(always)]
+pub const fn vip_hash(key: &VipKey) -> u32 {
+    let tail = key.port as u32 | (key.proto as u32) << 16 | (key.family as u32) << 24;
+    let mut h = 0x2f0b_3a47;
+    h = absorb(h, key.addr[0]);
+    h = absorb(h, key.addr[1]);
+    h = absorb(h, key.addr[2]);
+    h = absorb(h, key.addr[3]);
+    h = absorb(h, tail);
+    fmix32(h)
+}
+
+/// The slot of probe `i` for a key of hash `hash`.
+#[inline(always)]
+pub const fn probe_slot(hash: u32, i: u32) -> u32 {
+    hash.wrapping_add(i) & (VIP_INDEX_SLOTS - 1)
+}
+
+/// Whether two keys are equal, word by word (cheaper in BPF than a byte compare).
+#[inline(always)]
+pub fn same_key(a: &VipKey, b: &VipKey) -> bool {
+    a.addr[0] == b.addr[0]
+        && a.addr[1] == b.addr[1]
+        && a.addr[2] == b.addr[2]
+        && a.addr[3] == b.addr[3]
+        && a.port == b.port
+        && a.proto == b.proto
+        && a.family == b.family
+}
+
+#[cfg(feature = "std")]
+pub use build::{IndexError, build_index, lookup};
+
+#[cfg(feature = "std")]
+mod build {
+    use super::*;
+    use crate::maps::{VIP_INDEX_PROBES, VipMeta, VipSlot};
+
+    /// A key could not be placed within its probe window.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub enum IndexError {
+        NoSlot(VipKey),
+        EmptyFamily(VipKey),
+    }
+
+    impl core::fmt::Display for IndexError {
+        fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+            match self {
+                IndexError::NoSlot(k) => write!(f, "no free VIP index slot near the home of {k:?}"),
+                IndexError::EmptyFamily(k) => write!(f, "VIP key {k:?} has no address family"),
+            }
+        }
+    }
+
+    impl std::error::Error for IndexError {}
+
+    /// Builds the index of `entries` (keys must be distinct and have a family).
+    pub fn build_index(entries: &[(VipKey, VipMeta)]) -> Result<Vec<VipSlot>, IndexError> {
+        let mut slots = vec![VipSlot::default(); VIP_INDEX_SLOTS as usize];
+        // Insertion in key order: the index depends only on the set of entries.
+        let mut sorted: Vec<&(VipKey, VipMeta)> = entries.iter().collect();
+        sorted.sort_by_key(|(k, _)| *k);
+        for (key, meta) in sorted {
+            if key.family == 0 {
+                return Err(IndexError::EmptyFamily(*key));
+            }
+            let hash = vip_hash(key);
+            let free = (0..VIP_INDEX_PROBES)
+                .map(|i| probe_slot(hash, i) as usize)
+                .find(|&s| slots[s].key.family == 0)
+                .ok_or(IndexError::NoSlot(*key))?;
+            slots[free] = VipSlot {
+                key: *key,
+                _pad: 0,
+                meta: *meta,
+            };
+        }
+        Ok(slots)
+    }
+
+    /// Looks a key up the way the XDP program does.
+    pub fn lookup<'a>(slots: &'a [VipSlot], key: &VipKey) -> Option<&'a VipMeta> {
+        let hash = vip_hash(key);
+        for i in 0..VIP_INDEX_PROBES {
+            let slot = &slots[probe_slot(hash, i) as usize];
+            if slot.key.family == 0 {
+                return None;
+            }
+            if same_key(&slot.key, key) {
+                return Some(&slot.meta);
+            }
+        }
+        None
+    }
+}
+
+#[cfg(all(test, feature = "std"))]
+mod tests {
+    use super::*;
+    use crate::maps::{MAX_VIPS, VipMeta};
+
+    fn key(i: u32, port: u16) -> VipKey {
+        VipKey {
+            addr: [i.to_be(), 0, 0, 0],
+            port: port.to_be(),
+            proto: 6,
+            family: 4,
+        }
+    }
+
+    #[test]
+    fn every_key_is_found_and_others_are_not() {
+        // The most the daemon ever stores: a VIP and an address marker per VIP.
+        let entries: Vec<(VipKey, VipMeta)> = (0..2 * MAX_VIPS)
+            .map(|i| {
+                (
+                    key(0x0a00_0000 + i / 2, if i % 2 == 0 { 80 } else { 0 }),
+                    VipMeta {
+                        vip_id: i,
+                        ..VipMeta::default()
+                    },
+                )
+            })
+            .collect();
+        let slots = build_index(&entries).unwrap();
+        for (k, m) in &entries {
+            assert_eq!(lookup(&slots, k), Some(m));
+        }
+        for i in 0..10_000 {
+            assert_eq!(lookup(&slots, &key(0x0b00_0000 + i, 80)), None);
+        }
+    }
+
+    #[test]
+    fn the_index_depends_only_on_the_set() {
+        let mut entries: Vec<(VipKey, VipMeta)> = (0..100)
+            .map(|i| (key(i, 443), VipMeta::default()))
+            .collect();
+        let a = build_index(&entries).unwrap();
+        entries.reverse();
+        assert_eq!(a, build_index(&entries).unwrap());
+    }
+
+    #[test]
+    fn keys_without_a_family_are_refused() {
+        let bad = VipKey::default();
+        assert_eq!(
+            build_index(&[(bad, VipMeta::default())]),
+            Err(IndexError::EmptyFamily(bad))
+        );
+    }
+}

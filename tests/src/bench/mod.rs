@@ -1,0 +1,52 @@
+//! Benchmarks run by `cargo xtask bench <name>`: each prints a table and writes its figures as
+//! flat JSON (units in the key names) to `target/bench/<name>.json`.
+
+pub mod dataplane;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::{Context as _, Result};
+
+/// A benchmark's figures: flat keys with units in their names.
+pub type Figures = BTreeMap<String, f64>;
+
+/// The median of `samples` (which must not be empty).
+pub fn median(samples: &[f64]) -> f64 {
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+/// Where benchmark results go: `$BALANCER_BENCH_DIR`, or `target/bench` in the workspace.
+pub fn results_dir() -> PathBuf {
+    std::env::var_os("BALANCER_BENCH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench"))
+}
+
+/// Writes `figures` to `<results_dir>/<name>.json`.
+pub fn write_json(name: &str, figures: &Figures) -> Result<PathBuf> {
+    let dir = results_dir();
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(format!("{name}.json"));
+    let text = serde_json::to_string_pretty(figures)?;
+    std::fs::write(&path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+}
