@@ -79,6 +79,11 @@ impl Decapsulator {
         Ok(())
     }
 
+    /// The decap program (for `BPF_PROG_TEST_RUN` tests).
+    pub fn program(&mut self) -> Result<&mut aya::programs::Xdp> {
+        Ok(ebpf::program(&mut self.object, ebpf::DECAP_PROGRAM)?)
+    }
+
     /// Counters summed over CPUs.
     pub fn stats(&self) -> Result<DecapStats> {
         let map: PerCpuArray<&MapData, DecapStats> = self

@@ -281,3 +281,42 @@ fn gue_skb() {
         mode: AttachMode::Skb,
     });
 }
+
+/// With the client on a full 1500-byte link, its full-size segments no longer fit once
+/// encapsulated: the balancer answers with ICMP fragmentation-needed / packet-too-big, the
+/// client lowers its path MTU, and a 4 MiB-each-way stream still completes.
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn path_mtu_discovery_through_an_encapsulating_balancer() {
+    sweep(&format!("{PREFIX}-pmtu-"));
+    let mut topo = Topology::build(TopologyOptions::new("pmtu")).expect("building the test rack");
+    topo.attach_peer_pass(AttachMode::Native)
+        .expect("pass program");
+    topo.start_decap(AttachMode::Native).expect("decap");
+    let config = rack_config(
+        &topo,
+        "ipip",
+        AttachMode::Native,
+        "[encap]\nsource_v4 = \"10.111.0.2\"\nsource_v6 = \"fd00:111::2\"\n",
+    );
+    topo.start_balancer(&config).expect("starting the balancer");
+    for vip in [IpAddr::from(VIP4), IpAddr::from(VIP6)] {
+        long_stream_works(&topo, vip);
+    }
+    // The daemon logs its counters at exit: the client can only have learnt the smaller path
+    // MTU from the balancer's ICMP answers.
+    let balancer = topo.process("balancer").expect("balancer process");
+    balancer
+        .signal_and_wait(libc::SIGTERM, Duration::from_secs(10))
+        .expect("balancer exit");
+    let log = balancer.log_text();
+    let sent: u64 = log
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("icmp_too_big_sent="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        sent > 0,
+        "no ICMP too-big was sent, yet the stream passed:\n{log}"
+    );
+}

@@ -687,3 +687,111 @@ fn a_syn_on_a_reused_port_is_a_new_connection() {
         .unwrap();
     assert_eq!(out[0..6], backend_mac(now));
 }
+
+mod decap {
+    use super::*;
+    use aya::programs::{TestRun, TestRunOptions};
+    use balancer::decap::Decapsulator;
+
+    fn run(d: &mut Decapsulator, frame: &[u8]) -> (u32, Vec<u8>) {
+        let mut out = vec![0u8; 4096];
+        let r = d
+            .program()
+            .unwrap()
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                data_out: Some(&mut out),
+                repeat: 1,
+                ..TestRunOptions::default()
+            })
+            .unwrap();
+        out.truncate(r.data_size_out as usize);
+        (r.return_value, out)
+    }
+
+    #[test]
+    #[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
+    fn strips_ipip_and_gue_for_local_addresses_only() {
+        let local = [ip("10.111.0.11"), ip("fd00:111::11")];
+        let mut d = Decapsulator::load(&local, Some(6080)).unwrap();
+        let client = ip("10.9.0.1");
+        let inner4 = tcp_frame(client, 1234, ip("10.111.1.2"), 80, false, b"inner");
+        let inner6 = tcp_frame(
+            ip("2001:db8::1"),
+            1234,
+            ip("fd00:111:1::2"),
+            80,
+            false,
+            b"inner6",
+        );
+        for (inner, backend, gue) in [
+            (&inner4, ip("10.111.0.11"), None),
+            (&inner4, ip("10.111.0.11"), Some(6080)),
+            (&inner6, ip("fd00:111::11"), None),
+            (&inner6, ip("fd00:111::11"), Some(6080)),
+            // Mixed: IPv6 inside IPv4.
+            (&inner6, ip("10.111.0.11"), None),
+        ] {
+            let source = if backend.is_ipv4() {
+                ip("10.111.0.2")
+            } else {
+                ip("fd00:111::2")
+            };
+            let mut wrapped = expect_encap(
+                inner,
+                14,
+                client,
+                1234,
+                Encap {
+                    backend,
+                    source,
+                    entropy_mask: 0,
+                    gue_port: gue,
+                },
+            );
+            // As the backend receives it: from the balancer's MAC to its own.
+            wrapped[0..6].copy_from_slice(&backend_mac(backend));
+            let (action, out) = run(&mut d, &wrapped);
+            assert_eq!(action_name(action), "XDP_PASS");
+            assert_eq!(
+                out[14..],
+                inner[14..],
+                "inner packet to {backend} (gue {gue:?}) not restored"
+            );
+            assert_eq!(out[12..14], inner[12..14], "ether type of the inner packet");
+            assert_eq!(out[0..12], wrapped[0..12], "Ethernet addresses kept");
+        }
+        // Not ours: another address, another UDP port, plain traffic — untouched.
+        let foreign = expect_encap(
+            &inner4,
+            14,
+            client,
+            1234,
+            Encap {
+                backend: ip("10.111.0.99"),
+                source: ip("10.111.0.2"),
+                entropy_mask: 0,
+                gue_port: None,
+            },
+        );
+        let other_port = expect_encap(
+            &inner4,
+            14,
+            client,
+            1234,
+            Encap {
+                backend: ip("10.111.0.11"),
+                source: ip("10.111.0.2"),
+                entropy_mask: 0,
+                gue_port: Some(9999),
+            },
+        );
+        for frame in [foreign, other_port, inner4.clone()] {
+            let (action, out) = run(&mut d, &frame);
+            assert_eq!(action_name(action), "XDP_PASS");
+            assert_eq!(out, frame, "a packet not for the decapsulator changed");
+        }
+        let stats = d.stats().unwrap();
+        assert_eq!((stats.ipip, stats.gue, stats.foreign), (3, 2, 1));
+    }
+}

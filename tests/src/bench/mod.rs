@@ -27,7 +27,10 @@ pub fn median(samples: &[f64]) -> f64 {
 pub fn results_dir() -> PathBuf {
     std::env::var_os("BALANCER_BENCH_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench"))
+        .unwrap_or_else(|| {
+            let tests = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+            tests.parent().unwrap_or(&tests).join("target/bench")
+        })
 }
 
 /// Writes `figures` to `<results_dir>/<name>.json`.
