@@ -3,10 +3,10 @@
 //!
 //! Each backend has a permutation of the table's slots given by an `offset` and a `skip`
 //! derived from a hash of its identity; backends take turns claiming their next preferred free
-//! slot until the table is full. With weights, the turns are spaced like weighted fair
-//! queueing: backend `i` takes its `k`-th turn at virtual time `k / w_i`, ties going to the
-//! backend whose identity sorts first. Equal weights therefore reproduce the paper's round
-//! robin exactly, and each backend ends within one slot of `M * w_i / sum(w)`.
+//! slot until the table is full. With weights, each backend's quota is its exact share of the
+//! table, `M * w_i / sum(w)` rounded by largest remainder; backends with quota left take turns
+//! in identity order, round after round. Equal weights therefore reproduce the paper's round
+//! robin exactly, and each backend holds its share to within one slot.
 //!
 //! Determinism: the table is a function of the set of (identity, weight) pairs and the table
 //! size only. Backends are sorted by identity first, and the permutation hash is XXH3 with
@@ -14,8 +14,6 @@
 //! an AES or a fallback path per CPU and may change between versions, which would let two
 //! balancers of one fleet build different tables from the same backends.
 
-use std::cmp::Ordering;
-use std::collections::BinaryHeap;
 use std::fmt;
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
@@ -93,26 +91,13 @@ struct Permutation {
     skip: u64,
 }
 
-/// A backend's place in the turn order: its next turn is at virtual time `(turns + 1) / weight`.
-#[derive(Clone, Copy, Eq, PartialEq)]
-struct Turn {
-    turns: u64,
-    weight: u64,
-    rank: usize,
-}
-
-impl Ord for Turn {
-    /// Reverse order (the heap is a max-heap): the earliest virtual time, then the lowest rank.
-    fn cmp(&self, other: &Self) -> Ordering {
-        let mine = u128::from(self.turns + 1) * u128::from(other.weight);
-        let theirs = u128::from(other.turns + 1) * u128::from(self.weight);
-        theirs.cmp(&mine).then_with(|| other.rank.cmp(&self.rank))
-    }
-}
-
-impl PartialOrd for Turn {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
+impl Permutation {
+    /// The next preferred slot: `(position + skip) mod m`, without a division (skip < m).
+    fn advance(&mut self, m: u64) {
+        self.position += self.skip;
+        if self.position >= m {
+            self.position -= m;
+        }
     }
 }
 
@@ -158,32 +143,66 @@ pub fn build_table(
             skip: xxh3_64_with_seed(b.identity, SKIP_SEED) % (m - 1) + 1,
         })
         .collect();
-    let mut turns: BinaryHeap<Turn> = sorted
-        .iter()
-        .enumerate()
-        .map(|(rank, b)| Turn {
-            turns: 0,
-            weight: u64::from(b.weight),
-            rank,
-        })
-        .collect();
-
-    let mut filled = 0usize;
-    while let Some(mut turn) = turns.pop() {
-        let walk = &mut walks[turn.rank];
-        while table[walk.position as usize] != NO_BACKEND {
-            walk.position = (walk.position + walk.skip) % m;
-        }
-        table[walk.position as usize] = sorted[turn.rank].id;
-        walk.position = (walk.position + walk.skip) % m;
-        filled += 1;
-        if filled == table.len() {
-            break;
-        }
-        turn.turns += 1;
-        turns.push(turn);
+    let ids: Vec<u32> = sorted.iter().map(|b| b.id).collect();
+    if sorted.iter().all(|b| b.weight == sorted[0].weight) {
+        fill_round_robin(&mut table, &mut walks, &ids);
+    } else {
+        let weights: Vec<u32> = sorted.iter().map(|b| b.weight).collect();
+        fill_weighted(&mut table, &mut walks, &ids, &weights);
     }
     Ok(table)
+}
+
+/// Claims `walk`'s next free preferred slot for `id`.
+fn claim(table: &mut [u32], walk: &mut Permutation, id: u32) {
+    let m = table.len() as u64;
+    while table[walk.position as usize] != NO_BACKEND {
+        walk.advance(m);
+    }
+    table[walk.position as usize] = id;
+    walk.advance(m);
+}
+
+/// Equal weights: plain round robin in identity order, as in the paper.
+fn fill_round_robin(table: &mut [u32], walks: &mut [Permutation], ids: &[u32]) {
+    let mut filled = 0;
+    loop {
+        for (walk, id) in walks.iter_mut().zip(ids) {
+            claim(table, walk, *id);
+            filled += 1;
+            if filled == table.len() {
+                return;
+            }
+        }
+    }
+}
+
+/// Weighted turns: each backend's quota of slots is its exact share of the table (largest
+/// remainders, ties to the lower rank); backends with quota left take turns in rank order, round
+/// after round, dropping out as their quota runs out. O(M) whatever the weights.
+fn fill_weighted(table: &mut [u32], walks: &mut [Permutation], ids: &[u32], weights: &[u32]) {
+    let m = table.len() as u64;
+    let total: u64 = weights.iter().map(|w| u64::from(*w)).sum();
+    let mut quotas: Vec<u64> = weights.iter().map(|w| m * u64::from(*w) / total).collect();
+    let mut left = m - quotas.iter().sum::<u64>();
+    let mut by_remainder: Vec<usize> = (0..weights.len()).collect();
+    // Largest remainder first; the sort is stable, so ties keep rank order.
+    by_remainder.sort_by_key(|&r| std::cmp::Reverse(m * u64::from(weights[r]) % total));
+    for &r in &by_remainder {
+        if left == 0 {
+            break;
+        }
+        quotas[r] += 1;
+        left -= 1;
+    }
+    let mut active: Vec<usize> = (0..weights.len()).filter(|&r| quotas[r] > 0).collect();
+    while !active.is_empty() {
+        for &r in &active {
+            claim(table, &mut walks[r], ids[r]);
+            quotas[r] -= 1;
+        }
+        active.retain(|&r| quotas[r] > 0);
+    }
 }
 
 /// Slots per backend id (ids absent from the table are absent from the result).
@@ -208,19 +227,32 @@ pub fn slots_changed(old: &[u32], new: &[u32]) -> usize {
 pub fn fingerprint(table: &[u32], backends: &[MaglevBackend<'_>]) -> u64 {
     let mut ranked: Vec<&MaglevBackend<'_>> = backends.iter().collect();
     ranked.sort_by(|a, b| a.identity.cmp(b.identity));
-    let rank_of: std::collections::HashMap<u32, u32> = ranked
-        .iter()
-        .enumerate()
-        .map(|(rank, b)| (b.id, rank as u32))
-        .collect();
     let mut bytes = Vec::with_capacity(table.len() * 4 + 64 * ranked.len());
     for b in &ranked {
         bytes.extend_from_slice(&(b.identity.len() as u32).to_le_bytes());
         bytes.extend_from_slice(b.identity);
     }
-    for id in table {
-        let rank = rank_of.get(id).copied().unwrap_or(NO_BACKEND);
-        bytes.extend_from_slice(&rank.to_le_bytes());
+    // id -> rank through a dense array (ids are small slot numbers in practice), else a map.
+    let max_id = ranked.iter().map(|b| b.id).max().unwrap_or(0);
+    if max_id < 1 << 20 {
+        let mut rank_of = vec![NO_BACKEND; max_id as usize + 1];
+        for (rank, b) in ranked.iter().enumerate() {
+            rank_of[b.id as usize] = rank as u32;
+        }
+        for &id in table {
+            let rank = rank_of.get(id as usize).copied().unwrap_or(NO_BACKEND);
+            bytes.extend_from_slice(&rank.to_le_bytes());
+        }
+    } else {
+        let rank_of: std::collections::HashMap<u32, u32> = ranked
+            .iter()
+            .enumerate()
+            .map(|(rank, b)| (b.id, rank as u32))
+            .collect();
+        for id in table {
+            let rank = rank_of.get(id).copied().unwrap_or(NO_BACKEND);
+            bytes.extend_from_slice(&rank.to_le_bytes());
+        }
     }
     xxh3_64_with_seed(&bytes, 0)
 }
@@ -254,6 +286,43 @@ mod tests {
         assert!(is_prime(2) && is_prime(3) && is_prime(13));
         assert!(!is_prime(0) && !is_prime(1) && !is_prime(65_536) && !is_prime(655_371));
         assert_eq!(build_table(&[], 65_536), Err(MaglevError::NotPrime(65_536)));
+    }
+
+    #[test]
+    fn weighted_quotas_are_exact_shares() {
+        let n = names(7);
+        let weight = |i: usize| [1u32, 7, 7, 2, 100, 3, 1][i];
+        let table = build_table(&backends(&n, weight), 65_537).unwrap();
+        let total: u32 = (0..7).map(weight).sum();
+        for (id, &c) in &slot_counts(&table) {
+            let exact = 65_537.0 * f64::from(weight(*id as usize)) / f64::from(total);
+            assert!(
+                (c as f64 - exact).abs() < 1.0,
+                "backend {id}: {c} slots for an exact share of {exact:.2}"
+            );
+        }
+    }
+
+    #[test]
+    fn equal_weights_take_the_round_robin_path_with_the_same_result() {
+        let n = names(37);
+        let sorted = backends(&n, |_| 4);
+        let ids: Vec<u32> = sorted.iter().map(|b| b.id).collect();
+        let m = 65_537u64;
+        let walks = || -> Vec<Permutation> {
+            sorted
+                .iter()
+                .map(|b| Permutation {
+                    position: xxh3_64_with_seed(b.identity, OFFSET_SEED) % m,
+                    skip: xxh3_64_with_seed(b.identity, SKIP_SEED) % (m - 1) + 1,
+                })
+                .collect()
+        };
+        let mut a = vec![NO_BACKEND; m as usize];
+        let mut b = vec![NO_BACKEND; m as usize];
+        fill_round_robin(&mut a, &mut walks(), &ids);
+        fill_weighted(&mut b, &mut walks(), &ids, &vec![4; ids.len()]);
+        assert_eq!(a, b);
     }
 
     #[test]
@@ -297,7 +366,7 @@ mod tests {
         assert_eq!(fingerprint(&table, &b), GOLDEN_10_BACKENDS_65537);
         assert_eq!(&table[..8], &GOLDEN_FIRST_SLOTS);
     }
-    const GOLDEN_10_BACKENDS_65537: u64 = 15_282_297_674_275_093_173;
+    const GOLDEN_10_BACKENDS_65537: u64 = 11_022_648_795_076_825_656;
     const GOLDEN_FIRST_SLOTS: [u32; 8] = [2, 9, 5, 3, 1, 7, 0, 9];
 
     #[test]

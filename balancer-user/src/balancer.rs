@@ -119,7 +119,10 @@ pub struct ApplyReport {
     pub tables_published: usize,
     /// Slots whose backend changed, summed over republished tables.
     pub slots_changed: usize,
+    /// Time spent building Maglev tables.
     pub table_build_time: Duration,
+    /// Time spent publishing them into the data plane.
+    pub table_publish_time: Duration,
 }
 
 /// VIPs, backends and tables, written through a [`Dataplane`].
@@ -134,6 +137,9 @@ pub struct Balancer<D: Dataplane> {
     retiring: Vec<RetiringBackend>,
     removal_grace: Duration,
     settings: GlobalConfig,
+    /// Time spent building and publishing tables since the last `apply` began.
+    build_time: Duration,
+    publish_time: Duration,
 }
 
 fn vip_key(address: IpAddr, port: u16, proto: u8) -> VipKey {
@@ -214,7 +220,22 @@ impl<D: Dataplane> Balancer<D> {
             retiring: Vec::new(),
             removal_grace: Duration::ZERO,
             settings: GlobalConfig::default(),
+            build_time: Duration::ZERO,
+            publish_time: Duration::ZERO,
         }
+    }
+
+    /// Builds a VIP's table, timing it.
+    fn build(
+        &mut self,
+        name: &str,
+        table_size: u32,
+        backends: &BTreeMap<IpAddr, BackendState>,
+    ) -> Result<(Vec<u32>, u64), BalancerError> {
+        let started = Instant::now();
+        let built = build_table(name, table_size, backends);
+        self.build_time += started.elapsed();
+        built
     }
 
     /// The global data-plane settings in force.
@@ -329,34 +350,31 @@ impl<D: Dataplane> Balancer<D> {
             });
         }
 
-        // Removed VIPs go first: frees ids for the rest.
+        // Removed VIPs go first (one index swap), freeing ids for the rest.
         let gone: Vec<Endpoint> = self
             .vips
             .keys()
             .filter(|e| !desired.contains_key(e))
             .copied()
             .collect();
-        for endpoint in gone {
-            self.remove_vip(&endpoint)?;
-            report.vips_removed += 1;
+        if !gone.is_empty() {
+            self.remove_vips(&gone)?;
+            report.vips_removed = gone.len();
         }
-        for (endpoint, config) in desired {
-            let started = Instant::now();
-            let changed = if self.vips.contains_key(&endpoint) {
-                let changed = self.update_vip(&endpoint, config, macs)?;
-                report.vips_updated += usize::from(changed.is_some());
-                changed
-            } else {
-                report.vips_added += 1;
-                self.add_vip(config, macs)?;
-                Some(0)
-            };
-            if let Some(slots) = changed {
-                report.tables_published += 1;
-                report.slots_changed += slots;
-                report.table_build_time += started.elapsed();
+
+        self.build_time = Duration::ZERO;
+        self.publish_time = Duration::ZERO;
+        let mut staged = Vec::new();
+        for (endpoint, config) in &desired {
+            if let Some(stage) = self.stage_vip(endpoint, config, macs)? {
+                staged.push(stage);
             }
         }
+        report.vips_added = staged.iter().filter(|s| s.is_new).count();
+        report.vips_updated = staged.len() - report.vips_added;
+        self.commit(staged, &mut report)?;
+        report.table_build_time = self.build_time;
+        report.table_publish_time = self.publish_time;
         Ok(report)
     }
 
@@ -423,117 +441,48 @@ impl<D: Dataplane> Balancer<D> {
             })
     }
 
-    fn add_vip(
-        &mut self,
-        config: &VipConfig,
-        macs: &HashMap<IpAddr, MacAddr>,
-    ) -> Result<(), BalancerError> {
-        let id = self.vip_ids.take().ok_or(BalancerError::IdsExhausted {
-            what: "VIP",
-            max: MAX_VIPS,
-        })?;
-        let mut backends = BTreeMap::new();
-        for b in &config.backends {
-            let mac = Self::mac_of(config, b.address, macs)?;
-            let state = self.new_backend(config, b.address, b.weight, mac)?;
-            backends.insert(b.address, state);
-        }
-        let (table, fingerprint) = build_table(&config.name, config.table_size, &backends)?;
-        self.dataplane.publish_table(id, &table)?;
-        self.dataplane.set_vip(
-            &vip_key(config.address, config.port, config.protocol.number()),
-            &vip_meta(id, config),
-        )?;
-        self.mark_address(config.address)?;
-        tracing::info!(
-            vip = %config.name,
-            endpoint = %format!("{}:{}/{}", config.address, config.port, config.protocol),
-            backends = backends.len(),
-            forwarding = %config.forwarding,
-            "VIP added"
-        );
-        self.vips.insert(
-            config.endpoint(),
-            VipState {
-                id,
-                config: config.clone(),
-                backends,
-                table,
-                fingerprint,
-            },
-        );
-        Ok(())
-    }
-
-    fn remove_vip(&mut self, endpoint: &Endpoint) -> Result<(), BalancerError> {
-        let Some(vip) = self.vips.remove(endpoint) else {
-            return Ok(());
-        };
-        self.dataplane.remove_vip(&vip_key(
-            vip.config.address,
-            vip.config.port,
-            vip.config.protocol.number(),
-        ))?;
-        self.unmark_address(vip.config.address)?;
-        self.dataplane.clear_table(vip.id)?;
-        for b in vip.backends.values() {
-            self.retire_backend(b)?;
-        }
-        let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retiring)
-            .into_iter()
-            .partition(|r| r.vip == *endpoint);
-        self.retiring = others;
-        for r in &mine {
-            self.retire_backend(&r.state)?;
-        }
-        self.vip_ids.give_back(vip.id);
-        tracing::info!(vip = %vip.config.name, "VIP removed");
-        Ok(())
-    }
-
-    /// Brings an existing VIP to `config`. Returns the slots changed if a table was published.
-    fn update_vip(
+    /// Works out what `config` changes for one VIP and does the parts no packet can see yet:
+    /// allocates ids, writes new backend entries, builds the table. `None` if nothing changes.
+    fn stage_vip(
         &mut self,
         endpoint: &Endpoint,
         config: &VipConfig,
         macs: &HashMap<IpAddr, MacAddr>,
-    ) -> Result<Option<usize>, BalancerError> {
-        let Some(current) = self.vips.get(endpoint).cloned() else {
-            return Ok(None);
+    ) -> Result<Option<StagedVip>, BalancerError> {
+        let current = self.vips.get(endpoint).cloned();
+        let is_new = current.is_none();
+        let id = match &current {
+            Some(c) => c.id,
+            None => self.vip_ids.take().ok_or(BalancerError::IdsExhausted {
+                what: "VIP",
+                max: MAX_VIPS,
+            })?,
         };
+        let old_backends = current
+            .as_ref()
+            .map(|c| c.backends.clone())
+            .unwrap_or_default();
         let mut backends = BTreeMap::new();
-        let mut retired = Vec::new();
-        let mut added = Vec::new();
-        for old in current.backends.values() {
-            if !config.backends.iter().any(|b| b.address == old.address) {
-                retired.push(old.clone());
-            }
-        }
+        let mut added = 0;
         for b in &config.backends {
             let mac = Self::mac_of(config, b.address, macs)?;
-            match current.backends.get(&b.address) {
-                Some(old) if old.mac == mac => {
-                    backends.insert(
-                        b.address,
-                        BackendState {
-                            weight: b.weight,
-                            ..old.clone()
-                        },
-                    );
-                }
+            let state = match old_backends.get(&b.address) {
                 Some(old) => {
-                    // New next hop: same id and generation (flows stay), new MAC.
                     let state = BackendState {
                         weight: b.weight,
                         mac,
                         ..old.clone()
                     };
-                    self.dataplane
-                        .set_backend(state.id, &backend_entry(&state))?;
-                    backends.insert(b.address, state);
+                    if state.mac != old.mac {
+                        // New next hop: same id and generation, so its flows stay.
+                        self.dataplane
+                            .set_backend(state.id, &backend_entry(&state))?;
+                    }
+                    state
                 }
                 None => {
-                    let state = match self.take_retiring(endpoint, b.address) {
+                    added += 1;
+                    match self.take_retiring(endpoint, b.address) {
                         // Back within its grace period: same slot, its flows continue.
                         Some(old) => {
                             let state = BackendState {
@@ -548,102 +497,221 @@ impl<D: Dataplane> Balancer<D> {
                             state
                         }
                         None => self.new_backend(config, b.address, b.weight, mac)?,
-                    };
-                    added.push(state.id);
-                    backends.insert(b.address, state);
+                    }
                 }
-            }
+            };
+            backends.insert(b.address, state);
         }
-        let meta_changed = vip_meta(current.id, &current.config) != vip_meta(current.id, config);
-        let membership_changed = !added.is_empty() || !retired.is_empty();
+        let retired: Vec<BackendState> = old_backends
+            .values()
+            .filter(|old| !backends.contains_key(&old.address))
+            .cloned()
+            .collect();
+        let meta = vip_meta(id, config);
+        let meta_changed = current
+            .as_ref()
+            .is_none_or(|c| vip_meta(id, &c.config) != meta);
         let weights_changed = backends.values().any(|b| {
-            current
-                .backends
+            old_backends
                 .get(&b.address)
                 .is_some_and(|old| old.weight != b.weight)
         });
-        let resize = config.table_size != current.config.table_size;
-
-        let mut changed = None;
-        let mut vip = VipState {
-            config: config.clone(),
-            backends,
-            ..current
+        let resized = current
+            .as_ref()
+            .is_some_and(|c| c.config.table_size != config.table_size);
+        let rebuild = is_new || added > 0 || !retired.is_empty() || weights_changed || resized;
+        let config_changed = current.as_ref().is_none_or(|c| c.config != *config);
+        if !rebuild && !meta_changed && !config_changed {
+            return Ok(None);
+        }
+        let table = if rebuild {
+            Some(self.build(&config.name, config.table_size, &backends)?)
+        } else {
+            None
         };
-        let key = vip_key(config.address, config.port, config.protocol.number());
-        if membership_changed || weights_changed || resize {
-            let (table, fingerprint) = build_table(&config.name, config.table_size, &vip.backends)?;
-            // Packets index the table with the VIP's table size: when it shrinks, the smaller
-            // size goes first (old table still covers it); when it grows, the table goes first.
-            if resize && config.table_size < vip.table.len() as u32 {
-                self.dataplane.set_vip(&key, &vip_meta(vip.id, config))?;
-                self.dataplane.publish_table(vip.id, &table)?;
-            } else {
-                self.dataplane.publish_table(vip.id, &table)?;
-                if meta_changed {
-                    self.dataplane.set_vip(&key, &vip_meta(vip.id, config))?;
-                }
+        let slots_changed = match (&current, &table) {
+            (Some(c), Some((t, _))) if !resized => maglev::slots_changed(&c.table, t),
+            (_, Some((t, _))) => t.len(),
+            (_, None) => 0,
+        };
+        let (old_table, old_fingerprint) = current
+            .map(|c| (c.table, c.fingerprint))
+            .unwrap_or_default();
+        let shrinks = resized && (config.table_size as usize) < old_table.len();
+        let (table, fingerprint, table_changed) = match table {
+            Some((t, f)) => (t, f, true),
+            None => (old_table, old_fingerprint, false),
+        };
+        Ok(Some(StagedVip {
+            endpoint: *endpoint,
+            is_new,
+            added,
+            retired,
+            meta_changed,
+            shrinks,
+            table_changed,
+            slots_changed,
+            state: VipState {
+                id,
+                config: config.clone(),
+                backends,
+                table,
+                fingerprint,
+            },
+        }))
+    }
+
+    /// Makes staged VIPs visible, in an order no packet can catch half-done, with one atomic
+    /// swap per kind of change: shrinking metas, then all new tables, then the VIP index (new
+    /// VIPs, changed metas, new address markers), then the removed backends retire.
+    fn commit(
+        &mut self,
+        staged: Vec<StagedVip>,
+        report: &mut ApplyReport,
+    ) -> Result<(), BalancerError> {
+        let key_of = |s: &StagedVip| {
+            let c = &s.state.config;
+            vip_key(c.address, c.port, c.protocol.number())
+        };
+        let shrinking: Vec<(VipKey, VipMeta)> = staged
+            .iter()
+            .filter(|s| s.shrinks)
+            .map(|s| (key_of(s), vip_meta(s.state.id, &s.state.config)))
+            .collect();
+        if !shrinking.is_empty() {
+            // A smaller table size goes first: the old (larger) table still covers it.
+            self.dataplane.set_vips(&shrinking, &[])?;
+        }
+        let tables: Vec<(u32, &[u32])> = staged
+            .iter()
+            .filter(|s| s.table_changed)
+            .map(|s| (s.state.id, s.state.table.as_slice()))
+            .collect();
+        if !tables.is_empty() {
+            let started = Instant::now();
+            self.dataplane.publish_tables(&tables)?;
+            self.publish_time += started.elapsed();
+        }
+        let mut upserts: Vec<(VipKey, VipMeta)> = staged
+            .iter()
+            .filter(|s| s.meta_changed && !s.shrinks)
+            .map(|s| (key_of(s), vip_meta(s.state.id, &s.state.config)))
+            .collect();
+        for s in staged.iter().filter(|s| s.is_new) {
+            let users = self
+                .address_users
+                .entry(s.state.config.address)
+                .or_insert(0);
+            *users += 1;
+            if *users == 1 {
+                upserts.push((vip_key(s.state.config.address, 0, 0), address_marker()));
             }
-            let slots = if resize {
-                table.len()
-            } else {
-                maglev::slots_changed(&vip.table, &table)
-            };
-            vip.table = table;
-            vip.fingerprint = fingerprint;
-            changed = Some(slots);
-        } else if meta_changed {
-            self.dataplane.set_vip(&key, &vip_meta(vip.id, config))?;
-            changed = Some(0);
+        }
+        if !upserts.is_empty() {
+            self.dataplane.set_vips(&upserts, &[])?;
         }
         let until = Instant::now() + self.removal_grace;
-        for b in retired.iter() {
-            if self.removal_grace.is_zero() {
-                self.retire_backend(b)?;
+        for s in staged {
+            report.tables_published += usize::from(s.table_changed);
+            report.slots_changed += s.slots_changed;
+            for b in &s.retired {
+                if self.removal_grace.is_zero() {
+                    self.retire_backend(b)?;
+                } else {
+                    self.retiring.push(RetiringBackend {
+                        vip: s.endpoint,
+                        state: b.clone(),
+                        until,
+                    });
+                }
+            }
+            let c = &s.state.config;
+            if s.is_new {
+                tracing::info!(
+                    vip = %c.name,
+                    endpoint = %format!("{}:{}/{}", c.address, c.port, c.protocol),
+                    backends = s.state.backends.len(),
+                    forwarding = %c.forwarding,
+                    "VIP added"
+                );
             } else {
-                self.retiring.push(RetiringBackend {
-                    vip: *endpoint,
-                    state: b.clone(),
-                    until,
-                });
+                tracing::info!(
+                    vip = %c.name,
+                    backends = s.state.backends.len(),
+                    added = s.added,
+                    removed = s.retired.len(),
+                    slots_changed = s.slots_changed,
+                    "VIP updated"
+                );
             }
+            self.vips.insert(s.endpoint, s.state);
         }
-        if changed.is_some() {
-            tracing::info!(
-                vip = %config.name,
-                backends = vip.backends.len(),
-                added = added.len(),
-                removed = retired.len(),
-                slots_changed = changed.unwrap_or(0),
-                "VIP updated"
-            );
-        }
-        self.vips.insert(*endpoint, vip);
-        Ok(changed)
+        Ok(())
     }
 
-    fn mark_address(&mut self, address: IpAddr) -> Result<(), BalancerError> {
-        let users = self.address_users.entry(address).or_insert(0);
-        *users += 1;
-        if *users == 1 {
-            let marker = VipMeta {
-                vip_id: u32::MAX,
-                ..VipMeta::default()
+    /// Removes VIPs: their index entries (and address markers no VIP uses any more) in one
+    /// swap, then their tables, then their backends.
+    fn remove_vips(&mut self, endpoints: &[Endpoint]) -> Result<(), BalancerError> {
+        let mut removals = Vec::new();
+        let mut removed = Vec::new();
+        for endpoint in endpoints {
+            let Some(vip) = self.vips.remove(endpoint) else {
+                continue;
             };
-            self.dataplane.set_vip(&vip_key(address, 0, 0), &marker)?;
+            removals.push(vip_key(
+                vip.config.address,
+                vip.config.port,
+                vip.config.protocol.number(),
+            ));
+            if let Some(users) = self.address_users.get_mut(&vip.config.address) {
+                *users -= 1;
+                if *users == 0 {
+                    self.address_users.remove(&vip.config.address);
+                    removals.push(vip_key(vip.config.address, 0, 0));
+                }
+            }
+            removed.push(vip);
+        }
+        self.dataplane.set_vips(&[], &removals)?;
+        let ids: Vec<u32> = removed.iter().map(|v| v.id).collect();
+        self.dataplane.clear_tables(&ids)?;
+        for vip in removed {
+            for b in vip.backends.values() {
+                self.retire_backend(b)?;
+            }
+            let endpoint = vip.config.endpoint();
+            let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retiring)
+                .into_iter()
+                .partition(|r| r.vip == endpoint);
+            self.retiring = others;
+            for r in &mine {
+                self.retire_backend(&r.state)?;
+            }
+            self.vip_ids.give_back(vip.id);
+            tracing::info!(vip = %vip.config.name, "VIP removed");
         }
         Ok(())
     }
+}
 
-    fn unmark_address(&mut self, address: IpAddr) -> Result<(), BalancerError> {
-        if let Some(users) = self.address_users.get_mut(&address) {
-            *users -= 1;
-            if *users == 0 {
-                self.address_users.remove(&address);
-                self.dataplane.remove_vip(&vip_key(address, 0, 0))?;
-            }
-        }
-        Ok(())
+/// What `apply` will change for one VIP, prepared before anything becomes visible.
+struct StagedVip {
+    endpoint: Endpoint,
+    is_new: bool,
+    added: usize,
+    retired: Vec<BackendState>,
+    meta_changed: bool,
+    shrinks: bool,
+    table_changed: bool,
+    slots_changed: usize,
+    state: VipState,
+}
+
+/// The VIP-index value of an address marker.
+fn address_marker() -> VipMeta {
+    VipMeta {
+        vip_id: u32::MAX,
+        ..VipMeta::default()
     }
 }
 
@@ -735,6 +803,27 @@ mac = "02:00:00:00:00:99"
         assert_eq!(
             dp.vips[&vip_key("10.100.0.1".parse().unwrap(), 53, 17)].gue_port,
             6080u16.to_be()
+        );
+    }
+
+    #[test]
+    fn changes_reach_the_kernel_in_batches() {
+        let mut lb = balancer();
+        lb.apply(&two_vips().vips, &macs()).unwrap();
+        // Adding two VIPs: one swap of all tables, then one of the index.
+        assert_eq!(
+            (lb.dataplane().table_swaps, lb.dataplane().index_swaps),
+            (1, 1)
+        );
+        let mut cfg = two_vips();
+        cfg.vips[0].backends[0].weight = 7;
+        cfg.vips[1].backends[0].weight = 9;
+        let report = lb.apply(&cfg.vips, &macs()).unwrap();
+        assert_eq!(report.tables_published, 2);
+        // Weights of two VIPs: one more table swap, no index swap.
+        assert_eq!(
+            (lb.dataplane().table_swaps, lb.dataplane().index_swaps),
+            (2, 1)
         );
     }
 

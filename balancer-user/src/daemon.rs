@@ -94,6 +94,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     tracing::info!(
         vips = report.vips_added,
         build_ms = report.table_build_time.as_secs_f64() * 1e3,
+        publish_ms = report.table_publish_time.as_secs_f64() * 1e3,
         "tables published"
     );
 

@@ -239,6 +239,13 @@ impl Harness {
         ))
     }
 
+    /// The program's file descriptor, for running it from another thread ([`run_fd`]).
+    pub fn program_fd(&mut self) -> Result<std::os::fd::RawFd> {
+        use std::os::fd::{AsFd, AsRawFd};
+        let program = ebpf::program(&mut self.object, ebpf::BALANCER_PROGRAM)?;
+        Ok(program.fd()?.as_fd().as_raw_fd())
+    }
+
     /// The backend the VIP's table assigns to a flow (what a connection-table miss picks).
     pub fn table_backend(&self, vip: &str, client: IpAddr, sport: u16) -> Result<IpAddr> {
         let state = self
@@ -434,4 +441,32 @@ pub fn ones_complement_sum(bytes: &[u8]) -> u16 {
         sum = (sum & 0xffff) + (sum >> 16);
     }
     sum as u16
+}
+
+/// Runs the XDP program behind `prog_fd` once on `frame` (`BPF_PROG_TEST_RUN`): the action and
+/// the output length. Usable from any thread while the harness lives.
+pub fn run_fd(
+    prog_fd: std::os::fd::RawFd,
+    frame: &[u8],
+    out: &mut [u8],
+) -> std::io::Result<(u32, usize)> {
+    let mut attr = [0u8; 128];
+    let put32 =
+        |a: &mut [u8; 128], at: usize, v: u32| a[at..at + 4].copy_from_slice(&v.to_ne_bytes());
+    let put64 =
+        |a: &mut [u8; 128], at: usize, v: u64| a[at..at + 8].copy_from_slice(&v.to_ne_bytes());
+    put32(&mut attr, 0, prog_fd as u32);
+    put32(&mut attr, 8, frame.len() as u32);
+    put32(&mut attr, 12, out.len() as u32);
+    put64(&mut attr, 16, frame.as_ptr() as u64);
+    put64(&mut attr, 24, out.as_mut_ptr() as u64);
+    put32(&mut attr, 32, 1);
+    // SAFETY: a zeroed bpf_attr for BPF_PROG_TEST_RUN (command 10) pointing at live buffers.
+    let ret = unsafe { libc::syscall(libc::SYS_bpf, 10, attr.as_mut_ptr(), attr.len() as u32) };
+    if ret < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let retval = u32::from_ne_bytes(attr[4..8].try_into().expect("4 bytes"));
+    let len = u32::from_ne_bytes(attr[12..16].try_into().expect("4 bytes")) as usize;
+    Ok((retval, len))
 }

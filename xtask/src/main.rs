@@ -41,7 +41,7 @@ enum Task {
     Demo,
     /// Run a benchmark (release build); figures go to target/bench/<name>.json.
     Bench {
-        /// Which benchmark: dataplane.
+        /// Which benchmark: dataplane, control.
         name: String,
         /// Extra arguments for the benchmark (see `balancer-bench <name> --help`).
         #[arg(last = true)]
@@ -155,7 +155,7 @@ fn demo() -> Result<()> {
 }
 
 fn bench(name: &str, args: &[String]) -> Result<()> {
-    const BENCHES: &[&str] = &["dataplane"];
+    const BENCHES: &[&str] = &["dataplane", "control"];
     if !BENCHES.contains(&name) {
         bail!(
             "unknown benchmark {name:?}; choose one of {}",

@@ -113,26 +113,26 @@ impl Dataplane for KernelDataplane {
             .map_err(map_err(names::CONFIG, "write"))
     }
 
-    fn set_vip(&mut self, key: &VipKey, meta: &VipMeta) -> Result<(), DataplaneError> {
-        let previous = self.vips.insert(*key, *meta);
-        if previous == Some(*meta) {
+    fn set_vips(
+        &mut self,
+        upserts: &[(VipKey, VipMeta)],
+        removals: &[VipKey],
+    ) -> Result<(), DataplaneError> {
+        let saved = self.vips.clone();
+        for key in removals {
+            self.vips.remove(key);
+        }
+        for (key, meta) in upserts {
+            self.vips.insert(*key, *meta);
+        }
+        if self.vips == saved {
             return Ok(());
         }
         let result = self.publish_index();
         if result.is_err() {
-            match previous {
-                Some(p) => self.vips.insert(*key, p),
-                None => self.vips.remove(key),
-            };
+            self.vips = saved;
         }
         result
-    }
-
-    fn remove_vip(&mut self, key: &VipKey) -> Result<(), DataplaneError> {
-        if self.vips.remove(key).is_none() {
-            return Ok(());
-        }
-        self.publish_index()
     }
 
     fn set_backend(&mut self, id: u32, backend: &Backend) -> Result<(), DataplaneError> {
@@ -141,23 +141,38 @@ impl Dataplane for KernelDataplane {
             .map_err(map_err(names::BACKENDS, "write"))
     }
 
-    fn publish_table(&mut self, vip_id: u32, table: &[u32]) -> Result<(), DataplaneError> {
-        let failed = |op| move |source| DataplaneError::Table { vip_id, op, source };
-        let slots = table.len() as u32;
-        let inner = sys::create_array(4, slots, MAGLEV_TABLE_FLAGS, "maglev_table")
-            .map_err(failed("create"))?;
-        sys::fill_mmapable(inner.as_fd(), table).map_err(failed("fill"))?;
-        // One update of the outer array swaps the whole table in. The value written is the
-        // inner map's descriptor; the kernel keeps its own reference, so ours may close.
-        sys::update_u32(self.maglev.fd().as_fd(), vip_id, inner.as_raw_fd() as u32)
-            .map_err(failed("swap in"))
+    fn publish_tables(&mut self, tables: &[(u32, &[u32])]) -> Result<(), DataplaneError> {
+        let mut inners = Vec::with_capacity(tables.len());
+        for (vip_id, table) in tables {
+            let vip_id = *vip_id;
+            let failed = |op| move |source| DataplaneError::Table { vip_id, op, source };
+            let inner =
+                sys::create_array(4, table.len() as u32, MAGLEV_TABLE_FLAGS, "maglev_table")
+                    .map_err(failed("create"))?;
+            sys::fill_mmapable(inner.as_fd(), table).map_err(failed("fill"))?;
+            inners.push(inner);
+        }
+        // One batched update swaps every table in; each swap is atomic, and the kernel waits
+        // once for programs still reading the old tables. The values written are the inner
+        // maps' descriptors; the kernel keeps its own references, so ours may close.
+        let keys: Vec<u32> = tables.iter().map(|(id, _)| *id).collect();
+        let fds: Vec<u32> = inners.iter().map(|fd| fd.as_raw_fd() as u32).collect();
+        sys::update_u32_batch(self.maglev.fd().as_fd(), &keys, &fds).map_err(|source| {
+            DataplaneError::Table {
+                vip_id: keys.first().copied().unwrap_or(0),
+                op: "swap in",
+                source,
+            }
+        })
     }
 
-    fn clear_table(&mut self, vip_id: u32) -> Result<(), DataplaneError> {
-        sys::delete_u32(self.maglev.fd().as_fd(), vip_id).map_err(|source| DataplaneError::Table {
-            vip_id,
-            op: "delete",
-            source,
+    fn clear_tables(&mut self, vip_ids: &[u32]) -> Result<(), DataplaneError> {
+        sys::delete_u32_batch(self.maglev.fd().as_fd(), vip_ids).map_err(|source| {
+            DataplaneError::Table {
+                vip_id: vip_ids.first().copied().unwrap_or(0),
+                op: "delete",
+                source,
+            }
         })
     }
 

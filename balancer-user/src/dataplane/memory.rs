@@ -15,8 +15,12 @@ pub struct MemoryDataplane {
     pub vips: HashMap<VipKey, VipMeta>,
     pub backends: HashMap<u32, Backend>,
     pub tables: HashMap<u32, Vec<u32>>,
-    /// Number of tables published so far (each one a single swap).
+    /// Number of tables published so far.
     pub publishes: usize,
+    /// Number of `publish_tables` calls (batches; each one kernel wait).
+    pub table_swaps: usize,
+    /// Number of `set_vips` calls (index swaps).
+    pub index_swaps: usize,
     pub stats: GlobalStats,
     pub vip_traffic: HashMap<u32, TrafficStats>,
     pub backend_traffic: HashMap<u32, TrafficStats>,
@@ -28,19 +32,28 @@ impl Dataplane for MemoryDataplane {
         Ok(())
     }
 
-    fn set_vip(&mut self, key: &VipKey, meta: &VipMeta) -> Result<(), DataplaneError> {
-        if !self.vips.contains_key(key) && self.vips.len() >= 2 * MAX_VIPS as usize {
+    fn set_vips(
+        &mut self,
+        upserts: &[(VipKey, VipMeta)],
+        removals: &[VipKey],
+    ) -> Result<(), DataplaneError> {
+        let new_keys = upserts
+            .iter()
+            .filter(|(k, _)| !self.vips.contains_key(k))
+            .count();
+        if self.vips.len() + new_keys > 2 * MAX_VIPS as usize {
             return Err(DataplaneError::Full {
                 map: "VIPS",
                 capacity: 2 * MAX_VIPS,
             });
         }
-        self.vips.insert(*key, *meta);
-        Ok(())
-    }
-
-    fn remove_vip(&mut self, key: &VipKey) -> Result<(), DataplaneError> {
-        self.vips.remove(key);
+        for key in removals {
+            self.vips.remove(key);
+        }
+        for (key, meta) in upserts {
+            self.vips.insert(*key, *meta);
+        }
+        self.index_swaps += 1;
         Ok(())
     }
 
@@ -55,14 +68,19 @@ impl Dataplane for MemoryDataplane {
         Ok(())
     }
 
-    fn publish_table(&mut self, vip_id: u32, table: &[u32]) -> Result<(), DataplaneError> {
-        self.tables.insert(vip_id, table.to_vec());
-        self.publishes += 1;
+    fn publish_tables(&mut self, tables: &[(u32, &[u32])]) -> Result<(), DataplaneError> {
+        for (vip_id, table) in tables {
+            self.tables.insert(*vip_id, table.to_vec());
+            self.publishes += 1;
+        }
+        self.table_swaps += 1;
         Ok(())
     }
 
-    fn clear_table(&mut self, vip_id: u32) -> Result<(), DataplaneError> {
-        self.tables.remove(&vip_id);
+    fn clear_tables(&mut self, vip_ids: &[u32]) -> Result<(), DataplaneError> {
+        for id in vip_ids {
+            self.tables.remove(id);
+        }
         Ok(())
     }
 

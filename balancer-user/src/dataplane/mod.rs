@@ -34,20 +34,27 @@ pub enum DataplaneError {
 }
 
 /// The kernel state the balancer writes and reads.
+///
+/// Each call that changes what packets see is one atomic step: a packet sees all of it or
+/// none of it. Map-in-map swaps make the kernel wait for programs still reading the old inner
+/// map (an RCU grace period, milliseconds), so changes come in batches.
 pub trait Dataplane {
     /// Replaces the global settings.
     fn set_config(&mut self, config: &GlobalConfig) -> Result<(), DataplaneError>;
-    /// Adds or replaces a VIP entry (or a VIP address marker: port 0, protocol 0).
-    fn set_vip(&mut self, key: &VipKey, meta: &VipMeta) -> Result<(), DataplaneError>;
-    /// Removes a VIP entry; absent entries are not an error.
-    fn remove_vip(&mut self, key: &VipKey) -> Result<(), DataplaneError>;
+    /// Adds or replaces `upserts` and removes `removals` in the VIP index (VIPs and address
+    /// markers), in one swap. Removing an absent key is not an error.
+    fn set_vips(
+        &mut self,
+        upserts: &[(VipKey, VipMeta)],
+        removals: &[VipKey],
+    ) -> Result<(), DataplaneError>;
     /// Writes a backend slot.
     fn set_backend(&mut self, id: u32, backend: &Backend) -> Result<(), DataplaneError>;
-    /// Makes `table` the VIP's Maglev table in one step: packets see the old table or the new
-    /// one, never a mix.
-    fn publish_table(&mut self, vip_id: u32, table: &[u32]) -> Result<(), DataplaneError>;
-    /// Drops the VIP's table (the VIP entry must already be gone).
-    fn clear_table(&mut self, vip_id: u32) -> Result<(), DataplaneError>;
+    /// Makes each `(vip_id, table)` that VIP's Maglev table, each in one step (a packet sees a
+    /// VIP's old table or its new one, never a mix).
+    fn publish_tables(&mut self, tables: &[(u32, &[u32])]) -> Result<(), DataplaneError>;
+    /// Drops the tables of VIPs whose index entries are already gone.
+    fn clear_tables(&mut self, vip_ids: &[u32]) -> Result<(), DataplaneError>;
     /// Global counters summed over CPUs.
     fn global_stats(&self) -> Result<GlobalStats, DataplaneError>;
     /// Traffic of one VIP summed over CPUs.

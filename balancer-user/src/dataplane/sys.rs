@@ -7,6 +7,10 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+/// The kernel's internal "operation not supported" (not in libc).
+const ENOTSUPP: i32 = 524;
+const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
 const BPF_MAP_TYPE_ARRAY: u32 = 2;
 
 /// `union bpf_attr` is 128+ bytes in current kernels; unused fields must be zero.
@@ -82,6 +86,57 @@ pub fn delete_u32(map: BorrowedFd<'_>, key: u32) -> io::Result<()> {
     match bpf(BPF_MAP_DELETE_ELEM, &mut attr) {
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
         other => other.map(drop),
+    }
+}
+
+/// Writes `values[i]` at `keys[i]` in a map with `u32` keys and values, in one
+/// `BPF_MAP_UPDATE_BATCH` (one kernel wait for a map of maps); per element where the map type
+/// has no batch operations.
+pub fn update_u32_batch(map: BorrowedFd<'_>, keys: &[u32], values: &[u32]) -> io::Result<()> {
+    assert_eq!(keys.len(), values.len());
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let mut attr = Attr::zeroed();
+    attr.put_u64(16, keys.as_ptr() as u64);
+    attr.put_u64(24, values.as_ptr() as u64);
+    attr.put_u32(32, keys.len() as u32);
+    attr.put_u32(36, map.as_raw_fd() as u32);
+    match bpf(BPF_MAP_UPDATE_BATCH, &mut attr) {
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EINVAL | libc::EOPNOTSUPP | ENOTSUPP)
+            ) =>
+        {
+            for (k, v) in keys.iter().zip(values) {
+                update_u32(map, *k, *v)?;
+            }
+            Ok(())
+        }
+        other => other.map(drop),
+    }
+}
+
+/// Deletes `keys` from a map with `u32` keys in one `BPF_MAP_DELETE_BATCH` (per element where
+/// unsupported); missing keys are not an error.
+pub fn delete_u32_batch(map: BorrowedFd<'_>, keys: &[u32]) -> io::Result<()> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let mut attr = Attr::zeroed();
+    attr.put_u64(16, keys.as_ptr() as u64);
+    attr.put_u32(32, keys.len() as u32);
+    attr.put_u32(36, map.as_raw_fd() as u32);
+    match bpf(BPF_MAP_DELETE_BATCH, &mut attr) {
+        Ok(_) => Ok(()),
+        // A batch stops at the first missing key; finish one by one.
+        Err(_) => {
+            for k in keys {
+                delete_u32(map, *k)?;
+            }
+            Ok(())
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! `balancer-bench`: the benchmarks behind `cargo xtask bench`.
 
 use anyhow::Result;
-use balancer_tests::bench::{self, dataplane};
+use balancer_tests::bench::{self, control, dataplane};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -25,6 +25,8 @@ enum Bench {
         #[arg(long, default_value_t = 20_000)]
         singles: u32,
     },
+    /// Maglev build time, slots moved, balance, publish latency, daemon memory.
+    Control,
 }
 
 fn main() -> Result<()> {
@@ -36,6 +38,11 @@ fn main() -> Result<()> {
         } => {
             let figures = dataplane::run(rounds, repeat, singles)?;
             let path = bench::write_json("dataplane", &figures)?;
+            println!("wrote {}", path.display());
+        }
+        Bench::Control => {
+            let figures = control::run()?;
+            let path = bench::write_json("control", &figures)?;
             println!("wrote {}", path.display());
         }
     }
