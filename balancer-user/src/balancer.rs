@@ -12,7 +12,7 @@
 //!   (its established flows continue), then is deactivated; re-adding it within the grace
 //!   period takes it back with its flows. A removed VIP takes its backends with it at once.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -23,7 +23,7 @@ use balancer_common::maps::{
 };
 use balancer_common::stats::{GlobalStats, TrafficStats};
 
-use crate::config::{Forwarding, MacAddr, Protocol, VipConfig};
+use crate::config::{BackendConfig, Forwarding, MacAddr, Protocol, VipConfig};
 use crate::dataplane::{Dataplane, DataplaneError};
 
 /// Why a change was refused or failed.
@@ -74,9 +74,25 @@ impl IdPool {
 pub struct BackendState {
     pub id: u32,
     pub address: IpAddr,
+    /// Configured weight (kept while drained or unhealthy).
     pub weight: u32,
+    /// Drained: out of the table, its established flows continue.
+    pub drained: bool,
+    /// Failing its health checks: out of the table and inactive (its flows are re-hashed).
+    pub healthy: bool,
     pub mac: MacAddr,
     pub generation: u32,
+}
+
+impl BackendState {
+    /// The weight its VIP's table is built with.
+    pub fn table_weight(&self) -> u32 {
+        if self.healthy && !self.drained {
+            self.weight
+        } else {
+            0
+        }
+    }
 }
 
 /// A VIP as the kernel has it.
@@ -137,6 +153,8 @@ pub struct Balancer<D: Dataplane> {
     retiring: Vec<RetiringBackend>,
     removal_grace: Duration,
     settings: GlobalConfig,
+    /// Backends failing their health checks.
+    unhealthy: HashSet<(Endpoint, IpAddr)>,
     /// Time spent building and publishing tables since the last `apply` began.
     build_time: Duration,
     publish_time: Duration,
@@ -177,7 +195,7 @@ fn backend_entry(b: &BackendState) -> Backend {
         addr,
         mac: b.mac.0,
         family,
-        flags: BACKEND_F_ACTIVE,
+        flags: if b.healthy { BACKEND_F_ACTIVE } else { 0 },
         generation: b.generation,
     }
 }
@@ -196,7 +214,7 @@ pub fn build_table(
         .iter()
         .map(|(identity, b)| MaglevBackend {
             identity: identity.as_bytes(),
-            weight: b.weight,
+            weight: b.table_weight(),
             id: b.id,
         })
         .collect();
@@ -220,6 +238,7 @@ impl<D: Dataplane> Balancer<D> {
             retiring: Vec::new(),
             removal_grace: Duration::ZERO,
             settings: GlobalConfig::default(),
+            unhealthy: HashSet::new(),
             build_time: Duration::ZERO,
             publish_time: Duration::ZERO,
         }
@@ -252,6 +271,36 @@ impl<D: Dataplane> Balancer<D> {
     /// Backends removed from their VIP that still serve established flows.
     pub fn retiring(&self) -> &[RetiringBackend] {
         &self.retiring
+    }
+
+    /// Records a backend's health and, when it changed, rebuilds its VIP's table: an
+    /// unhealthy backend leaves the table and is made inactive (its flows are re-hashed); a
+    /// recovered one returns. Returns whether anything changed.
+    pub fn set_health(
+        &mut self,
+        vip: &Endpoint,
+        backend: IpAddr,
+        healthy: bool,
+    ) -> Result<bool, BalancerError> {
+        let key = (*vip, backend);
+        let changed = if healthy {
+            self.unhealthy.remove(&key)
+        } else {
+            self.unhealthy.insert(key)
+        };
+        let Some(state) = self.vips.get(vip) else {
+            return Ok(changed);
+        };
+        if !changed || !state.backends.contains_key(&backend) {
+            return Ok(changed);
+        }
+        let config = state.config.clone();
+        let mut report = ApplyReport::default();
+        if let Some(stage) = self.stage_vip(vip, &config, &HashMap::new())? {
+            self.commit(vec![stage], &mut report)?;
+        }
+        tracing::info!(vip = %config.name, %backend, healthy, "backend health changed");
+        Ok(true)
     }
 
     /// Deactivates retiring backends whose grace period ended by `now` (their remaining flows
@@ -315,8 +364,10 @@ impl<D: Dataplane> Balancer<D> {
 
         // Check: MACs known, ids available, tables buildable (with placeholder ids).
         for vip in vips {
+            let current = self.vips.get(&vip.endpoint());
             for b in &vip.backends {
-                if b.mac.is_none() && !macs.contains_key(&b.address) {
+                let known = current.is_some_and(|c| c.backends.contains_key(&b.address));
+                if b.mac.is_none() && !macs.contains_key(&b.address) && !known {
                     return Err(BalancerError::NoMac {
                         vip: vip.name.clone(),
                         backend: b.address,
@@ -387,9 +438,9 @@ impl<D: Dataplane> Balancer<D> {
     fn new_backend(
         &mut self,
         vip: &VipConfig,
-        address: IpAddr,
-        weight: u32,
+        config: &BackendConfig,
         mac: MacAddr,
+        healthy: bool,
     ) -> Result<BackendState, BalancerError> {
         let id = self.backend_ids.take().ok_or(BalancerError::IdsExhausted {
             what: "backend",
@@ -397,14 +448,16 @@ impl<D: Dataplane> Balancer<D> {
         })?;
         let state = BackendState {
             id,
-            address,
-            weight,
+            address: config.address,
+            weight: config.weight,
+            drained: config.drained,
+            healthy,
             mac,
             generation: self.next_generation(),
         };
         if let Err(e) = self.dataplane.set_backend(id, &backend_entry(&state)) {
             self.backend_ids.give_back(id);
-            tracing::error!(vip = %vip.name, backend = %address, "writing backend failed: {e}");
+            tracing::error!(vip = %vip.name, backend = %config.address, "writing backend failed: {e}");
             return Err(e.into());
         }
         Ok(state)
@@ -464,41 +517,48 @@ impl<D: Dataplane> Balancer<D> {
             .unwrap_or_default();
         let mut backends = BTreeMap::new();
         let mut added = 0;
+        let mut deactivate = Vec::new();
         for b in &config.backends {
-            let mac = Self::mac_of(config, b.address, macs)?;
-            let state = match old_backends.get(&b.address) {
+            // The configured MAC, else the resolved one, else the one in force.
+            let mac = match Self::mac_of(config, b.address, macs) {
+                Ok(mac) => mac,
+                Err(e) => old_backends.get(&b.address).map(|o| o.mac).ok_or(e)?,
+            };
+            let healthy = !self.unhealthy.contains(&(*endpoint, b.address));
+            let previous = match old_backends.get(&b.address) {
+                Some(old) => Some(old.clone()),
+                None => {
+                    added += 1;
+                    // Back within its grace period: same slot, its flows continue.
+                    self.take_retiring(endpoint, b.address)
+                }
+            };
+            let state = match previous {
                 Some(old) => {
-                    let state = BackendState {
+                    let mut state = BackendState {
                         weight: b.weight,
+                        drained: b.drained,
+                        healthy,
                         mac,
                         ..old.clone()
                     };
-                    if state.mac != old.mac {
+                    if healthy && !old.healthy {
+                        // Back from failing checks: a new generation, so flows the kernel still
+                        // pins to its old self are re-hashed rather than resurrected.
+                        state.generation = self.next_generation();
+                        self.dataplane
+                            .set_backend(state.id, &backend_entry(&state))?;
+                    } else if !healthy && old.healthy {
+                        // Deactivated after the table without it is live.
+                        deactivate.push(state.clone());
+                    } else if state.mac != old.mac {
                         // New next hop: same id and generation, so its flows stay.
                         self.dataplane
                             .set_backend(state.id, &backend_entry(&state))?;
                     }
                     state
                 }
-                None => {
-                    added += 1;
-                    match self.take_retiring(endpoint, b.address) {
-                        // Back within its grace period: same slot, its flows continue.
-                        Some(old) => {
-                            let state = BackendState {
-                                weight: b.weight,
-                                mac,
-                                ..old
-                            };
-                            if state.mac != old.mac {
-                                self.dataplane
-                                    .set_backend(state.id, &backend_entry(&state))?;
-                            }
-                            state
-                        }
-                        None => self.new_backend(config, b.address, b.weight, mac)?,
-                    }
-                }
+                None => self.new_backend(config, b, mac, healthy)?,
             };
             backends.insert(b.address, state);
         }
@@ -514,14 +574,19 @@ impl<D: Dataplane> Balancer<D> {
         let weights_changed = backends.values().any(|b| {
             old_backends
                 .get(&b.address)
-                .is_some_and(|old| old.weight != b.weight)
+                .is_some_and(|old| old.table_weight() != b.table_weight())
         });
         let resized = current
             .as_ref()
             .is_some_and(|c| c.config.table_size != config.table_size);
         let rebuild = is_new || added > 0 || !retired.is_empty() || weights_changed || resized;
         let config_changed = current.as_ref().is_none_or(|c| c.config != *config);
-        if !rebuild && !meta_changed && !config_changed {
+        let health_changed = backends.values().any(|b| {
+            old_backends
+                .get(&b.address)
+                .is_some_and(|old| old.healthy != b.healthy)
+        });
+        if !rebuild && !meta_changed && !config_changed && !health_changed {
             return Ok(None);
         }
         let table = if rebuild {
@@ -547,6 +612,7 @@ impl<D: Dataplane> Balancer<D> {
             is_new,
             added,
             retired,
+            deactivate,
             meta_changed,
             shrinks,
             table_changed,
@@ -614,6 +680,9 @@ impl<D: Dataplane> Balancer<D> {
         for s in staged {
             report.tables_published += usize::from(s.table_changed);
             report.slots_changed += s.slots_changed;
+            for b in &s.deactivate {
+                self.dataplane.set_backend(b.id, &backend_entry(b))?;
+            }
             for b in &s.retired {
                 if self.removal_grace.is_zero() {
                     self.retire_backend(b)?;
@@ -700,6 +769,8 @@ struct StagedVip {
     is_new: bool,
     added: usize,
     retired: Vec<BackendState>,
+    /// Backends that failed their health checks: made inactive once the table is live.
+    deactivate: Vec<BackendState>,
     meta_changed: bool,
     shrinks: bool,
     table_changed: bool,
@@ -902,6 +973,62 @@ mac = "02:00:00:00:00:99"
     }
 
     #[test]
+    fn unhealthy_backends_leave_the_table_and_are_deactivated_until_they_recover() {
+        let mut lb = balancer();
+        lb.apply(&two_vips().vips, &macs()).unwrap();
+        let web = lb.vip("web").unwrap().clone();
+        let endpoint = web.config.endpoint();
+        let sick: IpAddr = "10.0.0.12".parse().unwrap();
+        let before = web.backends[&sick].clone();
+        assert!(lb.set_health(&endpoint, sick, false).unwrap());
+        assert!(
+            !lb.set_health(&endpoint, sick, false).unwrap(),
+            "no change the second time"
+        );
+        let web = lb.vip("web").unwrap();
+        assert!(
+            !web.table.contains(&before.id),
+            "unhealthy backend still in the table"
+        );
+        assert_eq!(
+            lb.dataplane().backends[&before.id].flags,
+            0,
+            "its flows must be re-hashed"
+        );
+        // A config apply keeps it out.
+        lb.apply(&two_vips().vips, &macs()).unwrap();
+        assert!(!lb.vip("web").unwrap().table.contains(&before.id));
+        // Recovery: back in the table, active, with a new generation.
+        assert!(lb.set_health(&endpoint, sick, true).unwrap());
+        let back = &lb.vip("web").unwrap().backends[&sick];
+        assert!(lb.vip("web").unwrap().table.contains(&back.id));
+        assert_eq!(lb.dataplane().backends[&back.id].flags, BACKEND_F_ACTIVE);
+        assert_ne!(back.generation, before.generation);
+    }
+
+    #[test]
+    fn a_drained_backend_keeps_its_weight_for_undrain() {
+        let mut lb = balancer();
+        let mut cfg = two_vips();
+        lb.apply(&cfg.vips, &macs()).unwrap();
+        cfg.vips[0].backends[1].drained = true;
+        lb.apply(&cfg.vips, &macs()).unwrap();
+        let web = lb.vip("web").unwrap();
+        let b = &web.backends[&"10.0.0.12".parse::<IpAddr>().unwrap()];
+        assert!(!web.table.contains(&b.id));
+        assert_eq!(b.weight, 3);
+        assert_eq!(lb.dataplane().backends[&b.id].flags, BACKEND_F_ACTIVE);
+        cfg.vips[0].backends[1].drained = false;
+        lb.apply(&cfg.vips, &macs()).unwrap();
+        let shares = lb.vip("web").unwrap().slot_shares();
+        let (a, b) = (
+            shares[&"10.0.0.11".parse::<IpAddr>().unwrap()] as f64,
+            shares[&"10.0.0.12".parse::<IpAddr>().unwrap()] as f64,
+        );
+        assert!((b / a - 3.0).abs() < 0.01, "weights 1:3 restored: {a} {b}");
+    }
+
+    #[test]
     fn drain_keeps_the_backend_active_but_out_of_the_table() {
         let mut lb = balancer();
         let mut cfg = two_vips();
@@ -938,6 +1065,7 @@ mac = "02:00:00:00:00:99"
         cfg.vips[0].backends.push(BackendConfig {
             address: "192.0.2.1".parse().unwrap(),
             weight: 1,
+            drained: false,
             mac: None,
         });
         let err = lb.apply(&cfg.vips, &macs()).unwrap_err();

@@ -4,14 +4,14 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
 use balancer_common::maglev::is_prime;
 use balancer_common::maps::{DEFAULT_TABLE_SIZE, MAX_BACKENDS, MAX_TABLE_SIZE, MAX_VIPS};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Largest backend weight. Weights are relative; the table builder is exact for any of them.
 pub const MAX_WEIGHT: u32 = 65_535;
@@ -25,6 +25,14 @@ pub const DEFAULT_UDP_IDLE_TIMEOUT_SECS: u64 = 30;
 pub const DEFAULT_FLOOD_THRESHOLD: u32 = 250_000;
 /// Default time a removed backend keeps its established flows.
 pub const DEFAULT_REMOVAL_GRACE_SECS: u64 = 60;
+/// Default interval between health checks of a backend.
+pub const DEFAULT_HEALTH_INTERVAL_MS: u64 = 1000;
+/// Longest default health-check timeout (half the interval, at most this).
+pub const DEFAULT_HEALTH_TIMEOUT_MS: u64 = 500;
+/// Root of the default pin directory (`<root>/<interface>`).
+pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/balancer";
+/// Default control socket.
+pub const DEFAULT_API_SOCKET: &str = "/run/balancer/balancer.sock";
 /// Default GUE destination port.
 pub const DEFAULT_GUE_PORT: u16 = 6080;
 
@@ -280,11 +288,45 @@ pub struct EncapConfig {
 #[derive(Clone, Debug, PartialEq)]
 pub struct BackendConfig {
     pub address: IpAddr,
-    /// Relative share of new flows; 0 drains (no new flows, established ones continue).
+    /// Relative share of new flows; 0 takes none (established flows continue).
     pub weight: u32,
+    /// Drained: no new flows, established ones continue; the weight is kept for undrain.
+    pub drained: bool,
     /// Next-hop MAC; default: looked up in the neighbour table (the backend's own when on
     /// the link, else its gateway's).
     pub mac: Option<MacAddr>,
+}
+
+impl BackendConfig {
+    /// The weight the table is built with: 0 while drained.
+    pub fn effective_weight(&self) -> u32 {
+        if self.drained { 0 } else { self.weight }
+    }
+}
+
+/// How backends of a VIP are checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HealthCheckKind {
+    /// Not checked: always healthy.
+    None,
+    /// A TCP connection to the backend's address and the check port must open.
+    Tcp,
+    /// `GET path` on the backend's address and the check port must answer `expect_status`.
+    Http { path: String, expect_status: u16 },
+}
+
+/// Health checking of a VIP's backends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HealthConfig {
+    pub kind: HealthCheckKind,
+    /// Port checked on each backend (default: the VIP's port).
+    pub port: u16,
+    pub interval: Duration,
+    pub timeout: Duration,
+    /// Consecutive successes that make an unhealthy backend healthy again.
+    pub rise: u32,
+    /// Consecutive failures that make a healthy backend unhealthy.
+    pub fall: u32,
 }
 
 /// One virtual service.
@@ -299,6 +341,7 @@ pub struct VipConfig {
     pub gue_port: u16,
     /// Maglev table size (prime).
     pub table_size: u32,
+    pub health: HealthConfig,
     pub backends: Vec<BackendConfig>,
 }
 
@@ -307,6 +350,29 @@ impl VipConfig {
     pub fn endpoint(&self) -> (IpAddr, u16, Protocol) {
         (self.address, self.port, self.protocol)
     }
+
+    /// The backend with this address.
+    pub fn backend(&self, address: IpAddr) -> Option<&BackendConfig> {
+        self.backends.iter().find(|b| b.address == address)
+    }
+}
+
+/// The daemon's control API.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApiConfig {
+    /// Unix socket (mode 0600, root only).
+    pub socket: PathBuf,
+    /// Optional TCP listener; only with `token_file`.
+    pub listen: Option<SocketAddr>,
+    /// File holding the bearer token the TCP listener requires.
+    pub token_file: Option<PathBuf>,
+}
+
+/// The Prometheus exporter.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MetricsConfig {
+    /// Where `/metrics` is served; `None` = off.
+    pub listen: Option<SocketAddr>,
 }
 
 /// A validated configuration.
@@ -315,61 +381,136 @@ pub struct Config {
     /// Interface the XDP program attaches to.
     pub interface: String,
     pub attach_mode: AttachMode,
+    /// bpffs directory where the program, its link and its maps are pinned, so forwarding and
+    /// the connection table outlive the daemon.
+    pub pin_dir: PathBuf,
     pub conntrack: ConntrackConfig,
     pub encap: EncapConfig,
+    pub api: ApiConfig,
+    pub metrics: MetricsConfig,
     pub vips: Vec<VipConfig>,
 }
 
-#[derive(Deserialize)]
+/// The config file's shape, as serde reads and writes it. Validation turns it into [`Config`];
+/// [`Config::to_raw`] turns a [`Config`] back into it.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-struct RawConfig {
-    interface: Option<String>,
-    attach_mode: Option<String>,
+pub struct RawConfig {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interface: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attach_mode: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pin_dir: Option<String>,
     #[serde(default)]
-    conntrack: RawConntrack,
+    pub conntrack: RawConntrack,
     #[serde(default)]
-    encap: RawEncap,
+    pub encap: RawEncap,
     #[serde(default)]
-    vip: Vec<RawVip>,
+    pub api: RawApi,
+    #[serde(default)]
+    pub metrics: RawMetrics,
+    #[serde(default)]
+    pub vip: Vec<RawVip>,
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-struct RawConntrack {
-    max_flows: Option<i64>,
-    udp_idle_timeout_secs: Option<i64>,
-    flood_threshold: Option<i64>,
-    removal_grace_secs: Option<i64>,
+pub struct RawConntrack {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_flows: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub udp_idle_timeout_secs: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flood_threshold: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub removal_grace_secs: Option<i64>,
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-struct RawEncap {
-    source_v4: Option<String>,
-    source_v6: Option<String>,
-    mtu: Option<i64>,
+pub struct RawEncap {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_v4: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_v6: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<i64>,
 }
 
-#[derive(Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-struct RawVip {
-    name: Option<String>,
-    address: Option<String>,
-    port: Option<i64>,
-    protocol: Option<String>,
-    forwarding: Option<String>,
-    gue_port: Option<i64>,
-    table_size: Option<i64>,
+pub struct RawApi {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub socket: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMetrics {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHealth {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub check: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expect_status: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interval_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rise: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fall: Option<i64>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawVip {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forwarding: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gue_port: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub table_size: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health: Option<RawHealth>,
     #[serde(default)]
-    backend: Vec<RawBackend>,
+    pub backend: Vec<RawBackend>,
 }
 
-#[derive(Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-struct RawBackend {
-    address: Option<String>,
-    weight: Option<i64>,
-    mac: Option<String>,
+pub struct RawBackend {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weight: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drained: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
 }
 
 fn required<T>(value: Option<T>, key: &str) -> Result<T, ConfigError> {
@@ -384,6 +525,16 @@ fn parse_field<T: FromStr<Err = String>>(text: &str, key: &str) -> Result<T, Con
 fn parse_ip(text: &str, key: &str) -> Result<IpAddr, ConfigError> {
     text.parse()
         .map_err(|_| invalid(key, format!("{text:?}"), "not an IPv4 or IPv6 address"))
+}
+
+fn parse_socket_addr(text: &str, key: &str) -> Result<SocketAddr, ConfigError> {
+    text.parse().map_err(|_| {
+        invalid(
+            key,
+            format!("{text:?}"),
+            "not an address and port like 127.0.0.1:9180 or [::1]:9180",
+        )
+    })
 }
 
 fn int_in<T: TryFrom<i64>>(value: i64, min: i64, max: i64, key: &str) -> Result<T, ConfigError> {
@@ -411,6 +562,11 @@ impl Config {
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
         let raw: RawConfig = toml::from_str(text)
             .map_err(|e| ConfigError::Syntax(e.to_string().trim().to_string()))?;
+        Config::from_raw(raw)
+    }
+
+    /// Validates a config's raw form.
+    pub fn from_raw(raw: RawConfig) -> Result<Config, ConfigError> {
         let interface = required(raw.interface, "interface")?;
         if interface.is_empty() || interface.len() > 15 || interface.contains(['/', ' ']) {
             return Err(invalid(
@@ -422,6 +578,17 @@ impl Config {
         let attach_mode = match raw.attach_mode {
             Some(m) => parse_field(&m, "attach_mode")?,
             None => AttachMode::Native,
+        };
+        let pin_dir = match raw.pin_dir {
+            Some(d) if d.starts_with('/') && !d.contains("..") => PathBuf::from(d),
+            Some(d) => {
+                return Err(invalid(
+                    "pin_dir",
+                    format!("{d:?}"),
+                    "must be an absolute path (on a bpffs mount) without '..'",
+                ));
+            }
+            None => Path::new(DEFAULT_PIN_ROOT).join(&interface),
         };
         let conntrack = ConntrackConfig {
             max_flows: match raw.conntrack.max_flows {
@@ -458,6 +625,41 @@ impl Config {
                 .map(|v| int_in(v, 576, 65_535, "encap.mtu"))
                 .transpose()?,
         };
+        let api = ApiConfig {
+            socket: match raw.api.socket {
+                Some(s) if s.starts_with('/') => PathBuf::from(s),
+                Some(s) => {
+                    return Err(invalid(
+                        "api.socket",
+                        format!("{s:?}"),
+                        "must be an absolute path",
+                    ));
+                }
+                None => PathBuf::from(DEFAULT_API_SOCKET),
+            },
+            listen: raw
+                .api
+                .listen
+                .as_deref()
+                .map(|l| parse_socket_addr(l, "api.listen"))
+                .transpose()?,
+            token_file: raw.api.token_file.map(PathBuf::from),
+        };
+        if let (Some(listen), None) = (&api.listen, &api.token_file) {
+            return Err(invalid(
+                "api.listen",
+                format!("{:?}", listen.to_string()),
+                "a TCP listener needs api.token_file (a bearer token); refusing to serve the API unauthenticated",
+            ));
+        }
+        let metrics = MetricsConfig {
+            listen: raw
+                .metrics
+                .listen
+                .as_deref()
+                .map(|l| parse_socket_addr(l, "metrics.listen"))
+                .transpose()?,
+        };
 
         if raw.vip.len() > MAX_VIPS as usize {
             return Err(invalid(
@@ -467,40 +669,18 @@ impl Config {
             ));
         }
         let mut vips = Vec::with_capacity(raw.vip.len());
-        let mut endpoints = HashSet::new();
-        let mut names = HashSet::new();
-        let mut total_backends = 0usize;
         for (i, raw_vip) in raw.vip.into_iter().enumerate() {
-            let vip = validate_vip(raw_vip, i)?;
-            if !endpoints.insert(vip.endpoint()) {
-                return Err(invalid(
-                    format!("vip[{i}]"),
-                    format!("{}:{}/{}", vip.address, vip.port, vip.protocol),
-                    "the same address, port and protocol appear in an earlier VIP",
-                ));
-            }
-            if !names.insert(vip.name.clone()) {
-                return Err(invalid(
-                    format!("vip[{i}].name"),
-                    format!("{:?}", vip.name),
-                    "an earlier VIP has this name",
-                ));
-            }
-            total_backends += vip.backends.len();
-            vips.push(vip);
+            vips.push(validate_vip(raw_vip, &format!("vip[{i}]"))?);
         }
-        if total_backends > MAX_BACKENDS as usize {
-            return Err(invalid(
-                "vip[].backend",
-                format!("{total_backends} entries"),
-                format!("at most {MAX_BACKENDS} backends over all VIPs are supported"),
-            ));
-        }
+        check_vip_set(&vips)?;
         Ok(Config {
             interface,
             attach_mode,
+            pin_dir,
             conntrack,
             encap,
+            api,
+            metrics,
             vips,
         })
     }
@@ -509,6 +689,145 @@ impl Config {
     pub fn vip(&self, name: &str) -> Option<&VipConfig> {
         self.vips.iter().find(|v| v.name == name)
     }
+
+    /// The VIP with this name, mutably.
+    pub fn vip_mut(&mut self, name: &str) -> Option<&mut VipConfig> {
+        self.vips.iter_mut().find(|v| v.name == name)
+    }
+
+    /// The config in its file form, every setting spelled out.
+    pub fn to_raw(&self) -> RawConfig {
+        RawConfig {
+            interface: Some(self.interface.clone()),
+            attach_mode: Some(self.attach_mode.to_string()),
+            pin_dir: Some(self.pin_dir.display().to_string()),
+            conntrack: RawConntrack {
+                max_flows: Some(self.conntrack.max_flows.into()),
+                udp_idle_timeout_secs: Some(self.conntrack.udp_idle_timeout.as_secs() as i64),
+                flood_threshold: Some(self.conntrack.flood_threshold.into()),
+                removal_grace_secs: Some(self.conntrack.removal_grace.as_secs() as i64),
+            },
+            encap: RawEncap {
+                source_v4: self.encap.source_v4.map(|p| p.to_string()),
+                source_v6: self.encap.source_v6.map(|p| p.to_string()),
+                mtu: self.encap.mtu.map(i64::from),
+            },
+            api: RawApi {
+                socket: Some(self.api.socket.display().to_string()),
+                listen: self.api.listen.map(|l| l.to_string()),
+                token_file: self
+                    .api
+                    .token_file
+                    .as_ref()
+                    .map(|p| p.display().to_string()),
+            },
+            metrics: RawMetrics {
+                listen: self.metrics.listen.map(|l| l.to_string()),
+            },
+            vip: self.vips.iter().map(VipConfig::to_raw).collect(),
+        }
+    }
+
+    /// The config as TOML that [`Config::parse`] reads back to an equal config.
+    pub fn to_toml(&self) -> String {
+        let body = toml::to_string(&self.to_raw()).unwrap_or_default();
+        format!(
+            "# Managed by balancer: changes made through its API (balancer vip/backend ...) are\n\
+             # written here. Edit by hand, then `balancer reload`.\n\n{body}"
+        )
+    }
+}
+
+impl VipConfig {
+    /// The VIP in its file form.
+    pub fn to_raw(&self) -> RawVip {
+        RawVip {
+            name: Some(self.name.clone()),
+            address: Some(self.address.to_string()),
+            port: Some(self.port.into()),
+            protocol: Some(self.protocol.to_string()),
+            forwarding: Some(self.forwarding.to_string()),
+            gue_port: Some(self.gue_port.into()),
+            table_size: Some(self.table_size.into()),
+            health: Some(self.health.to_raw()),
+            backend: self.backends.iter().map(BackendConfig::to_raw).collect(),
+        }
+    }
+}
+
+impl HealthConfig {
+    fn to_raw(&self) -> RawHealth {
+        let (check, path, expect_status) = match &self.kind {
+            HealthCheckKind::None => ("none", None, None),
+            HealthCheckKind::Tcp => ("tcp", None, None),
+            HealthCheckKind::Http {
+                path,
+                expect_status,
+            } => ("http", Some(path.clone()), Some(i64::from(*expect_status))),
+        };
+        RawHealth {
+            check: Some(check.into()),
+            port: Some(self.port.into()),
+            path,
+            expect_status,
+            interval_ms: Some(self.interval.as_millis() as i64),
+            timeout_ms: Some(self.timeout.as_millis() as i64),
+            rise: Some(self.rise.into()),
+            fall: Some(self.fall.into()),
+        }
+    }
+}
+
+impl BackendConfig {
+    /// The backend in its file form.
+    pub fn to_raw(&self) -> RawBackend {
+        RawBackend {
+            address: Some(self.address.to_string()),
+            weight: Some(self.weight.into()),
+            drained: self.drained.then_some(true),
+            mac: self.mac.map(|m| m.to_string()),
+        }
+    }
+}
+
+/// Checks what only the whole set of VIPs can tell: endpoints and names unique, backends
+/// within capacity.
+pub fn check_vip_set(vips: &[VipConfig]) -> Result<(), ConfigError> {
+    let mut endpoints = HashSet::new();
+    let mut names = HashSet::new();
+    let mut total_backends = 0usize;
+    for (i, vip) in vips.iter().enumerate() {
+        if !endpoints.insert(vip.endpoint()) {
+            return Err(invalid(
+                format!("vip[{i}]"),
+                format!("{}:{}/{}", vip.address, vip.port, vip.protocol),
+                "the same address, port and protocol appear in an earlier VIP",
+            ));
+        }
+        if !names.insert(vip.name.clone()) {
+            return Err(invalid(
+                format!("vip[{i}].name"),
+                format!("{:?}", vip.name),
+                "an earlier VIP has this name",
+            ));
+        }
+        total_backends += vip.backends.len();
+    }
+    if vips.len() > MAX_VIPS as usize {
+        return Err(invalid(
+            "vip",
+            format!("{} entries", vips.len()),
+            format!("at most {MAX_VIPS} VIPs are supported"),
+        ));
+    }
+    if total_backends > MAX_BACKENDS as usize {
+        return Err(invalid(
+            "vip[].backend",
+            format!("{total_backends} entries"),
+            format!("at most {MAX_BACKENDS} backends over all VIPs are supported"),
+        ));
+    }
+    Ok(())
 }
 
 fn parse_source(text: &str, key: &str, v4: bool) -> Result<Prefix, ConfigError> {
@@ -533,8 +852,118 @@ fn parse_source(text: &str, key: &str, v4: bool) -> Result<Prefix, ConfigError> 
     }
 }
 
-fn validate_vip(raw: RawVip, i: usize) -> Result<VipConfig, ConfigError> {
-    let key = |k: &str| format!("vip[{i}].{k}");
+fn validate_health(
+    raw: Option<RawHealth>,
+    vip_port: u16,
+    label: &str,
+) -> Result<HealthConfig, ConfigError> {
+    let raw = raw.unwrap_or_default();
+    let key = |k: &str| format!("{label}.health.{k}");
+    let check = raw.check.unwrap_or_else(|| "none".into());
+    let kind = match check.as_str() {
+        "none" => HealthCheckKind::None,
+        "tcp" => HealthCheckKind::Tcp,
+        "http" => {
+            let path = raw.path.clone().unwrap_or_else(|| "/".into());
+            if !path.starts_with('/') || path.contains(char::is_whitespace) || path.len() > 1024 {
+                return Err(invalid(
+                    key("path"),
+                    format!("{path:?}"),
+                    "an HTTP path starts with '/' and has no spaces",
+                ));
+            }
+            let expect_status = match raw.expect_status {
+                Some(v) => int_in(v, 100, 599, &key("expect_status"))?,
+                None => 200,
+            };
+            HealthCheckKind::Http {
+                path,
+                expect_status,
+            }
+        }
+        other => {
+            return Err(invalid(
+                key("check"),
+                format!("{other:?}"),
+                "expected \"none\", \"tcp\" or \"http\"",
+            ));
+        }
+    };
+    if !matches!(kind, HealthCheckKind::Http { .. })
+        && (raw.path.is_some() || raw.expect_status.is_some())
+    {
+        return Err(invalid(
+            key("check"),
+            format!("{check:?}"),
+            "path and expect_status apply to check = \"http\" only",
+        ));
+    }
+    let port = match raw.port {
+        Some(0) | None => vip_port,
+        Some(p) => int_in(p, 1, 65_535, &key("port"))?,
+    };
+    let interval: u64 = match raw.interval_ms {
+        Some(v) => int_in(v, 10, 3_600_000, &key("interval_ms"))?,
+        None => DEFAULT_HEALTH_INTERVAL_MS,
+    };
+    let timeout: u64 = match raw.timeout_ms {
+        Some(v) => int_in(v, 1, 600_000, &key("timeout_ms"))?,
+        None => (interval / 2).clamp(1, DEFAULT_HEALTH_TIMEOUT_MS),
+    };
+    if timeout > interval {
+        return Err(invalid(
+            key("timeout_ms"),
+            timeout,
+            format!("must not exceed interval_ms ({interval})"),
+        ));
+    }
+    Ok(HealthConfig {
+        kind,
+        port,
+        interval: Duration::from_millis(interval),
+        timeout: Duration::from_millis(timeout),
+        rise: match raw.rise {
+            Some(v) => int_in(v, 1, 100, &key("rise"))?,
+            None => 2,
+        },
+        fall: match raw.fall {
+            Some(v) => int_in(v, 1, 100, &key("fall"))?,
+            None => 3,
+        },
+    })
+}
+
+/// Validates one backend; `label` prefixes the keys in errors (e.g. `vip[0].backend[2]`).
+pub fn validate_backend(raw: RawBackend, label: &str) -> Result<BackendConfig, ConfigError> {
+    let key = |k: &str| format!("{label}.{k}");
+    let text = required(raw.address, &key("address"))?;
+    let address = parse_ip(&text, &key("address"))?;
+    if address.is_unspecified() || address.is_multicast() {
+        return Err(invalid(
+            key("address"),
+            format!("{text:?}"),
+            "a backend must be a unicast address",
+        ));
+    }
+    let weight = match raw.weight {
+        Some(w) => int_in(w, 0, MAX_WEIGHT.into(), &key("weight"))?,
+        None => 1,
+    };
+    let mac = raw
+        .mac
+        .map(|m| parse_field::<MacAddr>(&m, &key("mac")))
+        .transpose()?;
+    Ok(BackendConfig {
+        address,
+        weight,
+        drained: raw.drained.unwrap_or(false),
+        mac,
+    })
+}
+
+/// Validates one VIP; `label` prefixes the keys in errors (e.g. `vip[3]`).
+pub fn validate_vip(raw: RawVip, label: &str) -> Result<VipConfig, ConfigError> {
+    let key = |k: &str| format!("{label}.{k}");
     let address_text = required(raw.address, &key("address"))?;
     let address = parse_ip(&address_text, &key("address"))?;
     if address.is_unspecified() || address.is_multicast() || address.is_loopback() {
@@ -569,49 +998,30 @@ fn validate_vip(raw: RawVip, i: usize) -> Result<VipConfig, ConfigError> {
         ));
     }
     let name = match raw.name {
-        Some(n) if n.is_empty() || n.len() > 64 || n.contains(char::is_whitespace) => {
+        Some(n) if !valid_name(&n) => {
             return Err(invalid(
                 key("name"),
                 format!("{n:?}"),
-                "a name is 1-64 characters without spaces",
+                "a name is 1-64 letters, digits, '-', '_' or '.'",
             ));
         }
         Some(n) => n,
         None => format!("{protocol}-{address}-{port}"),
     };
+    let health = validate_health(raw.health, port, label)?;
     let mut backends = Vec::with_capacity(raw.backend.len());
     let mut seen = HashSet::new();
     for (j, b) in raw.backend.into_iter().enumerate() {
-        let bkey = |k: &str| format!("vip[{i}].backend[{j}].{k}");
-        let text = required(b.address, &bkey("address"))?;
-        let address = parse_ip(&text, &bkey("address"))?;
-        if address.is_unspecified() || address.is_multicast() {
+        let blabel = format!("{label}.backend[{j}]");
+        let backend = validate_backend(b, &blabel)?;
+        if !seen.insert(backend.address) {
             return Err(invalid(
-                bkey("address"),
-                format!("{text:?}"),
-                "a backend must be a unicast address",
-            ));
-        }
-        if !seen.insert(address) {
-            return Err(invalid(
-                bkey("address"),
-                format!("{text:?}"),
+                format!("{blabel}.address"),
+                format!("{:?}", backend.address.to_string()),
                 "this backend is listed twice for the VIP",
             ));
         }
-        let weight = match b.weight {
-            Some(w) => int_in(w, 0, MAX_WEIGHT.into(), &bkey("weight"))?,
-            None => 1,
-        };
-        let mac = b
-            .mac
-            .map(|m| parse_field::<MacAddr>(&m, &bkey("mac")))
-            .transpose()?;
-        backends.push(BackendConfig {
-            address,
-            weight,
-            mac,
-        });
+        backends.push(backend);
     }
     if backends.len() >= table_size as usize {
         return Err(invalid(
@@ -628,8 +1038,18 @@ fn validate_vip(raw: RawVip, i: usize) -> Result<VipConfig, ConfigError> {
         forwarding,
         gue_port,
         table_size,
+        health,
         backends,
     })
+}
+
+/// Whether a VIP name is usable in URLs, metrics labels and the CLI.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'))
 }
 
 /// The host part of `prefix` as a mask in host order over the last 32 bits (entropy bits).
@@ -801,6 +1221,32 @@ table_size = 655373
                 "interface = \"eth0\"\n[conntrack]\nmax_flows = 10".into(),
                 "conntrack.max_flows = 10: must be between 1024",
             ),
+            (
+                "interface = \"eth0\"\n[api]\nlisten = \"0.0.0.0:9180\"".into(),
+                "api.listen = \"0.0.0.0:9180\": a TCP listener needs api.token_file",
+            ),
+            (
+                "interface = \"eth0\"\n[metrics]\nlisten = \"localhost\"".into(),
+                "metrics.listen = \"localhost\": not an address and port",
+            ),
+            (
+                with_vip("address = \"10.0.0.1\"\nport = 80\n[vip.health]\ncheck = \"icmp\""),
+                "vip[0].health.check = \"icmp\"",
+            ),
+            (
+                with_vip(
+                    "address = \"10.0.0.1\"\nport = 80\n[vip.health]\ncheck = \"tcp\"\ninterval_ms = 100\ntimeout_ms = 200",
+                ),
+                "vip[0].health.timeout_ms = 200: must not exceed interval_ms (100)",
+            ),
+            (
+                with_vip("address = \"10.0.0.1\"\nport = 80\nname = \"a b\""),
+                "vip[0].name = \"a b\"",
+            ),
+            (
+                "interface = \"eth0\"\npin_dir = \"relative/dir\"".into(),
+                "pin_dir = \"relative/dir\": must be an absolute path",
+            ),
         ];
         for (text, want) in cases {
             let got = error_of(text);
@@ -809,6 +1255,48 @@ table_size = 655373
                 "config:\n{text}\nexpected an error containing {want:?}, got {got:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_config_survives_its_own_toml() {
+        let mut c = Config::parse(GOOD).unwrap();
+        c.vips[0].backends[1].drained = true;
+        c.vips[0].health = HealthConfig {
+            kind: HealthCheckKind::Http {
+                path: "/health".into(),
+                expect_status: 204,
+            },
+            port: 8080,
+            interval: Duration::from_millis(200),
+            timeout: Duration::from_millis(100),
+            rise: 1,
+            fall: 2,
+        };
+        let text = c.to_toml();
+        assert_eq!(
+            Config::parse(&text).unwrap(),
+            c,
+            "round trip through:\n{text}"
+        );
+    }
+
+    #[test]
+    fn api_and_health_settings() {
+        let c = Config::parse(
+            "interface = \"eth0\"\n[api]\nlisten = \"127.0.0.1:9180\"\ntoken_file = \"/etc/balancer/token\"\n[metrics]\nlisten = \"[::1]:9181\"\n[[vip]]\naddress = \"10.0.0.1\"\nport = 80\n[vip.health]\ncheck = \"tcp\"\ninterval_ms = 100",
+        )
+        .unwrap();
+        assert_eq!(c.api.listen, Some("127.0.0.1:9180".parse().unwrap()));
+        assert_eq!(c.api.socket, PathBuf::from(DEFAULT_API_SOCKET));
+        assert_eq!(c.metrics.listen, Some("[::1]:9181".parse().unwrap()));
+        assert_eq!(c.pin_dir, PathBuf::from("/sys/fs/bpf/balancer/eth0"));
+        let h = &c.vips[0].health;
+        assert_eq!((h.kind.clone(), h.port), (HealthCheckKind::Tcp, 80));
+        assert_eq!(
+            (h.interval, h.timeout),
+            (Duration::from_millis(100), Duration::from_millis(50))
+        );
+        assert_eq!((h.rise, h.fall), (2, 3));
     }
 
     #[test]
