@@ -232,3 +232,25 @@ pub struct DecapAddrKey {
     pub _pad: [u8; 3],
 }
 const _: () = assert!(core::mem::size_of::<DecapAddrKey>() == 20);
+
+/// Identifies the layout of the pinned maps: a daemon adopts pinned maps only when their
+/// layout is its own. The top byte is bumped by hand when a meaning changes without a size.
+pub const LAYOUT: u64 = (1 << 56)
+    | (core::mem::size_of::<VipSlot>() as u64) << 40
+    | (core::mem::size_of::<Backend>() as u64) << 32
+    | (core::mem::size_of::<FlowBucket>() as u64) << 24
+    | (core::mem::size_of::<GlobalConfig>() as u64) << 16
+    | (crate::stats::COUNTERS as u64) << 8
+    | core::mem::size_of::<crate::stats::TrafficStats>() as u64;
+
+/// The maps pinned under the daemon's pin directory (the program, its XDP link and these).
+pub const PINNED_MAPS: [&str; 8] = [
+    VIPS,
+    MAGLEV,
+    BACKENDS,
+    FLOWS,
+    CONFIG,
+    STATS,
+    VIP_STATS,
+    BACKEND_STATS,
+];

@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 use balancer_common::addr::raw_from_ip;
 use balancer_common::maglev::{self, MaglevBackend, MaglevError};
 use balancer_common::maps::{
-    BACKEND_F_ACTIVE, Backend, ForwardMode, GlobalConfig, MAX_BACKENDS, MAX_VIPS, VipKey, VipMeta,
+    BACKEND_F_ACTIVE, Backend, ForwardMode, GlobalConfig, LAYOUT, MAX_BACKENDS, MAX_VIPS, VipKey,
+    VipMeta,
 };
 use balancer_common::stats::{GlobalStats, TrafficStats};
 
@@ -66,6 +67,16 @@ impl IdPool {
     }
     fn available(&self) -> usize {
         self.free.len()
+    }
+    /// Marks `id` as in use (restoring a snapshot).
+    fn reserve(&mut self, id: u32) -> bool {
+        match self.free.iter().position(|f| *f == id) {
+            Some(at) => {
+                self.free.remove(at);
+                true
+            }
+            None => false,
+        }
     }
 }
 
@@ -126,6 +137,53 @@ pub struct RetiringBackend {
     pub until: Instant,
 }
 
+/// A [`Balancer`]'s bookkeeping as saved beside the pinned maps (JSON).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Snapshot {
+    /// [`LAYOUT`] of the maps it describes.
+    pub layout: u64,
+    pub flow_seed: u64,
+    pub next_generation: u32,
+    pub vips: Vec<VipSnapshot>,
+    pub retiring: Vec<RetiringSnapshot>,
+}
+
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct VipSnapshot {
+    pub id: u32,
+    pub config: crate::config::RawVip,
+    pub backends: Vec<BackendSnapshot>,
+}
+
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct BackendSnapshot {
+    pub id: u32,
+    pub address: IpAddr,
+    pub weight: u32,
+    pub drained: bool,
+    pub healthy: bool,
+    pub mac: String,
+    pub generation: u32,
+}
+
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct RetiringSnapshot {
+    pub vip: (IpAddr, u16, String),
+    pub backend: BackendSnapshot,
+    pub remaining_ms: u64,
+}
+
+/// Why a snapshot cannot be carried on from.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    #[error(
+        "the pinned state has map layout {found:#x}, this build has {expected:#x}: run `balancer stop --detach` and start afresh"
+    )]
+    Layout { found: u64, expected: u64 },
+    #[error("the saved state is inconsistent: {0}")]
+    Invalid(String),
+}
+
 /// What one `apply` changed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ApplyReport {
@@ -139,6 +197,8 @@ pub struct ApplyReport {
     pub table_build_time: Duration,
     /// Time spent publishing them into the data plane.
     pub table_publish_time: Duration,
+    /// Names of the VIPs whose tables were rebuilt.
+    pub rebuilt: Vec<String>,
 }
 
 /// VIPs, backends and tables, written through a [`Dataplane`].
@@ -271,6 +331,123 @@ impl<D: Dataplane> Balancer<D> {
     /// Backends removed from their VIP that still serve established flows.
     pub fn retiring(&self) -> &[RetiringBackend] {
         &self.retiring
+    }
+
+    /// The bookkeeping a restarted daemon needs to carry on with the pinned maps.
+    pub fn snapshot(&self) -> Snapshot {
+        let backend = |b: &BackendState| BackendSnapshot {
+            id: b.id,
+            address: b.address,
+            weight: b.weight,
+            drained: b.drained,
+            healthy: b.healthy,
+            mac: b.mac.to_string(),
+            generation: b.generation,
+        };
+        let now = Instant::now();
+        Snapshot {
+            layout: LAYOUT,
+            flow_seed: self.settings.flow_seed,
+            next_generation: self.next_generation,
+            vips: self
+                .vips
+                .values()
+                .map(|v| VipSnapshot {
+                    id: v.id,
+                    config: v.config.to_raw(),
+                    backends: v.backends.values().map(backend).collect(),
+                })
+                .collect(),
+            retiring: self
+                .retiring
+                .iter()
+                .map(|r| RetiringSnapshot {
+                    vip: (r.vip.0, r.vip.1, r.vip.2.to_string()),
+                    backend: backend(&r.state),
+                    remaining_ms: r.until.saturating_duration_since(now).as_millis() as u64,
+                })
+                .collect(),
+        }
+    }
+
+    /// A balancer that carries on from `snapshot` over maps that already hold its state:
+    /// nothing is written to the kernel. Tables are rebuilt in memory (they are a function of
+    /// the backends) to serve `table` and fingerprints.
+    pub fn restore(dataplane: D, snapshot: &Snapshot) -> Result<Self, RestoreError> {
+        if snapshot.layout != LAYOUT {
+            return Err(RestoreError::Layout {
+                found: snapshot.layout,
+                expected: LAYOUT,
+            });
+        }
+        let mut lb = Balancer::new(dataplane);
+        lb.next_generation = snapshot.next_generation.max(1);
+        lb.settings.flow_seed = snapshot.flow_seed;
+        let state_of = |b: &BackendSnapshot| -> Result<BackendState, RestoreError> {
+            Ok(BackendState {
+                id: b.id,
+                address: b.address,
+                weight: b.weight,
+                drained: b.drained,
+                healthy: b.healthy,
+                mac: b.mac.parse().map_err(RestoreError::Invalid)?,
+                generation: b.generation,
+            })
+        };
+        for vip in &snapshot.vips {
+            let config = crate::config::validate_vip(vip.config.clone(), "state.vip")
+                .map_err(|e| RestoreError::Invalid(e.to_string()))?;
+            if !lb.vip_ids.reserve(vip.id) {
+                return Err(RestoreError::Invalid(format!(
+                    "VIP id {} used twice",
+                    vip.id
+                )));
+            }
+            let mut backends = BTreeMap::new();
+            for b in &vip.backends {
+                let state = state_of(b)?;
+                if !lb.backend_ids.reserve(state.id) {
+                    return Err(RestoreError::Invalid(format!(
+                        "backend id {} used twice",
+                        state.id
+                    )));
+                }
+                if !state.healthy {
+                    lb.unhealthy.insert((config.endpoint(), state.address));
+                }
+                backends.insert(state.address, state);
+            }
+            let (table, fingerprint) = build_table(&config.name, config.table_size, &backends)
+                .map_err(|e| RestoreError::Invalid(e.to_string()))?;
+            *lb.address_users.entry(config.address).or_insert(0) += 1;
+            lb.vips.insert(
+                config.endpoint(),
+                VipState {
+                    id: vip.id,
+                    config,
+                    backends,
+                    table,
+                    fingerprint,
+                },
+            );
+        }
+        let now = Instant::now();
+        for r in &snapshot.retiring {
+            let protocol = r.vip.2.parse().map_err(RestoreError::Invalid)?;
+            let state = state_of(&r.backend)?;
+            if !lb.backend_ids.reserve(state.id) {
+                return Err(RestoreError::Invalid(format!(
+                    "backend id {} used twice",
+                    state.id
+                )));
+            }
+            lb.retiring.push(RetiringBackend {
+                vip: (r.vip.0, r.vip.1, protocol),
+                state,
+                until: now + Duration::from_millis(r.remaining_ms),
+            });
+        }
+        Ok(lb)
     }
 
     /// Records a backend's health and, when it changed, rebuilds its VIP's table: an
@@ -680,6 +857,9 @@ impl<D: Dataplane> Balancer<D> {
         for s in staged {
             report.tables_published += usize::from(s.table_changed);
             report.slots_changed += s.slots_changed;
+            if s.table_changed {
+                report.rebuilt.push(s.state.config.name.clone());
+            }
             for b in &s.deactivate {
                 self.dataplane.set_backend(b.id, &backend_entry(b))?;
             }
@@ -1087,6 +1267,53 @@ mac = "02:00:00:00:00:99"
             lb.dataplane().vips[&vip_key("10.100.0.1".parse().unwrap(), 80, 6)].table_size,
             13
         );
+    }
+
+    #[test]
+    fn a_snapshot_restores_the_same_bookkeeping_without_kernel_writes() {
+        let mut lb = balancer();
+        lb.set_removal_grace(Duration::from_secs(60));
+        let mut cfg = two_vips();
+        lb.apply(&cfg.vips, &macs()).unwrap();
+        lb.set_health(&cfg.vips[0].endpoint(), "10.0.0.12".parse().unwrap(), false)
+            .unwrap();
+        cfg.vips[1].backends.clear();
+        lb.apply(&cfg.vips, &macs()).unwrap();
+        let snapshot = lb.snapshot();
+        let json = serde_json::to_string(&snapshot).unwrap();
+        let restored = Balancer::restore(
+            MemoryDataplane::default(),
+            &serde_json::from_str(&json).unwrap(),
+        )
+        .unwrap();
+        assert!(
+            restored.dataplane().backends.is_empty(),
+            "restore must not write the kernel"
+        );
+        for (a, b) in lb.vips().zip(restored.vips()) {
+            assert_eq!(a.id, b.id);
+            assert_eq!(a.config, b.config);
+            assert_eq!(a.backends, b.backends);
+            assert_eq!(a.table, b.table);
+        }
+        assert_eq!(restored.retiring().len(), 1);
+        // Carrying on: the same config changes nothing; new ids do not collide.
+        let mut restored = restored;
+        let report = restored.apply(&cfg.vips, &macs()).unwrap();
+        assert_eq!(report.tables_published, 0);
+        cfg.vips[1].backends.push(BackendConfig {
+            address: "10.0.0.15".parse().unwrap(),
+            weight: 1,
+            drained: false,
+            mac: None,
+        });
+        restored.apply(&cfg.vips, &macs()).unwrap();
+        let ids: HashSet<u32> = restored
+            .vips()
+            .flat_map(|v| v.backends.values().map(|b| b.id))
+            .chain(restored.retiring().iter().map(|r| r.state.id))
+            .collect();
+        assert_eq!(ids.len(), 4, "ids collided after restore");
     }
 
     #[test]

@@ -31,6 +31,8 @@ pub const DEFAULT_HEALTH_INTERVAL_MS: u64 = 1000;
 pub const DEFAULT_HEALTH_TIMEOUT_MS: u64 = 500;
 /// Root of the default pin directory (`<root>/<interface>`).
 pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/balancer";
+/// Directory of the default state file (`<dir>/<interface>.state.json`).
+pub const DEFAULT_STATE_DIR: &str = "/run/balancer";
 /// Default control socket.
 pub const DEFAULT_API_SOCKET: &str = "/run/balancer/balancer.sock";
 /// Default GUE destination port.
@@ -384,6 +386,8 @@ pub struct Config {
     /// bpffs directory where the program, its link and its maps are pinned, so forwarding and
     /// the connection table outlive the daemon.
     pub pin_dir: PathBuf,
+    /// The daemon's bookkeeping for the pinned maps (JSON), rewritten on every change.
+    pub state_file: PathBuf,
     pub conntrack: ConntrackConfig,
     pub encap: EncapConfig,
     pub api: ApiConfig,
@@ -402,6 +406,8 @@ pub struct RawConfig {
     pub attach_mode: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pin_dir: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_file: Option<String>,
     #[serde(default)]
     pub conntrack: RawConntrack,
     #[serde(default)]
@@ -590,6 +596,17 @@ impl Config {
             }
             None => Path::new(DEFAULT_PIN_ROOT).join(&interface),
         };
+        let state_file = match raw.state_file {
+            Some(f) if f.starts_with('/') => PathBuf::from(f),
+            Some(f) => {
+                return Err(invalid(
+                    "state_file",
+                    format!("{f:?}"),
+                    "must be an absolute path",
+                ));
+            }
+            None => Path::new(DEFAULT_STATE_DIR).join(format!("{interface}.state.json")),
+        };
         let conntrack = ConntrackConfig {
             max_flows: match raw.conntrack.max_flows {
                 Some(v) => int_in(v, MIN_MAX_FLOWS.into(), 1 << 28, "conntrack.max_flows")?,
@@ -677,6 +694,7 @@ impl Config {
             interface,
             attach_mode,
             pin_dir,
+            state_file,
             conntrack,
             encap,
             api,
@@ -701,6 +719,7 @@ impl Config {
             interface: Some(self.interface.clone()),
             attach_mode: Some(self.attach_mode.to_string()),
             pin_dir: Some(self.pin_dir.display().to_string()),
+            state_file: Some(self.state_file.display().to_string()),
             conntrack: RawConntrack {
                 max_flows: Some(self.conntrack.max_flows.into()),
                 udp_idle_timeout_secs: Some(self.conntrack.udp_idle_timeout.as_secs() as i64),

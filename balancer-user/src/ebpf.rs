@@ -62,6 +62,27 @@ pub fn load_balancer(max_flows: u32) -> Result<Ebpf, LoadError> {
     Ok(ebpf)
 }
 
+/// Loads the balancer object with its maps pinned under `pins`: maps already pinned there are
+/// reused as they are (their contents and sizes), missing ones are created and pinned.
+pub fn load_balancer_pinned(
+    max_flows: u32,
+    pins: &crate::pinning::Pins,
+) -> Result<Ebpf, LoadError> {
+    raise_memlock_limit();
+    let paths: Vec<(&str, std::path::PathBuf)> = balancer_common::maps::PINNED_MAPS
+        .iter()
+        .map(|m| (*m, pins.map(m)))
+        .collect();
+    let mut loader = EbpfLoader::new();
+    loader.map_max_entries(FLOWS, flow_buckets(max_flows));
+    for (name, path) in &paths {
+        loader.map_pin_path(name, path.as_path());
+    }
+    let mut ebpf = loader.load(BALANCER_OBJECT)?;
+    load_program(&mut ebpf, BALANCER_PROGRAM)?;
+    Ok(ebpf)
+}
+
 /// Loads the backend-side object and verifies both its programs.
 pub fn load_decap() -> Result<Ebpf, LoadError> {
     raise_memlock_limit();

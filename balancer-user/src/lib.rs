@@ -2,11 +2,15 @@
 //! and backends into kernel state, the kernel access behind it, and the daemons. The `balancer`
 //! binary is a thin command-line front end over this crate.
 
+pub mod api;
 pub mod balancer;
 pub mod config;
 pub mod daemon;
 pub mod dataplane;
 pub mod decap;
 pub mod ebpf;
+pub mod health;
+pub mod metrics;
 pub mod netinfo;
+pub mod pinning;
 pub mod settings;

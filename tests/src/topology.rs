@@ -43,6 +43,24 @@ pub fn backend6(i: usize) -> Ipv6Addr {
     Ipv6Addr::new(0xfd00, 0x111, 0, 0, 0, 0, 0, 0x11 + i as u16)
 }
 
+/// The BPF filesystem the tests pin on.
+pub fn pin_root() -> PathBuf {
+    PathBuf::from("/run/blt-bpf")
+}
+
+/// Mounts the tests' BPF filesystem at [`pin_root`] unless it is there.
+pub fn mount_pin_root() -> Result<()> {
+    let root = pin_root();
+    fs::create_dir_all(&root)?;
+    if !balancer::pinning::is_bpffs(&root)? {
+        run(
+            "mount",
+            &["-t", "bpf", "bpf", root.to_str().unwrap_or_default()],
+        )?;
+    }
+    Ok(())
+}
+
 /// Where the workspace's binaries are (next to this test's own binaries).
 pub fn bin_dir() -> PathBuf {
     if let Ok(dir) = std::env::var("BALANCER_BIN_DIR") {
@@ -220,6 +238,10 @@ impl Topology {
             .collect::<Result<Vec<_>>>()?;
         let log_dir = std::env::temp_dir().join(format!("{PREFIX}-{}-logs", opts.tag));
         let _ = fs::remove_dir_all(&log_dir);
+        // Pinned state of an earlier run of this rack (bpffs outlives namespaces).
+        mount_pin_root()?;
+        let _ = balancer::pinning::Pins::new(pin_root().join(format!("{PREFIX}-{}", opts.tag)))
+            .remove();
         fs::create_dir_all(&log_dir)?;
         let mut topo = Topology {
             opts,
@@ -310,40 +332,71 @@ impl Topology {
     }
 
     fn start_backends(&mut self) -> Result<()> {
+        for i in 0..self.backends.len() {
+            self.start_backend_server(i)?;
+        }
+        Ok(())
+    }
+
+    /// Starts the test server of backend `i` (0-based), named `server-b<i+1>`.
+    pub fn start_backend_server(&mut self, i: usize) -> Result<()> {
         let server = binary("test-backend")?;
         let server = server.to_string_lossy().to_string();
-        for i in 0..self.backends.len() {
-            let name = format!("b{}", i + 1);
-            let (own4, own6) = (backend4(i).to_string(), backend6(i).to_string());
-            let (v4, v6) = (VIP4.to_string(), VIP6.to_string());
-            let argv = [
-                server.as_str(),
-                "--name",
-                &name,
-                "--http-port",
-                "80",
-                "--echo-port",
-                "9000",
-                "--udp-port",
-                "5353",
-                "--udp-addr",
-                &v4,
-                "--udp-addr",
-                &v6,
-                "--udp-addr",
-                &own4,
-                "--udp-addr",
-                &own6,
-            ];
-            let mut p = Process::spawn(
-                &self.backends[i],
-                &format!("server-{name}"),
-                &argv,
-                &self.log_dir,
-            )?;
-            p.wait_for_log("listening", Duration::from_secs(10))?;
-            self.processes.push(p);
-        }
+        let name = format!("b{}", i + 1);
+        let (own4, own6) = (backend4(i).to_string(), backend6(i).to_string());
+        let (v4, v6) = (VIP4.to_string(), VIP6.to_string());
+        let argv = [
+            server.as_str(),
+            "--name",
+            &name,
+            "--http-port",
+            "80",
+            "--echo-port",
+            "9000",
+            "--udp-port",
+            "5353",
+            "--udp-addr",
+            &v4,
+            "--udp-addr",
+            &v6,
+            "--udp-addr",
+            &own4,
+            "--udp-addr",
+            &own6,
+        ];
+        let process_name = format!("server-{name}");
+        self.processes.retain(|p| p.name != process_name);
+        let mut p = Process::spawn(&self.backends[i], &process_name, &argv, &self.log_dir)?;
+        p.wait_for_log("listening", Duration::from_secs(10))?;
+        self.processes.push(p);
+        Ok(())
+    }
+
+    /// Kills the test server of backend `i` (0-based).
+    pub fn kill_backend_server(&mut self, i: usize) -> Result<()> {
+        let name = format!("server-b{}", i + 1);
+        let p = self.process(&name).with_context(|| format!("no {name}"))?;
+        p.signal_and_wait(libc::SIGKILL, Duration::from_secs(5))?;
+        self.processes.retain(|p| p.name != name);
+        Ok(())
+    }
+
+    /// Starts `balancer run` again with the config `start_balancer` wrote, plus `args`.
+    pub fn restart_balancer(&mut self, args: &[&str]) -> Result<()> {
+        let path = self.log_dir.join("balancer.toml");
+        let bin = binary("balancer")?;
+        let mut argv = vec![
+            bin.to_string_lossy().to_string(),
+            "run".to_string(),
+            "--config".to_string(),
+            path.to_string_lossy().to_string(),
+        ];
+        argv.extend(args.iter().map(|a| (*a).to_string()));
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        self.processes.retain(|p| p.name != "balancer");
+        let mut p = Process::spawn(&self.lb, "balancer", &argv, &self.log_dir)?;
+        p.wait_for_log("balancer ready", Duration::from_secs(30))?;
+        self.processes.push(p);
         Ok(())
     }
 
@@ -407,6 +460,33 @@ impl Topology {
         Ok(())
     }
 
+    /// Where this rack's balancer pins its program and maps: on the tests' own bpffs (bpffs is
+    /// not per network namespace, and `ip netns exec` hides /sys/fs/bpf).
+    pub fn pin_dir(&self) -> PathBuf {
+        pin_root().join(format!("{PREFIX}-{}", self.opts.tag))
+    }
+
+    /// The balancer's control socket.
+    pub fn api_socket(&self) -> PathBuf {
+        self.log_dir.join("api.sock")
+    }
+
+    /// Runs the `balancer` CLI against this rack's daemon; returns (exit code, stdout, stderr).
+    pub fn cli(&self, args: &[&str]) -> Result<(i32, String, String)> {
+        let bin = binary("balancer")?;
+        let out = std::process::Command::new(bin)
+            .args(args)
+            .arg("--socket")
+            .arg(self.api_socket())
+            .stdin(Stdio::null())
+            .output()?;
+        Ok((
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ))
+    }
+
     /// The running process called `name`.
     pub fn process(&mut self, name: &str) -> Option<&mut Process> {
         self.processes.iter_mut().find(|p| p.name == name)
@@ -424,9 +504,10 @@ impl Topology {
 
 impl Drop for Topology {
     fn drop(&mut self) {
-        // Processes, then programs, then namespaces (field drop order does the last part).
+        // Processes, then programs and pinned state, then namespaces (field drop order).
         self.processes.clear();
         self.pass_programs.clear();
+        let _ = balancer::pinning::Pins::new(self.pin_dir()).remove();
     }
 }
 
@@ -447,7 +528,11 @@ pub fn rack_config_weighted(
     weights: &[Option<u32>],
 ) -> String {
     let mut text = format!(
-        "interface = \"eth0\"\nattach_mode = \"{mode}\"\n\n[conntrack]\nmax_flows = 65536\n\n{extra}\n"
+        "interface = \"eth0\"\nattach_mode = \"{mode}\"\npin_dir = \"{pins}\"\nstate_file = \"{state}\"\n\n\
+         [conntrack]\nmax_flows = 65536\n\n[api]\nsocket = \"{socket}\"\n\n{extra}\n",
+        pins = topo.pin_dir().display(),
+        state = topo.log_dir.join("state.json").display(),
+        socket = topo.api_socket().display(),
     );
     for (vip, family) in [(IpAddr::from(VIP4), 4), (IpAddr::from(VIP6), 6)] {
         for (port, proto, service) in [

@@ -1,17 +1,30 @@
 //! Command-line parsing and dispatch; one module per subcommand.
 
+mod backend;
+mod change;
 mod check_config;
+mod client_args;
 mod decap;
+mod reload;
 mod run;
+mod status;
+mod table;
+mod vip;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// A runtime failure (the kernel refused something, a file could not be read, ...).
+/// A runtime failure: the daemon is unreachable, the kernel refused something, ...
 pub const EXIT_FAILURE: u8 = 1;
-/// The configuration or the arguments are invalid (clap uses 2 for bad arguments too).
+/// The configuration, the arguments or the request are invalid (clap uses 2 too).
 pub const EXIT_INVALID: u8 = 2;
+/// No such VIP or backend.
+pub const EXIT_NOT_FOUND: u8 = 3;
+/// It exists already.
+pub const EXIT_CONFLICT: u8 = 4;
+/// The API's bearer token was refused.
+pub const EXIT_UNAUTHORIZED: u8 = 5;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -24,7 +37,11 @@ pub const EXIT_INVALID: u8 = 2;
     after_help = "Examples:\n  \
                   balancer check-config /etc/balancer/balancer.toml\n  \
                   sudo balancer run --config /etc/balancer/balancer.toml\n  \
-                  sudo balancer decap --interface eth0 --gue-port 6080"
+                  balancer status\n  \
+                  balancer backend drain web 10.0.0.11\n  \
+                  sudo balancer decap --interface eth0 --gue-port 6080\n\n\
+                  Exit codes: 0 ok, 1 failure (daemon unreachable, kernel error), 2 invalid \
+                  input, 3 no such VIP or backend, 4 already exists, 5 token refused."
 )]
 pub struct Cli {
     /// Log filter (tracing env-filter syntax), e.g. `info` or `balancer=debug`.
@@ -37,6 +54,13 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     Run(run::RunArgs),
+    Status(status::StatusArgs),
+    Stats(status::StatsArgs),
+    Vip(vip::VipArgs),
+    Backend(backend::BackendArgs),
+    Table(table::TableArgs),
+    Reload(reload::ReloadArgs),
+    Stop(reload::StopArgs),
     CheckConfig(check_config::CheckConfigArgs),
     Decap(decap::DecapArgs),
 }
@@ -54,6 +78,13 @@ pub fn init_logging(filter: &str) {
 pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run(args) => run::run(args),
+        Command::Status(args) => status::status(args),
+        Command::Stats(args) => status::stats(args),
+        Command::Vip(args) => vip::run(args),
+        Command::Backend(args) => backend::run(args),
+        Command::Table(args) => table::run(args),
+        Command::Reload(args) => reload::reload(args),
+        Command::Stop(args) => reload::stop(args),
         Command::CheckConfig(args) => check_config::run(args),
         Command::Decap(args) => decap::run(args),
     }

@@ -7,10 +7,16 @@ use balancer::daemon::{self, RunOptions};
 
 use super::{EXIT_INVALID, runtime};
 
-/// Run the balancer daemon: load and attach the XDP program, publish the VIPs of the config,
-/// and forward until SIGINT or SIGTERM (which detach it). SIGHUP re-reads the config.
+/// Run the balancer daemon: load the XDP program (or adopt the one a previous daemon left
+/// pinned), publish the VIPs of the config, and serve the control API, metrics and health
+/// checks. SIGHUP re-reads the config. SIGINT/SIGTERM stop the daemon and leave the pinned
+/// program forwarding; a restarted daemon adopts it (nothing is lost). `balancer stop
+/// --detach` removes it.
 #[derive(Debug, clap::Args)]
-#[command(after_help = "Example:\n  sudo balancer run --config /etc/balancer/balancer.toml")]
+#[command(
+    after_help = "Examples:\n  sudo balancer run --config /etc/balancer/balancer.toml\n  \
+                        sudo balancer run --config /etc/balancer/balancer.toml --replace   # upgrade the program in place"
+)]
 pub struct RunArgs {
     /// Path of the TOML config file.
     #[arg(long, short)]
@@ -18,6 +24,10 @@ pub struct RunArgs {
     /// Seconds to wait for each backend's next-hop MAC to resolve.
     #[arg(long, default_value_t = 3.0)]
     neighbour_timeout: f64,
+    /// Swap this binary's XDP program into the pinned link atomically, keeping the maps and
+    /// the connection table (upgrade without dropping a packet).
+    #[arg(long)]
+    replace: bool,
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
@@ -27,6 +37,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let opts = RunOptions {
         config_path: args.config,
         neighbour_timeout: Duration::from_secs_f64(args.neighbour_timeout),
+        replace: args.replace,
     };
     match runtime()?.block_on(daemon::run(opts)) {
         Ok(()) => Ok(ExitCode::SUCCESS),

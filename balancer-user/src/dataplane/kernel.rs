@@ -1,13 +1,14 @@
 //! [`Dataplane`] on the maps of the loaded XDP program.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsFd, AsRawFd};
 
 use aya::Ebpf;
 use aya::maps::{Array, Map, MapData, MapError, PerCpuArray};
+use balancer_common::flow_cache::FlowValue;
 use balancer_common::maps::{
-    self as names, Backend, GlobalConfig, MAGLEV_TABLE_FLAGS, VIP_INDEX_FLAGS, VIP_INDEX_SLOTS,
-    VipKey, VipMeta, VipSlot,
+    self as names, Backend, FlowBucket, GlobalConfig, MAGLEV_TABLE_FLAGS, VIP_INDEX_FLAGS,
+    VIP_INDEX_SLOTS, VipKey, VipMeta, VipSlot,
 };
 use balancer_common::stats::{COUNTERS, GlobalStats, TrafficStats};
 use balancer_common::vip_index::build_index;
@@ -25,6 +26,8 @@ pub struct KernelDataplane {
     stats: PerCpuArray<MapData, GlobalStats>,
     vip_stats: PerCpuArray<MapData, TrafficStats>,
     backend_stats: PerCpuArray<MapData, TrafficStats>,
+    flows: MapData,
+    flows_buckets: u32,
 }
 
 fn map_err(map: &'static str, op: &'static str) -> impl FnOnce(MapError) -> DataplaneError {
@@ -55,9 +58,87 @@ fn take<T: TryFrom<Map, Error = MapError>>(
 }
 
 impl KernelDataplane {
-    /// Takes the balancer's maps out of a loaded object.
+    /// Takes the balancer's maps out of a loaded object whose maps are new: the VIP index
+    /// starts empty.
     pub fn from_ebpf(ebpf: &mut Ebpf) -> Result<Self, DataplaneError> {
-        let mut dataplane = KernelDataplane {
+        let mut dataplane = Self::take_maps(ebpf)?;
+        // An empty index, so lookups find no VIP rather than no index.
+        dataplane.publish_index()?;
+        Ok(dataplane)
+    }
+
+    /// Takes the balancer's maps out of a loaded object whose maps were pinned by an earlier
+    /// daemon: the VIP index in force is read back, and nothing is written.
+    pub fn adopt(ebpf: &mut Ebpf) -> Result<Self, DataplaneError> {
+        let mut dataplane = Self::take_maps(ebpf)?;
+        dataplane.vips = dataplane.read_index()?;
+        Ok(dataplane)
+    }
+
+    /// The entries of the VIP index in the kernel.
+    fn read_index(&self) -> Result<BTreeMap<VipKey, VipMeta>, DataplaneError> {
+        let failed = |op: &'static str| {
+            move |e: std::io::Error| DataplaneError::VipIndex(format!("{op}: {e}"))
+        };
+        let id =
+            sys::lookup_u32(self.vip_index.fd().as_fd(), 0).map_err(failed("find the index"))?;
+        let inner = sys::map_fd_by_id(id).map_err(failed("open the index"))?;
+        let slots: Vec<VipSlot> = sys::read_mmapable(inner.as_fd(), VIP_INDEX_SLOTS as usize)
+            .map_err(failed("read the index"))?;
+        Ok(slots
+            .into_iter()
+            .filter(|s| s.key.family != 0)
+            .map(|s| (s.key, s.meta))
+            .collect())
+    }
+
+    /// The VIP index entries in force (VIPs and address markers).
+    pub fn vip_entries(&self) -> &BTreeMap<VipKey, VipMeta> {
+        &self.vips
+    }
+
+    /// Live connection-table entries per backend id (tag set, value intact).
+    pub fn flow_counts(&self) -> Result<HashMap<u32, u64>, DataplaneError> {
+        let buckets = self.flows_buckets as usize;
+        let all: Vec<FlowBucket> = sys::read_mmapable(self.flows.fd().as_fd(), buckets)
+            .map_err(|e| DataplaneError::VipIndex(format!("reading the connection table: {e}")))?;
+        let mut counts = HashMap::new();
+        for bucket in &all {
+            for way in &bucket.ways {
+                if way.tag == 0 {
+                    continue;
+                }
+                if let Some(v) = FlowValue::unpack(way.value, way.tag) {
+                    *counts.entry(u32::from(v.backend_id)).or_insert(0) += 1;
+                }
+            }
+        }
+        Ok(counts)
+    }
+
+    /// Buckets of the connection table (fixed when its map was created).
+    pub fn flow_buckets(&self) -> u32 {
+        self.flows_buckets
+    }
+
+    fn take_maps(ebpf: &mut Ebpf) -> Result<Self, DataplaneError> {
+        let flows = match ebpf.take_map(names::FLOWS) {
+            Some(Map::Array(data)) => data,
+            _ => {
+                return Err(DataplaneError::Map {
+                    map: names::FLOWS,
+                    op: "find",
+                    source: MapError::InvalidName {
+                        name: names::FLOWS.into(),
+                    },
+                });
+            }
+        };
+        let flows_buckets = flows
+            .info()
+            .map(|info| info.max_entries())
+            .map_err(map_err(names::FLOWS, "inspect"))?;
+        Ok(KernelDataplane {
             vip_index: take_map_of_maps(ebpf, names::VIPS)?,
             vips: BTreeMap::new(),
             maglev: take_map_of_maps(ebpf, names::MAGLEV)?,
@@ -66,10 +147,9 @@ impl KernelDataplane {
             stats: take(ebpf, names::STATS)?,
             vip_stats: take(ebpf, names::VIP_STATS)?,
             backend_stats: take(ebpf, names::BACKEND_STATS)?,
-        };
-        // An empty index, so lookups find no VIP rather than no index.
-        dataplane.publish_index()?;
-        Ok(dataplane)
+            flows,
+            flows_buckets,
+        })
     }
 
     /// Builds the VIP index of `self.vips` in a new inner map and swaps it in.

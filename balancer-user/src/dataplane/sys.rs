@@ -5,6 +5,8 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_GET_FD_BY_ID: libc::c_long = 14;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
@@ -170,6 +172,55 @@ pub fn fill_mmapable<T: Copy>(map: BorrowedFd<'_>, values: &[T]) -> io::Result<(
         libc::munmap(ptr, len);
     }
     Ok(())
+}
+
+/// Reads the `u32` value at `key` (for a map of maps: the inner map's id).
+pub fn lookup_u32(map: BorrowedFd<'_>, key: u32) -> io::Result<u32> {
+    let mut value = 0u32;
+    let mut attr = Attr::zeroed();
+    attr.put_u32(0, map.as_raw_fd() as u32);
+    attr.put_u64(8, &key as *const u32 as u64);
+    attr.put_u64(16, &mut value as *mut u32 as u64);
+    bpf(BPF_MAP_LOOKUP_ELEM, &mut attr)?;
+    Ok(value)
+}
+
+/// Opens a map by id.
+pub fn map_fd_by_id(id: u32) -> io::Result<OwnedFd> {
+    let mut attr = Attr::zeroed();
+    attr.put_u32(0, id);
+    let fd = bpf(BPF_MAP_GET_FD_BY_ID, &mut attr)?;
+    // SAFETY: the kernel returned a new file descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Reads `count` values of a memory-mappable array through a shared read-only mapping.
+pub fn read_mmapable<T: Copy>(map: BorrowedFd<'_>, count: usize) -> io::Result<Vec<T>> {
+    let stride = std::mem::size_of::<T>().next_multiple_of(8);
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let len = (count * stride).div_ceil(page).max(1) * page;
+    // SAFETY: mapping a BPF_F_MMAPABLE array of at least `count` `T`-sized values, read only,
+    // unmapped before returning.
+    unsafe {
+        let ptr = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            map.as_raw_fd(),
+            0,
+        );
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base = ptr.cast::<u8>();
+        let out = (0..count)
+            .map(|i| base.add(i * stride).cast::<T>().read_unaligned())
+            .collect();
+        libc::munmap(ptr, len);
+        Ok(out)
+    }
 }
 
 /// Eight random bytes from the kernel.

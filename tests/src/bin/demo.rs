@@ -135,9 +135,17 @@ fn demo() -> Result<()> {
         &spread(&topo, VIP4.into())?,
     );
 
+    let (code, out, err) = topo.cli(&["status"])?;
+    println!("\n`balancer status` (exit {code}):\n{out}{err}");
+    let (code, out, err) = topo.cli(&["stop", "--detach"])?;
+    println!(
+        "`balancer stop --detach` (exit {code}): {}{}",
+        out.trim(),
+        err.trim()
+    );
     let balancer = topo.process("balancer").context("balancer process")?;
-    balancer.signal_and_wait(libc::SIGTERM, Duration::from_secs(10))?;
-    println!("\nBalancer log (stopped with SIGTERM, XDP detached):");
+    balancer.signal_and_wait(0, Duration::from_secs(10)).ok();
+    println!("\nBalancer log:");
     for line in balancer.log_text().lines() {
         println!("  {line}");
     }

@@ -1,0 +1,443 @@
+//! The control API: JSON over HTTP/1.1 on a Unix socket (mode 0600, root only) and, when
+//! configured, on TCP with a bearer token. Every change goes through the same validation as
+//! the config file, is applied in one step, and is written back to the config file.
+
+use std::net::IpAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, Path as UrlPath, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use tokio::sync::watch;
+
+use super::types::{ChangeResult, ErrorBody, StopBody, WeightBody};
+use crate::config::{MAX_WEIGHT, RawBackend, RawVip, validate_backend, validate_vip};
+use crate::daemon::state::{ChangeError, Daemon};
+
+/// Largest request body accepted.
+pub const MAX_BODY: usize = 64 * 1024;
+
+/// Shared by the handlers.
+#[derive(Clone)]
+pub struct ApiState {
+    pub daemon: Arc<Mutex<Daemon>>,
+    /// Set to `Some(detach)` to stop the daemon.
+    pub stop: watch::Sender<Option<bool>>,
+}
+
+/// An API error: a status and `{"error": ...}`.
+pub struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(ErrorBody { error: self.1 })).into_response()
+    }
+}
+
+impl From<ChangeError> for ApiError {
+    fn from(e: ChangeError) -> Self {
+        let status = match e {
+            ChangeError::Invalid(_) => StatusCode::BAD_REQUEST,
+            ChangeError::NotFound(_) => StatusCode::NOT_FOUND,
+            ChangeError::Conflict(_) => StatusCode::CONFLICT,
+            ChangeError::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError(status, e.to_string())
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(r: JsonRejection) -> Self {
+        ApiError(
+            r.status(),
+            format!("invalid request body: {}", r.body_text()),
+        )
+    }
+}
+
+type ApiResult<T> = Result<Json<T>, ApiError>;
+
+/// Runs `f` on the daemon on a blocking thread (changes resolve neighbours and wait for the
+/// kernel).
+async fn with_daemon<T: Send + 'static>(
+    state: &ApiState,
+    f: impl FnOnce(&mut Daemon) -> Result<T, ChangeError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let daemon = state.daemon.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut d = daemon
+            .lock()
+            .map_err(|_| ChangeError::Failed("daemon state poisoned".into()))?;
+        f(&mut d)
+    })
+    .await
+    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+    .map_err(ApiError::from)
+}
+
+fn parse_backend(addr: &str) -> Result<IpAddr, ChangeError> {
+    addr.parse()
+        .map_err(|_| ChangeError::Invalid(format!("{addr:?} is not an IP address")))
+}
+
+/// The routes, without authentication.
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/v1/status", get(status))
+        .route("/v1/stats", get(stats))
+        .route("/v1/vips", get(list_vips).post(add_vip))
+        .route("/v1/vips/{name}", get(get_vip).delete(del_vip))
+        .route("/v1/vips/{name}/table", get(table))
+        .route(
+            "/v1/vips/{name}/backends",
+            get(list_backends).post(add_backend),
+        )
+        .route(
+            "/v1/vips/{name}/backends/{addr}",
+            axum::routing::delete(del_backend),
+        )
+        .route("/v1/vips/{name}/backends/{addr}/weight", put(set_weight))
+        .route("/v1/vips/{name}/backends/{addr}/drain", post(drain))
+        .route("/v1/vips/{name}/backends/{addr}/undrain", post(undrain))
+        .route("/v1/reload", post(reload))
+        .route("/v1/stop", post(stop))
+        .fallback(|| async {
+            ApiError(
+                StatusCode::NOT_FOUND,
+                "no such endpoint; see `balancer --help`".into(),
+            )
+        })
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(state)
+}
+
+/// The routes behind a bearer token (for the TCP listener).
+pub fn router_with_token(state: ApiState, token: String) -> Router {
+    let token = Arc::new(token);
+    router(state).layer(middleware::from_fn(
+        move |headers: HeaderMap, request, next: Next| {
+            let token = token.clone();
+            async move {
+                let given = headers
+                    .get("authorization")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("Bearer "))
+                    .unwrap_or("");
+                if !constant_time_eq(given.as_bytes(), token.as_bytes()) {
+                    return ApiError(
+                        StatusCode::UNAUTHORIZED,
+                        "missing or wrong bearer token".into(),
+                    )
+                    .into_response();
+                }
+                next.run(request).await
+            }
+        },
+    ))
+}
+
+/// Compares secrets without an early exit.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Reads a bearer token file: its first line, which must not be empty.
+pub fn read_token(path: &Path) -> anyhow::Result<String> {
+    use anyhow::Context as _;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the API token file {}", path.display()))?;
+    let token = text.lines().next().unwrap_or("").trim().to_string();
+    if token.len() < 16 {
+        anyhow::bail!(
+            "the API token in {} must be at least 16 characters",
+            path.display()
+        );
+    }
+    Ok(token)
+}
+
+async fn status(State(s): State<ApiState>) -> ApiResult<crate::api::types::Status> {
+    with_daemon(&s, |d| {
+        d.refresh();
+        Ok(d.status())
+    })
+    .await
+    .map(Json)
+}
+
+async fn stats(State(s): State<ApiState>) -> ApiResult<crate::api::types::Stats> {
+    with_daemon(&s, |d| {
+        d.refresh();
+        d.stats()
+    })
+    .await
+    .map(Json)
+}
+
+async fn list_vips(State(s): State<ApiState>) -> ApiResult<Vec<RawVip>> {
+    with_daemon(&s, |d| {
+        Ok(d.config.vips.iter().map(|v| v.to_raw()).collect())
+    })
+    .await
+    .map(Json)
+}
+
+async fn get_vip(State(s): State<ApiState>, UrlPath(name): UrlPath<String>) -> ApiResult<RawVip> {
+    with_daemon(&s, move |d| {
+        d.config
+            .vip(&name)
+            .map(|v| v.to_raw())
+            .ok_or_else(|| ChangeError::NotFound(format!("no VIP named {name:?}")))
+    })
+    .await
+    .map(Json)
+}
+
+async fn add_vip(
+    State(s): State<ApiState>,
+    body: Result<Json<RawVip>, JsonRejection>,
+) -> ApiResult<ChangeResult> {
+    let Json(raw) = body?;
+    with_daemon(&s, move |d| {
+        let vip = validate_vip(raw.clone(), "vip")?;
+        if d.config.vip(&vip.name).is_some() {
+            return Err(ChangeError::Conflict(format!(
+                "a VIP named {:?} exists",
+                vip.name
+            )));
+        }
+        if let Some(other) = d
+            .config
+            .vips
+            .iter()
+            .find(|v| v.endpoint() == vip.endpoint())
+        {
+            return Err(ChangeError::Conflict(format!(
+                "VIP {:?} already serves {}:{}/{}",
+                other.name, vip.address, vip.port, vip.protocol
+            )));
+        }
+        let name = vip.name.clone();
+        d.edit(&format!("VIP {name} added"), |c| {
+            // Stored with its resolved name, so later commands find it.
+            c.vip.push(RawVip {
+                name: Some(name.clone()),
+                ..raw
+            });
+            Ok(())
+        })
+    })
+    .await
+    .map(Json)
+}
+
+async fn del_vip(
+    State(s): State<ApiState>,
+    UrlPath(name): UrlPath<String>,
+) -> ApiResult<ChangeResult> {
+    with_daemon(&s, move |d| {
+        if d.config.vip(&name).is_none() {
+            return Err(ChangeError::NotFound(format!("no VIP named {name:?}")));
+        }
+        d.edit(&format!("VIP {name} removed"), |c| {
+            c.vip.retain(|v| v.name.as_deref() != Some(name.as_str()));
+            Ok(())
+        })
+    })
+    .await
+    .map(Json)
+}
+
+async fn table(
+    State(s): State<ApiState>,
+    UrlPath(name): UrlPath<String>,
+) -> ApiResult<crate::api::types::Table> {
+    with_daemon(&s, move |d| d.table(&name)).await.map(Json)
+}
+
+async fn list_backends(
+    State(s): State<ApiState>,
+    UrlPath(name): UrlPath<String>,
+) -> ApiResult<Vec<RawBackend>> {
+    with_daemon(&s, move |d| {
+        d.config
+            .vip(&name)
+            .map(|v| v.backends.iter().map(|b| b.to_raw()).collect())
+            .ok_or_else(|| ChangeError::NotFound(format!("no VIP named {name:?}")))
+    })
+    .await
+    .map(Json)
+}
+
+/// Finds the raw VIP `name` in an edit, or says it is missing.
+fn raw_vip<'a>(
+    c: &'a mut crate::config::RawConfig,
+    name: &str,
+) -> Result<&'a mut RawVip, ChangeError> {
+    c.vip
+        .iter_mut()
+        .find(|v| v.name.as_deref() == Some(name))
+        .ok_or_else(|| ChangeError::NotFound(format!("no VIP named {name:?}")))
+}
+
+async fn add_backend(
+    State(s): State<ApiState>,
+    UrlPath(name): UrlPath<String>,
+    body: Result<Json<RawBackend>, JsonRejection>,
+) -> ApiResult<ChangeResult> {
+    let Json(raw) = body?;
+    with_daemon(&s, move |d| {
+        let backend = validate_backend(raw.clone(), "backend")?;
+        let vip = d
+            .config
+            .vip(&name)
+            .ok_or_else(|| ChangeError::NotFound(format!("no VIP named {name:?}")))?;
+        if vip.backend(backend.address).is_some() {
+            return Err(ChangeError::Conflict(format!(
+                "backend {} is already in VIP {name:?}",
+                backend.address
+            )));
+        }
+        d.edit(
+            &format!("backend {} added to {name}", backend.address),
+            |c| {
+                raw_vip(c, &name)?.backend.push(raw);
+                Ok(())
+            },
+        )
+    })
+    .await
+    .map(Json)
+}
+
+/// Edits backend `addr` of VIP `name` with `f`, as one change.
+async fn edit_backend(
+    s: ApiState,
+    name: String,
+    addr: String,
+    what: &'static str,
+    f: impl FnOnce(&mut RawBackend) -> Result<(), ChangeError> + Send + 'static,
+) -> ApiResult<ChangeResult> {
+    with_daemon(&s, move |d| {
+        let address = parse_backend(&addr)?;
+        let vip = d
+            .config
+            .vip(&name)
+            .ok_or_else(|| ChangeError::NotFound(format!("no VIP named {name:?}")))?;
+        if vip.backend(address).is_none() {
+            return Err(ChangeError::NotFound(format!(
+                "VIP {name:?} has no backend {address}"
+            )));
+        }
+        d.edit(&format!("backend {address} of {name}: {what}"), |c| {
+            let vip = raw_vip(c, &name)?;
+            let b = vip
+                .backend
+                .iter_mut()
+                .find(|b| {
+                    b.address.as_deref().and_then(|a| a.parse::<IpAddr>().ok()) == Some(address)
+                })
+                .ok_or_else(|| {
+                    ChangeError::NotFound(format!("VIP {name:?} has no backend {address}"))
+                })?;
+            f(b)
+        })
+    })
+    .await
+    .map(Json)
+}
+
+async fn del_backend(
+    State(s): State<ApiState>,
+    UrlPath((name, addr)): UrlPath<(String, String)>,
+) -> ApiResult<ChangeResult> {
+    with_daemon(&s, move |d| {
+        let address = parse_backend(&addr)?;
+        let vip = d
+            .config
+            .vip(&name)
+            .ok_or_else(|| ChangeError::NotFound(format!("no VIP named {name:?}")))?;
+        if vip.backend(address).is_none() {
+            return Err(ChangeError::NotFound(format!(
+                "VIP {name:?} has no backend {address}"
+            )));
+        }
+        d.edit(&format!("backend {address} removed from {name}"), |c| {
+            raw_vip(c, &name)?.backend.retain(|b| {
+                b.address.as_deref().and_then(|a| a.parse::<IpAddr>().ok()) != Some(address)
+            });
+            Ok(())
+        })
+    })
+    .await
+    .map(Json)
+}
+
+async fn set_weight(
+    State(s): State<ApiState>,
+    UrlPath((name, addr)): UrlPath<(String, String)>,
+    body: Result<Json<WeightBody>, JsonRejection>,
+) -> ApiResult<ChangeResult> {
+    let Json(WeightBody { weight }) = body?;
+    if !(0..=i64::from(MAX_WEIGHT)).contains(&weight) {
+        return Err(ChangeError::Invalid(format!(
+            "weight = {weight}: must be between 0 and {MAX_WEIGHT}"
+        ))
+        .into());
+    }
+    edit_backend(s, name, addr, "weight set", move |b| {
+        b.weight = Some(weight);
+        Ok(())
+    })
+    .await
+}
+
+async fn drain(
+    State(s): State<ApiState>,
+    UrlPath((name, addr)): UrlPath<(String, String)>,
+) -> ApiResult<ChangeResult> {
+    edit_backend(s, name, addr, "drained", |b| {
+        b.drained = Some(true);
+        Ok(())
+    })
+    .await
+}
+
+async fn undrain(
+    State(s): State<ApiState>,
+    UrlPath((name, addr)): UrlPath<(String, String)>,
+) -> ApiResult<ChangeResult> {
+    edit_backend(s, name, addr, "undrained", |b| {
+        b.drained = None;
+        Ok(())
+    })
+    .await
+}
+
+async fn reload(State(s): State<ApiState>) -> ApiResult<ChangeResult> {
+    with_daemon(&s, |d| d.reload("api")).await.map(Json)
+}
+
+async fn stop(
+    State(s): State<ApiState>,
+    body: Result<Json<StopBody>, JsonRejection>,
+) -> ApiResult<ChangeResult> {
+    let Json(StopBody { detach }) = body?;
+    let _ = s.stop.send(Some(detach));
+    Ok(Json(ChangeResult {
+        message: if detach {
+            "stopping; the program will be detached and the pinned state removed".into()
+        } else {
+            "stopping; the program keeps forwarding from its pinned state".into()
+        },
+        ..ChangeResult::default()
+    }))
+}

@@ -1,0 +1,121 @@
+//! JSON bodies of the control API, shared by the daemon and the CLI.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+/// An error answer: `{"error": "..."}` with an HTTP status that says what kind.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+}
+
+/// What a change did.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ChangeResult {
+    pub message: String,
+    pub vips_added: usize,
+    pub vips_removed: usize,
+    pub vips_updated: usize,
+    pub tables_published: usize,
+    pub slots_changed: usize,
+}
+
+/// `PUT .../weight`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WeightBody {
+    pub weight: i64,
+}
+
+/// `POST /v1/stop`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StopBody {
+    /// Also detach the program and unpin everything.
+    #[serde(default)]
+    pub detach: bool,
+}
+
+/// One backend in `status`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BackendStatus {
+    pub address: IpAddr,
+    pub weight: u32,
+    pub drained: bool,
+    pub healthy: bool,
+    /// Health-check state: "unchecked", "healthy", "unhealthy".
+    pub health: String,
+    /// Share of the VIP's table, 0..1.
+    pub table_share: f64,
+    /// Connection-table entries pinned to it.
+    pub flows: u64,
+    pub packets: u64,
+    pub bytes: u64,
+    pub new_flows: u64,
+    pub pps: f64,
+    pub bps: f64,
+    /// Removed from the VIP, still serving its established flows.
+    pub retiring: bool,
+}
+
+/// One VIP in `status`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct VipStatus {
+    pub name: String,
+    pub address: IpAddr,
+    pub port: u16,
+    pub protocol: String,
+    pub forwarding: String,
+    pub table_size: u32,
+    /// Host-independent fingerprint of the Maglev table (equal on every balancer with the same
+    /// backends and weights).
+    pub table_fingerprint: String,
+    pub health_check: String,
+    pub packets: u64,
+    pub bytes: u64,
+    pub new_flows: u64,
+    pub pps: f64,
+    pub bps: f64,
+    pub flows: u64,
+    pub backends: Vec<BackendStatus>,
+}
+
+/// `GET /v1/status`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Status {
+    pub interface: String,
+    pub attach_mode: String,
+    pub pin_dir: String,
+    pub uptime_secs: u64,
+    pub vips: Vec<VipStatus>,
+}
+
+/// `GET /v1/stats`: global counters by name, and traffic per VIP and backend.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Stats {
+    pub counters: BTreeMap<String, u64>,
+    pub vips: Vec<VipStatus>,
+}
+
+/// One backend's row in `table`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TableShare {
+    pub address: IpAddr,
+    pub weight: u32,
+    /// Weight share among backends in the table, 0..1.
+    pub weight_share: f64,
+    pub slots: usize,
+    /// Slot share, 0..1.
+    pub slot_share: f64,
+}
+
+/// `GET /v1/vips/{name}/table`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Table {
+    pub vip: String,
+    pub table_size: u32,
+    pub fingerprint: String,
+    pub backends: Vec<TableShare>,
+}

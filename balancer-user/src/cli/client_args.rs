@@ -1,0 +1,72 @@
+//! How the CLI reaches the daemon, and how API answers become output and exit codes.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use balancer::api::client::{Client, ClientError, Endpoint};
+use balancer::config::DEFAULT_API_SOCKET;
+
+use super::{EXIT_CONFLICT, EXIT_FAILURE, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_UNAUTHORIZED};
+
+/// Options shared by the commands that talk to the daemon.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClientArgs {
+    /// The daemon's control socket.
+    #[arg(long, global = true, env = "BALANCER_SOCKET", default_value = DEFAULT_API_SOCKET)]
+    pub socket: PathBuf,
+    /// Talk to the daemon's TCP listener (host:port) instead of the socket; needs --token-file.
+    #[arg(long, global = true, requires = "token_file")]
+    pub connect: Option<String>,
+    /// File holding the bearer token for --connect.
+    #[arg(long, global = true)]
+    pub token_file: Option<PathBuf>,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+impl ClientArgs {
+    pub fn client(&self) -> anyhow::Result<Client> {
+        Ok(Client::new(match (&self.connect, &self.token_file) {
+            (Some(addr), Some(file)) => Endpoint::Tcp {
+                addr: addr.clone(),
+                token: balancer::api::server::read_token(file)?,
+            },
+            _ => Endpoint::Unix(self.socket.clone()),
+        }))
+    }
+}
+
+/// The exit code for a failed request, after printing the error.
+pub fn fail(err: &ClientError) -> ExitCode {
+    eprintln!("error: {err}");
+    ExitCode::from(match err.status() {
+        Some(400 | 413 | 422) => EXIT_INVALID,
+        Some(404) => EXIT_NOT_FOUND,
+        Some(409) => EXIT_CONFLICT,
+        Some(401) => EXIT_UNAUTHORIZED,
+        _ => EXIT_FAILURE,
+    })
+}
+
+/// Prints a value as pretty JSON.
+pub fn print_json<T: serde::Serialize>(value: &T) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).unwrap_or_default()
+    );
+}
+
+/// Formats a rate with SI prefixes.
+pub fn si(value: f64) -> String {
+    let (v, unit) = if value >= 1e9 {
+        (value / 1e9, "G")
+    } else if value >= 1e6 {
+        (value / 1e6, "M")
+    } else if value >= 1e3 {
+        (value / 1e3, "k")
+    } else {
+        (value, "")
+    };
+    format!("{v:.1}{unit}")
+}

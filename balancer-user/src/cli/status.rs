@@ -1,0 +1,114 @@
+use std::process::ExitCode;
+
+use balancer::api::types::{Stats, Status, VipStatus};
+
+use super::client_args::{ClientArgs, fail, print_json, si};
+
+/// Show the VIPs with their backends: weights, health, table share, active flows, traffic rates.
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Examples:\n  balancer status\n  balancer status --json | jq '.vips[].backends[].flows'"
+)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+/// Show the data plane's counters (verdicts, connection table, drops by reason) and the traffic
+/// per VIP and backend.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:\n  balancer stats\n  balancer stats --json")]
+pub struct StatsArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+fn print_vips(vips: &[VipStatus]) {
+    for v in vips {
+        let endpoint = if v.address.is_ipv6() {
+            format!("[{}]:{}", v.address, v.port)
+        } else {
+            format!("{}:{}", v.address, v.port)
+        };
+        println!(
+            "VIP {} {endpoint}/{} {}  table {} ({})  health {}  {}pps {}bps  {} flows",
+            v.name,
+            v.protocol,
+            v.forwarding,
+            v.table_size,
+            v.table_fingerprint,
+            v.health_check,
+            si(v.pps),
+            si(v.bps),
+            v.flows
+        );
+        println!(
+            "  {:<40} {:>6} {:>7} {:<10} {:>8} {:>10} {:>12} {:>8} {:>8}",
+            "BACKEND", "WEIGHT", "TABLE", "STATE", "FLOWS", "PACKETS", "BYTES", "PPS", "BPS"
+        );
+        for b in &v.backends {
+            let state = if b.retiring {
+                "removing".to_string()
+            } else if !b.healthy {
+                "unhealthy".to_string()
+            } else if b.drained {
+                "drained".to_string()
+            } else {
+                b.health.clone()
+            };
+            println!(
+                "  {:<40} {:>6} {:>6.1}% {:<10} {:>8} {:>10} {:>12} {:>8} {:>8}",
+                b.address.to_string(),
+                b.weight,
+                b.table_share * 100.0,
+                state,
+                b.flows,
+                b.packets,
+                b.bytes,
+                si(b.pps),
+                si(b.bps)
+            );
+        }
+    }
+}
+
+pub fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
+    Ok(match args.client.client()?.get::<Status>("/v1/status") {
+        Ok(s) if args.client.json => {
+            print_json(&s);
+            ExitCode::SUCCESS
+        }
+        Ok(s) => {
+            println!(
+                "interface {} ({} XDP), pinned at {}, up {} s, {} VIPs",
+                s.interface,
+                s.attach_mode,
+                s.pin_dir,
+                s.uptime_secs,
+                s.vips.len()
+            );
+            print_vips(&s.vips);
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&e),
+    })
+}
+
+pub fn stats(args: StatsArgs) -> anyhow::Result<ExitCode> {
+    Ok(match args.client.client()?.get::<Stats>("/v1/stats") {
+        Ok(s) if args.client.json => {
+            print_json(&s);
+            ExitCode::SUCCESS
+        }
+        Ok(s) => {
+            println!("{:<26} {:>14}", "COUNTER", "VALUE");
+            for (name, value) in &s.counters {
+                println!("{name:<26} {value:>14}");
+            }
+            println!();
+            print_vips(&s.vips);
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&e),
+    })
+}

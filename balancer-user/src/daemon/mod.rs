@@ -1,0 +1,422 @@
+//! `balancer run`: validate the config, learn the interface and next hops, load (or adopt) the
+//! pinned XDP program and maps, publish the VIPs, then serve the control API, metrics and
+//! health checks until told to stop.
+//!
+//! Restarts lose nothing: the program, its XDP link and its maps are pinned (see
+//! [`crate::pinning`]). A daemon that finds them adopts them with the saved bookkeeping instead
+//! of loading afresh, so forwarding never pauses and the connection table survives, also after
+//! SIGKILL. SIGTERM and SIGINT stop the daemon and leave the program forwarding; `balancer stop
+//! --detach` (or `POST /v1/stop {"detach": true}`) detaches it and removes the pinned state.
+//! SIGHUP re-reads the config file.
+
+pub mod state;
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use aya::programs::XdpMode;
+use aya::programs::links::{FdLink, PinnedLink};
+use aya::programs::xdp::XdpLink;
+use balancer_common::stats::Counter;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+
+use crate::api::server::{ApiState, read_token, router, router_with_token};
+use crate::balancer::{Balancer, Snapshot};
+use crate::config::{AttachMode, Config, MacAddr};
+use crate::dataplane::kernel::KernelDataplane;
+use crate::ebpf;
+use crate::health::HealthChecks;
+use crate::metrics::Metrics;
+use crate::netinfo::{Interface, resolve_next_hops};
+use crate::pinning::Pins;
+use crate::settings::data_plane_settings;
+use state::Daemon;
+
+/// Options of `balancer run`.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    pub config_path: PathBuf,
+    /// How long to wait for a backend's next hop to resolve.
+    pub neighbour_timeout: Duration,
+    /// Replace a pinned program by this binary's, atomically, keeping the maps.
+    pub replace: bool,
+}
+
+/// The XDP attach mode for a config value.
+pub fn xdp_mode(mode: AttachMode) -> XdpMode {
+    match mode {
+        AttachMode::Native => XdpMode::Driver,
+        AttachMode::Skb => XdpMode::Skb,
+    }
+}
+
+/// Next-hop MACs for the backends of `config` that do not name one.
+pub fn backend_macs(
+    config: &Config,
+    iface: &Interface,
+    timeout: Duration,
+) -> Result<HashMap<IpAddr, MacAddr>> {
+    let mut wanted: Vec<IpAddr> = config
+        .vips
+        .iter()
+        .flat_map(|v| v.backends.iter())
+        .filter(|b| b.mac.is_none())
+        .map(|b| b.address)
+        .collect();
+    wanted.sort();
+    wanted.dedup();
+    resolve_next_hops(iface, &wanted, timeout).context("resolving backend MAC addresses")
+}
+
+fn read_snapshot(path: &Path) -> Result<Snapshot> {
+    let text = std::fs::read(path)
+        .with_context(|| format!("reading the state file {}", path.display()))?;
+    serde_json::from_slice(&text)
+        .with_context(|| format!("parsing the state file {}", path.display()))
+}
+
+/// Loads or adopts the data plane and publishes the config. Blocking.
+fn start(opts: &RunOptions) -> Result<Daemon> {
+    // Everything that can be checked is checked before the kernel is touched.
+    let config = Config::load(&opts.config_path)?;
+    let iface = Interface::by_name(&config.interface).with_context(|| {
+        format!(
+            "interface {:?} from {}",
+            config.interface,
+            opts.config_path.display()
+        )
+    })?;
+    let macs = backend_macs(&config, &iface, opts.neighbour_timeout)?;
+    if let Some(token) = &config.api.token_file {
+        read_token(token)?;
+    }
+    let pins = Pins::new(&config.pin_dir);
+    pins.prepare()
+        .with_context(|| format!("preparing the pin directory {}", config.pin_dir.display()))?;
+    let adopting = pins.has_link();
+    let snapshot = if adopting {
+        Some(read_snapshot(&config.state_file).with_context(|| {
+            format!(
+                "a pinned program is attached ({}) but its state cannot be read; `balancer stop --detach --config {}` starts afresh",
+                pins.link().display(),
+                opts.config_path.display()
+            )
+        })?)
+    } else {
+        None
+    };
+    if opts.replace && !adopting {
+        bail!(
+            "--replace needs a running (pinned) program at {}; start without --replace",
+            pins.link().display()
+        );
+    }
+
+    let mut object = ebpf::load_balancer_pinned(config.conntrack.max_flows, &pins)
+        .context("loading the XDP program")?;
+    let (dataplane, mut balancer, seed) = match &snapshot {
+        Some(snap) => {
+            let dataplane = KernelDataplane::adopt(&mut object)?;
+            let seed = snap.flow_seed;
+            (None, Some(Balancer::restore(dataplane, snap)?), seed)
+        }
+        None => (
+            Some(KernelDataplane::from_ebpf(&mut object)?),
+            None,
+            crate::dataplane::sys::random_u64(),
+        ),
+    };
+    let mut balancer = balancer
+        .take()
+        .unwrap_or_else(|| Balancer::new(dataplane.expect("fresh dataplane")));
+    let buckets = balancer.dataplane().flow_buckets();
+    if buckets != ebpf::flow_buckets(config.conntrack.max_flows) {
+        tracing::warn!(
+            pinned_buckets = buckets,
+            "the pinned connection table keeps its size; a new conntrack.max_flows takes effect after `balancer stop --detach`"
+        );
+    }
+    let mut settings = data_plane_settings(&config, &iface, seed)?;
+    settings.flow_bucket_mask = buckets - 1;
+    balancer.set_settings(&settings)?;
+    balancer.set_removal_grace(config.conntrack.removal_grace);
+    let report = balancer.apply(&config.vips, &macs)?;
+    tracing::info!(
+        vips = balancer.vips().count(),
+        published = report.tables_published,
+        build_ms = report.table_build_time.as_secs_f64() * 1e3,
+        publish_ms = report.table_publish_time.as_secs_f64() * 1e3,
+        "tables published"
+    );
+
+    if adopting {
+        if opts.replace {
+            let program = ebpf::program(&mut object, ebpf::BALANCER_PROGRAM)?;
+            let pinned =
+                PinnedLink::from_pin(pins.link()).context("opening the pinned XDP link")?;
+            let link = XdpLink::try_from(FdLink::from(pinned))
+                .context("the pinned link is not an XDP link")?;
+            program
+                .attach_to_link(link)
+                .context("replacing the program in the XDP link")?;
+            let _ = std::fs::remove_file(pins.program());
+            program
+                .pin(pins.program())
+                .context("pinning the new program")?;
+            tracing::info!("program replaced atomically; maps and connection table kept");
+        } else {
+            tracing::info!(
+                pin_dir = %pins.dir().display(),
+                "adopted the pinned program and maps: forwarding never stopped"
+            );
+        }
+        match aya::programs::ProgramInfo::from_pin(pins.program())
+            .ok()
+            .map(|info| aya_log::EbpfLogger::init_from_id(info.id()))
+        {
+            Some(Ok(logger)) => spawn_ebpf_logger(logger),
+            _ => tracing::debug!("no eBPF log channel for the adopted program"),
+        }
+    } else {
+        let program = ebpf::program(&mut object, ebpf::BALANCER_PROGRAM)?;
+        let link_id = program
+            .attach(&config.interface, xdp_mode(config.attach_mode))
+            .with_context(|| {
+                format!(
+                    "attaching XDP to {} in {} mode",
+                    config.interface, config.attach_mode
+                )
+            })?;
+        let link = program.take_link(link_id)?;
+        let fd_link = FdLink::try_from(link)
+            .context("the XDP attachment is not a BPF link (kernel too old to pin it)")?;
+        fd_link.pin(pins.link()).context("pinning the XDP link")?;
+        let _ = std::fs::remove_file(pins.program());
+        program.pin(pins.program()).context("pinning the program")?;
+        match aya_log::EbpfLogger::init(&mut object) {
+            Ok(logger) => spawn_ebpf_logger(logger),
+            Err(e) => tracing::debug!("no eBPF log channel: {e}"),
+        }
+    }
+    let daemon = Daemon::new(
+        config,
+        opts.config_path.clone(),
+        iface,
+        balancer,
+        pins,
+        Metrics::new()?,
+        opts.neighbour_timeout,
+    );
+    daemon.record(&report);
+    daemon.persist_state();
+    Ok(daemon)
+}
+
+/// Binds the API's Unix socket: a fresh socket file, mode 0600, in a 0700 directory.
+fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+    }
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("removing a stale {}", path.display()));
+        }
+        _ => {}
+    }
+    let listener = tokio::net::UnixListener::bind(path)
+        .with_context(|| format!("binding the API socket {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// Runs the daemon until SIGINT or SIGTERM (the program keeps forwarding) or an API stop.
+pub async fn run(opts: RunOptions) -> Result<()> {
+    let daemon = {
+        let opts = opts.clone();
+        tokio::task::spawn_blocking(move || start(&opts)).await??
+    };
+    let api_socket = daemon.config.api.socket.clone();
+    let api_listen = daemon.config.api.listen;
+    let token_file = daemon.config.api.token_file.clone();
+    let metrics_listen = daemon.config.metrics.listen;
+    let interface = daemon.config.interface.clone();
+    let mode = daemon.config.attach_mode;
+    let daemon = Arc::new(Mutex::new(daemon));
+    let (stop_tx, mut stop_rx) = watch::channel(None::<bool>);
+    let api_state = ApiState {
+        daemon: daemon.clone(),
+        stop: stop_tx.clone(),
+    };
+
+    let unix = bind_socket(&api_socket)?;
+    let app = router(api_state.clone());
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(unix, app).await {
+            tracing::error!("API socket server: {e}");
+        }
+    });
+    if let (Some(addr), Some(token_file)) = (api_listen, token_file) {
+        let token = read_token(&token_file)?;
+        let tcp = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding the API listener {addr}"))?;
+        let app = router_with_token(api_state.clone(), token);
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(tcp, app).await {
+                tracing::error!("API TCP server: {e}");
+            }
+        });
+    }
+    if let Some(addr) = metrics_listen {
+        let tcp = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding the metrics listener {addr}"))?;
+        let d = daemon.clone();
+        let app = axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || {
+                let d = d.clone();
+                async move {
+                    let text = tokio::task::spawn_blocking(move || {
+                        d.lock().map(|d| d.render_metrics()).unwrap_or_default()
+                    })
+                    .await
+                    .unwrap_or_default();
+                    ([("content-type", "text/plain; version=0.0.4")], text)
+                }
+            }),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(tcp, app).await {
+                tracing::error!("metrics server: {e}");
+            }
+        });
+    }
+
+    let mut health = HealthChecks::default();
+    health.reconcile(&daemon);
+    tracing::info!(
+        %interface,
+        %mode,
+        socket = %api_socket.display(),
+        "balancer ready: XDP program attached"
+    );
+
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut hangup = signal(SignalKind::hangup())?;
+    let mut second = tokio::time::interval(Duration::from_secs(1));
+    let mut flows_every = tokio::time::interval(Duration::from_secs(5));
+    let mut detach = false;
+    loop {
+        tokio::select! {
+            _ = interrupt.recv() => break,
+            _ = terminate.recv() => break,
+            changed = stop_rx.changed() => {
+                if changed.is_ok() {
+                    detach = stop_rx.borrow().unwrap_or(false);
+                }
+                break;
+            }
+            _ = hangup.recv() => {
+                let d = daemon.clone();
+                let result = tokio::task::spawn_blocking(move || match d.lock() {
+                    Ok(mut d) => d.reload("sighup").map(|r| r.message).map_err(|e| e.to_string()),
+                    Err(_) => Err("daemon state poisoned".to_string()),
+                })
+                .await;
+                match result {
+                    Ok(Ok(_)) => tracing::info!("config reloaded"),
+                    Ok(Err(e)) => tracing::error!("reload refused, previous config stays in force: {e}"),
+                    Err(e) => tracing::error!("reload failed: {e}"),
+                }
+                health.reconcile(&daemon);
+            }
+            _ = second.tick() => {
+                let d = daemon.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    if let Ok(mut d) = d.lock() {
+                        d.tick();
+                        d.sample();
+                    }
+                })
+                .await;
+                // API changes may have added or removed checked backends.
+                health.reconcile(&daemon);
+            }
+            _ = flows_every.tick() => {
+                let d = daemon.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    if let Ok(mut d) = d.lock() {
+                        d.count_flows();
+                    }
+                })
+                .await;
+            }
+        }
+    }
+    health.stop();
+
+    let d = daemon
+        .lock()
+        .map_err(|_| anyhow::anyhow!("daemon state poisoned"))?;
+    if let Ok(stats) = d.balancer.global_stats() {
+        let summary: Vec<String> = Counter::ALL
+            .iter()
+            .filter(|c| stats.get(**c) > 0)
+            .map(|c| format!("{}={}", c.name(), stats.get(*c)))
+            .collect();
+        tracing::info!("counters at exit: {}", summary.join(" "));
+    }
+    d.persist_state();
+    let _ = std::fs::remove_file(&api_socket);
+    if detach {
+        detach_pinned(&d.pins, &d.config.state_file)?;
+        tracing::info!("program detached and pinned state removed; exiting");
+    } else {
+        tracing::info!(pin_dir = %d.pins.dir().display(), "exiting; the pinned program keeps forwarding");
+    }
+    Ok(())
+}
+
+/// Detaches the pinned program and removes the pinned maps and the state file.
+pub fn detach_pinned(pins: &Pins, state_file: &Path) -> Result<()> {
+    pins.remove()
+        .with_context(|| format!("removing the pinned state in {}", pins.dir().display()))?;
+    match std::fs::remove_file(state_file) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("removing {}", state_file.display()))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Forwards the XDP program's log records (aya-log) to the daemon's log.
+pub fn spawn_ebpf_logger<T: log::Log + Send + 'static>(logger: aya_log::EbpfLogger<T>) {
+    // SAFETY: the logger owns its ring buffer's descriptor, which stays open and unchanged
+    // until the logger is dropped together with the `AsyncFd`.
+    let registered = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE)
+    };
+    match registered.map_err(|e| e.into_parts().1) {
+        Ok(mut fd) => {
+            tokio::spawn(async move {
+                loop {
+                    let Ok(mut guard) = fd.readable_mut().await else {
+                        break;
+                    };
+                    guard.get_inner_mut().flush();
+                    guard.clear_ready();
+                }
+            });
+        }
+        Err(e) => tracing::warn!("cannot poll the eBPF log channel: {e}"),
+    }
+}

@@ -1,0 +1,679 @@
+//! The running daemon's state and every operation on it: configuration changes (from the
+//! file or the API), health transitions, statistics and their rates, persistence of the
+//! config file and of the state file that goes with the pinned maps.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use balancer_common::stats::{Counter, TrafficStats};
+
+use crate::api::types::{BackendStatus, ChangeResult, Stats, Status, Table, TableShare, VipStatus};
+use crate::balancer::{ApplyReport, Balancer, Endpoint};
+use crate::config::{Config, ConfigError, HealthCheckKind, MacAddr, RawConfig};
+use crate::dataplane::kernel::KernelDataplane;
+use crate::metrics::{Families, Metrics};
+use crate::netinfo::{Interface, resolve_next_hops};
+use crate::pinning::{Pins, write_atomically};
+use crate::settings::data_plane_settings;
+
+/// Why a change was refused; maps onto an HTTP status and a CLI exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum ChangeError {
+    /// The request or the resulting config is invalid (400).
+    #[error("{0}")]
+    Invalid(String),
+    /// No such VIP or backend (404).
+    #[error("{0}")]
+    NotFound(String),
+    /// Already exists (409).
+    #[error("{0}")]
+    Conflict(String),
+    /// The change was valid but applying it failed (500).
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<ConfigError> for ChangeError {
+    fn from(e: ConfigError) -> Self {
+        ChangeError::Invalid(e.to_string())
+    }
+}
+
+/// Traffic counters of one VIP or backend at a sampling instant, and the rates since the
+/// previous one.
+#[derive(Clone, Copy, Debug, Default)]
+struct Sampled {
+    totals: TrafficStats,
+    pps: f64,
+    bps: f64,
+}
+
+/// The daemon.
+pub struct Daemon {
+    pub config: Config,
+    pub config_path: PathBuf,
+    pub iface: Interface,
+    pub balancer: Balancer<KernelDataplane>,
+    pub pins: Pins,
+    pub metrics: Metrics,
+    pub neighbour_timeout: Duration,
+    pub started: Instant,
+    /// Per VIP id / backend id.
+    vip_traffic: HashMap<u32, Sampled>,
+    backend_traffic: HashMap<u32, Sampled>,
+    last_sample: Option<Instant>,
+    /// Connection-table entries per backend id (refreshed by `count_flows`).
+    flows: HashMap<u32, u64>,
+    /// Backends under health checks: latest verdict known to the checker.
+    pub checked: HashMap<(Endpoint, IpAddr), bool>,
+}
+
+impl Daemon {
+    pub fn new(
+        config: Config,
+        config_path: PathBuf,
+        iface: Interface,
+        balancer: Balancer<KernelDataplane>,
+        pins: Pins,
+        metrics: Metrics,
+        neighbour_timeout: Duration,
+    ) -> Daemon {
+        Daemon {
+            config,
+            config_path,
+            iface,
+            balancer,
+            pins,
+            metrics,
+            neighbour_timeout,
+            started: Instant::now(),
+            vip_traffic: HashMap::new(),
+            backend_traffic: HashMap::new(),
+            last_sample: None,
+            flows: HashMap::new(),
+            checked: HashMap::new(),
+        }
+    }
+
+    /// Saves the bookkeeping that goes with the pinned maps.
+    pub fn persist_state(&self) {
+        let snapshot = self.balancer.snapshot();
+        match serde_json::to_vec_pretty(&snapshot) {
+            Ok(bytes) => {
+                if let Err(e) = write_atomically(&self.config.state_file, &bytes) {
+                    tracing::error!(path = %self.config.state_file.display(), "writing the state file: {e}");
+                }
+            }
+            Err(e) => tracing::error!("encoding the state file: {e}"),
+        }
+    }
+
+    /// Makes `new` the configuration in force. Settings only a restart can change are refused.
+    /// `origin` names the source for logs and metrics; with `write_file`, the config file is
+    /// rewritten to match.
+    pub fn apply_config(
+        &mut self,
+        new: Config,
+        origin: &str,
+        write_file: bool,
+    ) -> Result<ApplyReport, ChangeError> {
+        let result = self.try_apply(new, write_file);
+        if let Err(e) = &result {
+            self.metrics
+                .change_errors
+                .with_label_values(&[origin])
+                .inc();
+            tracing::warn!(origin, "change refused: {e}");
+        }
+        result
+    }
+
+    fn try_apply(&mut self, new: Config, write_file: bool) -> Result<ApplyReport, ChangeError> {
+        let old = &self.config;
+        let fixed = [
+            ("interface", old.interface != new.interface),
+            ("attach_mode", old.attach_mode != new.attach_mode),
+            ("pin_dir", old.pin_dir != new.pin_dir),
+            ("state_file", old.state_file != new.state_file),
+            (
+                "conntrack.max_flows",
+                old.conntrack.max_flows != new.conntrack.max_flows,
+            ),
+            ("api", old.api != new.api),
+            ("metrics", old.metrics != new.metrics),
+        ];
+        if let Some((key, _)) = fixed.iter().find(|(_, changed)| *changed) {
+            return Err(ChangeError::Invalid(format!(
+                "{key} only changes with a restart of the daemon"
+            )));
+        }
+        // Next hops of backends the kernel does not know yet.
+        let mut unknown: Vec<IpAddr> = new
+            .vips
+            .iter()
+            .flat_map(|v| {
+                let current = self.balancer.vip(&v.name);
+                v.backends
+                    .iter()
+                    .filter(move |b| {
+                        b.mac.is_none()
+                            && current.is_none_or(|c| !c.backends.contains_key(&b.address))
+                    })
+                    .map(|b| b.address)
+            })
+            .collect();
+        unknown.sort();
+        unknown.dedup();
+        let macs: HashMap<IpAddr, MacAddr> = if unknown.is_empty() {
+            HashMap::new()
+        } else {
+            resolve_next_hops(&self.iface, &unknown, self.neighbour_timeout).map_err(|e| {
+                ChangeError::Invalid(format!("resolving backend MAC addresses: {e}"))
+            })?
+        };
+        let mut settings =
+            data_plane_settings(&new, &self.iface, self.balancer.settings().flow_seed)
+                .map_err(|e| ChangeError::Invalid(e.to_string()))?;
+        settings.flow_bucket_mask = self.balancer.settings().flow_bucket_mask;
+        if settings != *self.balancer.settings() {
+            self.balancer
+                .set_settings(&settings)
+                .map_err(|e| ChangeError::Failed(e.to_string()))?;
+        }
+        self.balancer.set_removal_grace(new.conntrack.removal_grace);
+        let report = self
+            .balancer
+            .apply(&new.vips, &macs)
+            .map_err(|e| ChangeError::Failed(e.to_string()));
+        // Whatever happened, the kernel state is what the bookkeeping says: save it.
+        self.persist_state();
+        let report = report?;
+        self.record(&report);
+        if write_file {
+            write_atomically(&self.config_path, new.to_toml().as_bytes()).map_err(|e| {
+                ChangeError::Failed(format!(
+                    "applied, but writing {} failed: {e}",
+                    self.config_path.display()
+                ))
+            })?;
+        }
+        self.config = new;
+        Ok(report)
+    }
+
+    /// Records a change's table work in the metrics.
+    pub fn record(&self, report: &ApplyReport) {
+        if report.tables_published > 0 {
+            self.metrics
+                .table_build_seconds
+                .observe(report.table_build_time.as_secs_f64());
+            self.metrics
+                .table_publish_seconds
+                .observe(report.table_publish_time.as_secs_f64());
+        }
+        for name in &report.rebuilt {
+            self.metrics.table_rebuilds.with_label_values(&[name]).inc();
+        }
+    }
+
+    /// Applies an edit of the config's file form (the API's changes), validated exactly like
+    /// the file, and writes the config file.
+    pub fn edit(
+        &mut self,
+        what: &str,
+        edit: impl FnOnce(&mut RawConfig) -> Result<(), ChangeError>,
+    ) -> Result<ChangeResult, ChangeError> {
+        let mut raw = self.config.to_raw();
+        edit(&mut raw)?;
+        let new = Config::from_raw(raw)?;
+        let report = self.apply_config(new, "api", true)?;
+        Ok(change_result(what, &report))
+    }
+
+    /// Re-reads the config file.
+    pub fn reload(&mut self, origin: &str) -> Result<ChangeResult, ChangeError> {
+        let new = match Config::load(&self.config_path) {
+            Ok(c) => c,
+            Err(e) => {
+                self.metrics
+                    .change_errors
+                    .with_label_values(&[origin])
+                    .inc();
+                return Err(e.into());
+            }
+        };
+        let report = self.apply_config(new, origin, false)?;
+        Ok(change_result("config reloaded", &report))
+    }
+
+    /// Records a health-check verdict for a backend (and rebuilds its VIP when it changed).
+    pub fn set_health(&mut self, vip: &Endpoint, name: &str, backend: IpAddr, healthy: bool) {
+        self.checked.insert((*vip, backend), healthy);
+        match self.balancer.set_health(vip, backend, healthy) {
+            Ok(true) => {
+                let to = if healthy { "healthy" } else { "unhealthy" };
+                self.metrics
+                    .health_transitions
+                    .with_label_values(&[name, &backend.to_string(), to])
+                    .inc();
+                self.persist_state();
+            }
+            Ok(false) => {}
+            Err(e) => tracing::error!(vip = name, %backend, "applying a health change: {e}"),
+        }
+    }
+
+    /// Retires removed backends whose grace period is over.
+    pub fn tick(&mut self) {
+        match self.balancer.expire_retired(Instant::now()) {
+            Ok(0) => {}
+            Ok(_) => self.persist_state(),
+            Err(e) => tracing::error!("retiring removed backends: {e}"),
+        }
+    }
+
+    /// Reads the traffic counters and updates the rates.
+    pub fn sample(&mut self) {
+        let now = Instant::now();
+        let elapsed = self
+            .last_sample
+            .map(|t| now.duration_since(t).as_secs_f64())
+            .filter(|s| *s > 0.0);
+        let update = |map: &mut HashMap<u32, Sampled>, id: u32, totals: TrafficStats| {
+            let previous = map.get(&id).copied().unwrap_or_default();
+            let (pps, bps) = match elapsed {
+                Some(s) if totals.packets >= previous.totals.packets => (
+                    (totals.packets - previous.totals.packets) as f64 / s,
+                    (totals.bytes - previous.totals.bytes) as f64 * 8.0 / s,
+                ),
+                _ => (0.0, 0.0),
+            };
+            map.insert(id, Sampled { totals, pps, bps });
+        };
+        let vips: Vec<(u32, Vec<u32>)> = self
+            .balancer
+            .vips()
+            .map(|v| (v.id, v.backends.values().map(|b| b.id).collect()))
+            .collect();
+        let retiring: Vec<u32> = self
+            .balancer
+            .retiring()
+            .iter()
+            .map(|r| r.state.id)
+            .collect();
+        let dataplane = self.balancer.dataplane();
+        let mut vip_traffic = std::mem::take(&mut self.vip_traffic);
+        let mut backend_traffic = std::mem::take(&mut self.backend_traffic);
+        for (vip, backends) in &vips {
+            if let Ok(t) = crate::dataplane::Dataplane::vip_stats(dataplane, *vip) {
+                update(&mut vip_traffic, *vip, t);
+            }
+            for id in backends.iter().chain(&retiring) {
+                if let Ok(t) = crate::dataplane::Dataplane::backend_stats(dataplane, *id) {
+                    update(&mut backend_traffic, *id, t);
+                }
+            }
+        }
+        self.vip_traffic = vip_traffic;
+        self.backend_traffic = backend_traffic;
+        self.last_sample = Some(now);
+    }
+
+    /// Fresh counters and flow counts for an answer (rates need a previous sample at least
+    /// 100 ms old, else the last ones stand).
+    pub fn refresh(&mut self) {
+        if self
+            .last_sample
+            .is_none_or(|t| t.elapsed() >= Duration::from_millis(100))
+        {
+            self.sample();
+        }
+        self.count_flows();
+    }
+
+    /// Counts the connection-table entries per backend.
+    pub fn count_flows(&mut self) {
+        match self.balancer.dataplane().flow_counts() {
+            Ok(counts) => self.flows = counts,
+            Err(e) => tracing::warn!("counting flows: {e}"),
+        }
+    }
+
+    fn health_label(&self, vip: &Endpoint, backend: IpAddr, kind: &HealthCheckKind) -> String {
+        if *kind == HealthCheckKind::None {
+            return "unchecked".into();
+        }
+        match self.checked.get(&(*vip, backend)) {
+            Some(true) => "healthy".into(),
+            Some(false) => "unhealthy".into(),
+            None => "pending".into(),
+        }
+    }
+
+    fn vip_statuses(&self) -> Vec<VipStatus> {
+        let mut out = Vec::new();
+        for vip in self.balancer.vips() {
+            let endpoint = vip.config.endpoint();
+            let shares = vip.slot_shares();
+            let table_len = vip.table.len().max(1) as f64;
+            let mut backends: Vec<BackendStatus> = vip
+                .backends
+                .values()
+                .map(|b| {
+                    let t = self.backend_traffic.get(&b.id).copied().unwrap_or_default();
+                    let flows = self.flows.get(&b.id).copied().unwrap_or(0);
+                    BackendStatus {
+                        address: b.address,
+                        weight: b.weight,
+                        drained: b.drained,
+                        healthy: b.healthy,
+                        health: self.health_label(&endpoint, b.address, &vip.config.health.kind),
+                        table_share: shares.get(&b.address).copied().unwrap_or(0) as f64
+                            / table_len,
+                        flows,
+                        packets: t.totals.packets,
+                        bytes: t.totals.bytes,
+                        new_flows: t.totals.new_flows,
+                        pps: t.pps,
+                        bps: t.bps,
+                        retiring: false,
+                    }
+                })
+                .collect();
+            for r in self
+                .balancer
+                .retiring()
+                .iter()
+                .filter(|r| r.vip == endpoint)
+            {
+                let t = self
+                    .backend_traffic
+                    .get(&r.state.id)
+                    .copied()
+                    .unwrap_or_default();
+                backends.push(BackendStatus {
+                    address: r.state.address,
+                    weight: r.state.weight,
+                    drained: true,
+                    healthy: r.state.healthy,
+                    health: "removed".into(),
+                    table_share: 0.0,
+                    flows: self.flows.get(&r.state.id).copied().unwrap_or(0),
+                    packets: t.totals.packets,
+                    bytes: t.totals.bytes,
+                    new_flows: t.totals.new_flows,
+                    pps: t.pps,
+                    bps: t.bps,
+                    retiring: true,
+                });
+            }
+            let t = self.vip_traffic.get(&vip.id).copied().unwrap_or_default();
+            let c = &vip.config;
+            out.push(VipStatus {
+                name: c.name.clone(),
+                address: c.address,
+                port: c.port,
+                protocol: c.protocol.to_string(),
+                forwarding: c.forwarding.to_string(),
+                table_size: c.table_size,
+                table_fingerprint: format!("{:016x}", vip.fingerprint),
+                health_check: match &c.health.kind {
+                    HealthCheckKind::None => "none".into(),
+                    HealthCheckKind::Tcp => format!("tcp:{}", c.health.port),
+                    HealthCheckKind::Http {
+                        path,
+                        expect_status,
+                    } => {
+                        format!("http:{}{} -> {expect_status}", c.health.port, path)
+                    }
+                },
+                packets: t.totals.packets,
+                bytes: t.totals.bytes,
+                new_flows: t.totals.new_flows,
+                pps: t.pps,
+                bps: t.bps,
+                flows: backends.iter().map(|b| b.flows).sum(),
+                backends,
+            });
+        }
+        out
+    }
+
+    pub fn status(&self) -> Status {
+        Status {
+            interface: self.config.interface.clone(),
+            attach_mode: self.config.attach_mode.to_string(),
+            pin_dir: self.config.pin_dir.display().to_string(),
+            uptime_secs: self.started.elapsed().as_secs(),
+            vips: self.vip_statuses(),
+        }
+    }
+
+    pub fn stats(&self) -> Result<Stats, ChangeError> {
+        let global = self
+            .balancer
+            .global_stats()
+            .map_err(|e| ChangeError::Failed(e.to_string()))?;
+        Ok(Stats {
+            counters: Counter::ALL
+                .iter()
+                .map(|c| (c.name().to_string(), global.get(*c)))
+                .collect(),
+            vips: self.vip_statuses(),
+        })
+    }
+
+    pub fn table(&self, name: &str) -> Result<Table, ChangeError> {
+        let vip = self
+            .balancer
+            .vip(name)
+            .ok_or_else(|| ChangeError::NotFound(format!("no VIP named {name:?}")))?;
+        let shares = vip.slot_shares();
+        let total_weight: u64 = vip
+            .backends
+            .values()
+            .map(|b| u64::from(b.table_weight()))
+            .sum();
+        let len = vip.table.len().max(1) as f64;
+        Ok(Table {
+            vip: name.to_string(),
+            table_size: vip.config.table_size,
+            fingerprint: format!("{:016x}", vip.fingerprint),
+            backends: vip
+                .backends
+                .values()
+                .map(|b| {
+                    let slots = shares.get(&b.address).copied().unwrap_or(0);
+                    TableShare {
+                        address: b.address,
+                        weight: b.table_weight(),
+                        weight_share: if total_weight == 0 {
+                            0.0
+                        } else {
+                            f64::from(b.table_weight()) / total_weight as f64
+                        },
+                        slots,
+                        slot_share: slots as f64 / len,
+                    }
+                })
+                .collect(),
+        })
+    }
+
+    /// The Prometheus exposition.
+    pub fn render_metrics(&self) -> String {
+        let mut f = Families::default();
+        if let Ok(global) = self.balancer.global_stats() {
+            for (counter, action) in [
+                (Counter::ActionPass, "pass"),
+                (Counter::ActionTx, "tx"),
+                (Counter::ActionDrop, "drop"),
+            ] {
+                f.counter(
+                    "balancer_xdp_actions_total",
+                    "Packets by XDP verdict.",
+                    &[("action", action)],
+                    global.get(counter) as f64,
+                );
+            }
+            for (counter, result) in [
+                (Counter::ConntrackHit, "hit"),
+                (Counter::ConntrackMiss, "miss"),
+                (Counter::FlowRehashed, "rehashed"),
+                (Counter::UdpFlowExpired, "udp_expired"),
+            ] {
+                f.counter(
+                    "balancer_conntrack_lookups_total",
+                    "Connection-table lookups by result (a TCP SYN always counts as a miss).",
+                    &[("result", result)],
+                    global.get(counter) as f64,
+                );
+            }
+            for (counter, reason) in [
+                (Counter::DropNoBackend, "no_backend"),
+                (Counter::DropFragment, "fragment"),
+                (Counter::DropIpOptions, "ip_options"),
+                (Counter::DropMalformed, "malformed"),
+                (Counter::DropEncapFailed, "encap_failed"),
+            ] {
+                f.counter(
+                    "balancer_drops_total",
+                    "Packets for a VIP dropped, by reason.",
+                    &[("reason", reason)],
+                    global.get(counter) as f64,
+                );
+            }
+            f.counter(
+                "balancer_flood_activations_total",
+                "Times a CPU entered flood mode.",
+                &[],
+                global.get(Counter::FloodActivations) as f64,
+            );
+            f.counter(
+                "balancer_flood_inserts_skipped_total",
+                "New flows not recorded because of flood mode.",
+                &[],
+                global.get(Counter::FloodInsertsSkipped) as f64,
+            );
+            f.counter(
+                "balancer_icmp_errors_forwarded_total",
+                "ICMP errors about VIP flows forwarded to their backend.",
+                &[],
+                global.get(Counter::IcmpErrorForwarded) as f64,
+            );
+            f.counter(
+                "balancer_icmp_too_big_sent_total",
+                "ICMP fragmentation-needed / packet-too-big answers sent.",
+                &[],
+                global.get(Counter::IcmpTooBigSent) as f64,
+            );
+        }
+        for vip in self.vip_statuses() {
+            let v = vip.name.as_str();
+            f.counter(
+                "balancer_vip_packets_total",
+                "Packets to a VIP.",
+                &[("vip", v)],
+                vip.packets as f64,
+            );
+            f.counter(
+                "balancer_vip_bytes_total",
+                "Bytes to a VIP.",
+                &[("vip", v)],
+                vip.bytes as f64,
+            );
+            f.counter(
+                "balancer_vip_new_flows_total",
+                "Flows chosen from a VIP's Maglev table.",
+                &[("vip", v)],
+                vip.new_flows as f64,
+            );
+            f.gauge(
+                "balancer_vip_flows",
+                "Connection-table entries of a VIP.",
+                &[("vip", v)],
+                vip.flows as f64,
+            );
+            for b in &vip.backends {
+                let addr = b.address.to_string();
+                let l = [("vip", v), ("backend", addr.as_str())];
+                f.counter(
+                    "balancer_backend_packets_total",
+                    "Packets sent to a backend.",
+                    &l,
+                    b.packets as f64,
+                );
+                f.counter(
+                    "balancer_backend_bytes_total",
+                    "Bytes sent to a backend.",
+                    &l,
+                    b.bytes as f64,
+                );
+                f.counter(
+                    "balancer_backend_new_flows_total",
+                    "Flows a backend took from the Maglev table.",
+                    &l,
+                    b.new_flows as f64,
+                );
+                f.gauge(
+                    "balancer_backend_flows",
+                    "Connection-table entries pinned to a backend (active flows).",
+                    &l,
+                    b.flows as f64,
+                );
+                f.gauge(
+                    "balancer_backend_weight",
+                    "A backend's configured weight.",
+                    &l,
+                    f64::from(b.weight),
+                );
+                f.gauge(
+                    "balancer_backend_table_share",
+                    "A backend's share of its VIP's Maglev table (0..1).",
+                    &l,
+                    b.table_share,
+                );
+                f.gauge(
+                    "balancer_backend_healthy",
+                    "1 if the backend passes its health checks (or is unchecked).",
+                    &l,
+                    if b.healthy { 1.0 } else { 0.0 },
+                );
+                f.gauge(
+                    "balancer_backend_drained",
+                    "1 if the backend is drained or being removed.",
+                    &l,
+                    if b.drained { 1.0 } else { 0.0 },
+                );
+            }
+        }
+        self.metrics.render(f)
+    }
+
+    /// Backends to health-check: (VIP endpoint, VIP name, backend, check settings).
+    pub fn health_targets(&self) -> Vec<(Endpoint, String, IpAddr, crate::config::HealthConfig)> {
+        self.config
+            .vips
+            .iter()
+            .filter(|v| v.health.kind != HealthCheckKind::None)
+            .flat_map(|v| {
+                v.backends
+                    .iter()
+                    .map(move |b| (v.endpoint(), v.name.clone(), b.address, v.health.clone()))
+            })
+            .collect()
+    }
+}
+
+fn change_result(what: &str, report: &ApplyReport) -> ChangeResult {
+    ChangeResult {
+        message: what.to_string(),
+        vips_added: report.vips_added,
+        vips_removed: report.vips_removed,
+        vips_updated: report.vips_updated,
+        tables_published: report.tables_published,
+        slots_changed: report.slots_changed,
+    }
+}

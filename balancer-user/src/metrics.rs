@@ -1,0 +1,184 @@
+//! Prometheus metrics. The daemon's own events (table rebuilds, weight changes, health checks)
+//! are ordinary registered metrics; the data plane's counters live in the kernel and are turned
+//! into metric families at scrape time ([`Families`]), so a scrape always sees the kernel's
+//! current values.
+
+use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
+use prometheus::{Encoder, Histogram, HistogramOpts, IntCounterVec, Opts, Registry, TextEncoder};
+
+/// The daemon's registered metrics.
+pub struct Metrics {
+    registry: Registry,
+    /// Maglev tables built and published, per VIP.
+    pub table_rebuilds: IntCounterVec,
+    /// Seconds to build the tables of one change.
+    pub table_build_seconds: Histogram,
+    /// Seconds to publish (swap in) the tables of one change.
+    pub table_publish_seconds: Histogram,
+    /// Health checks by outcome.
+    pub health_checks: IntCounterVec,
+    /// Backend health transitions.
+    pub health_transitions: IntCounterVec,
+    /// Changes refused or failed, by origin.
+    pub change_errors: IntCounterVec,
+}
+
+impl Metrics {
+    pub fn new() -> prometheus::Result<Metrics> {
+        let registry = Registry::new();
+        let buckets = vec![
+            0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0,
+        ];
+        let m = Metrics {
+            table_rebuilds: IntCounterVec::new(
+                Opts::new("balancer_table_rebuilds_total", "Maglev tables built and published."),
+                &["vip"],
+            )?,
+            table_build_seconds: Histogram::with_opts(
+                HistogramOpts::new("balancer_table_build_seconds", "Time to build the Maglev tables of one change.")
+                    .buckets(buckets.clone()),
+            )?,
+            table_publish_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "balancer_table_publish_seconds",
+                    "Time to publish (swap in) the Maglev tables of one change, including the kernel's wait for readers of the old tables.",
+                )
+                .buckets(buckets),
+            )?,
+            health_checks: IntCounterVec::new(
+                Opts::new("balancer_health_checks_total", "Backend health checks by result."),
+                &["vip", "backend", "result"],
+            )?,
+            health_transitions: IntCounterVec::new(
+                Opts::new("balancer_health_transitions_total", "Backends changing health state."),
+                &["vip", "backend", "to"],
+            )?,
+            change_errors: IntCounterVec::new(
+                Opts::new("balancer_change_errors_total", "Configuration changes refused or failed."),
+                &["origin"],
+            )?,
+            registry,
+        };
+        m.registry.register(Box::new(m.table_rebuilds.clone()))?;
+        m.registry
+            .register(Box::new(m.table_build_seconds.clone()))?;
+        m.registry
+            .register(Box::new(m.table_publish_seconds.clone()))?;
+        m.registry.register(Box::new(m.health_checks.clone()))?;
+        m.registry
+            .register(Box::new(m.health_transitions.clone()))?;
+        m.registry.register(Box::new(m.change_errors.clone()))?;
+        Ok(m)
+    }
+
+    /// The text exposition of the registered metrics followed by `dynamic` ones.
+    pub fn render(&self, dynamic: Families) -> String {
+        let mut families = self.registry.gather();
+        families.extend(dynamic.0);
+        let mut out = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&families, &mut out) {
+            tracing::error!("encoding metrics: {e}");
+        }
+        String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+/// Metric families built at scrape time.
+#[derive(Default)]
+pub struct Families(Vec<MetricFamily>);
+
+fn labels(pairs: &[(&str, &str)]) -> Vec<LabelPair> {
+    pairs
+        .iter()
+        .map(|(k, v)| {
+            let mut l = LabelPair::default();
+            l.set_name((*k).to_string());
+            l.set_value((*v).to_string());
+            l
+        })
+        .collect()
+}
+
+impl Families {
+    fn family(&mut self, name: &str, help: &str, kind: MetricType) -> &mut MetricFamily {
+        if let Some(at) = self.0.iter().position(|f| f.name() == name) {
+            return &mut self.0[at];
+        }
+        let mut f = MetricFamily::default();
+        f.set_name(name.to_string());
+        f.set_help(help.to_string());
+        f.set_field_type(kind);
+        self.0.push(f);
+        self.0.last_mut().expect("just pushed")
+    }
+
+    /// Adds a counter sample.
+    pub fn counter(&mut self, name: &str, help: &str, label_pairs: &[(&str, &str)], value: f64) {
+        let mut c = Counter::default();
+        c.set_value(value);
+        let mut m = Metric::from_label(labels(label_pairs));
+        m.set_counter(c);
+        self.family(name, help, MetricType::COUNTER)
+            .mut_metric()
+            .push(m);
+    }
+
+    /// Adds a gauge sample.
+    pub fn gauge(&mut self, name: &str, help: &str, label_pairs: &[(&str, &str)], value: f64) {
+        let mut g = Gauge::default();
+        g.set_value(value);
+        let mut m = Metric::from_label(labels(label_pairs));
+        m.set_gauge(g);
+        self.family(name, help, MetricType::GAUGE)
+            .mut_metric()
+            .push(m);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_registered_and_dynamic_metrics() {
+        let m = Metrics::new().unwrap();
+        m.table_rebuilds.with_label_values(&["web"]).inc();
+        let mut d = Families::default();
+        d.counter(
+            "balancer_vip_packets_total",
+            "Packets.",
+            &[("vip", "web")],
+            42.0,
+        );
+        d.counter(
+            "balancer_vip_packets_total",
+            "Packets.",
+            &[("vip", "dns")],
+            7.0,
+        );
+        d.gauge(
+            "balancer_backend_weight",
+            "Weight.",
+            &[("vip", "web"), ("backend", "10.0.0.1")],
+            3.0,
+        );
+        let text = m.render(d);
+        assert!(
+            text.contains("balancer_table_rebuilds_total{vip=\"web\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE balancer_vip_packets_total counter"),
+            "{text}"
+        );
+        assert!(
+            text.contains("balancer_vip_packets_total{vip=\"dns\"} 7"),
+            "{text}"
+        );
+        assert!(
+            text.contains("balancer_backend_weight{vip=\"web\",backend=\"10.0.0.1\"} 3"),
+            "{text}"
+        );
+        assert_eq!(text.matches("# TYPE balancer_vip_packets_total").count(), 1);
+    }
+}

@@ -1,0 +1,558 @@
+//! The control plane against a running daemon in the test rack (needs root): the API and CLI
+//! for every command with their error paths, health-check transitions, and restarts (SIGKILL,
+//! SIGTERM, `--replace`) while traffic flows.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+use balancer::api::client::{Client, Endpoint};
+use balancer::api::types::{ChangeResult, Status, Table};
+use balancer::config::AttachMode;
+use balancer_tests::netns::{PREFIX, sweep};
+use balancer_tests::topology::*;
+use balancer_tests::traffic::{echo_until, http_get};
+
+const TIMEOUT: Duration = Duration::from_secs(5);
+const TOKEN: &str = "test-token-0123456789abcdef";
+
+fn rack(tag: &str, extra: &str) -> Topology {
+    sweep(&format!("{PREFIX}-{tag}-"));
+    let mut topo = Topology::build(TopologyOptions::new(tag)).expect("building the test rack");
+    topo.attach_peer_pass(AttachMode::Native)
+        .expect("pass program");
+    let config = rack_config(&topo, "l2-dsr", AttachMode::Native, extra);
+    topo.start_balancer(&config).expect("starting the balancer");
+    topo
+}
+
+fn status(topo: &Topology) -> Status {
+    let (code, out, err) = topo.cli(&["status", "--json"]).expect("cli");
+    assert_eq!(code, 0, "balancer status failed: {err}");
+    serde_json::from_str(&out).expect("status JSON")
+}
+
+fn served_by(topo: &Topology, requests: usize) -> BTreeMap<String, usize> {
+    topo.client
+        .run_in(move || {
+            let mut served = BTreeMap::new();
+            for _ in 0..requests {
+                if let Ok(name) = http_get(SocketAddr::new(VIP4.into(), HTTP_PORT), TIMEOUT) {
+                    *served.entry(name).or_insert(0) += 1;
+                }
+            }
+            served
+        })
+        .expect("client thread")
+}
+
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn every_command_round_trips_and_errors_change_nothing() {
+    let topo = rack("api", "");
+    let dir = topo.log_dir.clone();
+    let config_path = dir.join("balancer.toml");
+    let cli = |args: &[&str]| topo.cli(args).expect("cli");
+
+    // Reads.
+    let (code, out, _) = cli(&["vip", "list"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("http4") && out.contains("echo6"), "{out}");
+    let (code, out, _) = cli(&["backend", "list", "http4"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("10.111.0.12"), "{out}");
+    let (code, out, _) = cli(&["table", "http4"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("33.33%"), "equal shares expected:\n{out}");
+    let (code, out, _) = cli(&["stats"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("conntrack_hit"), "{out}");
+
+    // Changes, each visible in status and in the config file.
+    let (code, out, err) = cli(&[
+        "vip",
+        "add",
+        "web",
+        "--address",
+        "10.111.1.1",
+        "--port",
+        "8080",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, err) = cli(&["backend", "add", "web", "10.111.0.11", "--weight", "3"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, _, err) = cli(&["backend", "add", "web", "10.111.0.12"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = cli(&["backend", "set-weight", "web", "10.111.0.12", "2"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = cli(&["backend", "drain", "web", "10.111.0.11"]);
+    assert_eq!(code, 0, "{err}");
+    let s = status(&topo);
+    let web = s.vips.iter().find(|v| v.name == "web").expect("web VIP");
+    let b11 = web
+        .backends
+        .iter()
+        .find(|b| b.address.to_string() == "10.111.0.11")
+        .expect("b11");
+    let b12 = web
+        .backends
+        .iter()
+        .find(|b| b.address.to_string() == "10.111.0.12")
+        .expect("b12");
+    assert!(
+        b11.drained && b11.weight == 3 && b11.table_share == 0.0,
+        "{b11:?}"
+    );
+    assert!(b12.weight == 2 && b12.table_share == 1.0, "{b12:?}");
+    let (code, _, err) = cli(&["backend", "undrain", "web", "10.111.0.11"]);
+    assert_eq!(code, 0, "{err}");
+    let (_, out, _) = cli(&["table", "web", "--json"]);
+    let table: Table = serde_json::from_str(&out).expect("table JSON");
+    let share = |a: &str| {
+        table
+            .backends
+            .iter()
+            .find(|b| b.address.to_string() == a)
+            .unwrap()
+            .slot_share
+    };
+    assert!(
+        (share("10.111.0.11") - 0.6).abs() < 0.001 && (share("10.111.0.12") - 0.4).abs() < 0.001
+    );
+    let file = std::fs::read_to_string(&config_path).expect("config file");
+    assert!(
+        file.contains("name = \"web\"") && file.contains("weight = 3"),
+        "config file not written back:\n{file}"
+    );
+
+    // Errors: a clear message, a meaningful exit code, and no change anywhere.
+    let before = std::fs::read_to_string(&config_path).unwrap();
+    let before_status = serde_json::to_string(&status(&topo).vips).unwrap();
+    let cases: &[(&[&str], i32, &str)] = &[
+        (&["backend", "list", "nosuch"], 3, "no VIP named \"nosuch\""),
+        (&["vip", "del", "nosuch"], 3, "no VIP named"),
+        (&["table", "nosuch"], 3, "no VIP named"),
+        (
+            &["backend", "add", "web", "10.111.0.11"],
+            4,
+            "already in VIP",
+        ),
+        (
+            &[
+                "vip",
+                "add",
+                "web",
+                "--address",
+                "10.111.1.1",
+                "--port",
+                "8081",
+            ],
+            4,
+            "a VIP named \"web\" exists",
+        ),
+        (
+            &[
+                "vip",
+                "add",
+                "dup",
+                "--address",
+                "10.111.1.1",
+                "--port",
+                "8080",
+            ],
+            4,
+            "already serves 10.111.1.1:8080/tcp",
+        ),
+        (
+            &["backend", "set-weight", "web", "10.111.0.11", "70000"],
+            2,
+            "weight = 70000: must be between 0 and 65535",
+        ),
+        (
+            &["backend", "set-weight", "web", "10.111.0.11", "-1"],
+            2,
+            "must be between 0 and 65535",
+        ),
+        (
+            &["backend", "drain", "web", "10.111.0.99"],
+            3,
+            "has no backend 10.111.0.99",
+        ),
+        (
+            &[
+                "vip",
+                "add",
+                "bad",
+                "--address",
+                "10.111.1.1",
+                "--port",
+                "81",
+                "--protocol",
+                "sctp",
+            ],
+            2,
+            "vip.protocol = \"sctp\"",
+        ),
+        (
+            &[
+                "vip",
+                "add",
+                "bad",
+                "--address",
+                "10.111.1.1",
+                "--port",
+                "81",
+                "--table-size",
+                "1000",
+            ],
+            2,
+            "must be a prime",
+        ),
+    ];
+    for (args, want_code, want_msg) in cases {
+        let (code, out, err) = cli(args);
+        assert_eq!(
+            code, *want_code,
+            "{args:?}: exit {code}, stdout {out:?}, stderr {err:?}"
+        );
+        assert!(
+            err.contains(want_msg),
+            "{args:?}: expected {want_msg:?} in {err:?}"
+        );
+    }
+    // Raw HTTP: malformed JSON, wrong shapes, oversized bodies, unknown endpoints.
+    let client = Client::new(Endpoint::Unix(topo.api_socket()));
+    let raw = |method: &str, path: &str, body: &[u8]| {
+        client.raw(method, path, Some(body)).expect("request")
+    };
+    let (status_code, body) = raw("POST", "/v1/vips", b"{not json");
+    assert_eq!(status_code, 400, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("invalid request body"));
+    let (status_code, body) = raw("POST", "/v1/vips", br#"{"address": 5}"#);
+    assert!(
+        status_code == 422 || status_code == 400,
+        "{status_code} {}",
+        String::from_utf8_lossy(&body)
+    );
+    let (status_code, _) = raw(
+        "POST",
+        "/v1/vips",
+        br#"{"address": "10.111.1.1", "port": 1, "bogus": true}"#,
+    );
+    assert!(status_code == 422 || status_code == 400);
+    let huge = vec![b' '; 2 * 1024 * 1024];
+    let (status_code, body) = raw("POST", "/v1/vips", &huge);
+    assert_eq!(status_code, 413, "{}", String::from_utf8_lossy(&body));
+    let (status_code, _) = raw("GET", "/v1/nothing", b"");
+    assert_eq!(status_code, 404);
+    assert_eq!(
+        std::fs::read_to_string(&config_path).unwrap(),
+        before,
+        "an error changed the config file"
+    );
+    assert_eq!(
+        serde_json::to_string(&status(&topo).vips).unwrap(),
+        before_status,
+        "an error changed the state"
+    );
+
+    // Removal, reload of a hand edit, and a refused reload.
+    let (code, _, err) = cli(&["backend", "del", "web", "10.111.0.12"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = cli(&["vip", "del", "web"]);
+    assert_eq!(code, 0, "{err}");
+    let edited = std::fs::read_to_string(&config_path)
+        .unwrap()
+        .replace("name = \"udp6\"", "name = \"dns6\"");
+    std::fs::write(&config_path, &edited).unwrap();
+    let (code, out, err) = cli(&["reload"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(status(&topo).vips.iter().any(|v| v.name == "dns6"));
+    std::fs::write(
+        &config_path,
+        edited.replace("table_size = 65537", "table_size = 65536"),
+    )
+    .unwrap();
+    let (code, _, err) = cli(&["reload"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("must be a prime"), "{err}");
+    assert!(
+        status(&topo).vips.iter().any(|v| v.name == "dns6"),
+        "a refused reload changed the state"
+    );
+
+    // Traffic still flows through what is left.
+    assert_eq!(served_by(&topo, 30).values().sum::<usize>(), 30);
+}
+
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn the_tcp_listener_requires_its_token() {
+    // The token file must exist before the daemon starts.
+    let token_dir = std::env::temp_dir().join(format!("{PREFIX}-tok"));
+    std::fs::create_dir_all(&token_dir).unwrap();
+    let token_file = token_dir.join("token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let extra = "[metrics]\nlisten = \"127.0.0.1:9181\"\n";
+    let topo = {
+        sweep(&format!("{PREFIX}-tok-"));
+        let mut topo = Topology::build(TopologyOptions::new("tok")).expect("rack");
+        topo.attach_peer_pass(AttachMode::Native).expect("pass");
+        let config = rack_config(&topo, "l2-dsr", AttachMode::Native, extra).replace(
+            "[api]\n",
+            &format!(
+                "[api]\nlisten = \"127.0.0.1:9180\"\ntoken_file = \"{}\"\n",
+                token_file.display()
+            ),
+        );
+        topo.start_balancer(&config).expect("balancer");
+        topo
+    };
+    let results = topo
+        .lb
+        .run_in(|| {
+            let ok = Client::new(Endpoint::Tcp {
+                addr: "127.0.0.1:9180".into(),
+                token: TOKEN.into(),
+            })
+            .get::<Status>("/v1/status")
+            .map(|s| s.vips.len())
+            .map_err(|e| e.to_string());
+            let wrong = Client::new(Endpoint::Tcp {
+                addr: "127.0.0.1:9180".into(),
+                token: "wrong-token-0123456789".into(),
+            })
+            .call::<(), ChangeResult>("DELETE", "/v1/vips/http4", None)
+            .map_err(|e| (e.status(), e.to_string()));
+            let text = fetch_metrics("127.0.0.1:9181");
+            (ok, wrong, text)
+        })
+        .expect("lb thread");
+    assert_eq!(results.0, Ok(6));
+    let (code, message) = results.1.expect_err("a wrong token must be refused");
+    assert_eq!(code, Some(401), "{message}");
+    assert!(message.contains("bearer token"), "{message}");
+    assert_eq!(
+        status(&topo).vips.len(),
+        6,
+        "a refused request changed the state"
+    );
+    let text = results.2.expect("metrics page");
+    for name in [
+        "balancer_vip_packets_total{vip=\"http4\"}",
+        "balancer_backend_weight{vip=\"http4\",backend=\"10.111.0.11\"} 1",
+        "balancer_backend_healthy{vip=\"http4\",backend=\"10.111.0.11\"} 1",
+        "balancer_conntrack_lookups_total{result=\"hit\"}",
+        "balancer_drops_total{reason=\"malformed\"}",
+        "balancer_table_rebuilds_total",
+        "# TYPE balancer_table_publish_seconds histogram",
+    ] {
+        assert!(text.contains(name), "metrics page lacks {name}:\n{text}");
+    }
+    let _ = std::fs::remove_dir_all(token_dir);
+}
+
+/// `GET /metrics` over plain TCP.
+fn fetch_metrics(addr: &str) -> Result<String, String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .map_err(|e| e.to_string())?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn unhealthy_backends_leave_the_table_and_return() {
+    let mut topo = rack("hc", "");
+    // Turn on TCP checks of the HTTP port: every 100 ms, 3 failures to fall, 2 to rise.
+    let path = topo.log_dir.join("balancer.toml");
+    let text = std::fs::read_to_string(&path).unwrap().replace(
+        "name = \"http4\"\n",
+        "name = \"http4\"\nhealth = { check = \"tcp\", interval_ms = 100, timeout_ms = 50, fall = 3, rise = 2 }\n",
+    );
+    topo.reload_balancer(&text).expect("enable health checks");
+    let healthy_of = |topo: &Topology| -> BTreeMap<String, bool> {
+        status(topo)
+            .vips
+            .into_iter()
+            .find(|v| v.name == "http4")
+            .map(|v| {
+                v.backends
+                    .iter()
+                    .map(|b| (b.address.to_string(), b.healthy))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let wait_for = |topo: &Topology, want: bool, limit: Duration| -> Duration {
+        let started = Instant::now();
+        loop {
+            if healthy_of(topo).get("10.111.0.13") == Some(&want) {
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < limit,
+                "b3 did not become healthy={want} within {limit:?}: {:?}",
+                healthy_of(topo)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_for(&topo, true, Duration::from_secs(5));
+    assert!(served_by(&topo, 60).contains_key("b3"));
+
+    topo.kill_backend_server(2).expect("stop b3's server");
+    // Detection within interval x fall (300 ms) plus one check's timeout and scheduling slack.
+    let detected = wait_for(&topo, false, Duration::from_millis(300 + 50 + 650));
+    println!("b3 unhealthy after {detected:?} (interval 100 ms x fall 3)");
+    let s = status(&topo);
+    let b3 = s
+        .vips
+        .iter()
+        .find(|v| v.name == "http4")
+        .unwrap()
+        .backends
+        .iter()
+        .find(|b| b.address.to_string() == "10.111.0.13")
+        .unwrap()
+        .clone();
+    assert_eq!(b3.table_share, 0.0, "an unhealthy backend kept table slots");
+    let served = served_by(&topo, 60);
+    assert!(
+        !served.contains_key("b3"),
+        "new connections reached a dead backend: {served:?}"
+    );
+    assert_eq!(
+        served.values().sum::<usize>(),
+        60,
+        "connections failed while b3 was out: {served:?}"
+    );
+
+    topo.start_backend_server(2).expect("restart b3's server");
+    let recovered = wait_for(&topo, true, Duration::from_millis(200 + 50 + 750));
+    println!("b3 healthy again after {recovered:?} (interval 100 ms x rise 2)");
+    assert!(
+        served_by(&topo, 60).contains_key("b3"),
+        "b3 did not get traffic back"
+    );
+}
+
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn restarts_lose_nothing() {
+    let mut topo = rack("rst", "");
+    const STREAMS: usize = 20;
+    let run_for = Duration::from_secs(20);
+    let until = Instant::now() + run_for;
+    // Long-lived TCP streams, and a UDP probe every 10 ms that records each answer's time.
+    let mut streams = Vec::new();
+    for i in 0..STREAMS {
+        let vip = if i % 2 == 0 {
+            IpAddr::from(VIP4)
+        } else {
+            IpAddr::from(VIP6)
+        };
+        let addr = SocketAddr::new(vip, ECHO_PORT);
+        streams.push(
+            topo.client
+                .spawn_in(move || echo_until(addr, until, TIMEOUT).map_err(|e| format!("{e:#}")))
+                .unwrap(),
+        );
+    }
+    let udp = topo
+        .client
+        .spawn_in(move || -> Result<(usize, usize, Duration), String> {
+            let sock = UdpSocket::bind("0.0.0.0:0").map_err(|e| e.to_string())?;
+            sock.connect(SocketAddr::new(VIP4.into(), UDP_PORT))
+                .map_err(|e| e.to_string())?;
+            sock.set_read_timeout(Some(Duration::from_millis(500)))
+                .map_err(|e| e.to_string())?;
+            let (mut sent, mut answered) = (0, 0);
+            let mut last = Instant::now();
+            let mut longest = Duration::ZERO;
+            let mut buf = [0u8; 256];
+            while Instant::now() < until {
+                sent += 1;
+                sock.send(format!("probe {sent}").as_bytes())
+                    .map_err(|e| e.to_string())?;
+                if sock.recv(&mut buf).is_ok() {
+                    answered += 1;
+                    longest = longest.max(last.elapsed());
+                    last = Instant::now();
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Ok((sent, answered, longest))
+        })
+        .unwrap();
+
+    let started = Instant::now();
+    let at = |secs: u64| {
+        let target = Duration::from_secs(secs);
+        if let Some(rest) = target.checked_sub(started.elapsed()) {
+            std::thread::sleep(rest);
+        }
+    };
+    at(4);
+    // SIGKILL: no cleanup at all; the pinned program keeps forwarding.
+    topo.process("balancer")
+        .unwrap()
+        .signal_and_wait(libc::SIGKILL, TIMEOUT)
+        .unwrap();
+    at(7);
+    topo.restart_balancer(&[]).expect("restart after SIGKILL");
+    let log = topo.process("balancer").unwrap().log_text();
+    assert!(
+        log.contains("adopted the pinned program"),
+        "the restarted daemon did not adopt:\n{log}"
+    );
+    at(10);
+    // SIGTERM: a clean stop that leaves the program forwarding.
+    let code = topo
+        .process("balancer")
+        .unwrap()
+        .signal_and_wait(libc::SIGTERM, TIMEOUT)
+        .unwrap();
+    assert!(code.success(), "SIGTERM exit {code}");
+    at(12);
+    // An upgrade in place: the program is swapped inside the pinned link.
+    topo.restart_balancer(&["--replace"])
+        .expect("restart with --replace");
+    let log = topo.process("balancer").unwrap().log_text();
+    assert!(log.contains("program replaced atomically"), "{log}");
+    at(14);
+    // A change through the API after all that still works, and traffic follows it.
+    let (code, _, err) = topo
+        .cli(&["backend", "set-weight", "echo4", "10.111.0.11", "4"])
+        .unwrap();
+    assert_eq!(code, 0, "{err}");
+
+    let mut per_backend = BTreeMap::new();
+    for (i, s) in streams.into_iter().enumerate() {
+        let (backend, bytes) = s.join().unwrap().unwrap().unwrap_or_else(|e| {
+            panic!("stream {i} broke across the restarts: {e}\n{}", topo.logs())
+        });
+        assert!(
+            bytes > 1 << 20,
+            "stream {i} moved only {bytes} bytes in {run_for:?}"
+        );
+        *per_backend.entry(backend).or_insert(0) += 1;
+    }
+    let (sent, answered, longest) = udp.join().unwrap().unwrap().unwrap();
+    println!(
+        "{STREAMS} TCP streams over {run_for:?} on {per_backend:?}: none broke; UDP: {answered}/{sent} answered, longest gap between answers {longest:?}"
+    );
+    assert_eq!(
+        answered, sent,
+        "UDP probes went unanswered: forwarding paused"
+    );
+    assert!(
+        longest < Duration::from_millis(500),
+        "forwarding paused for {longest:?}"
+    );
+}
