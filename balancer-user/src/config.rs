@@ -1277,6 +1277,20 @@ table_size = 655373
     }
 
     #[test]
+    fn the_example_config_is_valid() {
+        let text = include_str!("../../config/balancer.example.toml");
+        let c = Config::parse(text).unwrap();
+        assert_eq!(
+            c.vips[0].health.kind,
+            HealthCheckKind::Http {
+                path: "/health".into(),
+                expect_status: 200
+            }
+        );
+        assert_eq!(c.metrics.listen, Some("127.0.0.1:9181".parse().unwrap()));
+    }
+
+    #[test]
     fn a_config_survives_its_own_toml() {
         let mut c = Config::parse(GOOD).unwrap();
         c.vips[0].backends[1].drained = true;
