@@ -13,4 +13,6 @@ pub mod health;
 pub mod metrics;
 pub mod netinfo;
 pub mod pinning;
+pub mod policy;
 pub mod settings;
+pub mod telemetry;

@@ -1,0 +1,556 @@
+//! The weight policy engine: what the backends report (and the data plane's flow counts)
+//! becomes each backend's Maglev weight. Pure: no I/O, no clock; the caller passes each
+//! report's age and keeps the [`PolicyState`] between rounds.
+//!
+//! A round, for each backend:
+//! 1. **Stale** reports (older than `stale_after`, or none yet) make it saturated (weight 0) or
+//!    keep its last weight, as configured.
+//! 2. **Saturation**: KV-cache use at or above `kv_saturation`, or free GPU memory below
+//!    `min_free_gpu_memory`, gives weight 0 at once: no new flows, established ones continue.
+//! 3. **Score** by policy, times the backend's capacity (its configured weight, scaled by its
+//!    KV capacity against the pool's mean when backends report one, so a bigger GPU takes more):
+//!    `least-conn` 1/(1 + flows); `least-latency` 1/TTFT; `gpu` free GPU-memory fraction (or
+//!    KV headroom); `tokens` free KV tokens; `composite` (1 - pressure)^2, where pressure is the
+//!    factor-weighted mean of KV use, GPU-memory use, queue share `waiting/(waiting+running+1)`,
+//!    connection share (flows over the pool's most) and TTFT share (over the pool's slowest).
+//! 4. Scale to 0..=[`MAX_WEIGHT`], raise non-saturated backends to `floor` x max (slow GPUs stay
+//!    in rotation), smooth with an EWMA, hold within `hysteresis` of the published weight, and
+//!    round to `quantum`: small noise never rebuilds the table.
+//! 5. If every backend would get 0, the configured weights of the non-stale ones stand in
+//!    (degraded, with the reason said): sending new flows nowhere is worse.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use crate::telemetry::signals::Signals;
+
+/// Largest weight a policy assigns.
+pub const MAX_WEIGHT: u32 = 1000;
+
+/// Which policy computes a VIP's weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PolicyKind {
+    /// The configured weights.
+    Static,
+    /// Fewer active flows, more weight.
+    LeastConn,
+    /// Lower time to first token, more weight.
+    LeastLatency,
+    /// More free GPU memory (or KV headroom), more weight.
+    Gpu,
+    /// More free KV tokens, more weight.
+    Tokens,
+    /// A weighted mix of every signal.
+    Composite,
+}
+
+impl PolicyKind {
+    pub const fn name(self) -> &'static str {
+        match self {
+            PolicyKind::Static => "static",
+            PolicyKind::LeastConn => "least-conn",
+            PolicyKind::LeastLatency => "least-latency",
+            PolicyKind::Gpu => "gpu",
+            PolicyKind::Tokens => "tokens",
+            PolicyKind::Composite => "composite",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<PolicyKind> {
+        [
+            PolicyKind::Static,
+            PolicyKind::LeastConn,
+            PolicyKind::LeastLatency,
+            PolicyKind::Gpu,
+            PolicyKind::Tokens,
+            PolicyKind::Composite,
+        ]
+        .into_iter()
+        .find(|k| k.name() == s)
+    }
+
+    /// Whether the policy reads backend reports.
+    pub const fn needs_reports(self) -> bool {
+        !matches!(self, PolicyKind::Static | PolicyKind::LeastConn)
+    }
+}
+
+/// What stale reports mean.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StaleMode {
+    /// Weight 0 until fresh reports arrive (the llm-d endpoint picker's choice).
+    Saturated,
+    /// Keep the last weight.
+    Keep,
+}
+
+/// Factors of the composite policy (0 leaves a signal out).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Factors {
+    pub kv: f64,
+    pub gpu_memory: f64,
+    pub queue: f64,
+    pub tokens: f64,
+    pub connections: f64,
+    pub ttft: f64,
+}
+
+impl Default for Factors {
+    fn default() -> Self {
+        Factors {
+            kv: 1.0,
+            gpu_memory: 0.5,
+            queue: 2.0,
+            tokens: 0.5,
+            connections: 0.5,
+            ttft: 0.0,
+        }
+    }
+}
+
+/// A VIP's policy settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyConfig {
+    pub kind: PolicyKind,
+    pub factors: Factors,
+    /// EWMA weight of the newest round, 0 < alpha <= 1 (1 = no smoothing).
+    pub ewma_alpha: f64,
+    /// Relative change below which a published weight stays.
+    pub hysteresis: f64,
+    /// Least share of the top weight a usable backend keeps, 0..1.
+    pub floor: f64,
+    /// KV-cache use at or above which a backend takes no new flows.
+    pub kv_saturation: f64,
+    /// Free GPU memory below which a backend takes no new flows (0 = off).
+    pub min_free_gpu_memory_bytes: f64,
+    pub stale_after: Duration,
+    pub stale: StaleMode,
+    /// Published weights are multiples of this.
+    pub quantum: u32,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            kind: PolicyKind::Static,
+            factors: Factors::default(),
+            ewma_alpha: 0.5,
+            hysteresis: 0.05,
+            floor: 0.05,
+            kv_saturation: 0.95,
+            min_free_gpu_memory_bytes: 0.0,
+            stale_after: Duration::from_millis(1000),
+            stale: StaleMode::Saturated,
+            quantum: 10,
+        }
+    }
+}
+
+/// One backend's inputs for a round.
+#[derive(Clone, Debug)]
+pub struct Input {
+    pub address: IpAddr,
+    /// The configured weight (the operator's capacity hint; 0 = drained by weight).
+    pub configured: u32,
+    pub signals: Option<Signals>,
+    /// Age of the newest report.
+    pub age: Option<Duration>,
+    /// Active flows in the data plane.
+    pub flows: u64,
+}
+
+/// A backend's weight and why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    pub address: IpAddr,
+    pub weight: u32,
+    pub reason: String,
+}
+
+/// What a policy remembers between rounds.
+#[derive(Clone, Debug, Default)]
+pub struct PolicyState {
+    smoothed: BTreeMap<IpAddr, f64>,
+    published: BTreeMap<IpAddr, u32>,
+}
+
+impl PolicyState {
+    /// The weight last published for a backend.
+    pub fn published(&self, address: IpAddr) -> Option<u32> {
+        self.published.get(&address).copied()
+    }
+}
+
+enum Verdict {
+    Zero(String),
+    Keep(String),
+    Score(f64, String),
+}
+
+fn pct(v: f64) -> String {
+    format!("{:.0}%", v * 100.0)
+}
+
+/// One round: the weight of every backend.
+pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> Vec<Decision> {
+    if cfg.kind == PolicyKind::Static {
+        state.smoothed.clear();
+        state.published = inputs.iter().map(|i| (i.address, i.configured)).collect();
+        return inputs
+            .iter()
+            .map(|i| Decision {
+                address: i.address,
+                weight: i.configured,
+                reason: "static: configured weight".into(),
+            })
+            .collect();
+    }
+    let fresh = |i: &Input| !cfg.kind.needs_reports() || i.age.is_some_and(|a| a <= cfg.stale_after);
+    let signals = |i: &Input| i.signals.clone().unwrap_or_default();
+
+    // Pool-wide references.
+    let capacities: Vec<f64> = inputs
+        .iter()
+        .filter_map(|i| i.signals.as_ref()?.kv_capacity_tokens)
+        .filter(|c| *c > 0.0)
+        .collect();
+    let mean_capacity = (!capacities.is_empty()).then(|| capacities.iter().sum::<f64>() / capacities.len() as f64);
+    let max_flows = inputs.iter().map(|i| i.flows).max().unwrap_or(0).max(1) as f64;
+    let max_ttft = inputs
+        .iter()
+        .filter_map(|i| i.signals.as_ref()?.ttft_seconds)
+        .fold(0.0f64, f64::max);
+
+    let verdicts: Vec<Verdict> = inputs
+        .iter()
+        .map(|i| {
+            if i.configured == 0 {
+                return Verdict::Zero("configured weight 0".into());
+            }
+            if !fresh(i) {
+                let why = match i.age {
+                    Some(a) => format!("stale report ({} ms old)", a.as_millis()),
+                    None => "no report yet".into(),
+                };
+                return match cfg.stale {
+                    StaleMode::Saturated => Verdict::Zero(format!("{why}: treated as saturated")),
+                    StaleMode::Keep => Verdict::Keep(format!("{why}: keeping the last weight")),
+                };
+            }
+            let s = signals(i);
+            if let Some(kv) = s.kv_usage.filter(|kv| *kv >= cfg.kv_saturation) {
+                return Verdict::Zero(format!("saturated: KV cache {} >= {}", pct(kv), pct(cfg.kv_saturation)));
+            }
+            if cfg.min_free_gpu_memory_bytes > 0.0
+                && let Some(free) = s.gpu_memory_free_bytes().filter(|f| *f < cfg.min_free_gpu_memory_bytes)
+            {
+                return Verdict::Zero(format!(
+                    "saturated: free GPU memory {:.0} MiB < {:.0} MiB",
+                    free / 1048576.0,
+                    cfg.min_free_gpu_memory_bytes / 1048576.0
+                ));
+            }
+            let capacity = f64::from(i.configured)
+                * match (s.kv_capacity_tokens, mean_capacity) {
+                    (Some(c), Some(m)) if c > 0.0 => c / m,
+                    _ => 1.0,
+                };
+            let (score, why) = score(cfg, i, &s, max_flows, max_ttft);
+            Verdict::Score(capacity * score, why)
+        })
+        .collect();
+
+    let top = verdicts
+        .iter()
+        .filter_map(|v| match v {
+            Verdict::Score(s, _) => Some(*s),
+            _ => None,
+        })
+        .fold(0.0f64, f64::max);
+    let mut decisions = Vec::with_capacity(inputs.len());
+    for (i, verdict) in inputs.iter().zip(verdicts) {
+        let previous = state.published.get(&i.address).copied();
+        let (weight, reason) = match verdict {
+            Verdict::Zero(why) => {
+                state.smoothed.insert(i.address, 0.0);
+                (0, why)
+            }
+            Verdict::Keep(why) => (previous.unwrap_or(i.configured.min(MAX_WEIGHT)), why),
+            Verdict::Score(score, why) => {
+                let target = if top > 0.0 {
+                    (score / top * f64::from(MAX_WEIGHT)).max(cfg.floor * f64::from(MAX_WEIGHT))
+                } else {
+                    cfg.floor * f64::from(MAX_WEIGHT)
+                };
+                let smoothed = match state.smoothed.get(&i.address) {
+                    // Coming back from 0 starts from the floor, not from nothing.
+                    Some(s) if *s > 0.0 => cfg.ewma_alpha * target + (1.0 - cfg.ewma_alpha) * s,
+                    _ => target,
+                };
+                state.smoothed.insert(i.address, smoothed);
+                let held = match previous {
+                    Some(p) if p > 0 && (smoothed - f64::from(p)).abs() <= cfg.hysteresis * f64::from(p) => p,
+                    _ => quantize(smoothed, cfg.quantum),
+                };
+                (held.max(cfg.quantum.min(MAX_WEIGHT)), why)
+            }
+        };
+        decisions.push(Decision {
+            address: i.address,
+            weight,
+            reason,
+        });
+    }
+    if decisions.iter().all(|d| d.weight == 0) {
+        for (d, i) in decisions.iter_mut().zip(inputs) {
+            if fresh(i) || !cfg.kind.needs_reports() {
+                d.weight = i.configured.min(MAX_WEIGHT);
+                d.reason = format!("every backend saturated: configured weight stands in ({})", d.reason);
+            }
+        }
+    }
+    for d in &decisions {
+        state.published.insert(d.address, d.weight);
+    }
+    decisions
+}
+
+fn quantize(weight: f64, quantum: u32) -> u32 {
+    let q = f64::from(quantum.max(1));
+    ((weight / q).round() * q).clamp(0.0, f64::from(MAX_WEIGHT)) as u32
+}
+
+/// The policy's score of a usable backend (0..1, higher is better) and its explanation.
+fn score(cfg: &PolicyConfig, i: &Input, s: &Signals, max_flows: f64, max_ttft: f64) -> (f64, String) {
+    let kv = s.kv_usage;
+    let gpu = match (s.gpu_memory_used_bytes, s.gpu_memory_total_bytes) {
+        (Some(u), Some(t)) if t > 0.0 => Some((u / t).clamp(0.0, 1.0)),
+        _ => None,
+    };
+    match cfg.kind {
+        PolicyKind::Static => (1.0, "static".into()),
+        PolicyKind::LeastConn => (1.0 / (1.0 + i.flows as f64), format!("least-conn: {} flows", i.flows)),
+        PolicyKind::LeastLatency => match s.ttft_seconds {
+            Some(t) if t > 0.0 => (1.0 / t, format!("least-latency: TTFT {:.0} ms", t * 1e3)),
+            _ => (1.0 / max_ttft.max(1.0), "least-latency: no TTFT yet".into()),
+        },
+        PolicyKind::Gpu => match (gpu, kv) {
+            (Some(used), _) => (1.0 - used, format!("gpu: memory {} used", pct(used))),
+            (None, Some(kv)) => (1.0 - kv, format!("gpu: KV cache {} used", pct(kv))),
+            (None, None) => (1.0, "gpu: no GPU figures".into()),
+        },
+        PolicyKind::Tokens => match (s.kv_capacity_tokens, s.inflight_tokens, kv) {
+            (Some(cap), Some(used), _) if cap > 0.0 => (
+                ((cap - used) / cap).clamp(0.0, 1.0),
+                format!("tokens: {:.0} of {:.0} KV tokens in flight", used, cap),
+            ),
+            (_, _, Some(kv)) => (1.0 - kv, format!("tokens: KV cache {} used", pct(kv))),
+            _ => (1.0, "tokens: no token figures".into()),
+        },
+        PolicyKind::Composite => {
+            let f = &cfg.factors;
+            let queue = match (s.waiting, s.running) {
+                (Some(w), r) => Some(w / (w + r.unwrap_or(0.0) + 1.0)),
+                _ => None,
+            };
+            let tokens = match (s.kv_capacity_tokens, s.inflight_tokens) {
+                (Some(c), Some(u)) if c > 0.0 => Some((u / c).clamp(0.0, 1.0)),
+                _ => None,
+            };
+            let ttft = s.ttft_seconds.filter(|_| max_ttft > 0.0).map(|t| t / max_ttft);
+            let parts = [
+                ("kv", f.kv, kv),
+                ("gpu", f.gpu_memory, gpu),
+                ("queue", f.queue, queue),
+                ("tokens", f.tokens, tokens),
+                ("conn", f.connections, Some(i.flows as f64 / max_flows)),
+                ("ttft", f.ttft, ttft),
+            ];
+            let (mut sum, mut weights) = (0.0, 0.0);
+            let mut why = Vec::new();
+            for (name, factor, value) in parts {
+                if let Some(v) = value.filter(|_| factor > 0.0) {
+                    sum += factor * v;
+                    weights += factor;
+                    why.push(format!("{name} {}", pct(v)));
+                }
+            }
+            let pressure = if weights > 0.0 { (sum / weights).clamp(0.0, 1.0) } else { 0.0 };
+            let headroom = 1.0 - pressure;
+            (
+                headroom * headroom,
+                format!("composite: pressure {} ({})", pct(pressure), why.join(", ")),
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(i: u8) -> IpAddr {
+        IpAddr::from([10, 0, 0, i])
+    }
+
+    fn input(i: u8, signals: Signals) -> Input {
+        Input {
+            address: ip(i),
+            configured: 1,
+            signals: Some(signals),
+            age: Some(Duration::from_millis(50)),
+            flows: 0,
+        }
+    }
+
+    fn cfg(kind: PolicyKind) -> PolicyConfig {
+        PolicyConfig {
+            kind,
+            ewma_alpha: 1.0,
+            ..PolicyConfig::default()
+        }
+    }
+
+    fn weights(d: &[Decision]) -> Vec<u32> {
+        d.iter().map(|d| d.weight).collect()
+    }
+
+    #[test]
+    fn a_saturated_kv_cache_gets_no_new_flows() {
+        let mut state = PolicyState::default();
+        let kv = |v| Signals {
+            kv_usage: Some(v),
+            ..Signals::default()
+        };
+        let d = decide(&cfg(PolicyKind::Composite), &[input(1, kv(0.97)), input(2, kv(0.5))], &mut state);
+        assert_eq!(d[0].weight, 0);
+        assert!(d[0].reason.contains("KV cache 97% >= 95%"), "{}", d[0].reason);
+        assert!(d[1].weight > 0);
+    }
+
+    #[test]
+    fn weights_follow_free_gpu_memory() {
+        let mut state = PolicyState::default();
+        let gib = 1024.0 * 1024.0 * 1024.0;
+        let mem = |used: f64| Signals {
+            gpu_memory_used_bytes: Some(used * gib),
+            gpu_memory_total_bytes: Some(80.0 * gib),
+            ..Signals::default()
+        };
+        let d = decide(
+            &cfg(PolicyKind::Gpu),
+            &[input(1, mem(20.0)), input(2, mem(40.0)), input(3, mem(60.0))],
+            &mut state,
+        );
+        // Free 60, 40, 20 GiB -> 1000, 667, 333 (quantum 10).
+        assert_eq!(weights(&d), vec![1000, 670, 330]);
+        let mut cfg = cfg(PolicyKind::Gpu);
+        cfg.min_free_gpu_memory_bytes = 30.0 * gib;
+        let d = decide(&cfg, &[input(1, mem(20.0)), input(2, mem(60.0))], &mut PolicyState::default());
+        assert_eq!(d[1].weight, 0, "{}", d[1].reason);
+        assert!(d[1].reason.contains("free GPU memory 20480 MiB < 30720 MiB"), "{}", d[1].reason);
+    }
+
+    #[test]
+    fn hysteresis_holds_weights_under_small_noise() {
+        let mut state = PolicyState::default();
+        let c = PolicyConfig {
+            kind: PolicyKind::Composite,
+            ..PolicyConfig::default()
+        };
+        let load = |kv: f64, waiting: f64| Signals {
+            kv_usage: Some(kv),
+            waiting: Some(waiting),
+            running: Some(8.0),
+            ..Signals::default()
+        };
+        let first = weights(&decide(&c, &[input(1, load(0.3, 1.0)), input(2, load(0.6, 4.0))], &mut state));
+        // Settle the EWMA.
+        for _ in 0..20 {
+            decide(&c, &[input(1, load(0.3, 1.0)), input(2, load(0.6, 4.0))], &mut state);
+        }
+        let settled = weights(&decide(&c, &[input(1, load(0.3, 1.0)), input(2, load(0.6, 4.0))], &mut state));
+        assert!(settled[0] > settled[1] && first[0] > first[1]);
+        // +-2% noise on every input: nothing moves.
+        for round in 0..200 {
+            let n = if round % 2 == 0 { 1.02 } else { 0.98 };
+            let d = decide(&c, &[input(1, load(0.3 * n, 1.0 * n)), input(2, load(0.6 / n, 4.0 / n))], &mut state);
+            assert_eq!(weights(&d), settled, "round {round}: weights moved under 2% noise");
+        }
+        // A real change moves them.
+        let d = decide(&c, &[input(1, load(0.9, 10.0)), input(2, load(0.2, 0.0))], &mut state);
+        assert!(weights(&d)[1] > settled[1], "{d:?}");
+    }
+
+    #[test]
+    fn stale_reports_are_saturated_or_kept() {
+        let mut state = PolicyState::default();
+        let ok = Signals {
+            kv_usage: Some(0.2),
+            ..Signals::default()
+        };
+        let mut c = cfg(PolicyKind::Composite);
+        let fresh = decide(&c, &[input(1, ok.clone()), input(2, ok.clone())], &mut state);
+        let mut old = input(2, ok.clone());
+        old.age = Some(Duration::from_secs(5));
+        let d = decide(&c, &[input(1, ok.clone()), old.clone()], &mut state);
+        assert_eq!(d[1].weight, 0);
+        assert!(d[1].reason.contains("stale report (5000 ms old): treated as saturated"), "{}", d[1].reason);
+        c.stale = StaleMode::Keep;
+        let mut state = PolicyState::default();
+        decide(&c, &[input(1, ok.clone()), input(2, ok)], &mut state);
+        let d = decide(&c, &[input(1, Signals { kv_usage: Some(0.2), ..Signals::default() }), old], &mut state);
+        assert_eq!(d[1].weight, fresh[1].weight, "{}", d[1].reason);
+        assert!(d[1].reason.contains("keeping the last weight"));
+    }
+
+    #[test]
+    fn the_floor_keeps_slow_backends_in_rotation_and_capacity_counts() {
+        let mut state = PolicyState::default();
+        let s = |kv: f64, cap: f64| Signals {
+            kv_usage: Some(kv),
+            kv_capacity_tokens: Some(cap),
+            inflight_tokens: Some(kv * cap),
+            ..Signals::default()
+        };
+        let c = PolicyConfig {
+            kind: PolicyKind::Tokens,
+            ewma_alpha: 1.0,
+            floor: 0.1,
+            ..PolicyConfig::default()
+        };
+        // A large GPU (4x the KV capacity) half full beats a small one a quarter full.
+        let d = decide(&c, &[input(1, s(0.5, 400_000.0)), input(2, s(0.25, 100_000.0)), input(3, s(0.94, 100_000.0))], &mut state);
+        assert_eq!(d[0].weight, 1000);
+        assert!(d[1].weight < 500, "{d:?}");
+        assert_eq!(d[2].weight, 100, "the floor: {d:?}");
+    }
+
+    #[test]
+    fn least_conn_and_static() {
+        let mut state = PolicyState::default();
+        let mut a = input(1, Signals::default());
+        a.flows = 0;
+        let mut b = input(2, Signals::default());
+        b.flows = 3;
+        b.age = None;
+        let d = decide(&cfg(PolicyKind::LeastConn), &[a.clone(), b.clone()], &mut state);
+        assert_eq!(weights(&d), vec![1000, 250]);
+        a.configured = 7;
+        let d = decide(&cfg(PolicyKind::Static), &[a, b], &mut state);
+        assert_eq!(weights(&d), vec![7, 1]);
+    }
+
+    #[test]
+    fn when_all_are_saturated_the_configured_weights_stand_in() {
+        let mut state = PolicyState::default();
+        let full = Signals {
+            kv_usage: Some(0.99),
+            ..Signals::default()
+        };
+        let d = decide(&cfg(PolicyKind::Composite), &[input(1, full.clone()), input(2, full)], &mut state);
+        assert_eq!(weights(&d), vec![1, 1]);
+        assert!(d[0].reason.starts_with("every backend saturated"), "{}", d[0].reason);
+    }
+}

@@ -1,0 +1,6 @@
+//! Backend telemetry: scraping the metrics pages inference servers and GPU exporters serve
+//! ([`exposition`], [`signals`]), reports pushed to the API, and the store of each backend's
+//! latest signals with the rates derived from its counters ([`store`]).
+
+pub mod exposition;
+pub mod signals;
