@@ -91,6 +91,8 @@ pub struct BackendState {
     pub drained: bool,
     /// Failing its health checks: out of the table and inactive (its flows are re-hashed).
     pub healthy: bool,
+    /// The weight a telemetry policy computed, in place of `weight` (see [`crate::policy`]).
+    pub dynamic_weight: Option<u32>,
     pub mac: MacAddr,
     pub generation: u32,
 }
@@ -99,7 +101,7 @@ impl BackendState {
     /// The weight its VIP's table is built with.
     pub fn table_weight(&self) -> u32 {
         if self.healthy && !self.drained {
-            self.weight
+            self.dynamic_weight.unwrap_or(self.weight)
         } else {
             0
         }
@@ -162,6 +164,8 @@ pub struct BackendSnapshot {
     pub weight: u32,
     pub drained: bool,
     pub healthy: bool,
+    #[serde(default)]
+    pub dynamic_weight: Option<u32>,
     pub mac: String,
     pub generation: u32,
 }
@@ -199,6 +203,8 @@ pub struct ApplyReport {
     pub table_publish_time: Duration,
     /// Names of the VIPs whose tables were rebuilt.
     pub rebuilt: Vec<String>,
+    /// When the new tables went live (the swap began).
+    pub live_at: Option<Instant>,
 }
 
 /// VIPs, backends and tables, written through a [`Dataplane`].
@@ -341,6 +347,7 @@ impl<D: Dataplane> Balancer<D> {
             weight: b.weight,
             drained: b.drained,
             healthy: b.healthy,
+            dynamic_weight: b.dynamic_weight,
             mac: b.mac.to_string(),
             generation: b.generation,
         };
@@ -390,6 +397,7 @@ impl<D: Dataplane> Balancer<D> {
                 weight: b.weight,
                 drained: b.drained,
                 healthy: b.healthy,
+                dynamic_weight: b.dynamic_weight,
                 mac: b.mac.parse().map_err(RestoreError::Invalid)?,
                 generation: b.generation,
             })
@@ -448,6 +456,49 @@ impl<D: Dataplane> Balancer<D> {
             });
         }
         Ok(lb)
+    }
+
+    /// Sets the weights a telemetry policy computed for a VIP's backends (in place of their
+    /// configured weights) and republishes its table if they changed the table. Backends not
+    /// listed keep theirs.
+    pub fn set_dynamic_weights(&mut self, vip: &Endpoint, weights: &[(IpAddr, u32)]) -> Result<ApplyReport, BalancerError> {
+        let mut report = ApplyReport::default();
+        let Some(state) = self.vips.get_mut(vip) else {
+            return Ok(report);
+        };
+        let mut changed = false;
+        for (address, weight) in weights {
+            if let Some(b) = state.backends.get_mut(address)
+                && b.dynamic_weight != Some(*weight)
+            {
+                let before = b.table_weight();
+                b.dynamic_weight = Some(*weight);
+                changed |= before != b.table_weight();
+            }
+        }
+        if !changed {
+            return Ok(report);
+        }
+        let config = state.config.clone();
+        let backends = state.backends.clone();
+        self.build_time = Duration::ZERO;
+        self.publish_time = Duration::ZERO;
+        let (table, fingerprint) = self.build(&config.name, config.table_size, &backends)?;
+        let started = Instant::now();
+        let id = self.vips[vip].id;
+        self.dataplane.publish_tables(&[(id, &table)])?;
+        self.publish_time += started.elapsed();
+        let state = self.vips.get_mut(vip).expect("checked above");
+        report.slots_changed = maglev::slots_changed(&state.table, &table);
+        report.tables_published = 1;
+        report.rebuilt.push(config.name.clone());
+        report.vips_updated = 1;
+        state.table = table;
+        state.fingerprint = fingerprint;
+        report.table_build_time = self.build_time;
+        report.table_publish_time = self.publish_time;
+        report.live_at = self.dataplane.swap_started();
+        Ok(report)
     }
 
     /// Records a backend's health and, when it changed, rebuilds its VIP's table: an
@@ -629,6 +680,7 @@ impl<D: Dataplane> Balancer<D> {
             weight: config.weight,
             drained: config.drained,
             healthy,
+            dynamic_weight: None,
             mac,
             generation: self.next_generation(),
         };
@@ -710,12 +762,14 @@ impl<D: Dataplane> Balancer<D> {
                     self.take_retiring(endpoint, b.address)
                 }
             };
+            let dynamic = config.policy.kind != crate::policy::PolicyKind::Static;
             let state = match previous {
                 Some(old) => {
                     let mut state = BackendState {
                         weight: b.weight,
                         drained: b.drained,
                         healthy,
+                        dynamic_weight: old.dynamic_weight.filter(|_| dynamic),
                         mac,
                         ..old.clone()
                     };
@@ -1184,6 +1238,29 @@ mac = "02:00:00:00:00:99"
         assert!(lb.vip("web").unwrap().table.contains(&back.id));
         assert_eq!(lb.dataplane().backends[&back.id].flags, BACKEND_F_ACTIVE);
         assert_ne!(back.generation, before.generation);
+    }
+
+    #[test]
+    fn dynamic_weights_replace_configured_ones_until_the_policy_is_static() {
+        let mut lb = balancer();
+        let mut cfg = two_vips();
+        cfg.vips[0].policy.kind = crate::policy::PolicyKind::LeastConn;
+        lb.apply(&cfg.vips, &macs()).unwrap();
+        let endpoint = cfg.vips[0].endpoint();
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.11".parse().unwrap(), "10.0.0.12".parse().unwrap());
+        let report = lb.set_dynamic_weights(&endpoint, &[(a, 900), (b, 100)]).unwrap();
+        assert_eq!(report.tables_published, 1);
+        let shares = lb.vip("web").unwrap().slot_shares();
+        assert!((shares[&a] as f64 / 65_537.0 - 0.9).abs() < 0.001);
+        // Same weights again: nothing to publish.
+        assert_eq!(lb.set_dynamic_weights(&endpoint, &[(a, 900), (b, 100)]).unwrap().tables_published, 0);
+        // A config apply keeps them; a static policy drops them.
+        lb.apply(&cfg.vips, &macs()).unwrap();
+        assert_eq!(lb.vip("web").unwrap().backends[&a].dynamic_weight, Some(900));
+        cfg.vips[0].policy.kind = crate::policy::PolicyKind::Static;
+        lb.apply(&cfg.vips, &macs()).unwrap();
+        let shares = lb.vip("web").unwrap().slot_shares();
+        assert!((shares[&b] as f64 / shares[&a] as f64 - 3.0).abs() < 0.01, "configured 1:3 back");
     }
 
     #[test]

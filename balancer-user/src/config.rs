@@ -13,6 +13,8 @@ use balancer_common::maglev::is_prime;
 use balancer_common::maps::{DEFAULT_TABLE_SIZE, MAX_BACKENDS, MAX_TABLE_SIZE, MAX_VIPS};
 use serde::{Deserialize, Serialize};
 
+use crate::policy::{Factors, MAX_WEIGHT as MAX_POLICY_WEIGHT, PolicyConfig, PolicyKind, StaleMode};
+
 /// Largest backend weight. Weights are relative; the table builder is exact for any of them.
 pub const MAX_WEIGHT: u32 = 65_535;
 /// Default connection-table capacity (entries; about 90 bytes each in the kernel).
@@ -344,6 +346,8 @@ pub struct VipConfig {
     /// Maglev table size (prime).
     pub table_size: u32,
     pub health: HealthConfig,
+    pub telemetry: TelemetryConfig,
+    pub policy: PolicyConfig,
     pub backends: Vec<BackendConfig>,
 }
 
@@ -357,6 +361,30 @@ impl VipConfig {
     pub fn backend(&self, address: IpAddr) -> Option<&BackendConfig> {
         self.backends.iter().find(|b| b.address == address)
     }
+}
+
+/// Where a VIP's backends report their load.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TelemetrySource {
+    /// No reports.
+    None,
+    /// Metrics pages scraped from each backend: `(port, path)` pairs (an inference server's
+    /// page, a GPU exporter's).
+    Scrape(Vec<(u16, String)>),
+    /// Reports pushed to the API (`balancer report --push`).
+    Push,
+}
+
+/// Telemetry of a VIP's backends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TelemetryConfig {
+    pub source: TelemetrySource,
+    /// Scrape (and weight) interval.
+    pub interval: Duration,
+    /// Per scrape.
+    pub timeout: Duration,
+    /// Largest page accepted.
+    pub max_body: usize,
 }
 
 /// The daemon's control API.
@@ -502,8 +530,67 @@ pub struct RawVip {
     pub table_size: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub health: Option<RawHealth>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub telemetry: Option<RawTelemetry>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<RawPolicy>,
     #[serde(default)]
     pub backend: Vec<RawBackend>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTelemetry {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// More pages, as "port/path" (e.g. "9400/metrics" for a DCGM exporter).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interval_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_body_kib: Option<i64>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPolicy {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_factor: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_factor: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_factor: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_factor: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connections_factor: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttft_factor: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ewma_alpha: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hysteresis: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub floor: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_saturation: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_free_gpu_memory_mib: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stale_after_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stale: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quantum: Option<i64>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -769,6 +856,8 @@ impl VipConfig {
             gue_port: Some(self.gue_port.into()),
             table_size: Some(self.table_size.into()),
             health: Some(self.health.to_raw()),
+            telemetry: Some(telemetry_to_raw(&self.telemetry)),
+            policy: Some(policy_to_raw(&self.policy)),
             backend: self.backends.iter().map(BackendConfig::to_raw).collect(),
         }
     }
@@ -1028,6 +1117,15 @@ pub fn validate_vip(raw: RawVip, label: &str) -> Result<VipConfig, ConfigError> 
         None => format!("{protocol}-{address}-{port}"),
     };
     let health = validate_health(raw.health, port, label)?;
+    let telemetry = validate_telemetry(raw.telemetry, label)?;
+    let policy = validate_policy(raw.policy, label)?;
+    if policy.kind.needs_reports() && telemetry.source == TelemetrySource::None {
+        return Err(invalid(
+            format!("{label}.policy.kind"),
+            format!("{:?}", policy.kind.name()),
+            "this policy needs backend reports: set telemetry.source to \"scrape\" or \"push\"",
+        ));
+    }
     let mut backends = Vec::with_capacity(raw.backend.len());
     let mut seen = HashSet::new();
     for (j, b) in raw.backend.into_iter().enumerate() {
@@ -1058,8 +1156,174 @@ pub fn validate_vip(raw: RawVip, label: &str) -> Result<VipConfig, ConfigError> 
         gue_port,
         table_size,
         health,
+        telemetry,
+        policy,
         backends,
     })
+}
+
+fn float_in(value: f64, min: f64, max: f64, key: &str) -> Result<f64, ConfigError> {
+    if !value.is_finite() || value < min || value > max {
+        return Err(invalid(key, value, format!("must be between {min} and {max}")));
+    }
+    Ok(value)
+}
+
+fn validate_telemetry(raw: Option<RawTelemetry>, label: &str) -> Result<TelemetryConfig, ConfigError> {
+    let raw = raw.unwrap_or_default();
+    let key = |k: &str| format!("{label}.telemetry.{k}");
+    let interval: u64 = match raw.interval_ms {
+        Some(v) => int_in(v, 10, 60_000, &key("interval_ms"))?,
+        None => 100,
+    };
+    let timeout: u64 = match raw.timeout_ms {
+        Some(v) => int_in(v, 1, 60_000, &key("timeout_ms"))?,
+        None => (interval * 8 / 10).max(1),
+    };
+    if timeout > interval {
+        return Err(invalid(key("timeout_ms"), timeout, format!("must not exceed interval_ms ({interval})")));
+    }
+    let max_body = match raw.max_body_kib {
+        Some(v) => int_in::<usize>(v, 1, 64 * 1024, &key("max_body_kib"))? * 1024,
+        None => 4 * 1024 * 1024,
+    };
+    let source = match raw.source.as_deref().unwrap_or("none") {
+        "none" => TelemetrySource::None,
+        "push" => TelemetrySource::Push,
+        "scrape" => {
+            let port: u16 = int_in(required(raw.port, &key("port"))?, 1, 65_535, &key("port"))?;
+            let path = raw.path.clone().unwrap_or_else(|| "/metrics".into());
+            if !path.starts_with('/') || path.contains(char::is_whitespace) {
+                return Err(invalid(key("path"), format!("{path:?}"), "an HTTP path starts with '/' and has no spaces"));
+            }
+            let mut pages = vec![(port, path)];
+            for (i, e) in raw.extra.iter().enumerate() {
+                let k = format!("{}[{i}]", key("extra"));
+                let (p, path) = e.split_once('/').ok_or_else(|| invalid(&k, format!("{e:?}"), "expected \"port/path\", e.g. \"9400/metrics\""))?;
+                let p: u16 = p
+                    .parse()
+                    .ok()
+                    .filter(|p| *p > 0)
+                    .ok_or_else(|| invalid(&k, format!("{e:?}"), "the port is not 1-65535"))?;
+                pages.push((p, format!("/{path}")));
+            }
+            TelemetrySource::Scrape(pages)
+        }
+        other => {
+            return Err(invalid(key("source"), format!("{other:?}"), "expected \"none\", \"scrape\" or \"push\""));
+        }
+    };
+    if !matches!(source, TelemetrySource::Scrape(_)) && (raw.port.is_some() || !raw.extra.is_empty()) {
+        return Err(invalid(key("port"), format!("{:?}", raw.port), "port and extra apply to source = \"scrape\" only"));
+    }
+    Ok(TelemetryConfig {
+        source,
+        interval: Duration::from_millis(interval),
+        timeout: Duration::from_millis(timeout),
+        max_body,
+    })
+}
+
+fn telemetry_to_raw(t: &TelemetryConfig) -> RawTelemetry {
+    let (source, port, path, extra) = match &t.source {
+        TelemetrySource::None => ("none", None, None, Vec::new()),
+        TelemetrySource::Push => ("push", None, None, Vec::new()),
+        TelemetrySource::Scrape(pages) => (
+            "scrape",
+            Some(i64::from(pages[0].0)),
+            Some(pages[0].1.clone()),
+            pages[1..].iter().map(|(p, path)| format!("{p}{path}")).collect(),
+        ),
+    };
+    RawTelemetry {
+        source: Some(source.into()),
+        port,
+        path,
+        extra,
+        interval_ms: Some(t.interval.as_millis() as i64),
+        timeout_ms: Some(t.timeout.as_millis() as i64),
+        max_body_kib: Some((t.max_body / 1024) as i64),
+    }
+}
+
+fn validate_policy(raw: Option<RawPolicy>, label: &str) -> Result<PolicyConfig, ConfigError> {
+    let raw = raw.unwrap_or_default();
+    let key = |k: &str| format!("{label}.policy.{k}");
+    let d = PolicyConfig::default();
+    let kind = match raw.kind.as_deref() {
+        None => PolicyKind::Static,
+        Some(k) => PolicyKind::parse(k).ok_or_else(|| {
+            invalid(
+                key("kind"),
+                format!("{k:?}"),
+                "expected static, least-conn, least-latency, gpu, tokens or composite",
+            )
+        })?,
+    };
+    let factor = |v: Option<f64>, default: f64, k: &str| -> Result<f64, ConfigError> {
+        v.map(|v| float_in(v, 0.0, 1000.0, &key(k))).transpose().map(|v| v.unwrap_or(default))
+    };
+    let factors = Factors {
+        kv: factor(raw.kv_factor, d.factors.kv, "kv_factor")?,
+        gpu_memory: factor(raw.gpu_memory_factor, d.factors.gpu_memory, "gpu_memory_factor")?,
+        queue: factor(raw.queue_factor, d.factors.queue, "queue_factor")?,
+        tokens: factor(raw.tokens_factor, d.factors.tokens, "tokens_factor")?,
+        connections: factor(raw.connections_factor, d.factors.connections, "connections_factor")?,
+        ttft: factor(raw.ttft_factor, d.factors.ttft, "ttft_factor")?,
+    };
+    let unit = |v: Option<f64>, default: f64, min: f64, k: &str| -> Result<f64, ConfigError> {
+        v.map(|v| float_in(v, min, 1.0, &key(k))).transpose().map(|v| v.unwrap_or(default))
+    };
+    Ok(PolicyConfig {
+        kind,
+        factors,
+        ewma_alpha: unit(raw.ewma_alpha, d.ewma_alpha, 0.01, "ewma_alpha")?,
+        hysteresis: unit(raw.hysteresis, d.hysteresis, 0.0, "hysteresis")?,
+        floor: unit(raw.floor, d.floor, 0.0, "floor")?,
+        kv_saturation: unit(raw.kv_saturation, d.kv_saturation, 0.01, "kv_saturation")?,
+        min_free_gpu_memory_bytes: match raw.min_free_gpu_memory_mib {
+            Some(v) => int_in::<i64>(v, 0, 1 << 30, &key("min_free_gpu_memory_mib"))? as f64 * 1048576.0,
+            None => d.min_free_gpu_memory_bytes,
+        },
+        stale_after: match raw.stale_after_ms {
+            Some(v) => Duration::from_millis(int_in(v, 1, 3_600_000, &key("stale_after_ms"))?),
+            None => d.stale_after,
+        },
+        stale: match raw.stale.as_deref() {
+            None | Some("saturated") => StaleMode::Saturated,
+            Some("keep") => StaleMode::Keep,
+            Some(other) => {
+                return Err(invalid(key("stale"), format!("{other:?}"), "expected \"saturated\" or \"keep\""));
+            }
+        },
+        quantum: match raw.quantum {
+            Some(v) => int_in(v, 1, i64::from(MAX_POLICY_WEIGHT), &key("quantum"))?,
+            None => d.quantum,
+        },
+    })
+}
+
+fn policy_to_raw(p: &PolicyConfig) -> RawPolicy {
+    RawPolicy {
+        kind: Some(p.kind.name().into()),
+        kv_factor: Some(p.factors.kv),
+        gpu_memory_factor: Some(p.factors.gpu_memory),
+        queue_factor: Some(p.factors.queue),
+        tokens_factor: Some(p.factors.tokens),
+        connections_factor: Some(p.factors.connections),
+        ttft_factor: Some(p.factors.ttft),
+        ewma_alpha: Some(p.ewma_alpha),
+        hysteresis: Some(p.hysteresis),
+        floor: Some(p.floor),
+        kv_saturation: Some(p.kv_saturation),
+        min_free_gpu_memory_mib: Some((p.min_free_gpu_memory_bytes / 1048576.0) as i64),
+        stale_after_ms: Some(p.stale_after.as_millis() as i64),
+        stale: Some(match p.stale {
+            StaleMode::Saturated => "saturated".into(),
+            StaleMode::Keep => "keep".into(),
+        }),
+        quantum: Some(i64::from(p.quantum)),
+    }
 }
 
 /// Whether a VIP name is usable in URLs, metrics labels and the CLI.
@@ -1266,6 +1530,26 @@ table_size = 655373
                 "interface = \"eth0\"\npin_dir = \"relative/dir\"".into(),
                 "pin_dir = \"relative/dir\": must be an absolute path",
             ),
+            (
+                with_vip("address = \"10.0.0.1\"\nport = 80\n[vip.policy]\nkind = \"gpu\""),
+                "vip[0].policy.kind = \"gpu\": this policy needs backend reports",
+            ),
+            (
+                with_vip("address = \"10.0.0.1\"\nport = 80\n[vip.policy]\nkind = \"fastest\""),
+                "vip[0].policy.kind = \"fastest\"",
+            ),
+            (
+                with_vip("address = \"10.0.0.1\"\nport = 80\n[vip.telemetry]\nsource = \"scrape\""),
+                "vip[0].telemetry.port = (missing)",
+            ),
+            (
+                with_vip("address = \"10.0.0.1\"\nport = 80\n[vip.telemetry]\nsource = \"scrape\"\nport = 8000\nextra = [\"dcgm\"]"),
+                "vip[0].telemetry.extra[0] = \"dcgm\": expected \"port/path\"",
+            ),
+            (
+                with_vip("address = \"10.0.0.1\"\nport = 80\n[vip.telemetry]\nsource = \"push\"\n[vip.policy]\nkind = \"composite\"\nfloor = 1.5"),
+                "vip[0].policy.floor = 1.5: must be between 0 and 1",
+            ),
         ];
         for (text, want) in cases {
             let got = error_of(text);
@@ -1311,6 +1595,24 @@ table_size = 655373
             c,
             "round trip through:\n{text}"
         );
+    }
+
+    #[test]
+    fn telemetry_and_policy_settings() {
+        let c = Config::parse(&with_vip(
+            "address = \"10.0.0.1\"\nport = 80\n[vip.telemetry]\nsource = \"scrape\"\nport = 8000\nextra = [\"9400/metrics\"]\ninterval_ms = 200\n[vip.policy]\nkind = \"composite\"\nqueue_factor = 3\nstale = \"keep\"",
+        ))
+        .unwrap();
+        let v = &c.vips[0];
+        assert_eq!(
+            v.telemetry.source,
+            TelemetrySource::Scrape(vec![(8000, "/metrics".into()), (9400, "/metrics".into())])
+        );
+        assert_eq!((v.telemetry.interval, v.telemetry.timeout), (Duration::from_millis(200), Duration::from_millis(160)));
+        assert_eq!(v.policy.kind, PolicyKind::Composite);
+        assert_eq!(v.policy.factors.queue, 3.0);
+        assert_eq!(v.policy.stale, StaleMode::Keep);
+        assert_eq!(Config::parse(&c.to_toml()).unwrap(), c);
     }
 
     #[test]

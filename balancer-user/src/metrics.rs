@@ -21,6 +21,12 @@ pub struct Metrics {
     pub health_transitions: IntCounterVec,
     /// Changes refused or failed, by origin.
     pub change_errors: IntCounterVec,
+    /// Scrapes and pushed reports by outcome.
+    pub reports: IntCounterVec,
+    /// Weight rounds that changed a VIP's table.
+    pub weight_changes: IntCounterVec,
+    /// Seconds from a round's reports to its table being live (policy, build, swap).
+    pub weight_publish_seconds: Histogram,
 }
 
 impl Metrics {
@@ -57,6 +63,21 @@ impl Metrics {
                 Opts::new("balancer_change_errors_total", "Configuration changes refused or failed."),
                 &["origin"],
             )?,
+            reports: IntCounterVec::new(
+                Opts::new("balancer_backend_reports_total", "Backend metrics scraped or pushed, by result."),
+                &["vip", "backend", "result"],
+            )?,
+            weight_changes: IntCounterVec::new(
+                Opts::new("balancer_weight_changes_total", "Telemetry weight rounds that republished a VIP's table."),
+                &["vip"],
+            )?,
+            weight_publish_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "balancer_weight_publish_seconds",
+                    "Seconds from a round's backend reports to the new table being live (policy, table build, swap).",
+                )
+                .buckets(vec![0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1]),
+            )?,
             registry,
         };
         m.registry.register(Box::new(m.table_rebuilds.clone()))?;
@@ -68,6 +89,9 @@ impl Metrics {
         m.registry
             .register(Box::new(m.health_transitions.clone()))?;
         m.registry.register(Box::new(m.change_errors.clone()))?;
+        m.registry.register(Box::new(m.reports.clone()))?;
+        m.registry.register(Box::new(m.weight_changes.clone()))?;
+        m.registry.register(Box::new(m.weight_publish_seconds.clone()))?;
         Ok(m)
     }
 

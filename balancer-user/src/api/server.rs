@@ -104,6 +104,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/vips/{name}/backends/{addr}/weight", put(set_weight))
         .route("/v1/vips/{name}/backends/{addr}/drain", post(drain))
         .route("/v1/vips/{name}/backends/{addr}/undrain", post(undrain))
+        .route("/v1/weights", get(weights))
+        .route("/v1/backends/{addr}/report", post(report))
         .route("/v1/reload", post(reload))
         .route("/v1/stop", post(stop))
         .fallback(|| async {
@@ -420,6 +422,28 @@ async fn undrain(
         Ok(())
     })
     .await
+}
+
+async fn weights(State(s): State<ApiState>) -> ApiResult<Vec<crate::api::types::VipWeights>> {
+    with_daemon(&s, |d| Ok(d.weights())).await.map(Json)
+}
+
+async fn report(
+    State(s): State<ApiState>,
+    UrlPath(addr): UrlPath<String>,
+    body: Result<Json<crate::telemetry::signals::Signals>, JsonRejection>,
+) -> ApiResult<ChangeResult> {
+    let Json(signals) = body?;
+    with_daemon(&s, move |d| {
+        let backend = parse_backend(&addr)?;
+        let vips = d.record_push(backend, signals)?;
+        Ok(ChangeResult {
+            message: format!("report from {backend} recorded for {vips} VIP(s)"),
+            ..ChangeResult::default()
+        })
+    })
+    .await
+    .map(Json)
 }
 
 async fn reload(State(s): State<ApiState>) -> ApiResult<ChangeResult> {

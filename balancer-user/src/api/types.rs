@@ -119,3 +119,30 @@ pub struct Table {
     pub fingerprint: String,
     pub backends: Vec<TableShare>,
 }
+
+/// One backend in `weights`: what it reported, and the weight the policy made of it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WeightRow {
+    pub address: IpAddr,
+    pub configured_weight: u32,
+    /// The weight in force (the policy's, or the configured one for `static`).
+    pub weight: u32,
+    pub reason: String,
+    /// The latest report (absent before the first).
+    pub signals: Option<crate::telemetry::signals::Signals>,
+    /// Age of that report, ms.
+    pub report_age_ms: Option<u64>,
+    pub flows: u64,
+    pub reports: u64,
+    pub errors: u64,
+    pub last_error: Option<String>,
+}
+
+/// `GET /v1/weights`: per VIP.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct VipWeights {
+    pub vip: String,
+    pub policy: String,
+    pub telemetry: String,
+    pub backends: Vec<WeightRow>,
+}

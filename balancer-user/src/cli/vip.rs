@@ -2,7 +2,7 @@ use std::net::IpAddr;
 use std::process::ExitCode;
 
 use balancer::api::types::ChangeResult;
-use balancer::config::{RawHealth, RawVip};
+use balancer::config::{RawHealth, RawPolicy, RawTelemetry, RawVip};
 use clap::Subcommand;
 
 use super::change::report;
@@ -14,6 +14,7 @@ use super::client_args::{ClientArgs, fail, print_json};
                         balancer vip add web --address 10.100.0.1 --port 80\n  \
                         balancer vip add dns --address 10.100.0.1 --port 53 --protocol udp --forwarding gue\n  \
                         balancer vip add api --address 10.100.0.2 --port 443 --health http --health-path /health\n  \
+                        balancer vip add llm --address 10.100.0.3 --port 8000 --policy composite --metrics-port 8000\n  \
                         balancer vip del web")]
 pub struct VipArgs {
     #[command(subcommand)]
@@ -58,6 +59,15 @@ enum VipCommand {
         /// Milliseconds between checks.
         #[arg(long)]
         health_interval_ms: Option<u64>,
+        /// Weight policy: static, least-conn, least-latency, gpu, tokens, composite.
+        #[arg(long, default_value = "static")]
+        policy: String,
+        /// Scrape each backend's metrics page on this port (/metrics).
+        #[arg(long, conflicts_with = "push")]
+        metrics_port: Option<u16>,
+        /// Backends push their reports (balancer report --push).
+        #[arg(long)]
+        push: bool,
     },
     /// Remove a VIP (its established connections end with it).
     Del { name: String },
@@ -112,6 +122,9 @@ pub fn run(args: VipArgs) -> anyhow::Result<ExitCode> {
             health_port,
             health_path,
             health_interval_ms,
+            policy,
+            metrics_port,
+            push,
         } => {
             let body = RawVip {
                 name: Some(name),
@@ -127,6 +140,22 @@ pub fn run(args: VipArgs) -> anyhow::Result<ExitCode> {
                     path: health_path,
                     interval_ms: health_interval_ms.map(|v| v as i64),
                     ..RawHealth::default()
+                }),
+                telemetry: match (metrics_port, push) {
+                    (Some(port), _) => Some(RawTelemetry {
+                        source: Some("scrape".into()),
+                        port: Some(port.into()),
+                        ..RawTelemetry::default()
+                    }),
+                    (None, true) => Some(RawTelemetry {
+                        source: Some("push".into()),
+                        ..RawTelemetry::default()
+                    }),
+                    (None, false) => None,
+                },
+                policy: Some(RawPolicy {
+                    kind: Some(policy),
+                    ..RawPolicy::default()
                 }),
                 backend: Vec::new(),
             };

@@ -32,6 +32,7 @@ use crate::config::{AttachMode, Config, MacAddr};
 use crate::dataplane::kernel::KernelDataplane;
 use crate::ebpf;
 use crate::health::HealthChecks;
+use crate::telemetry::loops::TelemetryLoops;
 use crate::metrics::Metrics;
 use crate::netinfo::{Interface, resolve_next_hops};
 use crate::pinning::Pins;
@@ -302,6 +303,8 @@ pub async fn run(opts: RunOptions) -> Result<()> {
 
     let mut health = HealthChecks::default();
     health.reconcile(&daemon);
+    let mut telemetry = TelemetryLoops::default();
+    telemetry.reconcile(&daemon);
     tracing::info!(
         %interface,
         %mode,
@@ -313,7 +316,8 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     let mut terminate = signal(SignalKind::terminate())?;
     let mut hangup = signal(SignalKind::hangup())?;
     let mut second = tokio::time::interval(Duration::from_secs(1));
-    let mut flows_every = tokio::time::interval(Duration::from_secs(5));
+    // Flow counts feed status, metrics and the connection-aware policies.
+    let mut flows_every = tokio::time::interval(Duration::from_secs(1));
     let mut detach = false;
     loop {
         tokio::select! {
@@ -338,6 +342,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
                     Err(e) => tracing::error!("reload failed: {e}"),
                 }
                 health.reconcile(&daemon);
+                telemetry.reconcile(&daemon);
             }
             _ = second.tick() => {
                 let d = daemon.clone();
@@ -348,8 +353,9 @@ pub async fn run(opts: RunOptions) -> Result<()> {
                     }
                 })
                 .await;
-                // API changes may have added or removed checked backends.
+                // API changes may have added or removed checked or scraped backends.
                 health.reconcile(&daemon);
+                telemetry.reconcile(&daemon);
             }
             _ = flows_every.tick() => {
                 let d = daemon.clone();
@@ -363,6 +369,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
         }
     }
     health.stop();
+    telemetry.stop();
 
     let d = daemon
         .lock()

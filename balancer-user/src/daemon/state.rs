@@ -9,7 +9,13 @@ use std::time::{Duration, Instant};
 
 use balancer_common::stats::{Counter, TrafficStats};
 
-use crate::api::types::{BackendStatus, ChangeResult, Stats, Status, Table, TableShare, VipStatus};
+use crate::api::types::{
+    BackendStatus, ChangeResult, Stats, Status, Table, TableShare, VipStatus, VipWeights, WeightRow,
+};
+use crate::config::TelemetrySource;
+use crate::policy::{Decision, Input, PolicyKind, PolicyState, decide};
+use crate::telemetry::signals::Signals;
+use crate::telemetry::store::TelemetryStore;
 use crate::balancer::{ApplyReport, Balancer, Endpoint};
 use crate::config::{Config, ConfigError, HealthCheckKind, MacAddr, RawConfig};
 use crate::dataplane::kernel::KernelDataplane;
@@ -68,6 +74,11 @@ pub struct Daemon {
     flows: HashMap<u32, u64>,
     /// Backends under health checks: latest verdict known to the checker.
     pub checked: HashMap<(Endpoint, IpAddr), bool>,
+    /// Backend reports (scraped or pushed).
+    pub telemetry: TelemetryStore,
+    /// Per VIP name: the weight policy's memory and its last decisions.
+    policies: HashMap<String, PolicyState>,
+    decisions: HashMap<String, Vec<Decision>>,
 }
 
 impl Daemon {
@@ -94,7 +105,171 @@ impl Daemon {
             last_sample: None,
             flows: HashMap::new(),
             checked: HashMap::new(),
+            telemetry: TelemetryStore::default(),
+            policies: HashMap::new(),
+            decisions: HashMap::new(),
         }
+    }
+
+    /// Records a scrape of a backend (signals, or why it failed).
+    pub fn record_scrape(&mut self, vip: &Endpoint, name: &str, backend: IpAddr, result: Result<Signals, String>) {
+        let outcome = if result.is_ok() { "success" } else { "failure" };
+        self.metrics
+            .reports
+            .with_label_values(&[name, &backend.to_string(), outcome])
+            .inc();
+        let entry = self.telemetry.entry(vip, backend);
+        match result {
+            Ok(signals) => entry.record(signals, Instant::now()),
+            Err(why) => {
+                tracing::debug!(vip = name, %backend, "scrape failed: {why}");
+                entry.error(why);
+            }
+        }
+    }
+
+    /// Records a pushed report for `backend` in every VIP that takes pushed reports from it.
+    pub fn record_push(&mut self, backend: IpAddr, signals: Signals) -> Result<usize, ChangeError> {
+        check_report(&signals)?;
+        let vips: Vec<(Endpoint, String)> = self
+            .config
+            .vips
+            .iter()
+            .filter(|v| v.telemetry.source == TelemetrySource::Push && v.backend(backend).is_some())
+            .map(|v| (v.endpoint(), v.name.clone()))
+            .collect();
+        if vips.is_empty() {
+            return Err(ChangeError::NotFound(format!(
+                "no VIP takes pushed reports from backend {backend} (telemetry.source = \"push\")"
+            )));
+        }
+        let now = Instant::now();
+        for (vip, name) in &vips {
+            self.telemetry.entry(vip, backend).record(signals.clone(), now);
+            self.metrics
+                .reports
+                .with_label_values(&[name, &backend.to_string(), "pushed"])
+                .inc();
+        }
+        Ok(vips.len())
+    }
+
+    /// One weight round for the VIP `name`: the policy turns its backends' latest reports and
+    /// flows into weights, and the table is republished if they changed it.
+    pub fn weight_round(&mut self, name: &str) -> Result<(), ChangeError> {
+        let started = Instant::now();
+        let Some(vip) = self.config.vip(name).cloned() else {
+            return Ok(());
+        };
+        let endpoint = vip.endpoint();
+        let Some(state) = self.balancer.vip(name) else {
+            return Ok(());
+        };
+        let inputs: Vec<Input> = vip
+            .backends
+            .iter()
+            .map(|b| {
+                let t = self.telemetry.get(&endpoint, b.address);
+                let flows = state
+                    .backends
+                    .get(&b.address)
+                    .and_then(|s| self.flows.get(&s.id).copied())
+                    .unwrap_or(0);
+                Input {
+                    address: b.address,
+                    configured: b.weight,
+                    signals: t.and_then(|t| t.latest.as_ref().map(|(s, _)| s.clone())),
+                    age: t.and_then(|t| t.age(started)),
+                    flows,
+                }
+            })
+            .collect();
+        let policy = self.policies.entry(name.to_string()).or_default();
+        let decisions = decide(&vip.policy, &inputs, policy);
+        let weights: Vec<(IpAddr, u32)> = decisions.iter().map(|d| (d.address, d.weight)).collect();
+        self.decisions.insert(name.to_string(), decisions);
+        if vip.policy.kind == PolicyKind::Static {
+            return Ok(());
+        }
+        let report = self
+            .balancer
+            .set_dynamic_weights(&endpoint, &weights)
+            .map_err(|e| ChangeError::Failed(e.to_string()))?;
+        if report.tables_published > 0 {
+            self.metrics.weight_changes.with_label_values(&[name]).inc();
+            if let Some(live) = report.live_at {
+                self.metrics
+                    .weight_publish_seconds
+                    .observe(live.duration_since(started).as_secs_f64());
+            }
+            self.record(&report);
+            tracing::debug!(vip = name, slots_changed = report.slots_changed, "weights republished");
+        }
+        Ok(())
+    }
+
+    /// The policy inputs and weights of every VIP.
+    pub fn weights(&self) -> Vec<VipWeights> {
+        let now = Instant::now();
+        self.config
+            .vips
+            .iter()
+            .map(|v| {
+                let endpoint = v.endpoint();
+                let state = self.balancer.vip(&v.name);
+                let decisions = self.decisions.get(&v.name);
+                VipWeights {
+                    vip: v.name.clone(),
+                    policy: v.policy.kind.name().to_string(),
+                    telemetry: match &v.telemetry.source {
+                        TelemetrySource::None => "none".into(),
+                        TelemetrySource::Push => "push".into(),
+                        TelemetrySource::Scrape(pages) => pages
+                            .iter()
+                            .map(|(p, path)| format!(":{p}{path}"))
+                            .collect::<Vec<_>>()
+                            .join(" "),
+                    },
+                    backends: v
+                        .backends
+                        .iter()
+                        .map(|b| {
+                            let t = self.telemetry.get(&endpoint, b.address);
+                            let bs = state.and_then(|s| s.backends.get(&b.address));
+                            let decision = decisions.and_then(|d| d.iter().find(|d| d.address == b.address));
+                            WeightRow {
+                                address: b.address,
+                                configured_weight: b.weight,
+                                weight: bs.map(|s| s.table_weight()).unwrap_or(0),
+                                reason: decision.map(|d| d.reason.clone()).unwrap_or_else(|| {
+                                    if v.policy.kind == PolicyKind::Static {
+                                        "static: configured weight".into()
+                                    } else {
+                                        "no round yet".into()
+                                    }
+                                }),
+                                signals: t.and_then(|t| t.latest.as_ref().map(|(s, _)| s.clone())),
+                                report_age_ms: t.and_then(|t| t.age(now)).map(|a| a.as_millis() as u64),
+                                flows: bs.and_then(|s| self.flows.get(&s.id).copied()).unwrap_or(0),
+                                reports: t.map(|t| t.reports).unwrap_or(0),
+                                errors: t.map(|t| t.errors).unwrap_or(0),
+                                last_error: t.and_then(|t| t.last_error.clone()),
+                            }
+                        })
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+
+    /// VIPs whose backends are scraped: (endpoint, name, backends, pages, telemetry settings).
+    pub fn scrape_targets(&self) -> Vec<(Endpoint, String, Vec<IpAddr>, crate::config::TelemetryConfig)> {
+        self.config
+            .vips
+            .iter()
+            .filter(|v| v.telemetry.source != TelemetrySource::None || v.policy.kind != PolicyKind::Static)
+            .map(|v| (v.endpoint(), v.name.clone(), v.backends.iter().map(|b| b.address).collect(), v.telemetry.clone()))
+            .collect()
     }
 
     /// Saves the bookkeeping that goes with the pinned maps.
@@ -676,4 +851,32 @@ fn change_result(what: &str, report: &ApplyReport) -> ChangeResult {
         tables_published: report.tables_published,
         slots_changed: report.slots_changed,
     }
+}
+
+/// Checks a pushed report's figures: finite, not negative, fractions within 0..1.
+fn check_report(s: &Signals) -> Result<(), ChangeError> {
+    let fields = [
+        ("kv_usage", s.kv_usage, Some(1.0)),
+        ("kv_capacity_tokens", s.kv_capacity_tokens, None),
+        ("inflight_tokens", s.inflight_tokens, None),
+        ("gpu_memory_used_bytes", s.gpu_memory_used_bytes, None),
+        ("gpu_memory_total_bytes", s.gpu_memory_total_bytes, None),
+        ("gpu_utilization", s.gpu_utilization, Some(1.0)),
+        ("running", s.running, None),
+        ("waiting", s.waiting, None),
+        ("tokens_per_second", s.tokens_per_second, None),
+        ("ttft_seconds", s.ttft_seconds, None),
+    ];
+    for (name, value, max) in fields {
+        if let Some(v) = value
+            && (!v.is_finite() || v < 0.0 || max.is_some_and(|m| v > m))
+        {
+            let range = max.map_or("a finite number >= 0".to_string(), |m| format!("between 0 and {m}"));
+            return Err(ChangeError::Invalid(format!("{name} = {v}: must be {range}")));
+        }
+    }
+    if s.models.len() > 256 || s.models.iter().any(|m| m.len() > 256) {
+        return Err(ChangeError::Invalid("models: at most 256 names of at most 256 bytes".into()));
+    }
+    Ok(())
 }

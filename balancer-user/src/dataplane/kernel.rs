@@ -28,6 +28,7 @@ pub struct KernelDataplane {
     backend_stats: PerCpuArray<MapData, TrafficStats>,
     flows: MapData,
     flows_buckets: u32,
+    swap_started: Option<std::time::Instant>,
 }
 
 fn map_err(map: &'static str, op: &'static str) -> impl FnOnce(MapError) -> DataplaneError {
@@ -149,6 +150,7 @@ impl KernelDataplane {
             backend_stats: take(ebpf, names::BACKEND_STATS)?,
             flows,
             flows_buckets,
+            swap_started: None,
         })
     }
 
@@ -237,6 +239,7 @@ impl Dataplane for KernelDataplane {
         // maps' descriptors; the kernel keeps its own references, so ours may close.
         let keys: Vec<u32> = tables.iter().map(|(id, _)| *id).collect();
         let fds: Vec<u32> = inners.iter().map(|fd| fd.as_raw_fd() as u32).collect();
+        self.swap_started = Some(std::time::Instant::now());
         sys::update_u32_batch(self.maglev.fd().as_fd(), &keys, &fds).map_err(|source| {
             DataplaneError::Table {
                 vip_id: keys.first().copied().unwrap_or(0),
@@ -244,6 +247,10 @@ impl Dataplane for KernelDataplane {
                 source,
             }
         })
+    }
+
+    fn swap_started(&self) -> Option<std::time::Instant> {
+        self.swap_started
     }
 
     fn clear_tables(&mut self, vip_ids: &[u32]) -> Result<(), DataplaneError> {

@@ -53,6 +53,11 @@ pub trait Dataplane {
     /// Makes each `(vip_id, table)` that VIP's Maglev table, each in one step (a packet sees a
     /// VIP's old table or its new one, never a mix).
     fn publish_tables(&mut self, tables: &[(u32, &[u32])]) -> Result<(), DataplaneError>;
+    /// When the last `publish_tables` began swapping (the new tables are live from then on;
+    /// the call itself returns after the kernel's wait for readers of the old ones).
+    fn swap_started(&self) -> Option<std::time::Instant> {
+        None
+    }
     /// Drops the tables of VIPs whose index entries are already gone.
     fn clear_tables(&mut self, vip_ids: &[u32]) -> Result<(), DataplaneError>;
     /// Global counters summed over CPUs.

@@ -134,8 +134,11 @@ fn parse_sample(line: &str) -> Result<Sample, String> {
     })
 }
 
+/// A sample's labels, in page order.
+type Labels = Vec<(String, String)>;
+
 /// Parses `name="value",...}` (after the `{`); returns the labels and what follows the `}`.
-fn parse_labels(mut s: &str) -> Result<(Vec<(String, String)>, &str), String> {
+fn parse_labels(mut s: &str) -> Result<(Labels, &str), String> {
     let mut labels = Vec::new();
     loop {
         s = s.trim_start();

@@ -3,4 +3,7 @@
 //! latest signals with the rates derived from its counters ([`store`]).
 
 pub mod exposition;
+pub mod loops;
+pub mod scrape;
 pub mod signals;
+pub mod store;
