@@ -461,7 +461,11 @@ impl<D: Dataplane> Balancer<D> {
     /// Sets the weights a telemetry policy computed for a VIP's backends (in place of their
     /// configured weights) and republishes its table if they changed the table. Backends not
     /// listed keep theirs.
-    pub fn set_dynamic_weights(&mut self, vip: &Endpoint, weights: &[(IpAddr, u32)]) -> Result<ApplyReport, BalancerError> {
+    pub fn set_dynamic_weights(
+        &mut self,
+        vip: &Endpoint,
+        weights: &[(IpAddr, u32)],
+    ) -> Result<ApplyReport, BalancerError> {
         let mut report = ApplyReport::default();
         let Some(state) = self.vips.get_mut(vip) else {
             return Ok(report);
@@ -1248,19 +1252,32 @@ mac = "02:00:00:00:00:99"
         lb.apply(&cfg.vips, &macs()).unwrap();
         let endpoint = cfg.vips[0].endpoint();
         let (a, b): (IpAddr, IpAddr) = ("10.0.0.11".parse().unwrap(), "10.0.0.12".parse().unwrap());
-        let report = lb.set_dynamic_weights(&endpoint, &[(a, 900), (b, 100)]).unwrap();
+        let report = lb
+            .set_dynamic_weights(&endpoint, &[(a, 900), (b, 100)])
+            .unwrap();
         assert_eq!(report.tables_published, 1);
         let shares = lb.vip("web").unwrap().slot_shares();
         assert!((shares[&a] as f64 / 65_537.0 - 0.9).abs() < 0.001);
         // Same weights again: nothing to publish.
-        assert_eq!(lb.set_dynamic_weights(&endpoint, &[(a, 900), (b, 100)]).unwrap().tables_published, 0);
+        assert_eq!(
+            lb.set_dynamic_weights(&endpoint, &[(a, 900), (b, 100)])
+                .unwrap()
+                .tables_published,
+            0
+        );
         // A config apply keeps them; a static policy drops them.
         lb.apply(&cfg.vips, &macs()).unwrap();
-        assert_eq!(lb.vip("web").unwrap().backends[&a].dynamic_weight, Some(900));
+        assert_eq!(
+            lb.vip("web").unwrap().backends[&a].dynamic_weight,
+            Some(900)
+        );
         cfg.vips[0].policy.kind = crate::policy::PolicyKind::Static;
         lb.apply(&cfg.vips, &macs()).unwrap();
         let shares = lb.vip("web").unwrap().slot_shares();
-        assert!((shares[&b] as f64 / shares[&a] as f64 - 3.0).abs() < 0.01, "configured 1:3 back");
+        assert!(
+            (shares[&b] as f64 / shares[&a] as f64 - 3.0).abs() < 0.01,
+            "configured 1:3 back"
+        );
     }
 
     #[test]

@@ -13,7 +13,9 @@ use balancer_common::maglev::is_prime;
 use balancer_common::maps::{DEFAULT_TABLE_SIZE, MAX_BACKENDS, MAX_TABLE_SIZE, MAX_VIPS};
 use serde::{Deserialize, Serialize};
 
-use crate::policy::{Factors, MAX_WEIGHT as MAX_POLICY_WEIGHT, PolicyConfig, PolicyKind, StaleMode};
+use crate::policy::{
+    Factors, MAX_WEIGHT as MAX_POLICY_WEIGHT, PolicyConfig, PolicyKind, StaleMode,
+};
 
 /// Largest backend weight. Weights are relative; the table builder is exact for any of them.
 pub const MAX_WEIGHT: u32 = 65_535;
@@ -1164,12 +1166,19 @@ pub fn validate_vip(raw: RawVip, label: &str) -> Result<VipConfig, ConfigError> 
 
 fn float_in(value: f64, min: f64, max: f64, key: &str) -> Result<f64, ConfigError> {
     if !value.is_finite() || value < min || value > max {
-        return Err(invalid(key, value, format!("must be between {min} and {max}")));
+        return Err(invalid(
+            key,
+            value,
+            format!("must be between {min} and {max}"),
+        ));
     }
     Ok(value)
 }
 
-fn validate_telemetry(raw: Option<RawTelemetry>, label: &str) -> Result<TelemetryConfig, ConfigError> {
+fn validate_telemetry(
+    raw: Option<RawTelemetry>,
+    label: &str,
+) -> Result<TelemetryConfig, ConfigError> {
     let raw = raw.unwrap_or_default();
     let key = |k: &str| format!("{label}.telemetry.{k}");
     let interval: u64 = match raw.interval_ms {
@@ -1181,7 +1190,11 @@ fn validate_telemetry(raw: Option<RawTelemetry>, label: &str) -> Result<Telemetr
         None => (interval * 8 / 10).max(1),
     };
     if timeout > interval {
-        return Err(invalid(key("timeout_ms"), timeout, format!("must not exceed interval_ms ({interval})")));
+        return Err(invalid(
+            key("timeout_ms"),
+            timeout,
+            format!("must not exceed interval_ms ({interval})"),
+        ));
     }
     let max_body = match raw.max_body_kib {
         Some(v) => int_in::<usize>(v, 1, 64 * 1024, &key("max_body_kib"))? * 1024,
@@ -1194,12 +1207,22 @@ fn validate_telemetry(raw: Option<RawTelemetry>, label: &str) -> Result<Telemetr
             let port: u16 = int_in(required(raw.port, &key("port"))?, 1, 65_535, &key("port"))?;
             let path = raw.path.clone().unwrap_or_else(|| "/metrics".into());
             if !path.starts_with('/') || path.contains(char::is_whitespace) {
-                return Err(invalid(key("path"), format!("{path:?}"), "an HTTP path starts with '/' and has no spaces"));
+                return Err(invalid(
+                    key("path"),
+                    format!("{path:?}"),
+                    "an HTTP path starts with '/' and has no spaces",
+                ));
             }
             let mut pages = vec![(port, path)];
             for (i, e) in raw.extra.iter().enumerate() {
                 let k = format!("{}[{i}]", key("extra"));
-                let (p, path) = e.split_once('/').ok_or_else(|| invalid(&k, format!("{e:?}"), "expected \"port/path\", e.g. \"9400/metrics\""))?;
+                let (p, path) = e.split_once('/').ok_or_else(|| {
+                    invalid(
+                        &k,
+                        format!("{e:?}"),
+                        "expected \"port/path\", e.g. \"9400/metrics\"",
+                    )
+                })?;
                 let p: u16 = p
                     .parse()
                     .ok()
@@ -1210,11 +1233,21 @@ fn validate_telemetry(raw: Option<RawTelemetry>, label: &str) -> Result<Telemetr
             TelemetrySource::Scrape(pages)
         }
         other => {
-            return Err(invalid(key("source"), format!("{other:?}"), "expected \"none\", \"scrape\" or \"push\""));
+            return Err(invalid(
+                key("source"),
+                format!("{other:?}"),
+                "expected \"none\", \"scrape\" or \"push\"",
+            ));
         }
     };
-    if !matches!(source, TelemetrySource::Scrape(_)) && (raw.port.is_some() || !raw.extra.is_empty()) {
-        return Err(invalid(key("port"), format!("{:?}", raw.port), "port and extra apply to source = \"scrape\" only"));
+    if !matches!(source, TelemetrySource::Scrape(_))
+        && (raw.port.is_some() || !raw.extra.is_empty())
+    {
+        return Err(invalid(
+            key("port"),
+            format!("{:?}", raw.port),
+            "port and extra apply to source = \"scrape\" only",
+        ));
     }
     Ok(TelemetryConfig {
         source,
@@ -1232,7 +1265,10 @@ fn telemetry_to_raw(t: &TelemetryConfig) -> RawTelemetry {
             "scrape",
             Some(i64::from(pages[0].0)),
             Some(pages[0].1.clone()),
-            pages[1..].iter().map(|(p, path)| format!("{p}{path}")).collect(),
+            pages[1..]
+                .iter()
+                .map(|(p, path)| format!("{p}{path}"))
+                .collect(),
         ),
     };
     RawTelemetry {
@@ -1261,18 +1297,30 @@ fn validate_policy(raw: Option<RawPolicy>, label: &str) -> Result<PolicyConfig, 
         })?,
     };
     let factor = |v: Option<f64>, default: f64, k: &str| -> Result<f64, ConfigError> {
-        v.map(|v| float_in(v, 0.0, 1000.0, &key(k))).transpose().map(|v| v.unwrap_or(default))
+        v.map(|v| float_in(v, 0.0, 1000.0, &key(k)))
+            .transpose()
+            .map(|v| v.unwrap_or(default))
     };
     let factors = Factors {
         kv: factor(raw.kv_factor, d.factors.kv, "kv_factor")?,
-        gpu_memory: factor(raw.gpu_memory_factor, d.factors.gpu_memory, "gpu_memory_factor")?,
+        gpu_memory: factor(
+            raw.gpu_memory_factor,
+            d.factors.gpu_memory,
+            "gpu_memory_factor",
+        )?,
         queue: factor(raw.queue_factor, d.factors.queue, "queue_factor")?,
         tokens: factor(raw.tokens_factor, d.factors.tokens, "tokens_factor")?,
-        connections: factor(raw.connections_factor, d.factors.connections, "connections_factor")?,
+        connections: factor(
+            raw.connections_factor,
+            d.factors.connections,
+            "connections_factor",
+        )?,
         ttft: factor(raw.ttft_factor, d.factors.ttft, "ttft_factor")?,
     };
     let unit = |v: Option<f64>, default: f64, min: f64, k: &str| -> Result<f64, ConfigError> {
-        v.map(|v| float_in(v, min, 1.0, &key(k))).transpose().map(|v| v.unwrap_or(default))
+        v.map(|v| float_in(v, min, 1.0, &key(k)))
+            .transpose()
+            .map(|v| v.unwrap_or(default))
     };
     Ok(PolicyConfig {
         kind,
@@ -1282,7 +1330,9 @@ fn validate_policy(raw: Option<RawPolicy>, label: &str) -> Result<PolicyConfig, 
         floor: unit(raw.floor, d.floor, 0.0, "floor")?,
         kv_saturation: unit(raw.kv_saturation, d.kv_saturation, 0.01, "kv_saturation")?,
         min_free_gpu_memory_bytes: match raw.min_free_gpu_memory_mib {
-            Some(v) => int_in::<i64>(v, 0, 1 << 30, &key("min_free_gpu_memory_mib"))? as f64 * 1048576.0,
+            Some(v) => {
+                int_in::<i64>(v, 0, 1 << 30, &key("min_free_gpu_memory_mib"))? as f64 * 1048576.0
+            }
             None => d.min_free_gpu_memory_bytes,
         },
         stale_after: match raw.stale_after_ms {
@@ -1293,7 +1343,11 @@ fn validate_policy(raw: Option<RawPolicy>, label: &str) -> Result<PolicyConfig, 
             None | Some("saturated") => StaleMode::Saturated,
             Some("keep") => StaleMode::Keep,
             Some(other) => {
-                return Err(invalid(key("stale"), format!("{other:?}"), "expected \"saturated\" or \"keep\""));
+                return Err(invalid(
+                    key("stale"),
+                    format!("{other:?}"),
+                    "expected \"saturated\" or \"keep\"",
+                ));
             }
         },
         quantum: match raw.quantum {
@@ -1543,11 +1597,15 @@ table_size = 655373
                 "vip[0].telemetry.port = (missing)",
             ),
             (
-                with_vip("address = \"10.0.0.1\"\nport = 80\n[vip.telemetry]\nsource = \"scrape\"\nport = 8000\nextra = [\"dcgm\"]"),
+                with_vip(
+                    "address = \"10.0.0.1\"\nport = 80\n[vip.telemetry]\nsource = \"scrape\"\nport = 8000\nextra = [\"dcgm\"]",
+                ),
                 "vip[0].telemetry.extra[0] = \"dcgm\": expected \"port/path\"",
             ),
             (
-                with_vip("address = \"10.0.0.1\"\nport = 80\n[vip.telemetry]\nsource = \"push\"\n[vip.policy]\nkind = \"composite\"\nfloor = 1.5"),
+                with_vip(
+                    "address = \"10.0.0.1\"\nport = 80\n[vip.telemetry]\nsource = \"push\"\n[vip.policy]\nkind = \"composite\"\nfloor = 1.5",
+                ),
                 "vip[0].policy.floor = 1.5: must be between 0 and 1",
             ),
         ];
@@ -1608,7 +1666,10 @@ table_size = 655373
             v.telemetry.source,
             TelemetrySource::Scrape(vec![(8000, "/metrics".into()), (9400, "/metrics".into())])
         );
-        assert_eq!((v.telemetry.interval, v.telemetry.timeout), (Duration::from_millis(200), Duration::from_millis(160)));
+        assert_eq!(
+            (v.telemetry.interval, v.telemetry.timeout),
+            (Duration::from_millis(200), Duration::from_millis(160))
+        );
         assert_eq!(v.policy.kind, PolicyKind::Composite);
         assert_eq!(v.policy.factors.queue, 3.0);
         assert_eq!(v.policy.stale, StaleMode::Keep);

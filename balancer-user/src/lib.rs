@@ -14,5 +14,6 @@ pub mod metrics;
 pub mod netinfo;
 pub mod pinning;
 pub mod policy;
+pub mod report;
 pub mod settings;
 pub mod telemetry;

@@ -91,7 +91,8 @@ impl Metrics {
         m.registry.register(Box::new(m.change_errors.clone()))?;
         m.registry.register(Box::new(m.reports.clone()))?;
         m.registry.register(Box::new(m.weight_changes.clone()))?;
-        m.registry.register(Box::new(m.weight_publish_seconds.clone()))?;
+        m.registry
+            .register(Box::new(m.weight_publish_seconds.clone()))?;
         Ok(m)
     }
 

@@ -206,7 +206,8 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
             })
             .collect();
     }
-    let fresh = |i: &Input| !cfg.kind.needs_reports() || i.age.is_some_and(|a| a <= cfg.stale_after);
+    let fresh =
+        |i: &Input| !cfg.kind.needs_reports() || i.age.is_some_and(|a| a <= cfg.stale_after);
     let signals = |i: &Input| i.signals.clone().unwrap_or_default();
 
     // Pool-wide references.
@@ -215,7 +216,8 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
         .filter_map(|i| i.signals.as_ref()?.kv_capacity_tokens)
         .filter(|c| *c > 0.0)
         .collect();
-    let mean_capacity = (!capacities.is_empty()).then(|| capacities.iter().sum::<f64>() / capacities.len() as f64);
+    let mean_capacity =
+        (!capacities.is_empty()).then(|| capacities.iter().sum::<f64>() / capacities.len() as f64);
     let max_flows = inputs.iter().map(|i| i.flows).max().unwrap_or(0).max(1) as f64;
     let max_ttft = inputs
         .iter()
@@ -240,10 +242,16 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
             }
             let s = signals(i);
             if let Some(kv) = s.kv_usage.filter(|kv| *kv >= cfg.kv_saturation) {
-                return Verdict::Zero(format!("saturated: KV cache {} >= {}", pct(kv), pct(cfg.kv_saturation)));
+                return Verdict::Zero(format!(
+                    "saturated: KV cache {} >= {}",
+                    pct(kv),
+                    pct(cfg.kv_saturation)
+                ));
             }
             if cfg.min_free_gpu_memory_bytes > 0.0
-                && let Some(free) = s.gpu_memory_free_bytes().filter(|f| *f < cfg.min_free_gpu_memory_bytes)
+                && let Some(free) = s
+                    .gpu_memory_free_bytes()
+                    .filter(|f| *f < cfg.min_free_gpu_memory_bytes)
             {
                 return Verdict::Zero(format!(
                     "saturated: free GPU memory {:.0} MiB < {:.0} MiB",
@@ -290,7 +298,12 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
                 };
                 state.smoothed.insert(i.address, smoothed);
                 let held = match previous {
-                    Some(p) if p > 0 && (smoothed - f64::from(p)).abs() <= cfg.hysteresis * f64::from(p) => p,
+                    Some(p)
+                        if p > 0
+                            && (smoothed - f64::from(p)).abs() <= cfg.hysteresis * f64::from(p) =>
+                    {
+                        p
+                    }
                     _ => quantize(smoothed, cfg.quantum),
                 };
                 (held.max(cfg.quantum.min(MAX_WEIGHT)), why)
@@ -306,7 +319,10 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
         for (d, i) in decisions.iter_mut().zip(inputs) {
             if fresh(i) || !cfg.kind.needs_reports() {
                 d.weight = i.configured.min(MAX_WEIGHT);
-                d.reason = format!("every backend saturated: configured weight stands in ({})", d.reason);
+                d.reason = format!(
+                    "every backend saturated: configured weight stands in ({})",
+                    d.reason
+                );
             }
         }
     }
@@ -322,7 +338,13 @@ fn quantize(weight: f64, quantum: u32) -> u32 {
 }
 
 /// The policy's score of a usable backend (0..1, higher is better) and its explanation.
-fn score(cfg: &PolicyConfig, i: &Input, s: &Signals, max_flows: f64, max_ttft: f64) -> (f64, String) {
+fn score(
+    cfg: &PolicyConfig,
+    i: &Input,
+    s: &Signals,
+    max_flows: f64,
+    max_ttft: f64,
+) -> (f64, String) {
     let kv = s.kv_usage;
     let gpu = match (s.gpu_memory_used_bytes, s.gpu_memory_total_bytes) {
         (Some(u), Some(t)) if t > 0.0 => Some((u / t).clamp(0.0, 1.0)),
@@ -330,7 +352,10 @@ fn score(cfg: &PolicyConfig, i: &Input, s: &Signals, max_flows: f64, max_ttft: f
     };
     match cfg.kind {
         PolicyKind::Static => (1.0, "static".into()),
-        PolicyKind::LeastConn => (1.0 / (1.0 + i.flows as f64), format!("least-conn: {} flows", i.flows)),
+        PolicyKind::LeastConn => (
+            1.0 / (1.0 + i.flows as f64),
+            format!("least-conn: {} flows", i.flows),
+        ),
         PolicyKind::LeastLatency => match s.ttft_seconds {
             Some(t) if t > 0.0 => (1.0 / t, format!("least-latency: TTFT {:.0} ms", t * 1e3)),
             _ => (1.0 / max_ttft.max(1.0), "least-latency: no TTFT yet".into()),
@@ -358,7 +383,10 @@ fn score(cfg: &PolicyConfig, i: &Input, s: &Signals, max_flows: f64, max_ttft: f
                 (Some(c), Some(u)) if c > 0.0 => Some((u / c).clamp(0.0, 1.0)),
                 _ => None,
             };
-            let ttft = s.ttft_seconds.filter(|_| max_ttft > 0.0).map(|t| t / max_ttft);
+            let ttft = s
+                .ttft_seconds
+                .filter(|_| max_ttft > 0.0)
+                .map(|t| t / max_ttft);
             let parts = [
                 ("kv", f.kv, kv),
                 ("gpu", f.gpu_memory, gpu),
@@ -376,7 +404,11 @@ fn score(cfg: &PolicyConfig, i: &Input, s: &Signals, max_flows: f64, max_ttft: f
                     why.push(format!("{name} {}", pct(v)));
                 }
             }
-            let pressure = if weights > 0.0 { (sum / weights).clamp(0.0, 1.0) } else { 0.0 };
+            let pressure = if weights > 0.0 {
+                (sum / weights).clamp(0.0, 1.0)
+            } else {
+                0.0
+            };
             let headroom = 1.0 - pressure;
             (
                 headroom * headroom,
@@ -423,9 +455,17 @@ mod tests {
             kv_usage: Some(v),
             ..Signals::default()
         };
-        let d = decide(&cfg(PolicyKind::Composite), &[input(1, kv(0.97)), input(2, kv(0.5))], &mut state);
+        let d = decide(
+            &cfg(PolicyKind::Composite),
+            &[input(1, kv(0.97)), input(2, kv(0.5))],
+            &mut state,
+        );
         assert_eq!(d[0].weight, 0);
-        assert!(d[0].reason.contains("KV cache 97% >= 95%"), "{}", d[0].reason);
+        assert!(
+            d[0].reason.contains("KV cache 97% >= 95%"),
+            "{}",
+            d[0].reason
+        );
         assert!(d[1].weight > 0);
     }
 
@@ -440,16 +480,29 @@ mod tests {
         };
         let d = decide(
             &cfg(PolicyKind::Gpu),
-            &[input(1, mem(20.0)), input(2, mem(40.0)), input(3, mem(60.0))],
+            &[
+                input(1, mem(20.0)),
+                input(2, mem(40.0)),
+                input(3, mem(60.0)),
+            ],
             &mut state,
         );
         // Free 60, 40, 20 GiB -> 1000, 667, 333 (quantum 10).
         assert_eq!(weights(&d), vec![1000, 670, 330]);
         let mut cfg = cfg(PolicyKind::Gpu);
         cfg.min_free_gpu_memory_bytes = 30.0 * gib;
-        let d = decide(&cfg, &[input(1, mem(20.0)), input(2, mem(60.0))], &mut PolicyState::default());
+        let d = decide(
+            &cfg,
+            &[input(1, mem(20.0)), input(2, mem(60.0))],
+            &mut PolicyState::default(),
+        );
         assert_eq!(d[1].weight, 0, "{}", d[1].reason);
-        assert!(d[1].reason.contains("free GPU memory 20480 MiB < 30720 MiB"), "{}", d[1].reason);
+        assert!(
+            d[1].reason
+                .contains("free GPU memory 20480 MiB < 30720 MiB"),
+            "{}",
+            d[1].reason
+        );
     }
 
     #[test]
@@ -465,21 +518,48 @@ mod tests {
             running: Some(8.0),
             ..Signals::default()
         };
-        let first = weights(&decide(&c, &[input(1, load(0.3, 1.0)), input(2, load(0.6, 4.0))], &mut state));
+        let first = weights(&decide(
+            &c,
+            &[input(1, load(0.3, 1.0)), input(2, load(0.6, 4.0))],
+            &mut state,
+        ));
         // Settle the EWMA.
         for _ in 0..20 {
-            decide(&c, &[input(1, load(0.3, 1.0)), input(2, load(0.6, 4.0))], &mut state);
+            decide(
+                &c,
+                &[input(1, load(0.3, 1.0)), input(2, load(0.6, 4.0))],
+                &mut state,
+            );
         }
-        let settled = weights(&decide(&c, &[input(1, load(0.3, 1.0)), input(2, load(0.6, 4.0))], &mut state));
+        let settled = weights(&decide(
+            &c,
+            &[input(1, load(0.3, 1.0)), input(2, load(0.6, 4.0))],
+            &mut state,
+        ));
         assert!(settled[0] > settled[1] && first[0] > first[1]);
         // +-2% noise on every input: nothing moves.
         for round in 0..200 {
             let n = if round % 2 == 0 { 1.02 } else { 0.98 };
-            let d = decide(&c, &[input(1, load(0.3 * n, 1.0 * n)), input(2, load(0.6 / n, 4.0 / n))], &mut state);
-            assert_eq!(weights(&d), settled, "round {round}: weights moved under 2% noise");
+            let d = decide(
+                &c,
+                &[
+                    input(1, load(0.3 * n, 1.0 * n)),
+                    input(2, load(0.6 / n, 4.0 / n)),
+                ],
+                &mut state,
+            );
+            assert_eq!(
+                weights(&d),
+                settled,
+                "round {round}: weights moved under 2% noise"
+            );
         }
         // A real change moves them.
-        let d = decide(&c, &[input(1, load(0.9, 10.0)), input(2, load(0.2, 0.0))], &mut state);
+        let d = decide(
+            &c,
+            &[input(1, load(0.9, 10.0)), input(2, load(0.2, 0.0))],
+            &mut state,
+        );
         assert!(weights(&d)[1] > settled[1], "{d:?}");
     }
 
@@ -491,16 +571,38 @@ mod tests {
             ..Signals::default()
         };
         let mut c = cfg(PolicyKind::Composite);
-        let fresh = decide(&c, &[input(1, ok.clone()), input(2, ok.clone())], &mut state);
+        let fresh = decide(
+            &c,
+            &[input(1, ok.clone()), input(2, ok.clone())],
+            &mut state,
+        );
         let mut old = input(2, ok.clone());
         old.age = Some(Duration::from_secs(5));
         let d = decide(&c, &[input(1, ok.clone()), old.clone()], &mut state);
         assert_eq!(d[1].weight, 0);
-        assert!(d[1].reason.contains("stale report (5000 ms old): treated as saturated"), "{}", d[1].reason);
+        assert!(
+            d[1].reason
+                .contains("stale report (5000 ms old): treated as saturated"),
+            "{}",
+            d[1].reason
+        );
         c.stale = StaleMode::Keep;
         let mut state = PolicyState::default();
         decide(&c, &[input(1, ok.clone()), input(2, ok)], &mut state);
-        let d = decide(&c, &[input(1, Signals { kv_usage: Some(0.2), ..Signals::default() }), old], &mut state);
+        let d = decide(
+            &c,
+            &[
+                input(
+                    1,
+                    Signals {
+                        kv_usage: Some(0.2),
+                        ..Signals::default()
+                    },
+                ),
+                old,
+            ],
+            &mut state,
+        );
         assert_eq!(d[1].weight, fresh[1].weight, "{}", d[1].reason);
         assert!(d[1].reason.contains("keeping the last weight"));
     }
@@ -521,7 +623,15 @@ mod tests {
             ..PolicyConfig::default()
         };
         // A large GPU (4x the KV capacity) half full beats a small one a quarter full.
-        let d = decide(&c, &[input(1, s(0.5, 400_000.0)), input(2, s(0.25, 100_000.0)), input(3, s(0.94, 100_000.0))], &mut state);
+        let d = decide(
+            &c,
+            &[
+                input(1, s(0.5, 400_000.0)),
+                input(2, s(0.25, 100_000.0)),
+                input(3, s(0.94, 100_000.0)),
+            ],
+            &mut state,
+        );
         assert_eq!(d[0].weight, 1000);
         assert!(d[1].weight < 500, "{d:?}");
         assert_eq!(d[2].weight, 100, "the floor: {d:?}");
@@ -535,7 +645,11 @@ mod tests {
         let mut b = input(2, Signals::default());
         b.flows = 3;
         b.age = None;
-        let d = decide(&cfg(PolicyKind::LeastConn), &[a.clone(), b.clone()], &mut state);
+        let d = decide(
+            &cfg(PolicyKind::LeastConn),
+            &[a.clone(), b.clone()],
+            &mut state,
+        );
         assert_eq!(weights(&d), vec![1000, 250]);
         a.configured = 7;
         let d = decide(&cfg(PolicyKind::Static), &[a, b], &mut state);
@@ -549,8 +663,16 @@ mod tests {
             kv_usage: Some(0.99),
             ..Signals::default()
         };
-        let d = decide(&cfg(PolicyKind::Composite), &[input(1, full.clone()), input(2, full)], &mut state);
+        let d = decide(
+            &cfg(PolicyKind::Composite),
+            &[input(1, full.clone()), input(2, full)],
+            &mut state,
+        );
         assert_eq!(weights(&d), vec![1, 1]);
-        assert!(d[0].reason.starts_with("every backend saturated"), "{}", d[0].reason);
+        assert!(
+            d[0].reason.starts_with("every backend saturated"),
+            "{}",
+            d[0].reason
+        );
     }
 }

@@ -345,6 +345,7 @@ impl Topology {
         let name = format!("b{}", i + 1);
         let (own4, own6) = (backend4(i).to_string(), backend6(i).to_string());
         let (v4, v6) = (VIP4.to_string(), VIP6.to_string());
+        let metrics = self.metrics_file(i).to_string_lossy().to_string();
         let argv = [
             server.as_str(),
             "--name",
@@ -363,6 +364,8 @@ impl Topology {
             &own4,
             "--udp-addr",
             &own6,
+            "--metrics-file",
+            &metrics,
         ];
         let process_name = format!("server-{name}");
         self.processes.retain(|p| p.name != process_name);
@@ -370,6 +373,11 @@ impl Topology {
         p.wait_for_log("listening", Duration::from_secs(10))?;
         self.processes.push(p);
         Ok(())
+    }
+
+    /// The file backend `i`'s server serves at `/metrics` (absent until a test writes it).
+    pub fn metrics_file(&self, i: usize) -> PathBuf {
+        self.log_dir.join(format!("metrics-b{}.prom", i + 1))
     }
 
     /// Kills the test server of backend `i` (0-based).

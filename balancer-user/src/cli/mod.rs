@@ -6,10 +6,12 @@ mod check_config;
 mod client_args;
 mod decap;
 mod reload;
+mod report;
 mod run;
 mod status;
 mod table;
 mod vip;
+mod weights;
 
 use std::process::ExitCode;
 
@@ -39,7 +41,9 @@ pub const EXIT_UNAUTHORIZED: u8 = 5;
                   sudo balancer run --config /etc/balancer/balancer.toml\n  \
                   balancer status\n  \
                   balancer backend drain web 10.0.0.11\n  \
-                  sudo balancer decap --interface eth0 --gue-port 6080\n\n\
+                  balancer weights\n  \
+                  sudo balancer decap --interface eth0 --gue-port 6080\n  \
+                  balancer report --serve 0.0.0.0:9400   # on a GPU backend\n\n\
                   Exit codes: 0 ok, 1 failure (daemon unreachable, kernel error), 2 invalid \
                   input, 3 no such VIP or backend, 4 already exists, 5 token refused."
 )]
@@ -59,10 +63,12 @@ pub enum Command {
     Vip(vip::VipArgs),
     Backend(backend::BackendArgs),
     Table(table::TableArgs),
+    Weights(weights::WeightsArgs),
     Reload(reload::ReloadArgs),
     Stop(reload::StopArgs),
     CheckConfig(check_config::CheckConfigArgs),
     Decap(decap::DecapArgs),
+    Report(report::ReportArgs),
 }
 
 pub fn init_logging(filter: &str) {
@@ -83,10 +89,12 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Vip(args) => vip::run(args),
         Command::Backend(args) => backend::run(args),
         Command::Table(args) => table::run(args),
+        Command::Weights(args) => weights::run(args),
         Command::Reload(args) => reload::reload(args),
         Command::Stop(args) => reload::stop(args),
         Command::CheckConfig(args) => check_config::run(args),
         Command::Decap(args) => decap::run(args),
+        Command::Report(args) => report::run(args),
     }
 }
 

@@ -32,11 +32,11 @@ use crate::config::{AttachMode, Config, MacAddr};
 use crate::dataplane::kernel::KernelDataplane;
 use crate::ebpf;
 use crate::health::HealthChecks;
-use crate::telemetry::loops::TelemetryLoops;
 use crate::metrics::Metrics;
 use crate::netinfo::{Interface, resolve_next_hops};
 use crate::pinning::Pins;
 use crate::settings::data_plane_settings;
+use crate::telemetry::loops::TelemetryLoops;
 use state::Daemon;
 
 /// Options of `balancer run`.

@@ -12,17 +12,17 @@ use balancer_common::stats::{Counter, TrafficStats};
 use crate::api::types::{
     BackendStatus, ChangeResult, Stats, Status, Table, TableShare, VipStatus, VipWeights, WeightRow,
 };
-use crate::config::TelemetrySource;
-use crate::policy::{Decision, Input, PolicyKind, PolicyState, decide};
-use crate::telemetry::signals::Signals;
-use crate::telemetry::store::TelemetryStore;
 use crate::balancer::{ApplyReport, Balancer, Endpoint};
+use crate::config::TelemetrySource;
 use crate::config::{Config, ConfigError, HealthCheckKind, MacAddr, RawConfig};
 use crate::dataplane::kernel::KernelDataplane;
 use crate::metrics::{Families, Metrics};
 use crate::netinfo::{Interface, resolve_next_hops};
 use crate::pinning::{Pins, write_atomically};
+use crate::policy::{Decision, Input, PolicyKind, PolicyState, decide};
 use crate::settings::data_plane_settings;
+use crate::telemetry::signals::Signals;
+use crate::telemetry::store::TelemetryStore;
 
 /// Why a change was refused; maps onto an HTTP status and a CLI exit code.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +72,7 @@ pub struct Daemon {
     last_sample: Option<Instant>,
     /// Connection-table entries per backend id (refreshed by `count_flows`).
     flows: HashMap<u32, u64>,
+    flows_at: Option<Instant>,
     /// Backends under health checks: latest verdict known to the checker.
     pub checked: HashMap<(Endpoint, IpAddr), bool>,
     /// Backend reports (scraped or pushed).
@@ -104,6 +105,7 @@ impl Daemon {
             backend_traffic: HashMap::new(),
             last_sample: None,
             flows: HashMap::new(),
+            flows_at: None,
             checked: HashMap::new(),
             telemetry: TelemetryStore::default(),
             policies: HashMap::new(),
@@ -112,7 +114,13 @@ impl Daemon {
     }
 
     /// Records a scrape of a backend (signals, or why it failed).
-    pub fn record_scrape(&mut self, vip: &Endpoint, name: &str, backend: IpAddr, result: Result<Signals, String>) {
+    pub fn record_scrape(
+        &mut self,
+        vip: &Endpoint,
+        name: &str,
+        backend: IpAddr,
+        result: Result<Signals, String>,
+    ) {
         let outcome = if result.is_ok() { "success" } else { "failure" };
         self.metrics
             .reports
@@ -145,7 +153,9 @@ impl Daemon {
         }
         let now = Instant::now();
         for (vip, name) in &vips {
-            self.telemetry.entry(vip, backend).record(signals.clone(), now);
+            self.telemetry
+                .entry(vip, backend)
+                .record(signals.clone(), now);
             self.metrics
                 .reports
                 .with_label_values(&[name, &backend.to_string(), "pushed"])
@@ -162,6 +172,20 @@ impl Daemon {
             return Ok(());
         };
         let endpoint = vip.endpoint();
+        // Connection-aware policies count flows at their own pace (the daemon's count is
+        // once a second).
+        let uses_flows = match vip.policy.kind {
+            PolicyKind::LeastConn => true,
+            PolicyKind::Composite => vip.policy.factors.connections > 0.0,
+            _ => false,
+        };
+        if uses_flows
+            && self
+                .flows_at
+                .is_none_or(|t| started.duration_since(t) >= vip.telemetry.interval)
+        {
+            self.count_flows();
+        }
         let Some(state) = self.balancer.vip(name) else {
             return Ok(());
         };
@@ -203,7 +227,11 @@ impl Daemon {
                     .observe(live.duration_since(started).as_secs_f64());
             }
             self.record(&report);
-            tracing::debug!(vip = name, slots_changed = report.slots_changed, "weights republished");
+            tracing::debug!(
+                vip = name,
+                slots_changed = report.slots_changed,
+                "weights republished"
+            );
         }
         Ok(())
     }
@@ -236,7 +264,8 @@ impl Daemon {
                         .map(|b| {
                             let t = self.telemetry.get(&endpoint, b.address);
                             let bs = state.and_then(|s| s.backends.get(&b.address));
-                            let decision = decisions.and_then(|d| d.iter().find(|d| d.address == b.address));
+                            let decision =
+                                decisions.and_then(|d| d.iter().find(|d| d.address == b.address));
                             WeightRow {
                                 address: b.address,
                                 configured_weight: b.weight,
@@ -249,7 +278,9 @@ impl Daemon {
                                     }
                                 }),
                                 signals: t.and_then(|t| t.latest.as_ref().map(|(s, _)| s.clone())),
-                                report_age_ms: t.and_then(|t| t.age(now)).map(|a| a.as_millis() as u64),
+                                report_age_ms: t
+                                    .and_then(|t| t.age(now))
+                                    .map(|a| a.as_millis() as u64),
                                 flows: bs.and_then(|s| self.flows.get(&s.id).copied()).unwrap_or(0),
                                 reports: t.map(|t| t.reports).unwrap_or(0),
                                 errors: t.map(|t| t.errors).unwrap_or(0),
@@ -263,12 +294,28 @@ impl Daemon {
     }
 
     /// VIPs whose backends are scraped: (endpoint, name, backends, pages, telemetry settings).
-    pub fn scrape_targets(&self) -> Vec<(Endpoint, String, Vec<IpAddr>, crate::config::TelemetryConfig)> {
+    pub fn scrape_targets(
+        &self,
+    ) -> Vec<(
+        Endpoint,
+        String,
+        Vec<IpAddr>,
+        crate::config::TelemetryConfig,
+    )> {
         self.config
             .vips
             .iter()
-            .filter(|v| v.telemetry.source != TelemetrySource::None || v.policy.kind != PolicyKind::Static)
-            .map(|v| (v.endpoint(), v.name.clone(), v.backends.iter().map(|b| b.address).collect(), v.telemetry.clone()))
+            .filter(|v| {
+                v.telemetry.source != TelemetrySource::None || v.policy.kind != PolicyKind::Static
+            })
+            .map(|v| {
+                (
+                    v.endpoint(),
+                    v.name.clone(),
+                    v.backends.iter().map(|b| b.address).collect(),
+                    v.telemetry.clone(),
+                )
+            })
             .collect()
     }
 
@@ -511,7 +558,10 @@ impl Daemon {
     /// Counts the connection-table entries per backend.
     pub fn count_flows(&mut self) {
         match self.balancer.dataplane().flow_counts() {
-            Ok(counts) => self.flows = counts,
+            Ok(counts) => {
+                self.flows = counts;
+                self.flows_at = Some(Instant::now());
+            }
             Err(e) => tracing::warn!("counting flows: {e}"),
         }
     }
@@ -824,6 +874,61 @@ impl Daemon {
                 );
             }
         }
+        for v in self.weights() {
+            for b in &v.backends {
+                let addr = b.address.to_string();
+                let l = [("vip", v.vip.as_str()), ("backend", addr.as_str())];
+                f.gauge(
+                    "balancer_backend_effective_weight",
+                    "The weight in force: the policy's, or the configured one for static VIPs.",
+                    &l,
+                    f64::from(b.weight),
+                );
+                let Some(s) = &b.signals else { continue };
+                let inputs = [
+                    (
+                        "balancer_backend_kv_cache_usage",
+                        "KV-cache use a backend reported (0..1).",
+                        s.kv_usage,
+                    ),
+                    (
+                        "balancer_backend_requests_running",
+                        "Requests a backend reported running.",
+                        s.running,
+                    ),
+                    (
+                        "balancer_backend_requests_waiting",
+                        "Requests a backend reported queued.",
+                        s.waiting,
+                    ),
+                    (
+                        "balancer_backend_gpu_memory_free_bytes",
+                        "Free GPU memory a backend reported.",
+                        s.gpu_memory_free_bytes(),
+                    ),
+                    (
+                        "balancer_backend_tokens_per_second",
+                        "Token throughput of a backend.",
+                        s.tokens_per_second,
+                    ),
+                    (
+                        "balancer_backend_ttft_seconds",
+                        "Mean time to first token of a backend.",
+                        s.ttft_seconds,
+                    ),
+                    (
+                        "balancer_backend_report_age_seconds",
+                        "Age of a backend's latest report.",
+                        b.report_age_ms.map(|a| a as f64 / 1000.0),
+                    ),
+                ];
+                for (name, help, value) in inputs {
+                    if let Some(value) = value {
+                        f.gauge(name, help, &l, value);
+                    }
+                }
+            }
+        }
         self.metrics.render(f)
     }
 
@@ -871,12 +976,18 @@ fn check_report(s: &Signals) -> Result<(), ChangeError> {
         if let Some(v) = value
             && (!v.is_finite() || v < 0.0 || max.is_some_and(|m| v > m))
         {
-            let range = max.map_or("a finite number >= 0".to_string(), |m| format!("between 0 and {m}"));
-            return Err(ChangeError::Invalid(format!("{name} = {v}: must be {range}")));
+            let range = max.map_or("a finite number >= 0".to_string(), |m| {
+                format!("between 0 and {m}")
+            });
+            return Err(ChangeError::Invalid(format!(
+                "{name} = {v}: must be {range}"
+            )));
         }
     }
     if s.models.len() > 256 || s.models.iter().any(|m| m.len() > 256) {
-        return Err(ChangeError::Invalid("models: at most 256 names of at most 256 bytes".into()));
+        return Err(ChangeError::Invalid(
+            "models: at most 256 names of at most 256 bytes".into(),
+        ));
     }
     Ok(())
 }

@@ -72,7 +72,10 @@ pub fn parse_value(s: &str) -> Option<f64> {
 pub fn parse(page: &str) -> Result<Vec<Sample>, ParseError> {
     let mut samples = Vec::new();
     for (i, line) in page.lines().enumerate() {
-        let err = |reason: String| ParseError { line: i + 1, reason };
+        let err = |reason: String| ParseError {
+            line: i + 1,
+            reason,
+        };
         if line.len() > MAX_LINE {
             return Err(err(format!("line longer than {MAX_LINE} bytes")));
         }
@@ -101,7 +104,12 @@ fn parse_sample(line: &str) -> Result<Sample, String> {
             }
             end
         }
-        _ => return Err(format!("{:?} does not start with a metric name", truncate(line))),
+        _ => {
+            return Err(format!(
+                "{:?} does not start with a metric name",
+                truncate(line)
+            ));
+        }
     };
     let name = line[..name_end].to_string();
     let mut rest = &line[name_end..];
@@ -115,7 +123,8 @@ fn parse_sample(line: &str) -> Result<Sample, String> {
     let value_text = fields
         .next()
         .ok_or_else(|| format!("{name} has no value"))?;
-    let value = parse_value(value_text).ok_or_else(|| format!("{name}: {value_text:?} is not a number"))?;
+    let value =
+        parse_value(value_text).ok_or_else(|| format!("{name}: {value_text:?} is not a number"))?;
     let timestamp_ms = match fields.next() {
         Some(t) => Some(
             t.parse::<i64>()
@@ -186,7 +195,10 @@ fn parse_labels(mut s: &str) -> Result<(Labels, &str), String> {
         if let Some(rest) = s.strip_prefix(',') {
             s = rest;
         } else if !s.starts_with('}') {
-            return Err(format!("expected ',' or '}}' after a label, found {:?}", truncate(s)));
+            return Err(format!(
+                "expected ',' or '}}' after a label, found {:?}",
+                truncate(s)
+            ));
         }
     }
 }

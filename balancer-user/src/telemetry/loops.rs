@@ -64,8 +64,11 @@ async fn run(daemon: Arc<Mutex<Daemon>>, name: String, (vip, backends, cfg): Key
         if let TelemetrySource::Scrape(pages) = &cfg.source {
             let mut set = JoinSet::new();
             for backend in &backends {
-                let (backend, pages, timeout, max_body) = (*backend, pages.clone(), cfg.timeout, cfg.max_body);
-                set.spawn(async move { (backend, scrape(backend, &pages, timeout, max_body).await) });
+                let (backend, pages, timeout, max_body) =
+                    (*backend, pages.clone(), cfg.timeout, cfg.max_body);
+                set.spawn(
+                    async move { (backend, scrape(backend, &pages, timeout, max_body).await) },
+                );
             }
             while let Some(done) = set.join_next().await {
                 if let Ok(result) = done {

@@ -12,9 +12,16 @@ use super::exposition;
 use super::signals::{Signals, extract};
 
 /// `GET path` from `addr`; the body, at most `max_body` bytes.
-pub async fn http_get(addr: SocketAddr, path: &str, timeout: Duration, max_body: usize) -> Result<String, String> {
+pub async fn http_get(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+    max_body: usize,
+) -> Result<String, String> {
     let attempt = async {
-        let mut stream = TcpStream::connect(addr).await.map_err(|e| format!("connect {addr}: {e}"))?;
+        let mut stream = TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("connect {addr}: {e}"))?;
         let host = match addr {
             SocketAddr::V4(a) => a.ip().to_string(),
             SocketAddr::V6(a) => format!("[{}]", a.ip()),
@@ -29,34 +36,51 @@ pub async fn http_get(addr: SocketAddr, path: &str, timeout: Duration, max_body:
         let mut reply = Vec::new();
         let mut buf = vec![0u8; 16 * 1024];
         loop {
-            let n = stream.read(&mut buf).await.map_err(|e| format!("read from {addr}: {e}"))?;
+            let n = stream
+                .read(&mut buf)
+                .await
+                .map_err(|e| format!("read from {addr}: {e}"))?;
             if n == 0 {
                 break;
             }
             reply.extend_from_slice(&buf[..n]);
             if reply.len() > max_body + 16 * 1024 {
-                return Err(format!("page from {addr}{path} larger than {max_body} bytes"));
+                return Err(format!(
+                    "page from {addr}{path} larger than {max_body} bytes"
+                ));
             }
         }
-        let (status, body) = split_response(&reply).ok_or_else(|| format!("no HTTP answer from {addr}{path}"))?;
+        let (status, body) =
+            split_response(&reply).ok_or_else(|| format!("no HTTP answer from {addr}{path}"))?;
         if status != 200 {
             return Err(format!("{addr}{path} answered status {status}"));
         }
         if body.len() > max_body {
-            return Err(format!("page from {addr}{path} larger than {max_body} bytes"));
+            return Err(format!(
+                "page from {addr}{path} larger than {max_body} bytes"
+            ));
         }
         String::from_utf8(body).map_err(|_| format!("page from {addr}{path} is not UTF-8"))
     };
-    tokio::time::timeout(timeout, attempt)
-        .await
-        .map_err(|_| format!("{addr}{path}: no complete answer within {} ms", timeout.as_millis()))?
+    tokio::time::timeout(timeout, attempt).await.map_err(|_| {
+        format!(
+            "{addr}{path}: no complete answer within {} ms",
+            timeout.as_millis()
+        )
+    })?
 }
 
 /// Status and body of an HTTP/1.1 response (plain or chunked).
 fn split_response(reply: &[u8]) -> Option<(u16, Vec<u8>)> {
     let end = reply.windows(4).position(|w| w == b"\r\n\r\n")?;
     let head = String::from_utf8_lossy(&reply[..end]).to_ascii_lowercase();
-    let status = head.lines().next()?.split_whitespace().nth(1)?.parse().ok()?;
+    let status = head
+        .lines()
+        .next()?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
     let body = &reply[end + 4..];
     if !head.contains("transfer-encoding: chunked") {
         return Some((status, body.to_vec()));
@@ -86,7 +110,8 @@ pub async fn scrape(
     let mut merged: Option<Signals> = None;
     for (port, path) in pages {
         let page = http_get(SocketAddr::new(address, *port), path, timeout, max_body).await?;
-        let samples = exposition::parse(&page).map_err(|e| format!("{address}:{port}{path}: {e}"))?;
+        let samples =
+            exposition::parse(&page).map_err(|e| format!("{address}:{port}{path}: {e}"))?;
         let signals = extract(&samples);
         match &mut merged {
             Some(m) => m.merge(signals),
@@ -110,7 +135,10 @@ mod tests {
             split_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n1;x=y\r\nc\r\n0\r\n\r\n"),
             Some((200, b"abc".to_vec()))
         );
-        assert_eq!(split_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"), None);
+        assert_eq!(
+            split_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"),
+            None
+        );
         assert_eq!(split_response(b"garbage"), None);
     }
 
@@ -137,9 +165,24 @@ mod tests {
         let t = Duration::from_millis(300);
         let ok = scrape(addr.ip(), &pages, t, 1024).await.unwrap();
         assert_eq!(ok.running, Some(3.0));
-        assert!(scrape(addr.ip(), &pages, t, 1024).await.unwrap_err().contains("status 500"));
-        assert!(scrape(addr.ip(), &pages, t, 1024).await.unwrap_err().contains("line 1"));
-        assert!(scrape(addr.ip(), &pages, t, 1024).await.unwrap_err().contains("no complete answer"));
+        assert!(
+            scrape(addr.ip(), &pages, t, 1024)
+                .await
+                .unwrap_err()
+                .contains("status 500")
+        );
+        assert!(
+            scrape(addr.ip(), &pages, t, 1024)
+                .await
+                .unwrap_err()
+                .contains("line 1")
+        );
+        assert!(
+            scrape(addr.ip(), &pages, t, 1024)
+                .await
+                .unwrap_err()
+                .contains("no complete answer")
+        );
         server.abort();
     }
 }

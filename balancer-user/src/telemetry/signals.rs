@@ -98,7 +98,10 @@ impl Signals {
 fn sum(samples: &[Sample], name: &str) -> Option<f64> {
     let mut found = false;
     let mut total = 0.0;
-    for s in samples.iter().filter(|s| s.name == name && s.value.is_finite()) {
+    for s in samples
+        .iter()
+        .filter(|s| s.name == name && s.value.is_finite())
+    {
         found = true;
         total += s.value;
     }
@@ -115,7 +118,11 @@ fn mean(samples: &[Sample], name: &str) -> Option<f64> {
     (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
 }
 
-fn first_of(samples: &[Sample], names: &[&str], f: fn(&[Sample], &str) -> Option<f64>) -> Option<f64> {
+fn first_of(
+    samples: &[Sample],
+    names: &[&str],
+    f: fn(&[Sample], &str) -> Option<f64>,
+) -> Option<f64> {
     names.iter().find_map(|n| f(samples, n))
 }
 
@@ -131,7 +138,12 @@ pub fn extract(samples: &[Sample]) -> Signals {
     let mut s = Signals {
         running: first_of(
             samples,
-            &["vllm:num_requests_running", "sglang:num_running_reqs", "trtllm_num_requests_running", "tgi_batch_current_size"],
+            &[
+                "vllm:num_requests_running",
+                "sglang:num_running_reqs",
+                "trtllm_num_requests_running",
+                "tgi_batch_current_size",
+            ],
             sum,
         ),
         waiting: first_of(
@@ -147,7 +159,12 @@ pub fn extract(samples: &[Sample]) -> Signals {
         ),
         kv_usage: first_of(
             samples,
-            &["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage", "trtllm_kv_cache_utilization"],
+            &[
+                "vllm:kv_cache_usage_perc",
+                "vllm:gpu_cache_usage_perc",
+                "sglang:token_usage",
+                "trtllm_kv_cache_utilization",
+            ],
             mean,
         )
         .map(fraction),
@@ -157,8 +174,19 @@ pub fn extract(samples: &[Sample]) -> Signals {
     };
 
     // Token counters (summed over engines) for a rate.
-    let prompt = first_of(samples, &["vllm:prompt_tokens_total", "sglang:prompt_tokens_total"], sum);
-    let generated = first_of(samples, &["vllm:generation_tokens_total", "sglang:generation_tokens_total"], sum);
+    let prompt = first_of(
+        samples,
+        &["vllm:prompt_tokens_total", "sglang:prompt_tokens_total"],
+        sum,
+    );
+    let generated = first_of(
+        samples,
+        &[
+            "vllm:generation_tokens_total",
+            "sglang:generation_tokens_total",
+        ],
+        sum,
+    );
     if prompt.is_some() || generated.is_some() {
         s.tokens_total = Some(prompt.unwrap_or(0.0) + generated.unwrap_or(0.0));
     }
@@ -193,7 +221,10 @@ pub fn extract(samples: &[Sample]) -> Signals {
     s.gpu_memory_used_bytes = sum(samples, "nv_gpu_memory_used_bytes");
     s.gpu_memory_total_bytes = sum(samples, "nv_gpu_memory_total_bytes");
     if s.gpu_memory_used_bytes.is_none()
-        && let (Some(used), Some(free)) = (sum(samples, "DCGM_FI_DEV_FB_USED"), sum(samples, "DCGM_FI_DEV_FB_FREE"))
+        && let (Some(used), Some(free)) = (
+            sum(samples, "DCGM_FI_DEV_FB_USED"),
+            sum(samples, "DCGM_FI_DEV_FB_FREE"),
+        )
     {
         s.gpu_memory_used_bytes = Some(used * MIB);
         s.gpu_memory_total_bytes = Some((used + free) * MIB);
@@ -269,12 +300,17 @@ vllm:time_to_first_token_seconds_sum{engine="0",model_name="meta-llama/Llama-3.1
         assert_eq!(s.kv_capacity_tokens, Some(64_000.0));
         assert_eq!(s.inflight_tokens, Some(25_600.0));
         assert_eq!(s.ttft_sum_count, Some((7.5, 50.0)));
-        assert_eq!(s.models, vec!["meta-llama/Llama-3.1-8B-Instruct".to_string()]);
+        assert_eq!(
+            s.models,
+            vec!["meta-llama/Llama-3.1-8B-Instruct".to_string()]
+        );
     }
 
     #[test]
     fn older_vllm_cache_metric() {
-        let s = signals("vllm:gpu_cache_usage_perc{model_name=\"m\"} 0.97\nvllm:num_requests_running{model_name=\"m\"} 1\n");
+        let s = signals(
+            "vllm:gpu_cache_usage_perc{model_name=\"m\"} 0.97\nvllm:num_requests_running{model_name=\"m\"} 1\n",
+        );
         assert_eq!(s.kv_usage, Some(0.97));
     }
 
@@ -296,7 +332,10 @@ sglang:prompt_tokens_total{model_name="qwen"} 1.0e6
 sglang:generation_tokens_total{model_name="qwen"} 2.0e5
 "#;
         let s = signals(page);
-        assert_eq!((s.running, s.waiting, s.kv_usage), (Some(12.0), Some(5.0), Some(0.81)));
+        assert_eq!(
+            (s.running, s.waiting, s.kv_usage),
+            (Some(12.0), Some(5.0), Some(0.81))
+        );
         assert_eq!(s.tokens_per_second, Some(1450.5));
         assert_eq!(s.tokens_total, Some(1.2e6));
         assert_eq!(s.models, vec!["qwen".to_string()]);
@@ -368,14 +407,18 @@ DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-2"} 70
 
     #[test]
     fn nan_and_infinite_values_are_ignored() {
-        let s = signals("vllm:num_requests_running NaN\nvllm:num_requests_waiting +Inf\nvllm:kv_cache_usage_perc 0.2\n");
+        let s = signals(
+            "vllm:num_requests_running NaN\nvllm:num_requests_waiting +Inf\nvllm:kv_cache_usage_perc 0.2\n",
+        );
         assert_eq!((s.running, s.waiting, s.kv_usage), (None, None, Some(0.2)));
     }
 
     #[test]
     fn pages_merge() {
         let mut a = signals("vllm:kv_cache_usage_perc 0.5\n");
-        a.merge(signals("DCGM_FI_DEV_FB_USED 100\nDCGM_FI_DEV_FB_FREE 300\nvllm:kv_cache_usage_perc 0.9\n"));
+        a.merge(signals(
+            "DCGM_FI_DEV_FB_USED 100\nDCGM_FI_DEV_FB_FREE 300\nvllm:kv_cache_usage_perc 0.9\n",
+        ));
         assert_eq!(a.kv_usage, Some(0.5), "the first page wins");
         assert_eq!(a.gpu_memory_total_bytes, Some(400.0 * MIB));
     }

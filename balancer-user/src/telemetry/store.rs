@@ -109,6 +109,9 @@ mod tests {
         let s = &t.latest.as_ref().unwrap().0;
         assert_eq!(s.ttft_seconds, Some(0.3));
         assert_eq!(s.tokens_per_second, None);
-        assert_eq!(t.age(t0 + Duration::from_millis(1500)), Some(Duration::from_millis(500)));
+        assert_eq!(
+            t.age(t0 + Duration::from_millis(1500)),
+            Some(Duration::from_millis(500))
+        );
     }
 }

@@ -1,9 +1,12 @@
 //! A backend server for tests and the demo: answers HTTP with its name, echoes TCP streams and
 //! UDP datagrams (prefixed with its name). Listens on all addresses, so also on a VIP held on
 //! `lo`; UDP answers come from the address the request was sent to, as the client expects.
+//! With `--metrics-file`, `GET /metrics` serves that file as it is at the time of the request
+//! (a simulated inference server's page that a test rewrites; 404 while the file is absent).
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
 use std::thread;
 
 use clap::Parser;
@@ -26,6 +29,9 @@ struct Args {
     /// Addresses to answer UDP on (a UDP reply must come from the address the client used).
     #[arg(long = "udp-addr")]
     udp_addrs: Vec<IpAddr>,
+    /// File served at `/metrics` on the HTTP port.
+    #[arg(long)]
+    metrics_file: Option<PathBuf>,
 }
 
 fn main() {
@@ -43,7 +49,8 @@ fn main() {
         thread::spawn(move || udp_echo(sock, &name));
     }
     eprintln!("test-backend {name} listening");
-    serve(http, move |s| http_session(s, &name));
+    let metrics = args.metrics_file.clone();
+    serve(http, move |s| http_session(s, &name, metrics.as_deref()));
 }
 
 fn serve(listener: TcpListener, handler: impl Fn(TcpStream) + Send + Sync + Clone + 'static) {
@@ -71,7 +78,7 @@ fn echo_stream(mut stream: TcpStream, name: &str) {
 }
 
 /// Answers HTTP/1.1 requests on one connection until the client closes or asks to.
-fn http_session(mut stream: TcpStream, name: &str) {
+fn http_session(mut stream: TcpStream, name: &str, metrics: Option<&Path>) {
     let mut pending = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
@@ -88,9 +95,16 @@ fn http_session(mut stream: TcpStream, name: &str) {
         let head = String::from_utf8_lossy(&pending[..end]).to_ascii_lowercase();
         pending.drain(..end + 4);
         let close = head.contains("connection: close") || head.starts_with("get / http/1.0");
-        let body = format!("{name}\n");
+        let wants_metrics = head.starts_with("get /metrics ");
+        let (status, body) = match metrics {
+            Some(file) if wants_metrics => match std::fs::read_to_string(file) {
+                Ok(page) => ("200 OK", page),
+                Err(e) => ("404 Not Found", format!("{}: {e}\n", file.display())),
+            },
+            _ => ("200 OK", format!("{name}\n")),
+        };
         let reply = format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n{}\r\n{body}",
+            "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n{}\r\n{body}",
             body.len(),
             if close { "Connection: close\r\n" } else { "" }
         );

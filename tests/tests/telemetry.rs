@@ -1,0 +1,585 @@
+//! Telemetry end to end (needs root): simulated inference servers whose `/metrics` pages the
+//! tests rewrite, the daemon scraping them and turning them into weights, traffic following
+//! those weights, established connections surviving weights that change every 100 ms, and
+//! `balancer report` pushing and serving GPU figures.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use balancer::api::client::{Client, Endpoint};
+use balancer::api::types::{ChangeResult, VipWeights};
+use balancer::config::AttachMode;
+use balancer_tests::netns::{PREFIX, sweep};
+use balancer_tests::topology::*;
+use balancer_tests::traffic::{echo_stream, echo_until, http_get, udp_request};
+
+const TIMEOUT: Duration = Duration::from_secs(5);
+const GIB: u64 = 1 << 30;
+
+/// A rack whose balancer runs `config_of(rack config)`.
+fn rack(tag: &str, edit: impl FnOnce(&Topology, String) -> String) -> Topology {
+    sweep(&format!("{PREFIX}-{tag}-"));
+    let mut topo = Topology::build(TopologyOptions::new(tag)).expect("building the test rack");
+    topo.attach_peer_pass(AttachMode::Native)
+        .expect("pass program");
+    let config = rack_config(&topo, "l2-dsr", AttachMode::Native, "");
+    let config = edit(&topo, config);
+    topo.start_balancer(&config).expect("starting the balancer");
+    topo
+}
+
+/// Adds `lines` to the VIP called `name` in a rack config.
+fn with_vip_settings(config: &str, name: &str, lines: &str) -> String {
+    let marker = format!("name = \"{name}\"\n");
+    assert!(config.contains(&marker), "no VIP {name} in the config");
+    config.replacen(&marker, &format!("{marker}{lines}\n"), 1)
+}
+
+/// Replaces a file in one step, so a scrape never reads half of it.
+fn write_atomically(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// A page as a DCGM exporter serves it (framebuffer in MiB).
+fn dcgm_page(used_gib: u64, total_gib: u64) -> String {
+    let (used, free) = (used_gib * 1024, (total_gib - used_gib) * 1024);
+    format!(
+        "# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).\n# TYPE DCGM_FI_DEV_FB_USED gauge\n\
+         DCGM_FI_DEV_FB_USED{{gpu=\"0\",UUID=\"GPU-1\",modelName=\"NVIDIA H100 80GB HBM3\"}} {used}\n\
+         # HELP DCGM_FI_DEV_FB_FREE Framebuffer memory free (in MiB).\n# TYPE DCGM_FI_DEV_FB_FREE gauge\n\
+         DCGM_FI_DEV_FB_FREE{{gpu=\"0\",UUID=\"GPU-1\",modelName=\"NVIDIA H100 80GB HBM3\"}} {free}\n"
+    )
+}
+
+/// A page as vLLM serves it (two engines, whose series the daemon sums).
+fn vllm_page(kv: f64, running: u32, waiting: u32) -> String {
+    format!(
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.\n\
+         # TYPE vllm:num_requests_running gauge\n\
+         vllm:num_requests_running{{engine=\"0\",model_name=\"llama\"}} {running}\n\
+         vllm:num_requests_running{{engine=\"1\",model_name=\"llama\"}} 0\n\
+         # TYPE vllm:num_requests_waiting gauge\n\
+         vllm:num_requests_waiting{{engine=\"0\",model_name=\"llama\"}} {waiting}\n\
+         vllm:num_requests_waiting{{engine=\"1\",model_name=\"llama\"}} 0\n\
+         # TYPE vllm:kv_cache_usage_perc gauge\n\
+         vllm:kv_cache_usage_perc{{engine=\"0\",model_name=\"llama\"}} {kv}\n\
+         vllm:kv_cache_usage_perc{{engine=\"1\",model_name=\"llama\"}} {kv}\n\
+         # TYPE vllm:generation_tokens_total counter\n\
+         vllm:generation_tokens_total{{engine=\"0\",model_name=\"llama\"}} 1.234e+06\n\
+         # TYPE vllm:time_to_first_token_seconds histogram\n\
+         vllm:time_to_first_token_seconds_bucket{{engine=\"0\",le=\"0.1\",model_name=\"llama\"}} 10\n\
+         vllm:time_to_first_token_seconds_bucket{{engine=\"0\",le=\"+Inf\",model_name=\"llama\"}} 12\n\
+         vllm:time_to_first_token_seconds_sum{{engine=\"0\",model_name=\"llama\"}} 1.5\n\
+         vllm:time_to_first_token_seconds_count{{engine=\"0\",model_name=\"llama\"}} 12\n"
+    )
+}
+
+fn weights(topo: &Topology, vip: &str) -> VipWeights {
+    let (code, out, err) = topo.cli(&["weights", vip, "--json"]).expect("cli");
+    assert_eq!(code, 0, "balancer weights failed: {err}");
+    let mut all: Vec<VipWeights> = serde_json::from_str(&out).expect("weights JSON");
+    assert_eq!(all.len(), 1);
+    all.remove(0)
+}
+
+/// Weight per backend address.
+fn weight_map(w: &VipWeights) -> BTreeMap<String, u32> {
+    w.backends
+        .iter()
+        .map(|b| (b.address.to_string(), b.weight))
+        .collect()
+}
+
+/// Waits until the VIP's weights satisfy `ok`.
+fn wait_for_weights(
+    topo: &Topology,
+    vip: &str,
+    what: &str,
+    ok: impl Fn(&BTreeMap<String, u32>) -> bool,
+) -> VipWeights {
+    let started = Instant::now();
+    loop {
+        let w = weights(topo, vip);
+        if ok(&weight_map(&w)) {
+            return w;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "weights of {vip} never became {what}: {w:#?}\n{}",
+            topo.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `requests` fresh HTTP connections to `vip`: the share each backend served. All must succeed.
+fn http_shares(topo: &Topology, vip: IpAddr, requests: usize) -> BTreeMap<String, f64> {
+    let served = topo
+        .client
+        .run_in(move || {
+            let mut served = BTreeMap::new();
+            for i in 0..requests {
+                let name = http_get(SocketAddr::new(vip, HTTP_PORT), TIMEOUT)
+                    .map_err(|e| format!("request {i}: {e:#}"))?;
+                *served.entry(name).or_insert(0usize) += 1;
+            }
+            Ok::<_, String>(served)
+        })
+        .expect("client thread")
+        .unwrap_or_else(|e| panic!("a connection failed: {e}\n{}", topo.logs()));
+    served
+        .into_iter()
+        .map(|(k, v)| (k, v as f64 / requests as f64))
+        .collect()
+}
+
+/// Expected shares of new flows: weight over the sum of weights, by backend name (b1, b2, ...).
+fn weight_shares(w: &VipWeights) -> BTreeMap<String, f64> {
+    let total: u32 = w.backends.iter().map(|b| b.weight).sum();
+    w.backends
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            (
+                format!("b{}", i + 1),
+                f64::from(b.weight) / f64::from(total),
+            )
+        })
+        .collect()
+}
+
+fn assert_shares_follow(
+    observed: &BTreeMap<String, f64>,
+    expected: &BTreeMap<String, f64>,
+    tolerance: f64,
+) {
+    for (name, want) in expected {
+        let got = observed.get(name).copied().unwrap_or(0.0);
+        assert!(
+            (got - want).abs() <= tolerance,
+            "{name} served {:.1}% of new connections, its weight share is {:.1}% (tolerance {:.0} points): observed {observed:?}, expected {expected:?}",
+            got * 100.0,
+            want * 100.0,
+            tolerance * 100.0
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn traffic_follows_the_weights_backends_report() {
+    // http4 is weighted by free GPU memory from DCGM-style pages, scraped every 100 ms.
+    let topo = rack("tw", |_, config| {
+        with_vip_settings(
+            &config,
+            "http4",
+            "telemetry = { source = \"scrape\", port = 80, path = \"/metrics\", interval_ms = 100 }\n\
+             policy = { kind = \"gpu\", ewma_alpha = 1.0, stale_after_ms = 600 }",
+        )
+    });
+    for (i, used) in [20, 50, 70].into_iter().enumerate() {
+        write_atomically(&topo.metrics_file(i), &dcgm_page(used, 80));
+    }
+    // Scores 0.75, 0.375, 0.125 of free memory: 1000, 500, 170 (quantum 10).
+    let w = wait_for_weights(&topo, "http4", "1000/500/170", |m| {
+        m.get("10.111.0.11") == Some(&1000)
+            && m.get("10.111.0.12") == Some(&500)
+            && m.get("10.111.0.13") == Some(&170)
+    });
+    assert!(w.backends[0].reason.contains("memory 25% used"), "{w:#?}");
+    let (code, table, _) = topo.cli(&["weights", "http4"]).unwrap();
+    assert_eq!(code, 0);
+    assert!(table.contains("gpu: memory 88% used"), "{table}");
+    let observed = http_shares(&topo, VIP4.into(), 900);
+    println!("gpu weights 1000/500/170: shares {observed:?}");
+    assert_shares_follow(&observed, &weight_shares(&w), 0.06);
+
+    // b1's KV cache fills up: it takes no new flows (the saturation cut-off applies to every
+    // policy), and its weight share goes to the others.
+    write_atomically(
+        &topo.metrics_file(0),
+        &format!("{}{}", dcgm_page(20, 80), vllm_page(0.97, 40, 12)),
+    );
+    let w = wait_for_weights(&topo, "http4", "b1 at 0", |m| {
+        m.get("10.111.0.11") == Some(&0)
+    });
+    assert!(
+        w.backends[0].reason.contains("saturated: KV cache 97%"),
+        "{w:#?}"
+    );
+    assert_eq!(w.backends[0].signals.as_ref().unwrap().running, Some(40.0));
+    assert_eq!(
+        w.backends[0].signals.as_ref().unwrap().models,
+        vec!["llama".to_string()]
+    );
+    let observed = http_shares(&topo, VIP4.into(), 300);
+    println!("b1 saturated: shares {observed:?}");
+    assert!(
+        !observed.contains_key("b1"),
+        "a saturated backend got new flows: {observed:?}"
+    );
+    assert_shares_follow(&observed, &weight_shares(&w), 0.08);
+
+    // b3's page disappears (404): its report goes stale and it is treated as saturated.
+    write_atomically(&topo.metrics_file(0), &dcgm_page(20, 80));
+    std::fs::remove_file(topo.metrics_file(2)).unwrap();
+    let w = wait_for_weights(&topo, "http4", "b1 back, b3 at 0", |m| {
+        m.get("10.111.0.11") == Some(&1000) && m.get("10.111.0.13") == Some(&0)
+    });
+    let b3 = &w.backends[2];
+    assert!(b3.reason.contains("stale report"), "{b3:#?}");
+    assert!(
+        b3.errors > 0 && b3.last_error.as_deref().unwrap_or("").contains("404"),
+        "{b3:#?}"
+    );
+    let observed = http_shares(&topo, VIP4.into(), 200);
+    assert!(
+        !observed.contains_key("b3"),
+        "a stale backend got new flows: {observed:?}"
+    );
+
+    // The other VIPs stay static.
+    let echo = weights(&topo, "echo4");
+    assert_eq!(echo.policy, "static");
+    assert!(echo.backends.iter().all(|b| b.weight == 1), "{echo:#?}");
+}
+
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn established_connections_survive_weights_changing_every_100ms() {
+    let topo = rack("tc", |_, config| {
+        let config = config.replace(
+            "[api]\n",
+            "[metrics]\nlisten = \"127.0.0.1:9183\"\n\n[api]\n",
+        );
+        let settings = "telemetry = { source = \"scrape\", port = 80, interval_ms = 100 }\n\
+                        policy = { kind = \"composite\", ewma_alpha = 1.0, hysteresis = 0.0, quantum = 1 }";
+        let config = with_vip_settings(&config, "echo4", settings);
+        with_vip_settings(&config, "echo6", settings)
+    });
+    let files: Vec<_> = (0..3).map(|i| topo.metrics_file(i)).collect();
+    let page = |round: usize, backend: usize| -> String {
+        // Every round moves each backend's load; every fifth saturates one backend in turn.
+        let kv = if round.is_multiple_of(5) && (round / 5) % 3 == backend {
+            0.98
+        } else {
+            0.1 + 0.08 * ((round + backend * 4) % 10) as f64
+        };
+        vllm_page(kv, (round % 7) as u32 * 3, ((round + backend) % 4) as u32)
+    };
+    for (i, f) in files.iter().enumerate() {
+        write_atomically(f, &page(1, i));
+    }
+    wait_for_weights(&topo, "echo4", "scraped", |m| m.values().all(|w| *w > 0));
+    let changes_before = weight_changes(&topo);
+
+    const STREAMS: usize = 30;
+    const SECONDS: u64 = 4;
+    let until = Instant::now() + Duration::from_secs(SECONDS);
+    let mut streams = Vec::new();
+    for i in 0..STREAMS {
+        let vip = if i % 2 == 0 {
+            IpAddr::from(VIP4)
+        } else {
+            IpAddr::from(VIP6)
+        };
+        let addr = SocketAddr::new(vip, ECHO_PORT);
+        streams.push(
+            topo.client
+                .spawn_in(move || echo_until(addr, until, TIMEOUT).map_err(|e| format!("{e:#}")))
+                .expect("client thread"),
+        );
+    }
+    // New connections keep arriving while the weights move.
+    let newcomers = topo
+        .client
+        .spawn_in(move || {
+            let mut served = BTreeMap::new();
+            let mut i = 0;
+            while Instant::now() < until {
+                let vip = if i % 2 == 0 {
+                    IpAddr::from(VIP4)
+                } else {
+                    IpAddr::from(VIP6)
+                };
+                let name = echo_stream(SocketAddr::new(vip, ECHO_PORT), 4096, TIMEOUT)
+                    .map_err(|e| format!("new connection {i}: {e:#}"))?;
+                *served.entry(name).or_insert(0usize) += 1;
+                i += 1;
+            }
+            Ok::<_, String>(served)
+        })
+        .expect("client thread");
+    let mut seen = std::collections::BTreeSet::new();
+    let mut round = 2;
+    while Instant::now() < until {
+        for (i, f) in files.iter().enumerate() {
+            write_atomically(f, &page(round, i));
+        }
+        seen.insert(format!("{:?}", weight_map(&weights(&topo, "echo4"))));
+        round += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut per_backend = BTreeMap::new();
+    for (i, s) in streams.into_iter().enumerate() {
+        let (backend, bytes) = s
+            .join()
+            .expect("stream thread")
+            .expect("client namespace")
+            .unwrap_or_else(|e| {
+                panic!(
+                    "stream {i} broke while the weights changed: {e}\n{}",
+                    topo.logs()
+                )
+            });
+        assert!(bytes > 0, "stream {i} moved no data");
+        *per_backend.entry(backend).or_insert(0) += 1;
+    }
+    let newcomers = newcomers
+        .join()
+        .expect("client thread")
+        .expect("client namespace")
+        .unwrap_or_else(|e| panic!("{e}\n{}", topo.logs()));
+    let changes = weight_changes(&topo) - changes_before;
+    println!(
+        "{round} page rounds, {changes} weight publications, {} distinct weight sets seen; streams per backend {per_backend:?}; new connections {newcomers:?}",
+        seen.len()
+    );
+    assert!(
+        per_backend.len() >= 2,
+        "all streams on one backend: {per_backend:?}"
+    );
+    assert!(
+        changes >= (SECONDS * 10 / 2) as f64,
+        "the weights changed only {changes} times in {SECONDS} s of 100 ms rounds"
+    );
+    assert!(seen.len() >= 10, "weights barely moved: {seen:?}");
+    assert!(
+        newcomers.values().sum::<usize>() > 20,
+        "too few new connections: {newcomers:?}"
+    );
+}
+
+/// The daemon's count of weight publications for echo4 and echo6.
+fn weight_changes(topo: &Topology) -> f64 {
+    let text = topo
+        .lb
+        .run_in(|| -> Result<String, String> {
+            use std::io::{Read, Write};
+            let mut s =
+                std::net::TcpStream::connect("127.0.0.1:9183").map_err(|e| e.to_string())?;
+            s.set_read_timeout(Some(TIMEOUT))
+                .map_err(|e| e.to_string())?;
+            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .map_err(|e| e.to_string())?;
+            let mut out = String::new();
+            s.read_to_string(&mut out).map_err(|e| e.to_string())?;
+            Ok(out)
+        })
+        .expect("lb thread")
+        .expect("metrics page");
+    let total: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("balancer_weight_changes_total{vip=\"echo"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    for name in [
+        "balancer_backend_effective_weight{vip=\"echo4\",backend=\"10.111.0.11\"}",
+        "balancer_backend_kv_cache_usage{vip=\"echo4\",backend=\"10.111.0.11\"}",
+        "balancer_backend_requests_waiting{vip=\"echo6\",backend=\"fd00:111::11\"}",
+        "balancer_backend_report_age_seconds{vip=\"echo4\",backend=\"10.111.0.12\"}",
+        "balancer_backend_reports_total{backend=\"10.111.0.13\",result=\"success\",vip=\"echo4\"}",
+        "# TYPE balancer_weight_publish_seconds histogram",
+    ] {
+        assert!(text.contains(name), "metrics page lacks {name}:\n{text}");
+    }
+    total
+}
+
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn reporters_push_and_serve_gpu_figures() {
+    const TOKEN: &str = "report-token-0123456789abcdef";
+    let mut topo = rack("tr", |topo, config| {
+        let token_file = topo.log_dir.join("token");
+        std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+        let config = config.replace(
+            "[api]\n",
+            &format!(
+                "[api]\nlisten = \"{LB4}:9180\"\ntoken_file = \"{}\"\n",
+                token_file.display()
+            ),
+        );
+        // udp4 takes pushed reports; http6 scrapes the reporters' pages (over IPv6).
+        let config = with_vip_settings(
+            &config,
+            "udp4",
+            "telemetry = { source = \"push\" }\npolicy = { kind = \"gpu\", ewma_alpha = 1.0, stale_after_ms = 1000 }",
+        );
+        with_vip_settings(
+            &config,
+            "http6",
+            "telemetry = { source = \"scrape\", port = 9400, interval_ms = 100 }\npolicy = { kind = \"gpu\", ewma_alpha = 1.0 }",
+        )
+    });
+    let bin = binary("balancer").unwrap().to_string_lossy().to_string();
+    let gpu_file = |i: usize| topo.log_dir.join(format!("gpu-b{}.csv", i + 1));
+    let smi = |used_gib: u64| {
+        format!(
+            "0, NVIDIA H100 80GB HBM3, {}, {}, 55\n",
+            used_gib * 1024,
+            80 * 1024
+        )
+    };
+    for (i, used) in [10, 40, 70].into_iter().enumerate() {
+        write_atomically(&gpu_file(i), &smi(used));
+    }
+    let token_file = topo.log_dir.join("token").to_string_lossy().to_string();
+    let lb_api = format!("{LB4}:9180");
+    for i in 0..3 {
+        let file = gpu_file(i).to_string_lossy().to_string();
+        let serve = [
+            bin.as_str(),
+            "report",
+            "--serve",
+            "[::]:9400",
+            "--gpu-stats-file",
+            &file,
+        ];
+        let mut p = Process::spawn(
+            &topo.backends[i],
+            &format!("serve-b{}", i + 1),
+            &serve,
+            &topo.log_dir,
+        )
+        .unwrap();
+        p.wait_for_log("serving GPU figures", Duration::from_secs(10))
+            .unwrap();
+        topo.processes.push(p);
+        if i < 2 {
+            // b3 pushes nothing.
+            let backend = backend4(i).to_string();
+            let push = [
+                bin.as_str(),
+                "report",
+                "--push",
+                "--backend",
+                &backend,
+                "--gpu-stats-file",
+                &file,
+                "--interval-ms",
+                "100",
+                "--connect",
+                &lb_api,
+                "--token-file",
+                &token_file,
+            ];
+            let p = Process::spawn(
+                &topo.backends[i],
+                &format!("push-b{}", i + 1),
+                &push,
+                &topo.log_dir,
+            )
+            .unwrap();
+            topo.processes.push(p);
+        }
+    }
+
+    // Served pages, scraped over IPv6: used 10, 40, 70 of 80 GiB -> 1000, 570, 140.
+    let w = wait_for_weights(&topo, "http6", "1000/570/140", |m| {
+        m.get("fd00:111::11") == Some(&1000)
+            && m.get("fd00:111::12") == Some(&570)
+            && m.get("fd00:111::13") == Some(&140)
+    });
+    let s = w.backends[1].signals.clone().unwrap();
+    assert_eq!(s.gpu_memory_total_bytes, Some((80 * GIB) as f64));
+    assert_eq!(s.gpu_utilization, Some(0.55));
+    // Pushed reports: b3 never reports and gets nothing.
+    let w = wait_for_weights(&topo, "udp4", "1000/570/0", |m| {
+        m.get("10.111.0.11") == Some(&1000)
+            && m.get("10.111.0.12") == Some(&570)
+            && m.get("10.111.0.13") == Some(&0)
+    });
+    assert!(w.backends[2].reason.contains("no report yet"), "{w:#?}");
+    let served = topo
+        .client
+        .run_in(|| {
+            let mut served = BTreeMap::new();
+            for i in 0..150 {
+                let reply = udp_request(
+                    SocketAddr::new(VIP4.into(), UDP_PORT),
+                    &format!("q{i}"),
+                    TIMEOUT,
+                )
+                .map_err(|e| format!("{e:#}"))?;
+                let name = reply.split(':').next().unwrap_or_default().to_string();
+                *served.entry(name).or_insert(0usize) += 1;
+            }
+            Ok::<_, String>(served)
+        })
+        .expect("client thread")
+        .expect("UDP requests");
+    println!("pushed weights 1000/570/0: UDP flows per backend {served:?}");
+    assert!(
+        !served.contains_key("b3"),
+        "a backend without reports got flows: {served:?}"
+    );
+    assert!(served.get("b1") > served.get("b2"), "{served:?}");
+
+    // b2's GPU fills up: both its served page and its pushes say so.
+    write_atomically(&gpu_file(1), &smi(79));
+    wait_for_weights(&topo, "http6", "b2 at the floor", |m| {
+        m.get("fd00:111::12") == Some(&50)
+    });
+    wait_for_weights(&topo, "udp4", "b2 at the floor", |m| {
+        m.get("10.111.0.12") == Some(&50)
+    });
+
+    // Reports are checked and authenticated.
+    let refused = topo.backends[0]
+        .run_in(move || {
+            let client = |token: &str| {
+                Client::new(Endpoint::Tcp {
+                    addr: format!("{LB4}:9180"),
+                    token: token.into(),
+                })
+            };
+            let bad = serde_json::json!({ "kv_usage": 1.5 });
+            let path = "/v1/backends/10.111.0.11/report";
+            let e1 = client(TOKEN)
+                .call::<_, ChangeResult>("POST", path, Some(&bad))
+                .unwrap_err();
+            let unknown = serde_json::json!({ "kv_usage": 0.5, "bogus": 1 });
+            let e2 = client(TOKEN)
+                .call::<_, ChangeResult>("POST", path, Some(&unknown))
+                .unwrap_err();
+            let ok = serde_json::json!({ "kv_usage": 0.5 });
+            let e3 = client("wrong-token-0123456789")
+                .call::<_, ChangeResult>("POST", path, Some(&ok))
+                .unwrap_err();
+            let e4 = client(TOKEN)
+                .call::<_, ChangeResult>("POST", "/v1/backends/10.111.0.99/report", Some(&ok))
+                .unwrap_err();
+            [e1, e2, e3, e4].map(|e| (e.status(), e.to_string()))
+        })
+        .expect("backend thread");
+    assert_eq!(refused[0].0, Some(400), "{:?}", refused[0]);
+    assert!(refused[0].1.contains("kv_usage = 1.5"), "{:?}", refused[0]);
+    assert_eq!(refused[1].0, Some(422), "{:?}", refused[1]);
+    assert!(refused[1].1.contains("bogus"), "{:?}", refused[1]);
+    assert_eq!(refused[2].0, Some(401), "{:?}", refused[2]);
+    assert_eq!(refused[3].0, Some(404), "{:?}", refused[3]);
+
+    // b1's reporter stops: its report goes stale and it is treated as saturated.
+    let p = topo.process("push-b1").unwrap();
+    p.signal_and_wait(libc::SIGTERM, Duration::from_secs(5))
+        .unwrap();
+    let w = wait_for_weights(&topo, "udp4", "b1 at 0", |m| {
+        m.get("10.111.0.11") == Some(&0)
+    });
+    assert!(w.backends[0].reason.contains("stale report"), "{w:#?}");
+}
