@@ -19,8 +19,9 @@ use crate::dataplane::kernel::KernelDataplane;
 use crate::metrics::{Families, Metrics};
 use crate::netinfo::{Interface, resolve_next_hops};
 use crate::pinning::{Pins, write_atomically};
-use crate::policy::{Decision, Input, PolicyKind, PolicyState, decide};
+use crate::policy::{Decision, PolicyKind, PolicyState};
 use crate::settings::data_plane_settings;
+use crate::telemetry::round;
 use crate::telemetry::signals::Signals;
 use crate::telemetry::store::TelemetryStore;
 
@@ -171,54 +172,27 @@ impl Daemon {
         let Some(vip) = self.config.vip(name).cloned() else {
             return Ok(());
         };
-        let endpoint = vip.endpoint();
         // Connection-aware policies count flows at their own pace (the daemon's count is
         // once a second).
-        let uses_flows = match vip.policy.kind {
-            PolicyKind::LeastConn => true,
-            PolicyKind::Composite => vip.policy.factors.connections > 0.0,
-            _ => false,
-        };
-        if uses_flows
+        if round::uses_flows(&vip)
             && self
                 .flows_at
                 .is_none_or(|t| started.duration_since(t) >= vip.telemetry.interval)
         {
             self.count_flows();
         }
-        let Some(state) = self.balancer.vip(name) else {
-            return Ok(());
-        };
-        let inputs: Vec<Input> = vip
-            .backends
-            .iter()
-            .map(|b| {
-                let t = self.telemetry.get(&endpoint, b.address);
-                let flows = state
-                    .backends
-                    .get(&b.address)
-                    .and_then(|s| self.flows.get(&s.id).copied())
-                    .unwrap_or(0);
-                Input {
-                    address: b.address,
-                    configured: b.weight,
-                    signals: t.and_then(|t| t.latest.as_ref().map(|(s, _)| s.clone())),
-                    age: t.and_then(|t| t.age(started)),
-                    flows,
-                }
-            })
-            .collect();
         let policy = self.policies.entry(name.to_string()).or_default();
-        let decisions = decide(&vip.policy, &inputs, policy);
-        let weights: Vec<(IpAddr, u32)> = decisions.iter().map(|d| (d.address, d.weight)).collect();
-        self.decisions.insert(name.to_string(), decisions);
-        if vip.policy.kind == PolicyKind::Static {
-            return Ok(());
-        }
-        let report = self
-            .balancer
-            .set_dynamic_weights(&endpoint, &weights)
-            .map_err(|e| ChangeError::Failed(e.to_string()))?;
+        let outcome = round::weight_round(
+            &vip,
+            &mut self.balancer,
+            &self.telemetry,
+            &self.flows,
+            policy,
+            started,
+        )
+        .map_err(|e| ChangeError::Failed(e.to_string()))?;
+        self.decisions.insert(name.to_string(), outcome.decisions);
+        let report = outcome.report;
         if report.tables_published > 0 {
             self.metrics.weight_changes.with_label_values(&[name]).inc();
             if let Some(live) = report.live_at {

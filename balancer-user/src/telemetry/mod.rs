@@ -4,6 +4,7 @@
 
 pub mod exposition;
 pub mod loops;
+pub mod round;
 pub mod scrape;
 pub mod signals;
 pub mod store;

@@ -1,6 +1,7 @@
 //! `cargo xtask bench control`: the control plane's costs. Maglev table build time by backend
 //! count and table size, slots moved by a removal or a reweight against the ideal, balance,
 //! time to publish a table into the kernel, weight-change-to-first-packet latency, and the
+//! time from backend reports (scrape results) to the table they weight being live, and the
 //! daemon's resident memory with 100 VIPs x 100 backends.
 
 use std::collections::HashMap;
@@ -15,7 +16,7 @@ use balancer_common::maglev::{MaglevBackend, build_table, slot_counts, slots_cha
 use super::{Figures, median};
 use crate::netns::{Netns, PREFIX, sweep};
 use crate::packet::{Harness, run_fd, tcp_frame};
-use crate::topology::{Process, binary};
+use crate::topology::{Process, binary, mount_pin_root, pin_root};
 
 fn names(n: usize) -> Vec<String> {
     (0..n)
@@ -173,7 +174,6 @@ fn kernel(figures: &mut Figures) -> Result<()> {
         // Reweight backend `round` and find a flow whose backend the change moves.
         let text = vip_config(1, 100, |_, b| if b as u32 == round { 1 } else { 10 });
         let config = Config::parse(&text)?;
-        let mut moved = None;
         let before = h.balancer.vip("v0").context("vip")?.table.clone();
         let state = h.balancer.vip("v0").context("vip")?.clone();
         // Which flow will move: build the new table offline first.
@@ -193,44 +193,17 @@ fn kernel(figures: &mut Figures) -> Result<()> {
             })?;
             staged.0
         };
-        for port in 1024..60000u16 {
-            let raw = balancer_common::addr::raw_from_ip(client).0;
-            let s = balancer_common::flow_hash::slot(
-                balancer_common::flow_hash::flow_hash(&raw, port.to_be()),
-                state.config.table_size,
-            ) as usize;
-            if before[s] != after[s] {
-                let new_mac = h
-                    .balancer
-                    .vip("v0")
-                    .context("vip")?
-                    .backends
-                    .values()
-                    .find(|b| b.id == after[s])
-                    .map(|b| b.mac.0)
-                    .context("backend")?;
-                moved = Some((port, new_mac));
-                break;
-            }
-        }
-        let (port, new_mac) = moved.context("no flow moved by the reweight")?;
-        let frame = tcp_frame(client, port, vip, 80, true, b"");
+        let (port, new_mac) = moved_flow(&h, &before, &after, client)?;
         // A prober sends the flow's SYN over and over from another thread and notes when the
         // new backend first answers; the daemon's apply runs meanwhile.
         let fd = h.program_fd()?;
         let started = Instant::now();
-        let prober = std::thread::spawn(move || -> Option<Duration> {
-            let mut out = vec![0u8; 2048];
-            while started.elapsed() < Duration::from_secs(5) {
-                if let Ok((_, len)) = run_fd(fd, &frame, &mut out)
-                    && len >= 6
-                    && out[0..6] == new_mac
-                {
-                    return Some(started.elapsed());
-                }
-            }
-            None
-        });
+        let prober = probe_until(
+            fd,
+            tcp_frame(client, port, vip, 80, true, b""),
+            new_mac,
+            started,
+        );
         let report = h
             .balancer
             .apply(&config.vips, &HashMap::<IpAddr, MacAddr>::new())?;
@@ -269,6 +242,200 @@ fn kernel(figures: &mut Figures) -> Result<()> {
     Ok(())
 }
 
+/// A flow (source port from `client`) whose slot the change from `before` to `after` gives to
+/// another backend, and that backend's MAC.
+fn moved_flow(
+    h: &Harness,
+    before: &[u32],
+    after: &[u32],
+    client: IpAddr,
+) -> Result<(u16, [u8; 6])> {
+    let state = h.balancer.vip("v0").context("vip")?;
+    let raw = balancer_common::addr::raw_from_ip(client).0;
+    for port in 1024..60000u16 {
+        let s = balancer_common::flow_hash::slot(
+            balancer_common::flow_hash::flow_hash(&raw, port.to_be()),
+            state.config.table_size,
+        ) as usize;
+        if before[s] != after[s] {
+            let mac = state
+                .backends
+                .values()
+                .find(|b| b.id == after[s])
+                .map(|b| b.mac.0)
+                .context("backend")?;
+            return Ok((port, mac));
+        }
+    }
+    bail!("no flow moved by the change")
+}
+
+/// Sends `frame` through the program over and over from another thread until the answer
+/// goes to `mac`; returns how long after `started` that was.
+fn probe_until(
+    fd: std::os::fd::RawFd,
+    frame: Vec<u8>,
+    mac: [u8; 6],
+    started: Instant,
+) -> std::thread::JoinHandle<Option<Duration>> {
+    std::thread::spawn(move || {
+        let mut out = vec![0u8; 2048];
+        while started.elapsed() < Duration::from_secs(5) {
+            if let Ok((_, len)) = run_fd(fd, &frame, &mut out)
+                && len >= 6
+                && out[0..6] == mac
+            {
+                return Some(started.elapsed());
+            }
+        }
+        None
+    })
+}
+
+/// A page as a vLLM server with a DCGM exporter beside it reports: `used_gib` of 80 GiB.
+fn inference_page(used_gib: u64, backend: usize) -> String {
+    let (used, free) = (used_gib * 1024, (80 - used_gib) * 1024);
+    let mut page = String::new();
+    for engine in 0..2 {
+        let _ = write!(
+            page,
+            "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{engine=\"{engine}\",model_name=\"llama\"}} {}\n\
+             # TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{engine=\"{engine}\",model_name=\"llama\"}} 2\n\
+             # TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{engine=\"{engine}\",model_name=\"llama\"}} 0.4\n\
+             # TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{{engine=\"{engine}\",model_name=\"llama\"}} {}\n",
+            backend % 7,
+            1000 * backend
+        );
+    }
+    let _ = write!(
+        page,
+        "# TYPE DCGM_FI_DEV_FB_USED gauge\nDCGM_FI_DEV_FB_USED{{gpu=\"0\",modelName=\"H100\"}} {used}\n\
+         # TYPE DCGM_FI_DEV_FB_FREE gauge\nDCGM_FI_DEV_FB_FREE{{gpu=\"0\",modelName=\"H100\"}} {free}\n"
+    );
+    page
+}
+
+/// Scrape results to table live: a VIP of 100 backends under the `gpu` policy; one backend's
+/// page changes; the pages of all 100 are parsed, the round runs (policy, table build,
+/// publish), and a prober notes when a flow the change moves first reaches its new backend.
+fn telemetry(figures: &mut Figures) -> Result<()> {
+    use balancer::policy::{PolicyConfig, PolicyKind, PolicyState};
+    use balancer::telemetry::round::weight_round;
+    use balancer::telemetry::store::TelemetryStore;
+    use balancer::telemetry::{exposition, signals};
+
+    let text = vip_config(1, 100, |_, _| 1);
+    let mut h = Harness::new(&text)?;
+    let mut vip = Config::parse(&text)?.vips.remove(0);
+    vip.policy = PolicyConfig {
+        kind: PolicyKind::Gpu,
+        ewma_alpha: 1.0,
+        ..PolicyConfig::default()
+    };
+    let endpoint = vip.endpoint();
+    let addresses: Vec<IpAddr> = vip.backends.iter().map(|b| b.address).collect();
+    let mut store = TelemetryStore::default();
+    let mut policy = PolicyState::default();
+    let flows = HashMap::new();
+    let scrape_results = |store: &mut TelemetryStore, pages: &[String]| -> Result<()> {
+        let now = Instant::now();
+        for (address, page) in addresses.iter().zip(pages) {
+            let samples = exposition::parse(page).map_err(|e| anyhow::anyhow!(e))?;
+            store
+                .entry(&endpoint, *address)
+                .record(signals::extract(&samples), now);
+        }
+        Ok(())
+    };
+    let base: Vec<String> = (0..100).map(|b| inference_page(40, b)).collect();
+    scrape_results(&mut store, &base)?;
+    weight_round(
+        &vip,
+        &mut h.balancer,
+        &store,
+        &flows,
+        &mut policy,
+        Instant::now(),
+    )?;
+
+    let client: IpAddr = "10.9.9.9".parse()?;
+    let vip_addr: IpAddr = "10.200.0.1".parse()?;
+    let (mut to_live, mut round_ms, mut parse_ms) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..20usize {
+        // Backend `round` fills its GPU: 60 of 80 GiB used halves its weight.
+        let mut pages = base.clone();
+        pages[round] = inference_page(60, round);
+        let before = h.balancer.vip("v0").context("vip")?.table.clone();
+        let after = {
+            let mut backends = h.balancer.vip("v0").context("vip")?.backends.clone();
+            for b in backends.values_mut() {
+                b.dynamic_weight = Some(if b.address == addresses[round] {
+                    500
+                } else {
+                    1000
+                });
+            }
+            balancer::balancer::build_table("probe", 65_537, &backends)?.0
+        };
+        let (port, new_mac) = moved_flow(&h, &before, &after, client)?;
+        let fd = h.program_fd()?;
+        let started = Instant::now();
+        let prober = probe_until(
+            fd,
+            tcp_frame(client, port, vip_addr, 80, true, b""),
+            new_mac,
+            started,
+        );
+        scrape_results(&mut store, &pages)?;
+        let parsed = started.elapsed();
+        let outcome = weight_round(
+            &vip,
+            &mut h.balancer,
+            &store,
+            &flows,
+            &mut policy,
+            Instant::now(),
+        )?;
+        let returned = started.elapsed();
+        if outcome.report.tables_published != 1 {
+            bail!(
+                "round {round}: the change published no table: {:?}",
+                outcome.decisions[round]
+            );
+        }
+        let live = prober
+            .join()
+            .map_err(|_| anyhow::anyhow!("prober panicked"))?
+            .context("the new table never answered")?;
+        parse_ms.push(parsed.as_secs_f64() * 1e3);
+        round_ms.push(returned.as_secs_f64() * 1e3);
+        to_live.push(live.as_secs_f64() * 1e3);
+        // Back to the base pages.
+        scrape_results(&mut store, &base)?;
+        weight_round(
+            &vip,
+            &mut h.balancer,
+            &store,
+            &flows,
+            &mut policy,
+            Instant::now(),
+        )?;
+    }
+    let (parse, whole, live) = (median(&parse_ms), median(&round_ms), median(&to_live));
+    println!(
+        "\nScrape results to table live (VIP of 100 backends, gpu policy, M=65537), median of 20:"
+    );
+    println!("  parse 100 pages (vLLM + DCGM) into reports:      {parse:.3} ms");
+    println!("  + policy, table build, publish (call returns):  {whole:.3} ms");
+    println!(
+        "  scrape results in hand to first packet on the new table: {live:.3} ms (target < 5 ms)"
+    );
+    figures.insert("telemetry_parse_100_pages_ms".into(), parse);
+    figures.insert("telemetry_round_100_returns_ms".into(), whole);
+    figures.insert("telemetry_scrape_to_live_100_ms".into(), live);
+    Ok(())
+}
+
 /// The real daemon's resident memory with 100 VIPs x 100 backends.
 fn daemon_memory(figures: &mut Figures) -> Result<()> {
     let tag = format!("{PREFIX}-benchrss-");
@@ -277,9 +444,18 @@ fn daemon_memory(figures: &mut Figures) -> Result<()> {
     ns.sh("ip link add eth0 type veth peer name peer0 && ip link set eth0 up && ip link set peer0 up && ip addr add 10.255.0.2/24 dev eth0")?;
     let dir = std::env::temp_dir().join(format!("{tag}logs"));
     std::fs::create_dir_all(&dir)?;
+    // Pins on the tests' own BPF filesystem: `ip netns exec` hides /sys/fs/bpf.
+    mount_pin_root()?;
+    let pins = pin_root().join(format!("{tag}pins"));
+    let _ = balancer::pinning::Pins::new(pins.clone()).remove();
     let config = vip_config(100, 100, |_, _| 1).replace(
         "interface = \"eth0\"",
-        "interface = \"eth0\"\nattach_mode = \"skb\"",
+        &format!(
+            "interface = \"eth0\"\nattach_mode = \"skb\"\npin_dir = \"{}\"\nstate_file = \"{}\"\n[api]\nsocket = \"{}\"",
+            pins.display(),
+            dir.join("state.json").display(),
+            dir.join("api.sock").display()
+        ),
     );
     let path = dir.join("balancer.toml");
     std::fs::write(&path, config)?;
@@ -310,7 +486,9 @@ fn daemon_memory(figures: &mut Figures) -> Result<()> {
         .and_then(|v| v.parse().ok())
         .unwrap_or(f64::NAN);
     drop(p);
+    let _ = balancer::pinning::Pins::new(pins).remove();
     drop(ns);
+    let _ = std::fs::remove_dir_all(&dir);
     println!(
         "\nDaemon with 100 VIPs x 100 backends (M=65537): RSS {:.1} MiB; all tables built and published in {build_ms:.0} ms",
         rss_kib / 1024.0
@@ -325,6 +503,7 @@ pub fn run() -> Result<Figures> {
     let mut figures = Figures::new();
     maglev(&mut figures)?;
     kernel(&mut figures)?;
+    telemetry(&mut figures)?;
     daemon_memory(&mut figures)?;
     Ok(figures)
 }

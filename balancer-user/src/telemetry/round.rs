@@ -1,0 +1,73 @@
+//! One weight round of a VIP: its backends' latest reports and active flows go through the
+//! VIP's policy, and the resulting weights go into its Maglev table (republished only when they
+//! change it). Shared by the daemon and the benchmark that times it.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::Instant;
+
+use super::store::TelemetryStore;
+use crate::balancer::{ApplyReport, Balancer, BalancerError};
+use crate::config::VipConfig;
+use crate::dataplane::Dataplane;
+use crate::policy::{Decision, Input, PolicyKind, PolicyState, decide};
+
+/// What a round decided and what publishing it did.
+#[derive(Debug, Default)]
+pub struct RoundOutcome {
+    pub decisions: Vec<Decision>,
+    /// Empty (nothing published) for static policies and unchanged tables.
+    pub report: ApplyReport,
+}
+
+/// Whether the VIP's policy looks at active flows.
+pub fn uses_flows(vip: &VipConfig) -> bool {
+    match vip.policy.kind {
+        PolicyKind::LeastConn => true,
+        PolicyKind::Composite => vip.policy.factors.connections > 0.0,
+        _ => false,
+    }
+}
+
+/// Runs one round for `vip` at `now`. `flows` holds active flows per backend id.
+pub fn weight_round<D: Dataplane>(
+    vip: &VipConfig,
+    balancer: &mut Balancer<D>,
+    store: &TelemetryStore,
+    flows: &HashMap<u32, u64>,
+    policy: &mut PolicyState,
+    now: Instant,
+) -> Result<RoundOutcome, BalancerError> {
+    let endpoint = vip.endpoint();
+    let Some(state) = balancer.vip(&vip.name) else {
+        return Ok(RoundOutcome::default());
+    };
+    let inputs: Vec<Input> = vip
+        .backends
+        .iter()
+        .map(|b| {
+            let t = store.get(&endpoint, b.address);
+            Input {
+                address: b.address,
+                configured: b.weight,
+                signals: t.and_then(|t| t.latest.as_ref().map(|(s, _)| s.clone())),
+                age: t.and_then(|t| t.age(now)),
+                flows: state
+                    .backends
+                    .get(&b.address)
+                    .and_then(|s| flows.get(&s.id).copied())
+                    .unwrap_or(0),
+            }
+        })
+        .collect();
+    let decisions = decide(&vip.policy, &inputs, policy);
+    if vip.policy.kind == PolicyKind::Static {
+        return Ok(RoundOutcome {
+            decisions,
+            report: ApplyReport::default(),
+        });
+    }
+    let weights: Vec<(IpAddr, u32)> = decisions.iter().map(|d| (d.address, d.weight)).collect();
+    let report = balancer.set_dynamic_weights(&endpoint, &weights)?;
+    Ok(RoundOutcome { decisions, report })
+}
