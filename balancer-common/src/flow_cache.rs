@@ -6,8 +6,10 @@
 //! recycling), while every lookup and insert here is a few plain loads and stores in one
 //! cache line. Entries carry a 64-bit tag of the flow (a seeded hash of [`FlowKey`]) instead of
 //! the key; the value packs the backend id, the low 16 bits of its generation, a last-seen
-//! tick (UDP idle expiry) and 15 check bits taken from the tag, so a value read while another
-//! CPU rewrites the way is recognised as torn and treated as a miss.
+//! tick (UDP idle expiry), a closed bit (the client sent FIN or RST: the flow no longer counts
+//! as active, but keeps its backend for the rest of the teardown) and 14 check bits taken from
+//! the tag, so a value read while another CPU rewrites the way is recognised as torn and
+//! treated as a miss.
 //!
 //! Replacement is CLOCK-like ("second chance"): a hit sets the way's referenced bit (a store
 //! only when it was clear); an insert into a full bucket takes the first way without the bit,
@@ -48,8 +50,9 @@ pub const fn bucket_of(tag: u64, mask: u32) -> u32 {
 }
 
 const REFERENCED: u64 = 1 << 63;
+const CLOSED: u64 = 1 << 62;
 const CHECK_SHIFT: u32 = 48;
-const CHECK_MASK: u64 = 0x7fff;
+const CHECK_MASK: u64 = 0x3fff;
 
 /// The check bits of a tag (independent of the bucket bits, which are the lowest).
 #[inline(always)]
@@ -66,6 +69,8 @@ pub struct FlowValue {
     /// Last-seen tick (UDP flows; 0 for TCP).
     pub last_seen: u16,
     pub referenced: bool,
+    /// The client ended the flow (TCP FIN or RST): no longer counted as active.
+    pub closed: bool,
 }
 
 impl FlowValue {
@@ -76,6 +81,7 @@ impl FlowValue {
             | (self.generation as u64) << 16
             | (self.last_seen as u64) << 32
             | check_of(tag) << CHECK_SHIFT
+            | if self.closed { CLOSED } else { 0 }
             | if self.referenced { REFERENCED } else { 0 }
     }
 
@@ -91,6 +97,7 @@ impl FlowValue {
             generation: (value >> 16) as u16,
             last_seen: (value >> 32) as u16,
             referenced: value & REFERENCED != 0,
+            closed: value & CLOSED != 0,
         })
     }
 }
@@ -167,8 +174,11 @@ mod tests {
             generation: 0xbeef,
             last_seen: 0x1234,
             referenced: true,
+            closed: false,
         };
         assert_eq!(FlowValue::unpack(v.pack(tag), tag), Some(v));
+        let closed = FlowValue { closed: true, ..v };
+        assert_eq!(FlowValue::unpack(closed.pack(tag), tag), Some(closed));
         let other = flow_tag(&key(2), 99);
         assert_ne!(check_of(tag), check_of(other));
         assert_eq!(FlowValue::unpack(v.pack(other), tag), None);

@@ -13,6 +13,7 @@ pub mod addr;
 pub mod flow_cache;
 pub mod flow_hash;
 pub mod maps;
+pub mod schedule;
 pub mod stats;
 pub mod vip_index;
 

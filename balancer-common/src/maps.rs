@@ -7,7 +7,8 @@ use crate::addr::RawAddr;
 /// The VIP index: array of maps with one inner array of [`VipSlot`]s, an open-addressing hash
 /// table the daemon builds whole and swaps in (see [`crate::vip_index`]).
 pub const VIPS: &str = "VIPS";
-/// Maglev tables: array of maps indexed by `vip_id`; each inner array maps slot -> backend id.
+/// Per-VIP tables: array of maps indexed by `vip_id`; each inner array holds the VIP's Maglev
+/// table (slot -> backend id) followed by its schedule (see [`crate::schedule`]).
 pub const MAGLEV: &str = "MAGLEV";
 /// Backends by id: array of [`Backend`].
 pub const BACKENDS: &str = "BACKENDS";
@@ -22,15 +23,32 @@ pub const STATS: &str = "STATS";
 pub const VIP_STATS: &str = "VIP_STATS";
 /// Per-CPU traffic per backend: array of [`crate::stats::TrafficStats`] indexed by backend id.
 pub const BACKEND_STATS: &str = "BACKEND_STATS";
+/// Active flows per backend id: array of `u64` used as signed counters, changed with atomic
+/// adds when a flow is recorded, ends (client FIN/RST) or is evicted from the connection table.
+pub const ACTIVE: &str = "ACTIVE";
+/// Active flows per VIP id, like [`ACTIVE`] (the bounded-load reference).
+pub const VIP_ACTIVE: &str = "VIP_ACTIVE";
+/// Per-CPU round-robin cursors per VIP id (`u32`).
+pub const RR_CURSOR: &str = "RR_CURSOR";
+/// Session persistence: LRU hash of [`AffinityKey`] -> [`AffinityValue`].
+pub const AFFINITY: &str = "AFFINITY";
 
 /// Most VIPs one balancer serves (outer Maglev array, per-VIP counters).
 pub const MAX_VIPS: u32 = 1024;
 /// Most backends over all VIPs (backend array, per-backend counters). Backend ids fit 16 bits
 /// (they are stored in 16 bits of a connection-table entry).
 pub const MAX_BACKENDS: u32 = 16384;
-/// Largest Maglev table. The inner-map template is declared with this size and
-/// `BPF_F_INNER_MAP`, so each VIP's table may be any prime up to it.
+/// Largest Maglev table.
 pub const MAX_TABLE_SIZE: u32 = 655_373;
+/// Longest weighted-round-robin sequence (weights are scaled down to fit).
+pub const MAX_SEQUENCE: u32 = 1 << 16;
+/// Largest per-VIP table: Maglev slots, then the schedule (header, backend list, sequence).
+/// The inner-map template is declared with this size and `BPF_F_INNER_MAP`, so each VIP's
+/// table has its own size.
+pub const MAX_TABLE_ENTRIES: u32 =
+    MAX_TABLE_SIZE + crate::schedule::HEADER + MAX_BACKENDS + MAX_SEQUENCE;
+/// Default capacity of the session-persistence map (clients x VIPs).
+pub const DEFAULT_AFFINITY_ENTRIES: u32 = 1 << 17;
 /// Default Maglev table size (prime), as in the Maglev paper.
 pub const DEFAULT_TABLE_SIZE: u32 = 65_537;
 /// Slots of the VIP index (a power of two; VIPs and address markers fill at most 3% of it).
@@ -94,13 +112,82 @@ impl ForwardMode {
     }
 }
 
+/// How a VIP picks the backend of a new flow (established flows keep theirs).
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Scheduler {
+    /// Consistent hash of the client address and port over the weighted Maglev table.
+    #[default]
+    Maglev = 0,
+    /// Consistent hash of the client address alone: a client's connections share a backend.
+    SourceHash = 1,
+    /// Each backend in turn (a cursor per CPU).
+    RoundRobin = 2,
+    /// Backends in turn in proportion to their weights (smooth weighted round robin).
+    WeightedRoundRobin = 3,
+    /// A backend picked uniformly at random.
+    Random = 4,
+    /// A backend picked at random in proportion to its weight.
+    WeightedRandom = 5,
+    /// The backend with the fewest active flows per unit of weight.
+    LeastConn = 6,
+    /// Two backends picked at random by weight; the one with fewer active flows per weight.
+    PowerOfTwo = 7,
+}
+
+impl Scheduler {
+    pub const ALL: [Scheduler; 8] = [
+        Scheduler::Maglev,
+        Scheduler::SourceHash,
+        Scheduler::RoundRobin,
+        Scheduler::WeightedRoundRobin,
+        Scheduler::Random,
+        Scheduler::WeightedRandom,
+        Scheduler::LeastConn,
+        Scheduler::PowerOfTwo,
+    ];
+
+    pub const fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            0 => Some(Self::Maglev),
+            1 => Some(Self::SourceHash),
+            2 => Some(Self::RoundRobin),
+            3 => Some(Self::WeightedRoundRobin),
+            4 => Some(Self::Random),
+            5 => Some(Self::WeightedRandom),
+            6 => Some(Self::LeastConn),
+            7 => Some(Self::PowerOfTwo),
+            _ => None,
+        }
+    }
+
+    /// The name used in configs and the CLI.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Maglev => "maglev",
+            Self::SourceHash => "source-hash",
+            Self::RoundRobin => "round-robin",
+            Self::WeightedRoundRobin => "weighted-round-robin",
+            Self::Random => "random",
+            Self::WeightedRandom => "weighted-random",
+            Self::LeastConn => "least-conn",
+            Self::PowerOfTwo => "power-of-two",
+        }
+    }
+
+    /// Whether it walks the weighted round-robin sequence (built only for it).
+    pub const fn needs_sequence(self) -> bool {
+        matches!(self, Self::WeightedRoundRobin)
+    }
+}
+
 /// What the data plane knows of a VIP.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct VipMeta {
     /// Index into [`MAGLEV`] and [`VIP_STATS`].
     pub vip_id: u32,
-    /// Number of slots of this VIP's Maglev table (a prime).
+    /// Number of slots of this VIP's Maglev table (a prime); its schedule follows them.
     pub table_size: u32,
     /// A [`ForwardMode`] as `u8`.
     pub mode: u8,
@@ -108,7 +195,14 @@ pub struct VipMeta {
     pub flags: u8,
     /// Outer UDP destination port for [`ForwardMode::Gue`], network byte order.
     pub gue_port: u16,
-    pub _pad: u32,
+    /// A [`Scheduler`] as `u8`.
+    pub scheduler: u8,
+    /// Bounded load: a backend holding more than `(100 + load_bound)`% of its weighted share
+    /// of the VIP's active flows takes no new clients by hash or persistence. 0 = no bound.
+    pub load_bound: u8,
+    /// Session persistence: a client's new flows go to its previous backend while it was seen
+    /// within this many flow-clock ticks. 0 = off.
+    pub persist_ticks: u16,
 }
 const _: () = assert!(core::mem::size_of::<VipMeta>() == 16);
 
@@ -138,8 +232,34 @@ pub struct Backend {
     /// Changes whenever the slot is given to a different backend, so connection-table entries
     /// that point at a previous occupant are detected and re-hashed (16 bits are compared).
     pub generation: u32,
+    /// The VIP it serves (a chosen backend must belong to the flow's VIP).
+    pub vip_id: u16,
+    /// Its weight in the VIP's table (0: takes no new flows: drained, weight 0, unhealthy).
+    pub weight: u16,
 }
-const _: () = assert!(core::mem::size_of::<Backend>() == 28);
+const _: () = assert!(core::mem::size_of::<Backend>() == 32);
+
+/// Key of the session-persistence map: a client of a VIP.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AffinityKey {
+    pub src: RawAddr,
+    pub vip_id: u32,
+}
+const _: () = assert!(core::mem::size_of::<AffinityKey>() == 20);
+
+/// Value of the session-persistence map: the client's backend and when it was last chosen.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AffinityValue {
+    pub backend_id: u16,
+    /// Low 16 bits of the backend's generation.
+    pub generation: u16,
+    /// Flow-clock tick of the client's last new flow.
+    pub last_seen: u16,
+    pub _pad: u16,
+}
+const _: () = assert!(core::mem::size_of::<AffinityValue>() == 8);
 
 /// One client flow to one VIP: what the connection table is keyed by (through
 /// [`crate::flow_cache::flow_tag`]). The VIP's address, port and protocol are implied by
@@ -235,7 +355,7 @@ const _: () = assert!(core::mem::size_of::<DecapAddrKey>() == 20);
 
 /// Identifies the layout of the pinned maps: a daemon adopts pinned maps only when their
 /// layout is its own. The top byte is bumped by hand when a meaning changes without a size.
-pub const LAYOUT: u64 = (1 << 56)
+pub const LAYOUT: u64 = (2 << 56)
     | (core::mem::size_of::<VipSlot>() as u64) << 40
     | (core::mem::size_of::<Backend>() as u64) << 32
     | (core::mem::size_of::<FlowBucket>() as u64) << 24
@@ -244,7 +364,7 @@ pub const LAYOUT: u64 = (1 << 56)
     | core::mem::size_of::<crate::stats::TrafficStats>() as u64;
 
 /// The maps pinned under the daemon's pin directory (the program, its XDP link and these).
-pub const PINNED_MAPS: [&str; 8] = [
+pub const PINNED_MAPS: [&str; 12] = [
     VIPS,
     MAGLEV,
     BACKENDS,
@@ -253,4 +373,8 @@ pub const PINNED_MAPS: [&str; 8] = [
     STATS,
     VIP_STATS,
     BACKEND_STATS,
+    ACTIVE,
+    VIP_ACTIVE,
+    RR_CURSOR,
+    AFFINITY,
 ];

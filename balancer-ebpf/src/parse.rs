@@ -209,8 +209,12 @@ pub fn parse_ports(frame: &Frame, l4_off: usize) -> Option<Ports> {
     Some(unsafe { *p })
 }
 
+/// TCP flags: FIN.
+pub const TCP_FIN: u8 = 0x01;
 /// TCP flags: SYN.
 pub const TCP_SYN: u8 = 0x02;
+/// TCP flags: RST.
+pub const TCP_RST: u8 = 0x04;
 /// TCP flags: ACK.
 pub const TCP_ACK: u8 = 0x10;
 

@@ -22,6 +22,7 @@ use balancer_common::maps::{
     BACKEND_F_ACTIVE, Backend, ForwardMode, GlobalConfig, LAYOUT, MAX_BACKENDS, MAX_VIPS, VipKey,
     VipMeta,
 };
+use balancer_common::schedule;
 use balancer_common::stats::{GlobalStats, TrafficStats};
 
 use crate::config::{BackendConfig, Forwarding, MacAddr, Protocol, VipConfig};
@@ -121,6 +122,21 @@ pub struct VipState {
 }
 
 impl VipState {
+    /// What the data plane gets for this VIP: the Maglev table, then the schedule (see
+    /// `balancer_common::schedule`).
+    pub fn published(&self) -> Vec<u32> {
+        let listed: Vec<(u32, u32)> = self
+            .backends
+            .values()
+            .map(|b| (b.id, b.table_weight()))
+            .collect();
+        let schedule = schedule::build(&listed, self.config.scheduler.needs_sequence());
+        let mut out = Vec::with_capacity(self.table.len() + schedule.len());
+        out.extend_from_slice(&self.table);
+        out.extend(schedule);
+        out
+    }
+
     /// Slots per backend address in the current table.
     pub fn slot_shares(&self) -> BTreeMap<IpAddr, usize> {
         let counts = maglev::slot_counts(&self.table);
@@ -251,11 +267,13 @@ fn vip_meta(id: u32, config: &VipConfig) -> VipMeta {
         mode: forward_mode(config.forwarding) as u8,
         flags: 0,
         gue_port: config.gue_port.to_be(),
-        _pad: 0,
+        scheduler: config.scheduler as u8,
+        load_bound: config.load_bound_pct,
+        persist_ticks: config.persistence_ticks(),
     }
 }
 
-fn backend_entry(b: &BackendState) -> Backend {
+fn backend_entry(vip_id: u32, b: &BackendState) -> Backend {
     let (addr, family) = raw_from_ip(b.address);
     Backend {
         addr,
@@ -263,6 +281,8 @@ fn backend_entry(b: &BackendState) -> Backend {
         family,
         flags: if b.healthy { BACKEND_F_ACTIVE } else { 0 },
         generation: b.generation,
+        vip_id: vip_id as u16,
+        weight: b.table_weight().min(u32::from(u16::MAX)) as u16,
     }
 }
 
@@ -488,17 +508,22 @@ impl<D: Dataplane> Balancer<D> {
         self.build_time = Duration::ZERO;
         self.publish_time = Duration::ZERO;
         let (table, fingerprint) = self.build(&config.name, config.table_size, &backends)?;
-        let started = Instant::now();
         let id = self.vips[vip].id;
-        self.dataplane.publish_tables(&[(id, &table)])?;
-        self.publish_time += started.elapsed();
         let state = self.vips.get_mut(vip).expect("checked above");
         report.slots_changed = maglev::slots_changed(&state.table, &table);
+        state.table = table;
+        state.fingerprint = fingerprint;
+        let published = state.published();
+        let started = Instant::now();
+        self.dataplane.publish_tables(&[(id, &published)])?;
+        self.publish_time += started.elapsed();
         report.tables_published = 1;
         report.rebuilt.push(config.name.clone());
         report.vips_updated = 1;
-        state.table = table;
-        state.fingerprint = fingerprint;
+        // Their weights for the connection-aware schedulers, once the table is live.
+        for b in self.vips[vip].backends.values() {
+            self.dataplane.set_backend(b.id, &backend_entry(id, b))?;
+        }
         report.table_build_time = self.build_time;
         report.table_publish_time = self.publish_time;
         report.live_at = self.dataplane.swap_started();
@@ -669,6 +694,7 @@ impl<D: Dataplane> Balancer<D> {
 
     fn new_backend(
         &mut self,
+        vip_id: u32,
         vip: &VipConfig,
         config: &BackendConfig,
         mac: MacAddr,
@@ -688,7 +714,12 @@ impl<D: Dataplane> Balancer<D> {
             mac,
             generation: self.next_generation(),
         };
-        if let Err(e) = self.dataplane.set_backend(id, &backend_entry(&state)) {
+        // A fresh id counts no active flows (its previous holder's may linger).
+        let written = self.dataplane.reset_active(id).and_then(|()| {
+            self.dataplane
+                .set_backend(id, &backend_entry(vip_id, &state))
+        });
+        if let Err(e) = written {
             self.backend_ids.give_back(id);
             tracing::error!(vip = %vip.name, backend = %config.address, "writing backend failed: {e}");
             return Err(e.into());
@@ -751,6 +782,7 @@ impl<D: Dataplane> Balancer<D> {
         let mut backends = BTreeMap::new();
         let mut added = 0;
         let mut deactivate = Vec::new();
+        let mut reweighted = Vec::new();
         for b in &config.backends {
             // The configured MAC, else the resolved one, else the one in force.
             let mac = match Self::mac_of(config, b.address, macs) {
@@ -782,18 +814,21 @@ impl<D: Dataplane> Balancer<D> {
                         // pins to its old self are re-hashed rather than resurrected.
                         state.generation = self.next_generation();
                         self.dataplane
-                            .set_backend(state.id, &backend_entry(&state))?;
+                            .set_backend(state.id, &backend_entry(id, &state))?;
                     } else if !healthy && old.healthy {
                         // Deactivated after the table without it is live.
                         deactivate.push(state.clone());
                     } else if state.mac != old.mac {
                         // New next hop: same id and generation, so its flows stay.
                         self.dataplane
-                            .set_backend(state.id, &backend_entry(&state))?;
+                            .set_backend(state.id, &backend_entry(id, &state))?;
+                    } else if state.table_weight() != old.table_weight() {
+                        // The new weight is written once the table with it is live.
+                        reweighted.push(state.clone());
                     }
                     state
                 }
-                None => self.new_backend(config, b, mac, healthy)?,
+                None => self.new_backend(id, config, b, mac, healthy)?,
             };
             backends.insert(b.address, state);
         }
@@ -815,6 +850,10 @@ impl<D: Dataplane> Balancer<D> {
             .as_ref()
             .is_some_and(|c| c.config.table_size != config.table_size);
         let rebuild = is_new || added > 0 || !retired.is_empty() || weights_changed || resized;
+        // A new scheduler may need another schedule: the table is published again.
+        let rescheduled = current
+            .as_ref()
+            .is_some_and(|c| c.config.scheduler != config.scheduler);
         let config_changed = current.as_ref().is_none_or(|c| c.config != *config);
         let health_changed = backends.values().any(|b| {
             old_backends
@@ -840,7 +879,7 @@ impl<D: Dataplane> Balancer<D> {
         let shrinks = resized && (config.table_size as usize) < old_table.len();
         let (table, fingerprint, table_changed) = match table {
             Some((t, f)) => (t, f, true),
-            None => (old_table, old_fingerprint, false),
+            None => (old_table, old_fingerprint, rescheduled),
         };
         Ok(Some(StagedVip {
             endpoint: *endpoint,
@@ -848,6 +887,7 @@ impl<D: Dataplane> Balancer<D> {
             added,
             retired,
             deactivate,
+            reweighted,
             meta_changed,
             shrinks,
             table_changed,
@@ -883,10 +923,14 @@ impl<D: Dataplane> Balancer<D> {
             // A smaller table size goes first: the old (larger) table still covers it.
             self.dataplane.set_vips(&shrinking, &[])?;
         }
-        let tables: Vec<(u32, &[u32])> = staged
+        let published: Vec<(u32, Vec<u32>)> = staged
             .iter()
             .filter(|s| s.table_changed)
-            .map(|s| (s.state.id, s.state.table.as_slice()))
+            .map(|s| (s.state.id, s.state.published()))
+            .collect();
+        let tables: Vec<(u32, &[u32])> = published
+            .iter()
+            .map(|(id, t)| (*id, t.as_slice()))
             .collect();
         if !tables.is_empty() {
             let started = Instant::now();
@@ -918,8 +962,9 @@ impl<D: Dataplane> Balancer<D> {
             if s.table_changed {
                 report.rebuilt.push(s.state.config.name.clone());
             }
-            for b in &s.deactivate {
-                self.dataplane.set_backend(b.id, &backend_entry(b))?;
+            for b in s.deactivate.iter().chain(&s.reweighted) {
+                self.dataplane
+                    .set_backend(b.id, &backend_entry(s.state.id, b))?;
             }
             for b in &s.retired {
                 if self.removal_grace.is_zero() {
@@ -1009,6 +1054,8 @@ struct StagedVip {
     retired: Vec<BackendState>,
     /// Backends that failed their health checks: made inactive once the table is live.
     deactivate: Vec<BackendState>,
+    /// Backends whose weight changed: rewritten once the table is live.
+    reweighted: Vec<BackendState>,
     meta_changed: bool,
     shrinks: bool,
     table_changed: bool,
@@ -1091,7 +1138,12 @@ mac = "02:00:00:00:00:99"
         let meta = dp.vips[&vip_key("10.100.0.1".parse().unwrap(), 80, 6)];
         assert_eq!(meta.vip_id, web.id);
         assert_eq!(meta.table_size, 65_537);
-        assert_eq!(dp.tables[&web.id], web.table);
+        // The published table: the Maglev slots, then the schedule (both backends listed).
+        let published = &dp.tables[&web.id];
+        assert_eq!(&published[..web.table.len()], web.table.as_slice());
+        assert_eq!(published[web.table.len()..].len(), 3 + 2);
+        assert_eq!(published[web.table.len()], 2);
+        assert_eq!(published[web.table.len() + 2], 4, "total weight 1 + 3");
         // Shares follow weights 1:3.
         let shares = web.slot_shares();
         let a = shares[&"10.0.0.11".parse::<IpAddr>().unwrap()] as f64;
@@ -1356,7 +1408,10 @@ mac = "02:00:00:00:00:99"
         lb.apply(&cfg.vips, &macs()).unwrap();
         let web = lb.vip("web").unwrap();
         assert_eq!(web.table.len(), 13);
-        assert_eq!(lb.dataplane().tables[&web.id].len(), 13);
+        assert_eq!(
+            lb.dataplane().tables[&web.id].len(),
+            13 + 3 + web.backends.len()
+        );
         assert_eq!(
             lb.dataplane().vips[&vip_key("10.100.0.1".parse().unwrap(), 80, 6)].table_size,
             13

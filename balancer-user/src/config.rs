@@ -10,6 +10,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use balancer_common::maglev::is_prime;
+pub use balancer_common::maps::Scheduler;
 use balancer_common::maps::{DEFAULT_TABLE_SIZE, MAX_BACKENDS, MAX_TABLE_SIZE, MAX_VIPS};
 use serde::{Deserialize, Serialize};
 
@@ -350,10 +351,28 @@ pub struct VipConfig {
     pub health: HealthConfig,
     pub telemetry: TelemetryConfig,
     pub policy: PolicyConfig,
+    /// How new flows pick a backend (in the data plane).
+    pub scheduler: Scheduler,
+    /// Session persistence: a client's new flows go to its previous backend while it returns
+    /// within this time. Zero = off.
+    pub persistence: Duration,
+    /// Bounded load: a backend over `(100 + this)`% of its weighted share of the VIP's active
+    /// flows takes no new clients by hash or persistence. 0 = no bound.
+    pub load_bound_pct: u8,
     pub backends: Vec<BackendConfig>,
 }
 
 impl VipConfig {
+    /// Session persistence in flow-clock ticks (rounded up; 0 = off).
+    pub fn persistence_ticks(&self) -> u16 {
+        let ns = self.persistence.as_nanos();
+        if ns == 0 {
+            return 0;
+        }
+        ns.div_ceil(u128::from(balancer_common::flow_cache::TICK_NS))
+            .clamp(1, u128::from(u16::MAX)) as u16
+    }
+
     /// The (address, port, protocol) that identifies the VIP.
     pub fn endpoint(&self) -> (IpAddr, u16, Protocol) {
         (self.address, self.port, self.protocol)
@@ -536,6 +555,12 @@ pub struct RawVip {
     pub telemetry: Option<RawTelemetry>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub policy: Option<RawPolicy>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scheduler: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub persistence_secs: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_load_factor: Option<f64>,
     #[serde(default)]
     pub backend: Vec<RawBackend>,
 }
@@ -860,6 +885,10 @@ impl VipConfig {
             health: Some(self.health.to_raw()),
             telemetry: Some(telemetry_to_raw(&self.telemetry)),
             policy: Some(policy_to_raw(&self.policy)),
+            scheduler: Some(self.scheduler.name().to_string()),
+            persistence_secs: Some(self.persistence.as_secs() as i64),
+            max_load_factor: (self.load_bound_pct > 0)
+                .then(|| 1.0 + f64::from(self.load_bound_pct) / 100.0),
             backend: self.backends.iter().map(BackendConfig::to_raw).collect(),
         }
     }
@@ -1128,6 +1157,39 @@ pub fn validate_vip(raw: RawVip, label: &str) -> Result<VipConfig, ConfigError> 
             "this policy needs backend reports: set telemetry.source to \"scrape\" or \"push\"",
         ));
     }
+    let scheduler = match raw.scheduler.as_deref() {
+        None => Scheduler::Maglev,
+        Some(name) => Scheduler::ALL
+            .into_iter()
+            .find(|s| s.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Scheduler::ALL.iter().map(|s| s.name()).collect();
+                invalid(
+                    key("scheduler"),
+                    format!("{name:?}"),
+                    format!("expected one of {}", names.join(", ")),
+                )
+            })?,
+    };
+    let persistence = match raw.persistence_secs {
+        Some(v) => Duration::from_secs(int_in(v, 0, 65_535, &key("persistence_secs"))?),
+        None => Duration::ZERO,
+    };
+    let load_bound_pct = match raw.max_load_factor {
+        Some(f) => {
+            let f = float_in(f, 1.01, 3.55, &key("max_load_factor"))?;
+            let hashed = matches!(scheduler, Scheduler::Maglev | Scheduler::SourceHash);
+            if !hashed && persistence.is_zero() {
+                return Err(invalid(
+                    key("max_load_factor"),
+                    f,
+                    "bounds the load of the hashing schedulers (maglev, source-hash) and of session persistence",
+                ));
+            }
+            ((f - 1.0) * 100.0).round().clamp(1.0, 255.0) as u8
+        }
+        None => 0,
+    };
     let mut backends = Vec::with_capacity(raw.backend.len());
     let mut seen = HashSet::new();
     for (j, b) in raw.backend.into_iter().enumerate() {
@@ -1160,6 +1222,9 @@ pub fn validate_vip(raw: RawVip, label: &str) -> Result<VipConfig, ConfigError> 
         health,
         telemetry,
         policy,
+        scheduler,
+        persistence,
+        load_bound_pct,
         backends,
     })
 }

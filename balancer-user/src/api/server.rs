@@ -93,6 +93,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/vips", get(list_vips).post(add_vip))
         .route("/v1/vips/{name}", get(get_vip).delete(del_vip))
         .route("/v1/vips/{name}/table", get(table))
+        .route("/v1/vips/{name}/scheduler", put(set_scheduler))
         .route(
             "/v1/vips/{name}/backends",
             get(list_backends).post(add_backend),
@@ -376,6 +377,35 @@ async fn del_backend(
             raw_vip(c, &name)?.backend.retain(|b| {
                 b.address.as_deref().and_then(|a| a.parse::<IpAddr>().ok()) != Some(address)
             });
+            Ok(())
+        })
+    })
+    .await
+    .map(Json)
+}
+
+async fn set_scheduler(
+    State(s): State<ApiState>,
+    UrlPath(name): UrlPath<String>,
+    body: Result<Json<crate::api::types::SchedulerBody>, JsonRejection>,
+) -> ApiResult<ChangeResult> {
+    let Json(body) = body?;
+    with_daemon(&s, move |d| {
+        if d.config.vip(&name).is_none() {
+            return Err(ChangeError::NotFound(format!("no VIP named {name:?}")));
+        }
+        let what = format!("scheduler of {name} set to {}", body.scheduler);
+        d.edit(&what, |c| {
+            let vip = raw_vip(c, &name)?;
+            vip.scheduler = Some(body.scheduler);
+            if let Some(p) = body.persistence_secs {
+                vip.persistence_secs = Some(p);
+            }
+            match body.max_load_factor {
+                Some(0.0) => vip.max_load_factor = None,
+                Some(f) => vip.max_load_factor = Some(f),
+                None => {}
+            }
             Ok(())
         })
     })

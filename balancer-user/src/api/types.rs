@@ -29,6 +29,19 @@ pub struct WeightBody {
     pub weight: i64,
 }
 
+/// `PUT /v1/vips/{name}/scheduler`: the VIP's scheduler and, optionally, session persistence
+/// and bounded load (absent: unchanged).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulerBody {
+    pub scheduler: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistence_secs: Option<i64>,
+    /// A factor >= 1.01, or 0 to remove the bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_load_factor: Option<f64>,
+}
+
 /// `POST /v1/stop`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -68,6 +81,9 @@ pub struct VipStatus {
     pub port: u16,
     pub protocol: String,
     pub forwarding: String,
+    /// The scheduler of new flows, with persistence and bounded load when set.
+    #[serde(default)]
+    pub scheduler: String,
     pub table_size: u32,
     /// Host-independent fingerprint of the Maglev table (equal on every balancer with the same
     /// backends and weights).

@@ -31,10 +31,11 @@ fn print_vips(vips: &[VipStatus]) {
             format!("{}:{}", v.address, v.port)
         };
         println!(
-            "VIP {} {endpoint}/{} {}  table {} ({})  health {}  {}pps {}bps  {} flows",
+            "VIP {} {endpoint}/{} {}  scheduler {}  table {} ({})  health {}  {}pps {}bps  {} flows",
             v.name,
             v.protocol,
             v.forwarding,
+            v.scheduler,
             v.table_size,
             v.table_fingerprint,
             v.health_check,

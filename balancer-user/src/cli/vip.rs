@@ -15,6 +15,9 @@ use super::client_args::{ClientArgs, fail, print_json};
                         balancer vip add dns --address 10.100.0.1 --port 53 --protocol udp --forwarding gue\n  \
                         balancer vip add api --address 10.100.0.2 --port 443 --health http --health-path /health\n  \
                         balancer vip add llm --address 10.100.0.3 --port 8000 --policy composite --metrics-port 8000\n  \
+                        balancer vip add chat --address 10.100.0.4 --port 8000 --scheduler source-hash --max-load-factor 1.25\n  \
+                        balancer vip set-scheduler web least-conn\n  \
+                        balancer vip set-scheduler chat maglev --persistence-secs 600\n  \
                         balancer vip del web")]
 pub struct VipArgs {
     #[command(subcommand)]
@@ -68,6 +71,31 @@ enum VipCommand {
         /// Backends push their reports (balancer report --push).
         #[arg(long)]
         push: bool,
+        /// How new flows pick a backend: maglev, source-hash, round-robin,
+        /// weighted-round-robin, random, weighted-random, least-conn, power-of-two.
+        #[arg(long, default_value = "maglev")]
+        scheduler: String,
+        /// Session persistence: a client's new flows go to its previous backend while it
+        /// returns within this many seconds (0 = off).
+        #[arg(long)]
+        persistence_secs: Option<u32>,
+        /// Bounded load: no new clients by hash or persistence for a backend above this
+        /// multiple of its weighted share of active flows (e.g. 1.25).
+        #[arg(long)]
+        max_load_factor: Option<f64>,
+    },
+    /// Change a VIP's scheduler (established flows keep their backends).
+    SetScheduler {
+        name: String,
+        /// maglev, source-hash, round-robin, weighted-round-robin, random, weighted-random,
+        /// least-conn or power-of-two.
+        scheduler: String,
+        /// Session persistence in seconds (0 = off; unchanged if absent).
+        #[arg(long)]
+        persistence_secs: Option<u32>,
+        /// Bounded load factor (0 removes it; unchanged if absent).
+        #[arg(long)]
+        max_load_factor: Option<f64>,
     },
     /// Remove a VIP (its established connections end with it).
     Del { name: String },
@@ -125,6 +153,9 @@ pub fn run(args: VipArgs) -> anyhow::Result<ExitCode> {
             policy,
             metrics_port,
             push,
+            scheduler,
+            persistence_secs,
+            max_load_factor,
         } => {
             let body = RawVip {
                 name: Some(name),
@@ -157,11 +188,34 @@ pub fn run(args: VipArgs) -> anyhow::Result<ExitCode> {
                     kind: Some(policy),
                     ..RawPolicy::default()
                 }),
+                scheduler: Some(scheduler),
+                persistence_secs: persistence_secs.map(i64::from),
+                max_load_factor,
                 backend: Vec::new(),
             };
             report(
                 &args.client,
                 client.call::<_, ChangeResult>("POST", "/v1/vips", Some(&body)),
+            )
+        }
+        VipCommand::SetScheduler {
+            name,
+            scheduler,
+            persistence_secs,
+            max_load_factor,
+        } => {
+            let body = balancer::api::types::SchedulerBody {
+                scheduler,
+                persistence_secs: persistence_secs.map(i64::from),
+                max_load_factor,
+            };
+            report(
+                &args.client,
+                client.call::<_, ChangeResult>(
+                    "PUT",
+                    &format!("/v1/vips/{name}/scheduler"),
+                    Some(&body),
+                ),
             )
         }
         VipCommand::Del { name } => report(

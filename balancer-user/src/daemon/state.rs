@@ -529,9 +529,10 @@ impl Daemon {
         self.count_flows();
     }
 
-    /// Counts the connection-table entries per backend.
+    /// Reads the active flows per backend (recorded in the connection table, not yet ended by
+    /// the client's FIN/RST nor evicted).
     pub fn count_flows(&mut self) {
-        match self.balancer.dataplane().flow_counts() {
+        match crate::dataplane::Dataplane::active_flows(self.balancer.dataplane()) {
             Ok(counts) => {
                 self.flows = counts;
                 self.flows_at = Some(Instant::now());
@@ -616,6 +617,19 @@ impl Daemon {
                 port: c.port,
                 protocol: c.protocol.to_string(),
                 forwarding: c.forwarding.to_string(),
+                scheduler: {
+                    let mut s = c.scheduler.name().to_string();
+                    if !c.persistence.is_zero() {
+                        s.push_str(&format!(", persistence {}s", c.persistence.as_secs()));
+                    }
+                    if c.load_bound_pct > 0 {
+                        s.push_str(&format!(
+                            ", max load {:.2}x",
+                            1.0 + f64::from(c.load_bound_pct) / 100.0
+                        ));
+                    }
+                    s
+                },
                 table_size: c.table_size,
                 table_fingerprint: format!("{:016x}", vip.fingerprint),
                 health_check: match &c.health.kind {
@@ -791,7 +805,7 @@ impl Daemon {
             );
             f.gauge(
                 "balancer_vip_flows",
-                "Connection-table entries of a VIP.",
+                "Active flows of a VIP.",
                 &[("vip", v)],
                 vip.flows as f64,
             );
@@ -818,7 +832,7 @@ impl Daemon {
                 );
                 f.gauge(
                     "balancer_backend_flows",
-                    "Connection-table entries pinned to a backend (active flows).",
+                    "Active flows of a backend: recorded, not yet ended by the client (FIN/RST) or evicted.",
                     &l,
                     b.flows as f64,
                 );

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsFd, AsRawFd};
 
 use aya::Ebpf;
-use aya::maps::{Array, Map, MapData, MapError, PerCpuArray};
+use aya::maps::{Array, IterableMap as _, Map, MapData, MapError, PerCpuArray};
 use balancer_common::flow_cache::FlowValue;
 use balancer_common::maps::{
     self as names, Backend, FlowBucket, GlobalConfig, MAGLEV_TABLE_FLAGS, VIP_INDEX_FLAGS,
@@ -28,6 +28,7 @@ pub struct KernelDataplane {
     backend_stats: PerCpuArray<MapData, TrafficStats>,
     flows: MapData,
     flows_buckets: u32,
+    active: Array<MapData, u64>,
     swap_started: Option<std::time::Instant>,
 }
 
@@ -150,6 +151,7 @@ impl KernelDataplane {
             backend_stats: take(ebpf, names::BACKEND_STATS)?,
             flows,
             flows_buckets,
+            active: take(ebpf, names::ACTIVE)?,
             swap_started: None,
         })
     }
@@ -221,6 +223,27 @@ impl Dataplane for KernelDataplane {
         self.backends
             .set(id, backend, 0)
             .map_err(map_err(names::BACKENDS, "write"))
+    }
+
+    fn reset_active(&mut self, id: u32) -> Result<(), DataplaneError> {
+        self.active
+            .set(id, 0, 0)
+            .map_err(map_err(names::ACTIVE, "write"))
+    }
+
+    fn active_flows(&self) -> Result<HashMap<u32, u64>, DataplaneError> {
+        let all: Vec<u64> =
+            sys::read_mmapable(self.active.map().fd().as_fd(), names::MAX_BACKENDS as usize)
+                .map_err(|e| {
+                    DataplaneError::VipIndex(format!("reading the active-flow counts: {e}"))
+                })?;
+        Ok(all
+            .into_iter()
+            .enumerate()
+            // Signed counters; a transient negative reads as none.
+            .filter(|(_, n)| (*n as i64) > 0)
+            .map(|(id, n)| (id as u32, n))
+            .collect())
     }
 
     fn publish_tables(&mut self, tables: &[(u32, &[u32])]) -> Result<(), DataplaneError> {

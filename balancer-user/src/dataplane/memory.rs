@@ -24,6 +24,8 @@ pub struct MemoryDataplane {
     pub stats: GlobalStats,
     pub vip_traffic: HashMap<u32, TrafficStats>,
     pub backend_traffic: HashMap<u32, TrafficStats>,
+    /// Active flows per backend id.
+    pub active: HashMap<u32, u64>,
 }
 
 impl Dataplane for MemoryDataplane {
@@ -66,6 +68,20 @@ impl Dataplane for MemoryDataplane {
         }
         self.backends.insert(id, *backend);
         Ok(())
+    }
+
+    fn reset_active(&mut self, id: u32) -> Result<(), DataplaneError> {
+        self.active.remove(&id);
+        Ok(())
+    }
+
+    fn active_flows(&self) -> Result<HashMap<u32, u64>, DataplaneError> {
+        Ok(self
+            .active
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(k, v)| (*k, *v))
+            .collect())
     }
 
     fn publish_tables(&mut self, tables: &[(u32, &[u32])]) -> Result<(), DataplaneError> {

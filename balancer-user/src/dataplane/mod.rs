@@ -50,6 +50,10 @@ pub trait Dataplane {
     ) -> Result<(), DataplaneError>;
     /// Writes a backend slot.
     fn set_backend(&mut self, id: u32, backend: &Backend) -> Result<(), DataplaneError>;
+    /// Zeroes a backend id's active-flow count (before the id goes to a new backend).
+    fn reset_active(&mut self, id: u32) -> Result<(), DataplaneError>;
+    /// Active flows per backend id (ids with none are left out).
+    fn active_flows(&self) -> Result<std::collections::HashMap<u32, u64>, DataplaneError>;
     /// Makes each `(vip_id, table)` that VIP's Maglev table, each in one step (a packet sees a
     /// VIP's old table or its new one, never a mix).
     fn publish_tables(&mut self, tables: &[(u32, &[u32])]) -> Result<(), DataplaneError>;

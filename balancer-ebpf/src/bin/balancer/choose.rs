@@ -1,8 +1,14 @@
 //! Choosing a packet's backend: the VIP index, then the connection table (a set-associative
-//! flow cache, see `balancer_common::flow_cache`), the VIP's Maglev table for new flows, and
-//! flood mode to keep a burst of new flows from thrashing the connection table.
+//! flow cache, see `balancer_common::flow_cache`), the VIP's scheduler for new flows (with
+//! session persistence and bounded load where configured), flood mode to keep a burst of new
+//! flows from thrashing the connection table, and the active-flow counts the connection-aware
+//! schedulers read.
 
-use aya_ebpf::{helpers::generated::bpf_ktime_get_coarse_ns, programs::XdpContext};
+use aya_ebpf::{
+    btf_maps::Array,
+    helpers::generated::{bpf_get_prandom_u32, bpf_ktime_get_coarse_ns},
+    programs::XdpContext,
+};
 use aya_log_ebpf::warn;
 use balancer_common::{
     addr::RawAddr,
@@ -11,14 +17,25 @@ use balancer_common::{
     },
     flow_hash::{flow_hash, slot},
     maps::{
-        BACKEND_F_ACTIVE, Backend, FLOW_WAYS, FlowBucket, FlowKey, GlobalConfig, NO_BACKEND,
+        AffinityKey, AffinityValue, BACKEND_F_ACTIVE, Backend, FLOW_WAYS, FlowBucket, FlowKey,
+        GlobalConfig, MAGLEV_TABLE_FLAGS, MAX_TABLE_ENTRIES, NO_BACKEND, Scheduler,
         VIP_INDEX_PROBES, VipKey, VipMeta,
     },
+    schedule::{HEADER, less_loaded, over_bound},
     stats::{Counter, GlobalStats},
     vip_index::{probe_slot, same_key, vip_hash},
 };
 
-use crate::maps::{BACKENDS, FLOOD, FLOWS, MAGLEV, VIPS};
+use crate::maps::{ACTIVE, AFFINITY, BACKENDS, FLOOD, FLOWS, MAGLEV, RR_CURSOR, VIP_ACTIVE, VIPS};
+
+/// A VIP's table: Maglev slots, then its schedule.
+type Table = Array<u32, { MAX_TABLE_ENTRIES as usize }, { MAGLEV_TABLE_FLAGS as usize }>;
+
+/// Most backends least-conn compares per new flow (from a rotating start, so larger pools are
+/// sampled fairly).
+const LEAST_CONN_SCAN: u32 = 256;
+/// Most table slots a bounded-load hash probes past a full backend.
+const BOUNDED_PROBES: u32 = 8;
 
 /// The VIP (or address marker) with this key, from the VIP index.
 #[inline(always)]
@@ -43,6 +60,8 @@ pub enum PacketKind {
     /// A TCP SYN without ACK: a new connection, always chosen afresh from the table (a reused
     /// client port must not land on the backend an old connection had, which may be draining).
     TcpSyn,
+    /// A TCP FIN or RST from the client: the flow ends (it stops counting as active).
+    TcpEnd,
     /// Any other TCP packet.
     Tcp,
     /// UDP: tracked flows expire after the configured idle time.
@@ -129,9 +148,10 @@ pub fn tracked(slot: &Slot) -> Tracked {
 }
 
 /// Pins a flow to a backend: takes a way (see `flow_cache::victim`) and writes the value before
-/// the tag, so a reader that sees the tag sees its value.
+/// the tag, so a reader that sees the tag sees its value. Returns the way's previous tag and
+/// value (the flow it evicts, if any).
 #[inline(always)]
-fn insert(slot: &mut Slot, value: FlowValue) {
+fn insert(slot: &mut Slot, value: FlowValue) -> (u64, u64) {
     let (way, passed) = victim(&slot.bucket.ways, slot.tag);
     // Second chance: the referenced ways passed over lose their bit.
     let start = way + FLOW_WAYS - passed;
@@ -142,8 +162,10 @@ fn insert(slot: &mut Slot, value: FlowValue) {
         n += 1;
     }
     let entry = &mut slot.bucket.ways[way % FLOW_WAYS];
+    let evicted = (entry.tag, entry.value);
     entry.value = value.pack(slot.tag);
     entry.tag = slot.tag;
+    evicted
 }
 
 /// The backend for `flow` to `vip`, or `None` if the VIP has no usable backend.
@@ -172,16 +194,30 @@ pub fn choose(
     match found {
         Tracked::Live(way, value, backend) => {
             let entry = &mut slot.bucket.ways[way % FLOW_WAYS];
+            let hit = Choice {
+                id: u32::from(value.backend_id),
+                backend,
+                new_flow: false,
+            };
+            if flow.kind == PacketKind::TcpEnd && !value.closed {
+                // The client ends the connection: it stops counting as active, and keeps its
+                // backend for the rest of the teardown.
+                entry.value = FlowValue {
+                    closed: true,
+                    referenced: true,
+                    ..value
+                }
+                .pack(slot.tag);
+                add_active(hit.id, backend.vip_id, u64::MAX);
+                count(stats, Counter::ConntrackHit);
+                return Some(hit);
+            }
             if !udp || cfg.udp_idle_ticks == 0 {
                 if !is_referenced(entry.value) {
                     entry.value = referenced(entry.value);
                 }
                 count(stats, Counter::ConntrackHit);
-                return Some(Choice {
-                    id: u32::from(value.backend_id),
-                    backend,
-                    new_flow: false,
-                });
+                return Some(hit);
             }
             now = now_ticks();
             let idle = (now as u16).wrapping_sub(value.last_seen);
@@ -195,11 +231,7 @@ pub fn choose(
                     .pack(slot.tag);
                 }
                 count(stats, Counter::ConntrackHit);
-                return Some(Choice {
-                    id: u32::from(value.backend_id),
-                    backend,
-                    new_flow: false,
-                });
+                return Some(hit);
             }
             count(stats, Counter::UdpFlowExpired);
         }
@@ -207,26 +239,551 @@ pub fn choose(
         Tracked::Miss => count(stats, Counter::ConntrackMiss),
     }
 
-    let (id, backend) = from_table(vip, flow.src, flow.sport)?;
+    let (id, backend) = new_flow_backend(vip, flow)?;
     if flood_allows_insert(ctx, cfg, stats) {
         if udp && now == 0 {
             now = now_ticks();
         }
-        insert(
+        let closed = flow.kind == PacketKind::TcpEnd;
+        let (old_tag, old_value) = insert(
             &mut slot,
             FlowValue {
                 backend_id: id as u16,
                 generation: backend.generation as u16,
                 last_seen: now as u16,
                 referenced: false,
+                closed,
             },
         );
+        forget_evicted(old_tag, old_value);
+        if !closed {
+            add_active(id, vip.vip_id as u16, 1);
+        }
     }
     Some(Choice {
         id,
         backend,
         new_flow: true,
     })
+}
+
+/// Adds `delta` (`u64::MAX` for -1) to a backend's and its VIP's active-flow counts.
+#[inline(always)]
+fn add_active(backend_id: u32, vip_id: u16, delta: u64) {
+    add_counter(&ACTIVE, backend_id, delta);
+    add_counter(&VIP_ACTIVE, u32::from(vip_id), delta);
+}
+
+#[inline(always)]
+fn add_counter<const N: usize, const F: usize>(map: &Array<u64, N, F>, index: u32, delta: u64) {
+    if let Some(p) = map.get_ptr_mut(index) {
+        atomic_add(p, delta);
+    }
+}
+
+/// Adds to a `u64` shared by all CPUs.
+#[inline(always)]
+fn atomic_add(p: *mut u64, delta: u64) {
+    // SAFETY: `p` points at an aligned u64 in a map value, changed atomically only.
+    #[cfg(target_arch = "bpf")]
+    unsafe {
+        core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
+            p, delta,
+        );
+    }
+    #[cfg(not(target_arch = "bpf"))]
+    unsafe {
+        core::sync::atomic::AtomicU64::from_ptr(p)
+            .fetch_add(delta, core::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// An active-flow count (the counters are signed; a transient negative reads as 0).
+#[inline(always)]
+fn active_of<const N: usize, const F: usize>(map: &Array<u64, N, F>, index: u32) -> u64 {
+    match map.get_ptr(index) {
+        // SAFETY: an aligned u64 in a map value.
+        Some(p) => {
+            // A single aligned 8-byte load (atomic loads do not lower for this CPU version).
+            let v = unsafe { core::ptr::read_volatile(p) } as i64;
+            if v < 0 { 0 } else { v as u64 }
+        }
+        None => 0,
+    }
+}
+
+/// A flow pushed out of the connection table by an insert no longer counts as active (unless
+/// it had ended, or its backend's slot has since gone to another backend).
+#[inline(always)]
+fn forget_evicted(tag: u64, value: u64) {
+    if tag == 0 {
+        return;
+    }
+    let Some(v) = FlowValue::unpack(value, tag) else {
+        return;
+    };
+    if v.closed {
+        return;
+    }
+    let id = u32::from(v.backend_id);
+    if let Some(b) = BACKENDS.get(id)
+        && b.generation as u16 == v.generation
+    {
+        add_active(id, b.vip_id, u64::MAX);
+    }
+}
+
+/// `x` mapped onto `0..n` (multiply-shift: no division, and no division-by-zero path the
+/// verifier would reject; `n == 0` gives 0).
+#[inline(always)]
+fn below(x: u32, n: u32) -> u32 {
+    ((u64::from(x) * u64::from(n)) >> 32) as u32
+}
+
+#[inline(always)]
+fn random() -> u32 {
+    // SAFETY: helper without arguments.
+    unsafe { bpf_get_prandom_u32() }
+}
+
+/// A scheduler's pick: a backend id and its entry, or none (`backend` null). A plain struct
+/// rather than `Option<(u32, &Backend)>`, whose `None` leaves the id undefined: carried
+/// through branches and across helper calls, LLVM may then spill an uninitialised register,
+/// which the verifier rejects.
+#[derive(Clone, Copy)]
+struct Pick {
+    id: u32,
+    backend: *const Backend,
+}
+
+impl Pick {
+    const NONE: Pick = Pick {
+        id: NO_BACKEND,
+        backend: core::ptr::null(),
+    };
+
+    #[inline(always)]
+    fn is_some(&self) -> bool {
+        !self.backend.is_null()
+    }
+
+    #[inline(always)]
+    fn backend(&self) -> &'static Backend {
+        // SAFETY: only called when `is_some`; a map value, valid for the program's run.
+        unsafe { &*self.backend }
+    }
+}
+
+/// The backend with this id if the VIP's table or schedule may name it: active and serving
+/// this VIP (the table and the schedule only list backends with weight).
+#[inline(always)]
+fn candidate(vip: &VipMeta, id: u32) -> Pick {
+    if id == NO_BACKEND {
+        return Pick::NONE;
+    }
+    match BACKENDS.get(id) {
+        Some(b) if usable(b) && u32::from(b.vip_id) == vip.vip_id => Pick { id, backend: b },
+        _ => Pick::NONE,
+    }
+}
+
+/// The backend for a new flow, from [`balancer_pick`].
+#[inline(always)]
+fn new_flow_backend(vip: &VipMeta, flow: &Flow<'_>) -> Option<(u32, &'static Backend)> {
+    let src = flow.src;
+    let id = balancer_pick(
+        pack_vip(vip),
+        pack_opts(vip, flow.sport),
+        u64::from(src[0]) | u64::from(src[1]) << 32,
+        u64::from(src[2]) | u64::from(src[3]) << 32,
+    );
+    let backend = BACKENDS.get(id)?;
+    if usable(backend) && u32::from(backend.vip_id) == vip.vip_id {
+        Some((id, backend))
+    } else {
+        None
+    }
+}
+
+// The schedulers are global functions: the kernel verifies each once, on its own, rather than
+// once for every way the packet path reaches it (each header layout is a different verifier
+// state, and the schedulers' loops multiplied by all of them exceed the verifier's budget).
+// Their arguments are therefore plain integers: the VIP as `vip_id | table_size << 32`, its
+// options as `scheduler | load_bound << 8 | persist_ticks << 16 | client port << 32`, and
+// they return a backend id, checked by the caller.
+
+#[inline(always)]
+fn pack_vip(vip: &VipMeta) -> u64 {
+    u64::from(vip.vip_id) | u64::from(vip.table_size) << 32
+}
+
+#[inline(always)]
+fn pack_opts(vip: &VipMeta, sport: u16) -> u64 {
+    u64::from(vip.scheduler)
+        | u64::from(vip.load_bound) << 8
+        | u64::from(vip.persist_ticks) << 16
+        | u64::from(sport) << 32
+}
+
+#[inline(always)]
+fn unpack(vip: u64, opts: u64) -> VipMeta {
+    VipMeta {
+        vip_id: vip as u32,
+        table_size: (vip >> 32) as u32,
+        mode: 0,
+        flags: 0,
+        gue_port: 0,
+        scheduler: opts as u8,
+        load_bound: (opts >> 8) as u8,
+        persist_ticks: (opts >> 16) as u16,
+    }
+}
+
+/// The backend id for a new flow (`NO_BACKEND` if none): the client's previous one under
+/// session persistence, else the VIP's scheduler's choice (remembered under persistence).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn balancer_pick(vip: u64, opts: u64, src_lo: u64, src_hi: u64) -> u32 {
+    let meta = unpack(vip, opts);
+    let src: RawAddr = [
+        src_lo as u32,
+        (src_lo >> 32) as u32,
+        src_hi as u32,
+        (src_hi >> 32) as u32,
+    ];
+    let sport = (opts >> 32) as u16;
+    if meta.persist_ticks == 0 {
+        return scheduled(vip, opts, &src, sport);
+    }
+    let now = now_ticks() as u16;
+    let key = AffinityKey {
+        src,
+        vip_id: meta.vip_id,
+    };
+    if let Some(sticky) = AFFINITY.get_ptr_mut(key) {
+        // SAFETY: a map value, valid for the program's run.
+        let sticky = unsafe { &mut *sticky };
+        let id = u32::from(sticky.backend_id);
+        if now.wrapping_sub(sticky.last_seen) <= meta.persist_ticks
+            && balancer_may_stick(vip, opts, id, u32::from(sticky.generation)) != 0
+        {
+            if sticky.last_seen != now {
+                sticky.last_seen = now;
+            }
+            return id;
+        }
+    }
+    let id = scheduled(vip, opts, &src, sport);
+    if let Some(b) = BACKENDS.get(id) {
+        let value = AffinityValue {
+            backend_id: id as u16,
+            generation: b.generation as u16,
+            last_seen: now,
+            _pad: 0,
+        };
+        let _ = AFFINITY.insert(key, value, 0);
+    }
+    id
+}
+
+/// 1 if a client's remembered backend may take its new flow: it serves the VIP, is the same
+/// backend (generation), takes new flows, and has room under bounded load.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn balancer_may_stick(vip: u64, opts: u64, id: u32, generation: u32) -> u32 {
+    let meta = unpack(vip, opts);
+    let Some(table) = MAGLEV.get(meta.vip_id) else {
+        return 0;
+    };
+    let p = candidate(&meta, id);
+    if !p.is_some() {
+        return 0;
+    }
+    let b = p.backend();
+    u32::from(
+        b.weight != 0 && b.generation as u16 == generation as u16 && !full(&meta, table, id, b),
+    )
+}
+
+/// The scheduler's choice, else (while a change of scheduler and its schedule are on their way
+/// in) the Maglev table's.
+#[inline(always)]
+fn scheduled(vip: u64, opts: u64, src: &RawAddr, sport: u16) -> u32 {
+    let id = match Scheduler::from_u8(opts as u8) {
+        Some(Scheduler::SourceHash) => balancer_hashed(vip, opts, flow_hash(src, 0)),
+        Some(Scheduler::RoundRobin) => balancer_in_turn(vip, 0),
+        Some(Scheduler::WeightedRoundRobin) => balancer_in_turn(vip, 1),
+        Some(Scheduler::Random | Scheduler::WeightedRandom | Scheduler::PowerOfTwo) => {
+            balancer_random(vip, opts)
+        }
+        Some(Scheduler::LeastConn) => balancer_least_conn(vip),
+        _ => NO_BACKEND,
+    };
+    if id != NO_BACKEND {
+        return id;
+    }
+    balancer_hashed(vip, opts, flow_hash(src, sport))
+}
+
+/// The VIP's table, and its size checked non-zero.
+#[inline(always)]
+fn table_of(meta: &VipMeta) -> Option<&'static Table> {
+    if meta.table_size == 0 {
+        return None;
+    }
+    MAGLEV.get(meta.vip_id)
+}
+
+/// The Maglev slot of `hash`; under bounded load, the first of the following slots whose
+/// backend has room (the hash's own backend if none has).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn balancer_hashed(vip: u64, opts: u64, hash: u32) -> u32 {
+    let meta = unpack(vip, opts);
+    let Some(table) = table_of(&meta) else {
+        return NO_BACKEND;
+    };
+    hashed(&meta, table, hash).id
+}
+
+/// Round robin over the list (`weighted` 0) or the weighted sequence (1).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn balancer_in_turn(vip: u64, weighted: u32) -> u32 {
+    let meta = unpack(vip, 0);
+    let Some(table) = table_of(&meta) else {
+        return NO_BACKEND;
+    };
+    in_turn(&meta, table, weighted != 0).id
+}
+
+/// Random, weighted random, or the better of two weighted random picks.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn balancer_random(vip: u64, opts: u64) -> u32 {
+    let meta = unpack(vip, opts);
+    let Some(table) = table_of(&meta) else {
+        return NO_BACKEND;
+    };
+    let vip = &meta;
+    let p = match Scheduler::from_u8(vip.scheduler) {
+        Some(Scheduler::Random) => {
+            let len = header(vip, table, 0);
+            listed(vip, table, below(random(), len), len)
+        }
+        Some(Scheduler::PowerOfTwo) => {
+            let a = at_slot(vip, table, below(random(), vip.table_size));
+            let b = at_slot(vip, table, below(random(), vip.table_size));
+            if !a.is_some() {
+                b
+            } else if !b.is_some() {
+                a
+            } else if less_loaded(
+                active_of(&ACTIVE, b.id),
+                weight_of(b.backend()),
+                active_of(&ACTIVE, a.id),
+                weight_of(a.backend()),
+            ) {
+                b
+            } else {
+                a
+            }
+        }
+        _ => at_slot(vip, table, below(random(), vip.table_size)),
+    };
+    p.id
+}
+
+/// Least connections (see [`least_conn`]).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn balancer_least_conn(vip: u64) -> u32 {
+    let meta = unpack(vip, 0);
+    let Some(table) = table_of(&meta) else {
+        return NO_BACKEND;
+    };
+    least_conn(&meta, table).id
+}
+
+/// A backend's weight for load ratios (at least 1).
+#[inline(always)]
+fn weight_of(b: &Backend) -> u32 {
+    if b.weight == 0 {
+        1
+    } else {
+        u32::from(b.weight)
+    }
+}
+
+/// Whether a backend is over the VIP's bounded load.
+#[inline(always)]
+fn full(vip: &VipMeta, table: &Table, id: u32, b: &Backend) -> bool {
+    if vip.load_bound == 0 {
+        return false;
+    }
+    let total = match table.get(vip.table_size + 2) {
+        Some(t) => *t,
+        None => 0,
+    };
+    over_bound(
+        active_of(&ACTIVE, id),
+        active_of(&VIP_ACTIVE, vip.vip_id),
+        weight_of(b),
+        total,
+        u32::from(vip.load_bound),
+    )
+}
+
+/// Entry `i` of the schedule's header (0 when absent).
+#[inline(always)]
+fn header(vip: &VipMeta, table: &Table, i: u32) -> u32 {
+    match table.get(vip.table_size + i) {
+        Some(v) => *v,
+        None => 0,
+    }
+}
+
+/// The backend in a slot of the Maglev table.
+#[inline(always)]
+fn at_slot(vip: &VipMeta, table: &Table, index: u32) -> Pick {
+    match table.get(index) {
+        Some(id) => candidate(vip, *id),
+        None => Pick::NONE,
+    }
+}
+
+/// The `i`-th backend of the schedule's list of `len`.
+#[inline(always)]
+fn listed(vip: &VipMeta, table: &Table, i: u32, len: u32) -> Pick {
+    if i >= len {
+        return Pick::NONE;
+    }
+    match table.get(vip.table_size + HEADER + i) {
+        Some(id) => candidate(vip, *id),
+        None => Pick::NONE,
+    }
+}
+
+/// The Maglev slot of `hash`; under bounded load, the first of the following slots whose
+/// backend has room (the hash's own backend if none has).
+#[inline(always)]
+fn hashed(vip: &VipMeta, table: &Table, hash: u32) -> Pick {
+    let size = vip.table_size;
+    if size == 0 {
+        return Pick::NONE;
+    }
+    let first = slot(hash, size);
+    let home = at_slot(vip, table, first);
+    if vip.load_bound == 0 {
+        return home;
+    }
+    let mut i = 0;
+    let mut index = first;
+    while i < BOUNDED_PROBES {
+        let p = at_slot(vip, table, index);
+        if p.is_some() && !full(vip, table, p.id, p.backend()) {
+            return p;
+        }
+        index += 1;
+        if index >= size {
+            index = 0;
+        }
+        i += 1;
+    }
+    home
+}
+
+/// This CPU's cursor of the VIP, advanced; in `0..len`.
+#[inline(always)]
+fn next_turn(vip: &VipMeta, len: u32) -> u32 {
+    match RR_CURSOR.get_ptr_mut(vip.vip_id) {
+        Some(c) => {
+            // SAFETY: this CPU's entry.
+            let c = unsafe { &mut *c };
+            let at = if *c >= len { 0 } else { *c };
+            *c = at + 1;
+            at
+        }
+        None => 0,
+    }
+}
+
+/// Round robin over the list, or over the weighted sequence, with a cursor per CPU per VIP.
+/// A backend that left since the schedule was built is skipped (a few tries).
+#[inline(always)]
+fn in_turn(vip: &VipMeta, table: &Table, weighted: bool) -> Pick {
+    let list_len = header(vip, table, 0);
+    let seq_len = header(vip, table, 1);
+    let (start, len) = if weighted && seq_len > 0 {
+        (vip.table_size + HEADER + list_len, seq_len)
+    } else {
+        (vip.table_size + HEADER, list_len)
+    };
+    if len == 0 {
+        return Pick::NONE;
+    }
+    let mut tries = 0;
+    while tries < 4 {
+        let at = next_turn(vip, len);
+        let p = match table.get(start + at) {
+            Some(id) => candidate(vip, *id),
+            None => Pick::NONE,
+        };
+        if p.is_some() {
+            return p;
+        }
+        tries += 1;
+    }
+    Pick::NONE
+}
+
+/// The listed backend with the fewest active flows per unit of weight, from a rotating start
+/// (ties spread; lists longer than `LEAST_CONN_SCAN` are sampled in windows). The loop keeps
+/// only integers (no map pointers), so the verifier's states at its head stay few.
+#[inline(always)]
+fn least_conn(vip: &VipMeta, table: &Table) -> Pick {
+    let len = header(vip, table, 0);
+    if len == 0 {
+        return Pick::NONE;
+    }
+    let start = next_turn(vip, len);
+    let scan = if len < LEAST_CONN_SCAN {
+        len
+    } else {
+        LEAST_CONN_SCAN
+    };
+    let list = vip.table_size + HEADER;
+    let mut best_id = NO_BACKEND;
+    let mut best_active: u64 = 0;
+    let mut best_weight: u32 = 1;
+    let mut i = 0;
+    while i < LEAST_CONN_SCAN {
+        if i >= scan {
+            break;
+        }
+        let mut at = start + i;
+        if at >= len {
+            at -= len;
+        }
+        let id = match table.get(list + at) {
+            Some(id) => *id,
+            None => NO_BACKEND,
+        };
+        let weight = match BACKENDS.get(id) {
+            Some(b) if usable(b) && u32::from(b.vip_id) == vip.vip_id => weight_of(b),
+            _ => 0,
+        };
+        if weight != 0 {
+            let active = active_of(&ACTIVE, id);
+            if best_id == NO_BACKEND || less_loaded(active, weight, best_active, best_weight) {
+                best_id = id;
+                best_active = active;
+                best_weight = weight;
+            }
+        }
+        i += 1;
+    }
+    candidate(vip, best_id)
 }
 
 /// The backend the VIP's Maglev table assigns to the flow (no connection tracking).

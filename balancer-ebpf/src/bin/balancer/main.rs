@@ -6,6 +6,10 @@
 //! unaffected.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
+// Atomic adds to shared counters: the BPF target has no compare-and-swap, so `core::sync::atomic`
+// offers no `fetch_add` there; the intrinsic lowers to the BPF atomic add instruction.
+#![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
+#![cfg_attr(target_arch = "bpf", allow(internal_features))]
 
 mod choose;
 mod forward;
@@ -23,7 +27,10 @@ use balancer_common::{
 };
 use balancer_ebpf::{
     headers::{IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP},
-    parse::{Frame, Ip, Shape, TCP_ACK, TCP_SYN, parse_ip, parse_l2, parse_ports, parse_tcp_flags},
+    parse::{
+        Frame, Ip, Shape, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, parse_ip, parse_l2, parse_ports,
+        parse_tcp_flags,
+    },
 };
 
 use crate::{
@@ -76,6 +83,7 @@ fn process(ctx: &XdpContext, stats: &mut GlobalStats) -> u32 {
         } else {
             match parse_tcp_flags(&frame, ip.l4_off) {
                 Some(flags) if flags & (TCP_SYN | TCP_ACK) == TCP_SYN => PacketKind::TcpSyn,
+                Some(flags) if flags & (TCP_FIN | TCP_RST) != 0 => PacketKind::TcpEnd,
                 _ => PacketKind::Tcp,
             }
         };

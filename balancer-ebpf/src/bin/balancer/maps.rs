@@ -2,14 +2,14 @@
 //! daemon resizes the connection table from its config before loading.
 
 use aya_ebpf::{
-    btf_maps::{Array, ArrayOfMaps, PerCpuArray},
+    btf_maps::{Array, ArrayOfMaps, LruHashMap, PerCpuArray},
     macros::btf_map,
 };
 use balancer_common::{
     maps::{
-        BPF_F_MMAPABLE, Backend, DEFAULT_FLOW_BUCKETS, FlowBucket, GlobalConfig,
-        MAGLEV_TABLE_FLAGS, MAX_BACKENDS, MAX_TABLE_SIZE, MAX_VIPS, VIP_INDEX_FLAGS,
-        VIP_INDEX_SLOTS, VipSlot,
+        AffinityKey, AffinityValue, BPF_F_MMAPABLE, Backend, DEFAULT_AFFINITY_ENTRIES,
+        DEFAULT_FLOW_BUCKETS, FlowBucket, GlobalConfig, MAGLEV_TABLE_FLAGS, MAX_BACKENDS,
+        MAX_TABLE_ENTRIES, MAX_VIPS, VIP_INDEX_FLAGS, VIP_INDEX_SLOTS, VipSlot,
     },
     stats::{GlobalStats, TrafficStats},
 };
@@ -23,11 +23,12 @@ pub static VIPS: ArrayOfMaps<
     1,
 > = ArrayOfMaps::new();
 
-/// One Maglev table per VIP (slot -> backend id). The daemon builds a new inner map and swaps
-/// it in with one update, so a packet sees either the whole old table or the whole new one.
+/// One table per VIP: its Maglev slots (slot -> backend id), then its schedule (see
+/// `balancer_common::schedule`). The daemon builds a new inner map and swaps it in with one
+/// update, so a packet sees either the whole old table or the whole new one.
 #[btf_map]
 pub static MAGLEV: ArrayOfMaps<
-    Array<u32, { MAX_TABLE_SIZE as usize }, { MAGLEV_TABLE_FLAGS as usize }>,
+    Array<u32, { MAX_TABLE_ENTRIES as usize }, { MAGLEV_TABLE_FLAGS as usize }>,
     { MAX_VIPS as usize },
 > = ArrayOfMaps::new();
 
@@ -58,6 +59,25 @@ pub static VIP_STATS: PerCpuArray<TrafficStats, { MAX_VIPS as usize }> = PerCpuA
 /// Traffic per backend id.
 #[btf_map]
 pub static BACKEND_STATS: PerCpuArray<TrafficStats, { MAX_BACKENDS as usize }> = PerCpuArray::new();
+
+/// Active flows per backend id (atomic adds; read as signed).
+#[btf_map]
+pub static ACTIVE: Array<u64, { MAX_BACKENDS as usize }, { BPF_F_MMAPABLE as usize }> =
+    Array::new();
+
+/// Active flows per VIP id (atomic adds; read as signed).
+#[btf_map]
+pub static VIP_ACTIVE: Array<u64, { MAX_VIPS as usize }, { BPF_F_MMAPABLE as usize }> =
+    Array::new();
+
+/// Round-robin cursors per VIP id, per CPU.
+#[btf_map]
+pub static RR_CURSOR: PerCpuArray<u32, { MAX_VIPS as usize }> = PerCpuArray::new();
+
+/// Session persistence: a client's backend per VIP. The daemon sizes it from its config.
+#[btf_map]
+pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue, { DEFAULT_AFFINITY_ENTRIES as usize }> =
+    LruHashMap::new();
 
 /// New-flow rate of the current window (one flow-clock tick), per CPU (flood mode).
 #[repr(C)]

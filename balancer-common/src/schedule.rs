@@ -1,0 +1,223 @@
+//! A VIP's schedule: what the schedulers other than the consistent hashes read. It is stored
+//! in the VIP's table map right after the Maglev slots, so a table and its schedule are
+//! swapped in together. Layout, in `u32` entries from index `table_size`:
+//!
+//! | entries | what |
+//! | --- | --- |
+//! | `[0]` | `L`: backends taking new flows (weight > 0), each once, in identity order |
+//! | `[1]` | `S`: length of the weighted round-robin sequence (0 unless that scheduler) |
+//! | `[2]` | `W`: total weight of the listed backends |
+//! | `[3, 3 + L)` | the listed backend ids |
+//! | `[3 + L, 3 + L + S)` | backend ids in weighted round-robin order |
+//!
+//! Also the pure comparisons the data plane makes (weighted least load, bounded load), so they
+//! are unit-tested here.
+
+/// Entries before the backend list.
+pub const HEADER: u32 = 3;
+/// The load figures are clamped to this many flows before multiplying (no overflow).
+pub const LOAD_CLAMP: u64 = 1 << 24;
+
+#[inline(always)]
+const fn clamp(v: u64) -> u64 {
+    if v > LOAD_CLAMP { LOAD_CLAMP } else { v }
+}
+
+/// Whether backend `a` (with `a_active` flows and weight `a_weight`) is less loaded per unit
+/// of weight than backend `b`: `a_active / a_weight < b_active / b_weight`.
+#[inline(always)]
+pub const fn less_loaded(a_active: u64, a_weight: u32, b_active: u64, b_weight: u32) -> bool {
+    clamp(a_active) * (b_weight as u64) < clamp(b_active) * (a_weight as u64)
+}
+
+/// Bounded load (consistent hashing with bounded loads, Mirrokni et al.): whether a backend
+/// with `active` flows and weight `weight` is full, its capacity being its weighted share of
+/// the VIP's flows plus the new one, times `(100 + bound_pct)`%. Never full with
+/// `bound_pct == 0` (no bound) or no weight.
+#[inline(always)]
+pub const fn over_bound(
+    active: u64,
+    vip_active: u64,
+    weight: u32,
+    total_weight: u32,
+    bound_pct: u32,
+) -> bool {
+    if bound_pct == 0 || total_weight == 0 || weight == 0 {
+        return false;
+    }
+    let total = if total_weight > 1 << 30 {
+        1 << 30
+    } else {
+        total_weight
+    } as u64;
+    clamp(active) * total * 100
+        >= (clamp(vip_active) + 1) * (weight as u64) * (100 + bound_pct as u64)
+}
+
+/// Builds the schedule of a VIP: `backends` are `(id, weight)` in identity order;
+/// `sequence` asks for the weighted round-robin sequence too.
+#[cfg(feature = "std")]
+pub fn build(backends: &[(u32, u32)], sequence: bool) -> Vec<u32> {
+    let listed: Vec<(u32, u32)> = backends.iter().copied().filter(|(_, w)| *w > 0).collect();
+    let seq = if sequence {
+        weighted_sequence(&listed, crate::maps::MAX_SEQUENCE as usize)
+    } else {
+        Vec::new()
+    };
+    let total: u64 = listed.iter().map(|(_, w)| u64::from(*w)).sum();
+    let mut out = Vec::with_capacity(HEADER as usize + listed.len() + seq.len());
+    out.push(listed.len() as u32);
+    out.push(seq.len() as u32);
+    out.push(total.min(u64::from(u32::MAX)) as u32);
+    out.extend(listed.iter().map(|(id, _)| *id));
+    out.extend(seq);
+    out
+}
+
+/// A weighted round-robin sequence of ids: each appears in proportion to its weight (weights
+/// divided by their common divisor, and scaled down when their sum exceeds `max_len`), spread
+/// evenly (earliest-deadline order: the `k`-th turn of a backend of weight `w` is due at
+/// `(k + 1/2) / w`; ties go to the earlier backend).
+#[cfg(feature = "std")]
+pub fn weighted_sequence(backends: &[(u32, u32)], max_len: usize) -> Vec<u32> {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+
+    let weights: Vec<u64> = backends.iter().map(|(_, w)| u64::from(*w)).collect();
+    if weights.iter().all(|w| *w == 0) {
+        return Vec::new();
+    }
+    let gcd = weights.iter().copied().filter(|w| *w > 0).fold(0, gcd_of);
+    let mut weights: Vec<u64> = weights.iter().map(|w| w / gcd).collect();
+    let sum: u64 = weights.iter().sum();
+    if sum > max_len as u64 {
+        weights = weights
+            .iter()
+            .map(|w| {
+                if *w == 0 {
+                    0
+                } else {
+                    (w * max_len as u64 / sum).max(1)
+                }
+            })
+            .collect();
+        let gcd = weights.iter().copied().filter(|w| *w > 0).fold(0, gcd_of);
+        weights.iter_mut().for_each(|w| *w /= gcd);
+    }
+    let len: u64 = weights.iter().sum();
+    /// Turn `turn` of a backend of weight `weight` is due at (2 turn + 1) / (2 weight).
+    #[derive(PartialEq, Eq)]
+    struct Due {
+        turn: u64,
+        weight: u64,
+        index: usize,
+    }
+    impl Ord for Due {
+        fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+            let a = u128::from(2 * self.turn + 1) * u128::from(other.weight);
+            let b = u128::from(2 * other.turn + 1) * u128::from(self.weight);
+            a.cmp(&b).then(self.index.cmp(&other.index))
+        }
+    }
+    impl PartialOrd for Due {
+        fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+            Some(self.cmp(other))
+        }
+    }
+    let mut heap: BinaryHeap<Reverse<Due>> = weights
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| **w > 0)
+        .map(|(index, weight)| {
+            Reverse(Due {
+                turn: 0,
+                weight: *weight,
+                index,
+            })
+        })
+        .collect();
+    let mut out = Vec::with_capacity(len as usize);
+    while (out.len() as u64) < len {
+        let Some(Reverse(mut due)) = heap.pop() else {
+            break;
+        };
+        out.push(backends[due.index].0);
+        due.turn += 1;
+        if due.turn < due.weight {
+            heap.push(Reverse(due));
+        }
+    }
+    out
+}
+
+#[cfg(feature = "std")]
+fn gcd_of(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd_of(b, a % b) }
+}
+
+#[cfg(all(test, feature = "std"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_layout_lists_backends_with_weight_and_totals_them() {
+        let s = build(&[(7, 2), (9, 0), (11, 1)], false);
+        assert_eq!(s, vec![2, 0, 3, 7, 11]);
+        let s = build(&[(7, 2), (9, 0), (11, 1)], true);
+        assert_eq!(&s[..5], &[2, 3, 3, 7, 11]);
+        assert_eq!(&s[5..], &[7, 11, 7]);
+        assert_eq!(build(&[], true), vec![0, 0, 0]);
+    }
+
+    #[test]
+    fn sequences_are_proportional_and_spread() {
+        let seq = weighted_sequence(&[(1, 5), (2, 1), (3, 2)], 1 << 16);
+        assert_eq!(seq.len(), 8);
+        let count = |id| seq.iter().filter(|x| **x == id).count();
+        assert_eq!((count(1), count(2), count(3)), (5, 1, 2));
+        // Never two turns of the small backends in a row.
+        assert!(seq.windows(2).all(|w| w[0] != w[1] || w[0] == 1), "{seq:?}");
+        // Equal weights: plain round robin.
+        assert_eq!(
+            weighted_sequence(&[(4, 3), (5, 3), (6, 3)], 100),
+            vec![4, 5, 6]
+        );
+    }
+
+    #[test]
+    fn long_sequences_are_scaled_down_keeping_every_backend() {
+        let backends: Vec<(u32, u32)> = (0..100).map(|i| (i, 60_000 + i)).collect();
+        let seq = weighted_sequence(&backends, 1 << 16);
+        assert!(seq.len() <= 1 << 16 && seq.len() > 60_000, "{}", seq.len());
+        for (id, _) in &backends {
+            assert!(seq.contains(id));
+        }
+        let seq = weighted_sequence(&[(1, 1_000_000), (2, 1)], 1000);
+        assert_eq!(seq.iter().filter(|x| **x == 2).count(), 1);
+        assert_eq!(seq.len(), 1000);
+    }
+
+    #[test]
+    fn weighted_load_comparisons() {
+        assert!(less_loaded(1, 1, 3, 2)); // 1 < 1.5
+        assert!(!less_loaded(4, 2, 2, 1)); // 2 == 2
+        assert!(!less_loaded(0, 1, 0, 0));
+        assert!(!less_loaded(u64::MAX, 1, u64::MAX, 1));
+    }
+
+    #[test]
+    fn bounded_load_caps_a_backend_at_its_share_plus_the_bound() {
+        // Two equal backends, 100 flows, bound 25%: capacity 101/2 * 1.25 = 63.1.
+        assert!(!over_bound(63, 100, 1, 2, 25));
+        assert!(over_bound(64, 100, 1, 2, 25));
+        // Twice the weight, twice the capacity.
+        assert!(!over_bound(125, 150, 2, 3, 25));
+        assert!(over_bound(126, 150, 2, 3, 25));
+        assert!(over_bound(127, 100, 2, 3, 25));
+        // No bound, no weight: never full.
+        assert!(!over_bound(1_000_000, 0, 1, 1, 0));
+        assert!(!over_bound(5, 0, 0, 1, 25));
+        // An idle VIP: the first flow always fits.
+        assert!(!over_bound(0, 0, 1, 100, 1));
+    }
+}
