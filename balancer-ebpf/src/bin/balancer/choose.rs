@@ -18,7 +18,7 @@ use balancer_common::{
     flow_hash::{flow_hash, slot},
     maps::{
         AffinityKey, AffinityValue, BACKEND_F_ACTIVE, Backend, FLOW_WAYS, FlowBucket, FlowKey,
-        GlobalConfig, MAGLEV_TABLE_FLAGS, MAX_TABLE_ENTRIES, NO_BACKEND, Scheduler,
+        GlobalConfig, MAGLEV_TABLE_FLAGS, MAX_BACKENDS, MAX_TABLE_ENTRIES, NO_BACKEND, Scheduler,
         VIP_INDEX_PROBES, VipKey, VipMeta,
     },
     schedule::{HEADER, less_loaded, over_bound},
@@ -346,6 +346,17 @@ fn random() -> u32 {
     unsafe { bpf_get_prandom_u32() }
 }
 
+/// Whether `id` can be a backend id (`NO_BACKEND` and anything else out of range cannot).
+///
+/// A range check, never `id == NO_BACKEND`: for the BPF CPU version these objects are built
+/// for (no 32-bit jumps), LLVM compares a zero-extended 32-bit id with `u32::MAX` as a 64-bit
+/// compare against a sign-extended -1, which is never equal (measured: a scheduler's "none"
+/// was taken for an id and the packet dropped).
+#[inline(always)]
+fn valid_id(id: u32) -> bool {
+    id < MAX_BACKENDS
+}
+
 /// A scheduler's pick: a backend id and its entry, or none (`backend` null). A plain struct
 /// rather than `Option<(u32, &Backend)>`, whose `None` leaves the id undefined: carried
 /// through branches and across helper calls, LLVM may then spill an uninitialised register,
@@ -378,7 +389,7 @@ impl Pick {
 /// this VIP (the table and the schedule only list backends with weight).
 #[inline(always)]
 fn candidate(vip: &VipMeta, id: u32) -> Pick {
-    if id == NO_BACKEND {
+    if !valid_id(id) {
         return Pick::NONE;
     }
     match BACKENDS.get(id) {
@@ -519,7 +530,7 @@ fn scheduled(vip: u64, opts: u64, src: &RawAddr, sport: u16) -> u32 {
         Some(Scheduler::LeastConn) => balancer_least_conn(vip),
         _ => NO_BACKEND,
     };
-    if id != NO_BACKEND {
+    if valid_id(id) {
         return id;
     }
     balancer_hashed(vip, opts, flow_hash(src, sport))
@@ -775,7 +786,7 @@ fn least_conn(vip: &VipMeta, table: &Table) -> Pick {
         };
         if weight != 0 {
             let active = active_of(&ACTIVE, id);
-            if best_id == NO_BACKEND || less_loaded(active, weight, best_active, best_weight) {
+            if !valid_id(best_id) || less_loaded(active, weight, best_active, best_weight) {
                 best_id = id;
                 best_active = active;
                 best_weight = weight;
@@ -794,7 +805,7 @@ pub fn from_table(vip: &VipMeta, src: &RawAddr, sport: u16) -> Option<(u32, &'st
     }
     let index = slot(flow_hash(src, sport), vip.table_size);
     let id = *MAGLEV.get_value(vip.vip_id, &index)?;
-    if id == NO_BACKEND {
+    if !valid_id(id) {
         return None;
     }
     let backend = BACKENDS.get(id)?;

@@ -1,0 +1,369 @@
+//! The schedulers' choice logic in the XDP program through BPF_PROG_TEST_RUN (needs root):
+//! round robin, weighted round robin, source hash, random, weighted random, least
+//! connections, power of two choices, session persistence and bounded load, and the
+//! active-flow counts the connection-aware ones read.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use balancer::dataplane::Dataplane;
+use balancer_tests::packet::*;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+const B1: &str = "10.111.0.11";
+const B2: &str = "10.111.0.12";
+const B3: &str = "10.111.0.13";
+
+/// One VIP per scheduler, each with backends b1, b2, b3 of the given weights.
+fn config(vips: &[(&str, &str, [u32; 3], &str)]) -> String {
+    let mut text = String::from(
+        "interface = \"eth0\"\n[conntrack]\nmax_flows = 65536\nflood_threshold = 0\nremoval_grace_secs = 0\n",
+    );
+    for (i, (name, scheduler, weights, extra)) in vips.iter().enumerate() {
+        text.push_str(&format!(
+            "[[vip]]\nname = \"{name}\"\naddress = \"10.111.1.{}\"\nport = 80\nscheduler = \"{scheduler}\"\n{extra}\n",
+            i + 1
+        ));
+        for (b, w) in [B1, B2, B3].iter().zip(weights) {
+            text.push_str(&format!(
+                "  [[vip.backend]]\n  address = \"{b}\"\n  weight = {w}\n"
+            ));
+        }
+    }
+    text
+}
+
+fn vip_addr(i: usize) -> IpAddr {
+    ip(&format!("10.111.1.{}", i + 1))
+}
+
+fn harness(text: &str) -> Harness {
+    pin_to_first_cpu();
+    Harness::new(text)
+        .expect("loading the balancer needs root and BPF: run through cargo xtask test")
+}
+
+/// Sends a SYN from `client`:`sport` to VIP `i`; the backend it went to.
+fn syn(h: &mut Harness, i: usize, client: IpAddr, sport: u16) -> IpAddr {
+    let (action, out) = h
+        .run(&tcp_frame(client, sport, vip_addr(i), 80, true, b""))
+        .unwrap();
+    assert_eq!(
+        action_name(action),
+        "XDP_TX",
+        "SYN {client}:{sport} to VIP {i}"
+    );
+    backend_of_output(&out, &[ip(B1), ip(B2), ip(B3)]).expect("output to a known backend")
+}
+
+fn counts(picks: &[IpAddr]) -> BTreeMap<IpAddr, usize> {
+    let mut c = BTreeMap::new();
+    for p in picks {
+        *c.entry(*p).or_insert(0) += 1;
+    }
+    c
+}
+
+fn active(h: &Harness) -> BTreeMap<IpAddr, u64> {
+    let by_id = h.balancer.dataplane().active_flows().unwrap();
+    let mut out = BTreeMap::new();
+    for v in h.balancer.vips() {
+        for b in v.backends.values() {
+            *out.entry(b.address).or_insert(0) += by_id.get(&b.id).copied().unwrap_or(0);
+        }
+    }
+    out
+}
+
+#[test]
+#[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
+fn round_robin_cycles_and_weighted_round_robin_follows_weights() {
+    let mut h = harness(&config(&[
+        ("rr", "round-robin", [1, 1, 1], ""),
+        ("wrr", "weighted-round-robin", [3, 1, 2], ""),
+    ]));
+    let client = ip("10.9.0.1");
+    let picks: Vec<IpAddr> = (0..30).map(|p| syn(&mut h, 0, client, 1000 + p)).collect();
+    // Each cycle of 3 new flows visits every backend once, in the same order.
+    for cycle in picks.chunks(3) {
+        assert_eq!(counts(cycle).len(), 3, "cycle {cycle:?} of {picks:?}");
+        assert_eq!(cycle, &picks[..3]);
+    }
+    let picks: Vec<IpAddr> = (0..60).map(|p| syn(&mut h, 1, client, 2000 + p)).collect();
+    let c = counts(&picks);
+    assert_eq!(
+        (c[&ip(B1)], c[&ip(B2)], c[&ip(B3)]),
+        (30, 10, 20),
+        "{picks:?}"
+    );
+    // Smooth: the sequence repeats every 6 flows and never gives b1 three in a row.
+    assert_eq!(&picks[..6], &picks[6..12]);
+    assert!(
+        picks.windows(3).all(|w| !(w[0] == w[1] && w[1] == w[2])),
+        "{picks:?}"
+    );
+}
+
+#[test]
+#[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
+fn source_hash_keeps_a_client_on_one_backend_and_spreads_clients() {
+    let mut h = harness(&config(&[("sh", "source-hash", [1, 1, 1], "")]));
+    let client = ip("10.9.0.77");
+    let picks: Vec<IpAddr> = (0..100).map(|p| syn(&mut h, 0, client, 3000 + p)).collect();
+    assert_eq!(
+        counts(&picks).len(),
+        1,
+        "one client's connections split: {:?}",
+        counts(&picks)
+    );
+    let picks: Vec<IpAddr> = (0..500u32)
+        .map(|i| {
+            syn(
+                &mut h,
+                0,
+                ip(&format!(
+                    "10.{}.{}.{}",
+                    20 + i / 65536,
+                    (i / 256) % 256,
+                    i % 256
+                )),
+                4000,
+            )
+        })
+        .collect();
+    for (b, n) in counts(&picks) {
+        let share = n as f64 / 500.0;
+        assert!(
+            (share - 1.0 / 3.0).abs() <= 0.1 / 3.0 + 0.02,
+            "{b} got {n} of 500 clients"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
+fn random_spreads_and_weighted_random_follows_weights() {
+    let mut h = harness(&config(&[
+        ("rnd", "random", [5, 1, 1], ""),
+        ("wrnd", "weighted-random", [3, 1, 2], ""),
+    ]));
+    let client = ip("10.9.0.2");
+    let picks: Vec<IpAddr> = (0..3000)
+        .map(|p| syn(&mut h, 0, client, 1000 + p))
+        .collect();
+    for (b, n) in counts(&picks) {
+        // Uniform whatever the weights.
+        assert!(
+            (n as f64 / 3000.0 - 1.0 / 3.0).abs() < 0.04,
+            "random: {b} got {n} of 3000"
+        );
+    }
+    let picks: Vec<IpAddr> = (0..3000)
+        .map(|p| syn(&mut h, 1, client, 10_000 + p))
+        .collect();
+    let c = counts(&picks);
+    for (b, want) in [(B1, 0.5), (B2, 1.0 / 6.0), (B3, 1.0 / 3.0)] {
+        let got = c[&ip(b)] as f64 / 3000.0;
+        assert!(
+            (got - want).abs() < 0.03,
+            "weighted random: {b} got {got:.3}, weight share {want:.3}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
+fn least_conn_sends_new_flows_to_the_fewest_active_per_weight() {
+    let mut h = harness(&config(&[("lc", "least-conn", [2, 1, 1], "")]));
+    let client = ip("10.9.0.3");
+    for p in 0..40 {
+        syn(&mut h, 0, client, 1000 + p);
+    }
+    // Per unit of weight: 20, 10, 10.
+    let a = active(&h);
+    assert_eq!((a[&ip(B1)], a[&ip(B2)], a[&ip(B3)]), (20, 10, 10), "{a:?}");
+    // Five of b2's clients close (FIN, or RST): b2 now has the fewest per weight and takes
+    // the next five new flows.
+    let mut closed = 0;
+    for p in 0..40 {
+        if closed == 5 {
+            break;
+        }
+        let (_, out) = h
+            .run(&tcp_frame(client, 1000 + p, vip_addr(0), 80, false, b"x"))
+            .unwrap();
+        if backend_of_output(&out, &[ip(B2)]).is_some() {
+            let end = tcp_flags_frame(
+                client,
+                1000 + p,
+                vip_addr(0),
+                80,
+                closed % 2 == 0,
+                closed % 2 == 1,
+            );
+            let (action, out) = h.run(&end).unwrap();
+            assert_eq!(action_name(action), "XDP_TX");
+            assert!(
+                backend_of_output(&out, &[ip(B2)]).is_some(),
+                "the FIN/RST went to its flow's backend"
+            );
+            // A retransmitted FIN counts once.
+            h.run(&end).unwrap();
+            closed += 1;
+        }
+    }
+    assert_eq!(active(&h)[&ip(B2)], 5);
+    let next: Vec<IpAddr> = (0..5).map(|p| syn(&mut h, 0, client, 2000 + p)).collect();
+    assert!(
+        next.iter().all(|b| *b == ip(B2)),
+        "new flows went to {next:?}, not to b2 (5 active)"
+    );
+}
+
+#[test]
+#[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
+fn power_of_two_choices_balance_active_flows() {
+    let mut h = harness(&config(&[("p2c", "power-of-two", [1, 1, 1], "")]));
+    let client = ip("10.9.0.4");
+    for p in 0..300 {
+        syn(&mut h, 0, client, 1000 + p);
+    }
+    let a = active(&h);
+    let (min, max) = (a.values().min().unwrap(), a.values().max().unwrap());
+    // Two random choices keep the spread far tighter than random's (about ±15 here).
+    assert!(max - min <= 6, "active flows {a:?}");
+}
+
+#[test]
+#[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
+fn persistence_keeps_a_client_on_its_backend_until_it_is_drained() {
+    let text = config(&[("sticky", "round-robin", [1, 1, 1], "persistence_secs = 60")]);
+    let mut h = harness(&text);
+    let (a, b) = (ip("10.9.0.5"), ip("10.9.0.6"));
+    let first = syn(&mut h, 0, a, 1000);
+    for p in 1..10 {
+        assert_eq!(
+            syn(&mut h, 0, a, 1000 + p),
+            first,
+            "round robin moved a persistent client"
+        );
+    }
+    assert_ne!(
+        syn(&mut h, 0, b, 1000),
+        first,
+        "the next client takes the next backend"
+    );
+    // Drain a's backend: a moves, and sticks to its new backend.
+    let weights: Vec<u32> = [B1, B2, B3]
+        .iter()
+        .map(|x| u32::from(ip(x) != first))
+        .collect();
+    h.reconfigure(&config(&[(
+        "sticky",
+        "round-robin",
+        [weights[0], weights[1], weights[2]],
+        "persistence_secs = 60",
+    )]))
+    .unwrap();
+    let moved = syn(&mut h, 0, a, 2000);
+    assert_ne!(
+        moved, first,
+        "a drained backend kept a persistent client's new flows"
+    );
+    for p in 1..5 {
+        assert_eq!(syn(&mut h, 0, a, 2000 + p), moved);
+    }
+}
+
+#[test]
+#[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
+fn bounded_load_caps_each_backend_near_its_share() {
+    let mut h = harness(&config(&[
+        ("sh", "source-hash", [1, 1, 1], ""),
+        (
+            "bounded",
+            "source-hash",
+            [1, 1, 1],
+            "max_load_factor = 1.25",
+        ),
+    ]));
+    // 6 clients x 50 connections each: by source hash alone, a backend that draws 3 clients
+    // holds half of all flows.
+    let mut unbounded = Vec::new();
+    let mut bounded = Vec::new();
+    for c in 0..6 {
+        let client = ip(&format!("10.9.1.{}", c + 1));
+        for p in 0..50 {
+            unbounded.push(syn(&mut h, 0, client, 1000 + p));
+            bounded.push(syn(&mut h, 1, client, 1000 + p));
+        }
+    }
+    let max_unbounded = *counts(&unbounded).values().max().unwrap();
+    let max_bounded = *counts(&bounded).values().max().unwrap();
+    println!(
+        "most flows on one backend: {max_unbounded} by source hash, {max_bounded} with max_load_factor 1.25"
+    );
+    assert!(
+        max_unbounded > 126,
+        "these clients must pile up by hash for the test to mean anything"
+    );
+    // Capacity at the last flow: 1.25 x 300 / 3 = 125.
+    assert!(
+        max_bounded <= 126,
+        "bounded load let a backend reach {max_bounded} of 300 flows"
+    );
+    assert!(max_bounded <= max_unbounded);
+}
+
+#[test]
+#[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
+fn active_flows_are_counted_until_they_end_or_are_evicted() {
+    let mut h = harness(&config(&[("m", "maglev", [1, 1, 1], "")]));
+    let client = ip("10.9.0.8");
+    let total = |h: &Harness| active(h).values().sum::<u64>();
+    syn(&mut h, 0, client, 1000);
+    syn(&mut h, 0, client, 1001);
+    assert_eq!(total(&h), 2);
+    // Data packets change nothing; a FIN ends one (once, however often it is sent).
+    h.run(&tcp_frame(client, 1000, vip_addr(0), 80, false, b"data"))
+        .unwrap();
+    let fin = tcp_flags_frame(client, 1000, vip_addr(0), 80, true, false);
+    h.run(&fin).unwrap();
+    h.run(&fin).unwrap();
+    assert_eq!(total(&h), 1);
+    // A SYN reusing the ended flow's port is a new flow.
+    syn(&mut h, 0, client, 1000);
+    assert_eq!(total(&h), 2);
+    let rst = tcp_flags_frame(client, 1001, vip_addr(0), 80, false, true);
+    h.run(&rst).unwrap();
+    assert_eq!(total(&h), 1);
+    // Evictions: five flows that share a connection-table bucket (4 ways): one is pushed out.
+    let seed = h.settings.flow_seed;
+    let mask = h.settings.flow_bucket_mask;
+    let vip_id = h.balancer.vip("m").unwrap().id;
+    let bucket = |sport: u16| {
+        let key = balancer_common::maps::FlowKey {
+            src: balancer_common::addr::raw_from_ip(ip("10.9.9.9")).0,
+            vip_id,
+            sport: sport.to_be(),
+            _pad: 0,
+        };
+        balancer_common::flow_cache::bucket_of(
+            balancer_common::flow_cache::flow_tag(&key, seed),
+            mask,
+        )
+    };
+    let target = bucket(1);
+    let same: Vec<u16> = (1..u16::MAX)
+        .filter(|p| bucket(*p) == target)
+        .take(5)
+        .collect();
+    assert_eq!(same.len(), 5);
+    for p in &same {
+        syn(&mut h, 0, ip("10.9.9.9"), *p);
+    }
+    assert_eq!(total(&h), 1 + 4, "the evicted flow still counted");
+}
