@@ -28,6 +28,47 @@ pub fn http_get(addr: SocketAddr, timeout: Duration) -> Result<String> {
     Ok(body.trim().to_string())
 }
 
+/// One HTTP GET on a fresh connection from the local address `src` (which must be assigned
+/// to an interface of the namespace); returns the body.
+pub fn http_get_from(src: std::net::IpAddr, addr: SocketAddr, timeout: Duration) -> Result<String> {
+    use socket2::{Domain, Socket, Type};
+    let domain = if addr.is_ipv4() {
+        Domain::IPV4
+    } else {
+        Domain::IPV6
+    };
+    let socket = Socket::new(domain, Type::STREAM, None)?;
+    socket
+        .bind(&SocketAddr::new(src, 0).into())
+        .with_context(|| format!("bind {src}"))?;
+    socket
+        .connect_timeout(&addr.into(), timeout)
+        .with_context(|| format!("connect {addr} from {src}"))?;
+    let mut stream: TcpStream = socket.into();
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    stream.write_all(b"GET / HTTP/1.1\r\nHost: vip\r\nConnection: close\r\n\r\n")?;
+    let mut reply = String::new();
+    stream
+        .read_to_string(&mut reply)
+        .with_context(|| format!("reading the reply from {addr}"))?;
+    let Some((head, body)) = reply.split_once("\r\n\r\n") else {
+        bail!("malformed HTTP reply from {addr}: {reply:?}");
+    };
+    if !head.starts_with("HTTP/1.1 200") {
+        bail!("HTTP status from {addr}: {head:?}");
+    }
+    Ok(body.trim().to_string())
+}
+
+/// An open connection to an echo server (its greeting read): the backend's name and the
+/// stream, kept open until dropped.
+pub fn echo_open(addr: SocketAddr, timeout: Duration) -> Result<(String, TcpStream)> {
+    let mut stream = connect(addr, timeout)?;
+    let backend = read_greeting(&mut stream)?;
+    Ok((backend, stream))
+}
+
 /// Sends one datagram and returns the reply text.
 pub fn udp_request(addr: SocketAddr, payload: &str, timeout: Duration) -> Result<String> {
     let bind: SocketAddr = if addr.is_ipv4() {

@@ -1,0 +1,228 @@
+//! Schedulers in the rack (needs root): the daemon's API and CLI switch a VIP's scheduler, and
+//! real TCP connections from the client namespace show the distribution each promises.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use balancer::api::types::Status;
+use balancer::config::AttachMode;
+use balancer_tests::netns::{PREFIX, sweep};
+use balancer_tests::topology::*;
+use balancer_tests::traffic::{echo_open, http_get, http_get_from};
+
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+fn rack(tag: &str) -> Topology {
+    sweep(&format!("{PREFIX}-{tag}-"));
+    let mut topo = Topology::build(TopologyOptions::new(tag)).expect("building the test rack");
+    topo.attach_peer_pass(AttachMode::Native)
+        .expect("pass program");
+    let config = rack_config(&topo, "l2-dsr", AttachMode::Native, "");
+    topo.start_balancer(&config).expect("starting the balancer");
+    topo
+}
+
+fn cli_ok(topo: &Topology, args: &[&str]) {
+    let (code, out, err) = topo.cli(args).expect("cli");
+    assert_eq!(code, 0, "balancer {args:?} failed: {out}{err}");
+}
+
+/// `n` fresh HTTP connections to the IPv4 HTTP VIP: how many each backend served.
+fn served(topo: &Topology, n: usize) -> BTreeMap<String, usize> {
+    topo.client
+        .run_in(move || {
+            let mut served = BTreeMap::new();
+            for i in 0..n {
+                let name = http_get(SocketAddr::new(VIP4.into(), HTTP_PORT), TIMEOUT)
+                    .map_err(|e| format!("connection {i}: {e:#}"))?;
+                *served.entry(name).or_insert(0) += 1;
+            }
+            Ok::<_, String>(served)
+        })
+        .expect("client thread")
+        .unwrap_or_else(|e| panic!("{e}\n{}", topo.logs()))
+}
+
+fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn round_robin_and_weighted_round_robin_distribute_exactly() {
+    let topo = rack("srr");
+    cli_ok(&topo, &["vip", "set-scheduler", "http4", "round-robin"]);
+    let s: Status = serde_json::from_str(&topo.cli(&["status", "--json"]).unwrap().1).unwrap();
+    let http4 = s.vips.iter().find(|v| v.name == "http4").unwrap();
+    assert_eq!(http4.scheduler, "round-robin");
+    let n = 300;
+    let got = served(&topo, n);
+    println!("round robin, {n} connections: {got:?}");
+    // A cursor per CPU: each backend is within one flow per CPU of its exact share.
+    for (b, count) in &got {
+        assert!(
+            count.abs_diff(n / 3) <= cpus(),
+            "round robin gave {b} {count} of {n} connections: {got:?}"
+        );
+    }
+
+    cli_ok(
+        &topo,
+        &["vip", "set-scheduler", "http4", "weighted-round-robin"],
+    );
+    for (b, w) in [
+        ("10.111.0.11", "3"),
+        ("10.111.0.12", "1"),
+        ("10.111.0.13", "2"),
+    ] {
+        cli_ok(&topo, &["backend", "set-weight", "http4", b, w]);
+    }
+    let n = 3000;
+    let got = served(&topo, n);
+    println!("weighted round robin 3:1:2, {n} connections: {got:?}");
+    for (b, want) in [("b1", 0.5), ("b2", 1.0 / 6.0), ("b3", 1.0 / 3.0)] {
+        let share = got.get(b).copied().unwrap_or(0) as f64 / n as f64;
+        assert!(
+            (share - want).abs() <= 0.03 * want,
+            "{b} served {share:.4} of new flows, its weight share is {want:.4}: {got:?}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn least_conn_fills_the_backend_with_fewest_active_connections() {
+    let topo = rack("slc");
+    cli_ok(&topo, &["vip", "set-scheduler", "echo4", "least-conn"]);
+    let addr = SocketAddr::new(VIP4.into(), ECHO_PORT);
+    let (names, kept) = topo
+        .client
+        .run_in(move || {
+            // Six open connections: two per backend.
+            let open: Vec<_> = (0..6).map(|_| echo_open(addr, TIMEOUT).unwrap()).collect();
+            let mut per = BTreeMap::new();
+            for (name, _) in &open {
+                *per.entry(name.clone()).or_insert(0) += 1;
+            }
+            // Close b1's two; the next two connections go to b1.
+            let kept: Vec<_> = open.into_iter().filter(|(n, _)| n != "b1").collect();
+            std::thread::sleep(Duration::from_millis(200));
+            let next: Vec<String> = (0..2)
+                .map(|_| echo_open(addr, TIMEOUT).unwrap().0)
+                .collect();
+            ((per, next), kept.len())
+        })
+        .expect("client thread");
+    let (per, next) = names;
+    assert_eq!(
+        per.values().copied().collect::<Vec<_>>(),
+        vec![2, 2, 2],
+        "{per:?}"
+    );
+    assert_eq!(kept, 4);
+    assert_eq!(
+        next,
+        vec!["b1".to_string(), "b1".to_string()],
+        "after b1's connections closed"
+    );
+}
+
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn source_hash_and_persistence_keep_clients_together() {
+    let topo = rack("ssh");
+    cli_ok(&topo, &["vip", "set-scheduler", "http4", "source-hash"]);
+    let got = served(&topo, 100);
+    assert_eq!(
+        got.len(),
+        1,
+        "one client's 100 connections split over {got:?}"
+    );
+
+    // 500 clients (addresses 10.111.2.0/23 on the client; the backends route back to it).
+    let clients: Vec<IpAddr> = (0..500u32)
+        .map(|i| {
+            IpAddr::V4(Ipv4Addr::new(
+                10,
+                111,
+                2 + (i / 250) as u8,
+                (i % 250 + 1) as u8,
+            ))
+        })
+        .collect();
+    let batch: String = clients
+        .iter()
+        .map(|c| format!("addr add {c}/32 dev eth0\n"))
+        .collect();
+    let batch_file = topo.log_dir.join("client-addrs.batch");
+    std::fs::write(&batch_file, batch).unwrap();
+    topo.client
+        .sh(&format!("ip -batch {}", batch_file.display()))
+        .expect("client addresses");
+    for b in &topo.backends {
+        b.sh(&format!("ip route add 10.111.2.0/23 via {CLIENT4}"))
+            .expect("route back");
+    }
+    let list = clients.clone();
+    let got = topo
+        .client
+        .run_in(move || {
+            let mut served = BTreeMap::new();
+            for c in &list {
+                let name = http_get_from(*c, SocketAddr::new(VIP4.into(), HTTP_PORT), TIMEOUT)
+                    .map_err(|e| format!("{e:#}"))?;
+                *served.entry(name).or_insert(0usize) += 1;
+            }
+            Ok::<_, String>(served)
+        })
+        .expect("client thread")
+        .unwrap_or_else(|e| panic!("{e}\n{}", topo.logs()));
+    println!("500 clients by source hash: {got:?}");
+    for (b, n) in &got {
+        let share = *n as f64 / 500.0;
+        assert!(
+            (share - 1.0 / 3.0).abs() <= 0.1 / 3.0,
+            "{b} got {n} of 500 clients: {got:?}"
+        );
+    }
+
+    // Round robin with session persistence: each client stays on its backend.
+    cli_ok(
+        &topo,
+        &[
+            "vip",
+            "set-scheduler",
+            "http4",
+            "round-robin",
+            "--persistence-secs",
+            "30",
+        ],
+    );
+    let list: Vec<IpAddr> = clients[..20].to_vec();
+    let per_client = topo
+        .client
+        .run_in(move || {
+            list.iter()
+                .map(|c| {
+                    (0..10)
+                        .map(|_| {
+                            http_get_from(*c, SocketAddr::new(VIP4.into(), HTTP_PORT), TIMEOUT)
+                                .unwrap()
+                        })
+                        .collect::<std::collections::BTreeSet<String>>()
+                })
+                .collect::<Vec<_>>()
+        })
+        .expect("client thread");
+    assert!(
+        per_client.iter().all(|s| s.len() == 1),
+        "a persistent client moved: {per_client:?}"
+    );
+    let backends: std::collections::BTreeSet<&String> = per_client.iter().flatten().collect();
+    assert_eq!(
+        backends.len(),
+        3,
+        "round robin still spreads clients: {per_client:?}"
+    );
+}
