@@ -7,8 +7,8 @@
 //! cache line. Entries carry a 64-bit tag of the flow (a seeded hash of [`FlowKey`]) instead of
 //! the key; the value packs the backend id, the low 16 bits of its generation, a last-seen
 //! tick (UDP idle expiry), a closed bit (the client sent FIN or RST: the flow no longer counts
-//! as active, but keeps its backend for the rest of the teardown) and 14 check bits taken from
-//! the tag, so a value read while another CPU rewrites the way is recognised as torn and
+//! as active, but keeps its backend for the rest of the teardown), a counted bit (the flow is
+//! in its backend's active-flow count) and 13 check bits taken from the tag, so a value read while another CPU rewrites the way is recognised as torn and
 //! treated as a miss.
 //!
 //! Replacement is CLOCK-like ("second chance"): a hit sets the way's referenced bit (a store
@@ -51,8 +51,9 @@ pub const fn bucket_of(tag: u64, mask: u32) -> u32 {
 
 const REFERENCED: u64 = 1 << 63;
 const CLOSED: u64 = 1 << 62;
+const COUNTED: u64 = 1 << 61;
 const CHECK_SHIFT: u32 = 48;
-const CHECK_MASK: u64 = 0x3fff;
+const CHECK_MASK: u64 = 0x1fff;
 
 /// The check bits of a tag (independent of the bucket bits, which are the lowest).
 #[inline(always)]
@@ -71,6 +72,8 @@ pub struct FlowValue {
     pub referenced: bool,
     /// The client ended the flow (TCP FIN or RST): no longer counted as active.
     pub closed: bool,
+    /// The flow is in its backend's active-flow count (its VIP counts them).
+    pub counted: bool,
 }
 
 impl FlowValue {
@@ -82,6 +85,7 @@ impl FlowValue {
             | (self.last_seen as u64) << 32
             | check_of(tag) << CHECK_SHIFT
             | if self.closed { CLOSED } else { 0 }
+            | if self.counted { COUNTED } else { 0 }
             | if self.referenced { REFERENCED } else { 0 }
     }
 
@@ -98,6 +102,7 @@ impl FlowValue {
             last_seen: (value >> 32) as u16,
             referenced: value & REFERENCED != 0,
             closed: value & CLOSED != 0,
+            counted: value & COUNTED != 0,
         })
     }
 }
@@ -175,6 +180,7 @@ mod tests {
             last_seen: 0x1234,
             referenced: true,
             closed: false,
+            counted: true,
         };
         assert_eq!(FlowValue::unpack(v.pack(tag), tag), Some(v));
         let closed = FlowValue { closed: true, ..v };

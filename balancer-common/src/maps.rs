@@ -206,6 +206,17 @@ pub struct VipMeta {
 }
 const _: () = assert!(core::mem::size_of::<VipMeta>() == 16);
 
+impl VipMeta {
+    /// Whether the data plane counts the VIP's active flows (atomic adds on every new, ended
+    /// and evicted flow): only for the schedulers that read them and for bounded load.
+    pub const fn counts_active(&self) -> bool {
+        matches!(
+            Scheduler::from_u8(self.scheduler),
+            Some(Scheduler::LeastConn | Scheduler::PowerOfTwo)
+        ) || self.load_bound != 0
+    }
+}
+
 /// One slot of the VIP index.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

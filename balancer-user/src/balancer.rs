@@ -273,7 +273,7 @@ fn vip_meta(id: u32, config: &VipConfig) -> VipMeta {
     }
 }
 
-fn backend_entry(vip_id: u32, b: &BackendState) -> Backend {
+fn backend_entry(vip_id: u32, _vip: &VipConfig, b: &BackendState) -> Backend {
     let (addr, family) = raw_from_ip(b.address);
     Backend {
         addr,
@@ -522,7 +522,8 @@ impl<D: Dataplane> Balancer<D> {
         report.vips_updated = 1;
         // Their weights for the connection-aware schedulers, once the table is live.
         for b in self.vips[vip].backends.values() {
-            self.dataplane.set_backend(b.id, &backend_entry(id, b))?;
+            self.dataplane
+                .set_backend(b.id, &backend_entry(id, &config, b))?;
         }
         report.table_build_time = self.build_time;
         report.table_publish_time = self.publish_time;
@@ -717,7 +718,7 @@ impl<D: Dataplane> Balancer<D> {
         // A fresh id counts no active flows (its previous holder's may linger).
         let written = self.dataplane.reset_active(id).and_then(|()| {
             self.dataplane
-                .set_backend(id, &backend_entry(vip_id, &state))
+                .set_backend(id, &backend_entry(vip_id, vip, &state))
         });
         if let Err(e) = written {
             self.backend_ids.give_back(id);
@@ -814,14 +815,14 @@ impl<D: Dataplane> Balancer<D> {
                         // pins to its old self are re-hashed rather than resurrected.
                         state.generation = self.next_generation();
                         self.dataplane
-                            .set_backend(state.id, &backend_entry(id, &state))?;
+                            .set_backend(state.id, &backend_entry(id, config, &state))?;
                     } else if !healthy && old.healthy {
                         // Deactivated after the table without it is live.
                         deactivate.push(state.clone());
                     } else if state.mac != old.mac {
                         // New next hop: same id and generation, so its flows stay.
                         self.dataplane
-                            .set_backend(state.id, &backend_entry(id, &state))?;
+                            .set_backend(state.id, &backend_entry(id, config, &state))?;
                     } else if state.table_weight() != old.table_weight() {
                         // The new weight is written once the table with it is live.
                         reweighted.push(state.clone());
@@ -854,6 +855,18 @@ impl<D: Dataplane> Balancer<D> {
         let rescheduled = current
             .as_ref()
             .is_some_and(|c| c.config.scheduler != config.scheduler);
+        // Counting active flows starts or stops: the counts start from zero (flows recorded
+        // before are not in them; their ends are not subtracted, see `FlowValue::counted`).
+        let counting_changed = current.as_ref().is_some_and(|c| {
+            vip_meta(id, &c.config).counts_active() != vip_meta(id, config).counts_active()
+        });
+        if counting_changed {
+            for b in backends.values() {
+                if old_backends.contains_key(&b.address) {
+                    self.dataplane.reset_active(b.id)?;
+                }
+            }
+        }
         let config_changed = current.as_ref().is_none_or(|c| c.config != *config);
         let health_changed = backends.values().any(|b| {
             old_backends
@@ -964,7 +977,7 @@ impl<D: Dataplane> Balancer<D> {
             }
             for b in s.deactivate.iter().chain(&s.reweighted) {
                 self.dataplane
-                    .set_backend(b.id, &backend_entry(s.state.id, b))?;
+                    .set_backend(b.id, &backend_entry(s.state.id, &s.state.config, b))?;
             }
             for b in &s.retired {
                 if self.removal_grace.is_zero() {

@@ -321,7 +321,17 @@ fn bounded_load_caps_each_backend_near_its_share() {
 #[test]
 #[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
 fn active_flows_are_counted_until_they_end_or_are_evicted() {
-    let mut h = harness(&config(&[("m", "maglev", [1, 1, 1], "")]));
+    // Counted for the VIPs whose scheduler reads the counts (least-conn here), not for maglev.
+    let mut h = harness(&config(&[
+        ("m", "least-conn", [1, 1, 1], ""),
+        ("plain", "maglev", [1, 1, 1], ""),
+    ]));
+    syn(&mut h, 1, ip("10.9.0.8"), 999);
+    assert_eq!(
+        active(&h).values().sum::<u64>(),
+        0,
+        "a maglev VIP's flows were counted"
+    );
     let client = ip("10.9.0.8");
     let total = |h: &Harness| active(h).values().sum::<u64>();
     syn(&mut h, 0, client, 1000);

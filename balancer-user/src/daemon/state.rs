@@ -529,10 +529,11 @@ impl Daemon {
         self.count_flows();
     }
 
-    /// Reads the active flows per backend (recorded in the connection table, not yet ended by
-    /// the client's FIN/RST nor evicted).
+    /// Counts the active flows per backend: connection-table entries not ended by the client
+    /// (FIN/RST). (The data plane's own counters exist only for the VIPs whose scheduler reads
+    /// them; this count covers every VIP.)
     pub fn count_flows(&mut self) {
-        match crate::dataplane::Dataplane::active_flows(self.balancer.dataplane()) {
+        match self.balancer.dataplane().flow_counts() {
             Ok(counts) => {
                 self.flows = counts;
                 self.flows_at = Some(Instant::now());

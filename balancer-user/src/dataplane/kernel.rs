@@ -99,7 +99,8 @@ impl KernelDataplane {
         &self.vips
     }
 
-    /// Live connection-table entries per backend id (tag set, value intact).
+    /// Connection-table entries per backend id whose flow the client has not ended (tag set,
+    /// value intact, not closed by FIN/RST).
     pub fn flow_counts(&self) -> Result<HashMap<u32, u64>, DataplaneError> {
         let buckets = self.flows_buckets as usize;
         let all: Vec<FlowBucket> = sys::read_mmapable(self.flows.fd().as_fd(), buckets)
@@ -110,7 +111,9 @@ impl KernelDataplane {
                 if way.tag == 0 {
                     continue;
                 }
-                if let Some(v) = FlowValue::unpack(way.value, way.tag) {
+                if let Some(v) = FlowValue::unpack(way.value, way.tag)
+                    && !v.closed
+                {
                     *counts.entry(u32::from(v.backend_id)).or_insert(0) += 1;
                 }
             }

@@ -68,7 +68,173 @@ port = 80
   address = "fd00:111::11"
   [[vip.backend]]
   address = "fd00:111::12"
+
+[[vip]]
+name = "source_hash"
+address = "10.111.2.1"
+port = 80
+scheduler = "source-hash"
+
+  [[vip.backend]]
+  address = "10.111.0.11"
+  weight = 3
+  [[vip.backend]]
+  address = "10.111.0.12"
+  weight = 1
+  [[vip.backend]]
+  address = "10.111.0.13"
+  weight = 2
+
+[[vip]]
+name = "round_robin"
+address = "10.111.2.2"
+port = 80
+scheduler = "round-robin"
+
+  [[vip.backend]]
+  address = "10.111.0.11"
+  weight = 3
+  [[vip.backend]]
+  address = "10.111.0.12"
+  weight = 1
+  [[vip.backend]]
+  address = "10.111.0.13"
+  weight = 2
+
+[[vip]]
+name = "weighted_round_robin"
+address = "10.111.2.3"
+port = 80
+scheduler = "weighted-round-robin"
+
+  [[vip.backend]]
+  address = "10.111.0.11"
+  weight = 3
+  [[vip.backend]]
+  address = "10.111.0.12"
+  weight = 1
+  [[vip.backend]]
+  address = "10.111.0.13"
+  weight = 2
+
+[[vip]]
+name = "random"
+address = "10.111.2.4"
+port = 80
+scheduler = "random"
+
+  [[vip.backend]]
+  address = "10.111.0.11"
+  weight = 3
+  [[vip.backend]]
+  address = "10.111.0.12"
+  weight = 1
+  [[vip.backend]]
+  address = "10.111.0.13"
+  weight = 2
+
+[[vip]]
+name = "weighted_random"
+address = "10.111.2.5"
+port = 80
+scheduler = "weighted-random"
+
+  [[vip.backend]]
+  address = "10.111.0.11"
+  weight = 3
+  [[vip.backend]]
+  address = "10.111.0.12"
+  weight = 1
+  [[vip.backend]]
+  address = "10.111.0.13"
+  weight = 2
+
+[[vip]]
+name = "least_conn"
+address = "10.111.2.6"
+port = 80
+scheduler = "least-conn"
+
+  [[vip.backend]]
+  address = "10.111.0.11"
+  weight = 3
+  [[vip.backend]]
+  address = "10.111.0.12"
+  weight = 1
+  [[vip.backend]]
+  address = "10.111.0.13"
+  weight = 2
+
+[[vip]]
+name = "power_of_two"
+address = "10.111.2.7"
+port = 80
+scheduler = "power-of-two"
+
+  [[vip.backend]]
+  address = "10.111.0.11"
+  weight = 3
+  [[vip.backend]]
+  address = "10.111.0.12"
+  weight = 1
+  [[vip.backend]]
+  address = "10.111.0.13"
+  weight = 2
+
+[[vip]]
+name = "source_hash_bounded"
+address = "10.111.2.8"
+port = 80
+scheduler = "source-hash"
+max_load_factor = 1.25
+  [[vip.backend]]
+  address = "10.111.0.11"
+  weight = 3
+  [[vip.backend]]
+  address = "10.111.0.12"
+  weight = 1
+  [[vip.backend]]
+  address = "10.111.0.13"
+  weight = 2
+
+[[vip]]
+name = "maglev_persistent"
+address = "10.111.2.9"
+port = 80
+scheduler = "maglev"
+persistence_secs = 300
+  [[vip.backend]]
+  address = "10.111.0.11"
+  weight = 3
+  [[vip.backend]]
+  address = "10.111.0.12"
+  weight = 1
+  [[vip.backend]]
+  address = "10.111.0.13"
+  weight = 2
 "#;
+
+/// The per-scheduler VIPs of `CONFIG` (10.111.2.1...), in order: (key, description).
+const SCHEDULER_CASES: [(&str, &str); 9] = [
+    ("source_hash", "new flow, source-hash scheduler"),
+    ("round_robin", "new flow, round-robin scheduler"),
+    (
+        "weighted_round_robin",
+        "new flow, weighted-round-robin scheduler",
+    ),
+    ("random", "new flow, random scheduler"),
+    ("weighted_random", "new flow, weighted-random scheduler"),
+    ("least_conn", "new flow, least-conn scheduler (3 backends)"),
+    ("power_of_two", "new flow, power-of-two scheduler"),
+    (
+        "source_hash_bounded",
+        "new flow, source-hash with bounded load (1.25)",
+    ),
+    (
+        "maglev_persistent",
+        "new flow, maglev with session persistence (affinity hit)",
+    ),
+];
 
 /// How a case is timed.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -259,6 +425,25 @@ pub fn run(rounds: usize, repeat: u32, singles: u32) -> Result<Figures> {
             target: None,
         },
     ];
+    let mut cases = cases;
+    for (i, (key, what)) in SCHEDULER_CASES.iter().enumerate() {
+        cases.push(Case {
+            key: Box::leak(format!("new_flow_{key}").into_boxed_str()),
+            what,
+            method: Method::Repeat,
+            frame: tcp_frame(
+                c4,
+                3000,
+                ip(&format!("10.111.2.{}", i + 1)),
+                80,
+                true,
+                &payload,
+            ),
+            expect: XDP_TX,
+            fresh_ports: false,
+            target: None,
+        });
+    }
     let pass_frame = tcp_frame(c4, 2000, ip("10.111.0.2"), 22, false, &payload);
     let mut samples: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     for _ in 0..rounds {

@@ -17,9 +17,9 @@ use balancer_common::{
     },
     flow_hash::{flow_hash, slot},
     maps::{
-        AffinityKey, AffinityValue, BACKEND_F_ACTIVE, Backend, FLOW_WAYS, FlowBucket, FlowKey,
-        GlobalConfig, MAGLEV_TABLE_FLAGS, MAX_BACKENDS, MAX_TABLE_ENTRIES, NO_BACKEND, Scheduler,
-        VIP_INDEX_PROBES, VipKey, VipMeta,
+        AffinityKey, AffinityValue, BACKEND_F_ACTIVE, Backend, FLOW_WAYS, FlowBucket, FlowEntry,
+        FlowKey, GlobalConfig, MAGLEV_TABLE_FLAGS, MAX_BACKENDS, MAX_TABLE_ENTRIES, NO_BACKEND,
+        Scheduler, VIP_INDEX_PROBES, VipKey, VipMeta,
     },
     schedule::{HEADER, less_loaded, over_bound},
     stats::{Counter, GlobalStats},
@@ -199,16 +199,9 @@ pub fn choose(
                 backend,
                 new_flow: false,
             };
-            if flow.kind == PacketKind::TcpEnd && !value.closed {
-                // The client ends the connection: it stops counting as active, and keeps its
-                // backend for the rest of the teardown.
-                entry.value = FlowValue {
-                    closed: true,
-                    referenced: true,
-                    ..value
-                }
-                .pack(slot.tag);
-                add_active(hit.id, backend.vip_id, u64::MAX);
+            if flow.kind == PacketKind::TcpEnd && value.counted && !value.closed {
+                core::hint::cold_path();
+                end_flow(entry, slot.tag);
                 count(stats, Counter::ConntrackHit);
                 return Some(hit);
             }
@@ -238,6 +231,8 @@ pub fn choose(
         Tracked::Gone => count(stats, Counter::FlowRehashed),
         Tracked::Miss => count(stats, Counter::ConntrackMiss),
     }
+    // A new flow: rarer than an established flow's packets; keep the code above tight.
+    core::hint::cold_path();
 
     let (id, backend) = new_flow_backend(vip, flow)?;
     if flood_allows_insert(ctx, cfg, stats) {
@@ -245,6 +240,7 @@ pub fn choose(
             now = now_ticks();
         }
         let closed = flow.kind == PacketKind::TcpEnd;
+        let counted = !closed && vip.counts_active();
         let (old_tag, old_value) = insert(
             &mut slot,
             FlowValue {
@@ -253,10 +249,12 @@ pub fn choose(
                 last_seen: now as u16,
                 referenced: false,
                 closed,
+                counted,
             },
         );
+        // The evicted flow may be any VIP's: its value says whether it was counted.
         forget_evicted(old_tag, old_value);
-        if !closed {
+        if counted {
             add_active(id, vip.vip_id as u16, 1);
         }
     }
@@ -265,6 +263,25 @@ pub fn choose(
         backend,
         new_flow: true,
     })
+}
+
+/// The client ends a counted connection (FIN or RST): it stops counting as active, and keeps
+/// its backend for the rest of the teardown. Out of line, off the established-flow path.
+#[inline(never)]
+fn end_flow(entry: &mut FlowEntry, tag: u64) {
+    let Some(value) = FlowValue::unpack(entry.value, tag) else {
+        return;
+    };
+    entry.value = FlowValue {
+        closed: true,
+        referenced: true,
+        ..value
+    }
+    .pack(tag);
+    let id = u32::from(value.backend_id);
+    if let Some(b) = BACKENDS.get(id) {
+        add_active(id, b.vip_id, u64::MAX);
+    }
 }
 
 /// Adds `delta` (`u64::MAX` for -1) to a backend's and its VIP's active-flow counts.
@@ -322,7 +339,7 @@ fn forget_evicted(tag: u64, value: u64) {
     let Some(v) = FlowValue::unpack(value, tag) else {
         return;
     };
-    if v.closed {
+    if !v.counted || v.closed {
         return;
     }
     let id = u32::from(v.backend_id);
@@ -398,9 +415,18 @@ fn candidate(vip: &VipMeta, id: u32) -> Pick {
     }
 }
 
-/// The backend for a new flow, from [`balancer_pick`].
+/// The backend for a new flow: the default scheduler (Maglev, no persistence, no bounded
+/// load) inline, the others from [`balancer_pick`].
 #[inline(always)]
 fn new_flow_backend(vip: &VipMeta, flow: &Flow<'_>) -> Option<(u32, &'static Backend)> {
+    if vip.scheduler == Scheduler::Maglev as u8 && vip.persist_ticks == 0 && vip.load_bound == 0 {
+        let (id, backend) = from_table(vip, flow.src, flow.sport)?;
+        return if u32::from(backend.vip_id) == vip.vip_id {
+            Some((id, backend))
+        } else {
+            None
+        };
+    }
     let src = flow.src;
     let id = balancer_pick(
         pack_vip(vip),
