@@ -32,6 +32,16 @@ pub const VIP_ACTIVE: &str = "VIP_ACTIVE";
 pub const RR_CURSOR: &str = "RR_CURSOR";
 /// Session persistence: LRU hash of [`AffinityKey`] -> [`AffinityValue`].
 pub const AFFINITY: &str = "AFFINITY";
+/// Priority tiers of IPv4 clients: LPM trie of source prefixes (`[u8; 4]` data) -> tier (u8).
+pub const TIER_V4: &str = "TIER_V4";
+/// Priority tiers of IPv6 clients: LPM trie of source prefixes (`[u8; 16]` data) -> tier (u8).
+pub const TIER_V6: &str = "TIER_V6";
+/// Priority tier by DSCP: array of 64 tiers (u8; 0 = none). Prefixes take precedence.
+pub const TIER_DSCP: &str = "TIER_DSCP";
+/// Most priority tiers (ids 1..=MAX_TIERS; 0 is the shared pool).
+pub const MAX_TIERS: u32 = 7;
+/// Most client prefixes over all tiers, per family.
+pub const MAX_TIER_PREFIXES: u32 = 4096;
 
 /// Most VIPs one balancer serves (outer Maglev array, per-VIP counters).
 pub const MAX_VIPS: u32 = 1024;
@@ -42,11 +52,12 @@ pub const MAX_BACKENDS: u32 = 16384;
 pub const MAX_TABLE_SIZE: u32 = 655_373;
 /// Longest weighted-round-robin sequence (weights are scaled down to fit).
 pub const MAX_SEQUENCE: u32 = 1 << 16;
-/// Largest per-VIP table: Maglev slots, then the schedule (header, backend list, sequence).
-/// The inner-map template is declared with this size and `BPF_F_INNER_MAP`, so each VIP's
-/// table has its own size.
+/// Largest per-VIP table: the shared pool's Maglev slots and schedule (header, backend list,
+/// sequence), then one block per priority tier with its own (see [`crate::schedule`]). The
+/// inner-map template is declared with this size and `BPF_F_INNER_MAP`, so each VIP's table
+/// has its own size.
 pub const MAX_TABLE_ENTRIES: u32 =
-    MAX_TABLE_SIZE + crate::schedule::HEADER + MAX_BACKENDS + MAX_SEQUENCE;
+    (MAX_TIERS + 1) * (1 + MAX_TABLE_SIZE + crate::schedule::HEADER + MAX_BACKENDS + MAX_SEQUENCE);
 /// Default capacity of the session-persistence map (clients x VIPs).
 pub const DEFAULT_AFFINITY_ENTRIES: u32 = 1 << 17;
 /// Default Maglev table size (prime), as in the Maglev paper.
@@ -227,6 +238,9 @@ pub struct VipSlot {
 }
 const _: () = assert!(core::mem::size_of::<VipSlot>() == 40);
 
+/// The VIP has backends dedicated to priority tiers: new flows look up the client's tier.
+pub const VIP_F_TIERS: u8 = 1;
+
 /// A backend slot is in use and may receive packets.
 pub const BACKEND_F_ACTIVE: u8 = 1;
 
@@ -366,7 +380,7 @@ const _: () = assert!(core::mem::size_of::<DecapAddrKey>() == 20);
 
 /// Identifies the layout of the pinned maps: a daemon adopts pinned maps only when their
 /// layout is its own. The top byte is bumped by hand when a meaning changes without a size.
-pub const LAYOUT: u64 = (2 << 56)
+pub const LAYOUT: u64 = (3 << 56)
     | (core::mem::size_of::<VipSlot>() as u64) << 40
     | (core::mem::size_of::<Backend>() as u64) << 32
     | (core::mem::size_of::<FlowBucket>() as u64) << 24
@@ -375,7 +389,7 @@ pub const LAYOUT: u64 = (2 << 56)
     | core::mem::size_of::<crate::stats::TrafficStats>() as u64;
 
 /// The maps pinned under the daemon's pin directory (the program, its XDP link and these).
-pub const PINNED_MAPS: [&str; 12] = [
+pub const PINNED_MAPS: [&str; 15] = [
     VIPS,
     MAGLEV,
     BACKENDS,
@@ -388,4 +402,7 @@ pub const PINNED_MAPS: [&str; 12] = [
     VIP_ACTIVE,
     RR_CURSOR,
     AFFINITY,
+    TIER_V4,
+    TIER_V6,
+    TIER_DSCP,
 ];

@@ -7,14 +7,25 @@
 //! | `[0]` | `L`: backends taking new flows (weight > 0), each once, in identity order |
 //! | `[1]` | `S`: length of the weighted round-robin sequence (0 unless that scheduler) |
 //! | `[2]` | `W`: total weight of the listed backends |
-//! | `[3, 3 + L)` | the listed backend ids |
-//! | `[3 + L, 3 + L + S)` | backend ids in weighted round-robin order |
+//! | `[3]` | tiers whose flows spill to the shared pool when their own backends cannot take them (bit `t`) |
+//! | `[4, 11)` | for tiers 1..=7: where the tier's block starts in the map (0: no block) |
+//! | `[11, 11 + L)` | the listed backend ids |
+//! | `[11 + L, 11 + L + S)` | backend ids in weighted round-robin order |
+//!
+//! A tier's block holds its table size `M`, then its own Maglev slots and schedule laid out as
+//! above (tier entries 0). The shared pool's block starts at 0 without the size entry (the
+//! size is the VIP's).
 //!
 //! Also the pure comparisons the data plane makes (weighted least load, bounded load), so they
 //! are unit-tested here.
 
-/// Entries before the backend list.
-pub const HEADER: u32 = 3;
+/// Entries of the schedule header before the backend list.
+pub const HEADER: u32 = 11;
+/// Header entry: tiers that spill to the shared pool.
+pub const SPILL: u32 = 3;
+/// Header entry of tier 1's block offset (tier `t` at `TIER_OFFSETS + t - 1`).
+pub const TIER_OFFSETS: u32 = 4;
+
 /// The load figures are clamped to this many flows before multiplying (no overflow).
 pub const LOAD_CLAMP: u64 = 1 << 24;
 
@@ -58,8 +69,9 @@ pub const fn over_bound(
         >= (clamp(vip_active) + 1) * (weight as u64) * (100 + bound_pct as u64)
 }
 
-/// Builds the schedule of a VIP: `backends` are `(id, weight)` in identity order;
-/// `sequence` asks for the weighted round-robin sequence too.
+/// Builds the schedule of a pool: `backends` are `(id, weight)` in identity order;
+/// `sequence` asks for the weighted round-robin sequence too. The tier entries are 0 (see
+/// [`set_tiers`]).
 #[cfg(feature = "std")]
 pub fn build(backends: &[(u32, u32)], sequence: bool) -> Vec<u32> {
     let listed: Vec<(u32, u32)> = backends.iter().copied().filter(|(_, w)| *w > 0).collect();
@@ -69,12 +81,40 @@ pub fn build(backends: &[(u32, u32)], sequence: bool) -> Vec<u32> {
         Vec::new()
     };
     let total: u64 = listed.iter().map(|(_, w)| u64::from(*w)).sum();
-    let mut out = Vec::with_capacity(HEADER as usize + listed.len() + seq.len());
-    out.push(listed.len() as u32);
-    out.push(seq.len() as u32);
-    out.push(total.min(u64::from(u32::MAX)) as u32);
+    let mut out = vec![0; HEADER as usize];
+    out[0] = listed.len() as u32;
+    out[1] = seq.len() as u32;
+    out[2] = total.min(u64::from(u32::MAX)) as u32;
     out.extend(listed.iter().map(|(id, _)| *id));
     out.extend(seq);
+    out
+}
+
+/// Lays out a VIP's whole table map: the shared pool's Maglev `table` and `schedule` (from
+/// [`build`]), then a block per tier (`(tier, table, schedule)`), with the offsets and the
+/// spill bits written into the shared pool's header.
+#[cfg(feature = "std")]
+pub fn lay_out(
+    table: &[u32],
+    schedule: &[u32],
+    tiers: &[(u8, &[u32], &[u32])],
+    spill: u8,
+) -> Vec<u32> {
+    let header_at = table.len();
+    let mut out = Vec::with_capacity(table.len() + schedule.len());
+    out.extend_from_slice(table);
+    out.extend_from_slice(schedule);
+    out[header_at + SPILL as usize] = u32::from(spill);
+    for (tier, t_table, t_schedule) in tiers {
+        if *tier == 0 || u32::from(*tier) > crate::maps::MAX_TIERS {
+            continue;
+        }
+        let at = out.len() as u32;
+        out[header_at + (TIER_OFFSETS + u32::from(*tier) - 1) as usize] = at;
+        out.push(t_table.len() as u32);
+        out.extend_from_slice(t_table);
+        out.extend_from_slice(t_schedule);
+    }
     out
 }
 
@@ -165,12 +205,36 @@ mod tests {
 
     #[test]
     fn the_layout_lists_backends_with_weight_and_totals_them() {
+        let h = HEADER as usize;
         let s = build(&[(7, 2), (9, 0), (11, 1)], false);
-        assert_eq!(s, vec![2, 0, 3, 7, 11]);
+        assert_eq!(&s[..3], &[2, 0, 3]);
+        assert_eq!(&s[h..], &[7, 11]);
         let s = build(&[(7, 2), (9, 0), (11, 1)], true);
-        assert_eq!(&s[..5], &[2, 3, 3, 7, 11]);
-        assert_eq!(&s[5..], &[7, 11, 7]);
-        assert_eq!(build(&[], true), vec![0, 0, 0]);
+        assert_eq!(&s[..3], &[2, 3, 3]);
+        assert_eq!(&s[h..], &[7, 11, 7, 11, 7]);
+        assert_eq!(build(&[], true), vec![0; h]);
+    }
+
+    #[test]
+    fn tier_blocks_follow_the_shared_pool_with_their_offsets() {
+        let main_table = [1, 2, 1, 2, 1];
+        let main = build(&[(1, 1), (2, 1)], false);
+        let premium_table = [5, 5, 5];
+        let premium = build(&[(5, 1)], false);
+        let all = lay_out(&main_table, &main, &[(2, &premium_table, &premium)], 0b100);
+        let header = main_table.len();
+        assert_eq!(all[header + SPILL as usize], 0b100);
+        assert_eq!(
+            all[header + TIER_OFFSETS as usize],
+            0,
+            "tier 1 has no block"
+        );
+        let at = all[header + TIER_OFFSETS as usize + 1] as usize;
+        assert_eq!(at, main_table.len() + main.len());
+        assert_eq!(all[at], 3, "the block starts with its table size");
+        assert_eq!(&all[at + 1..at + 4], &premium_table);
+        assert_eq!(all[at + 4], 1, "its own list length");
+        assert_eq!(all[at + 4 + HEADER as usize], 5);
     }
 
     #[test]

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use balancer_common::addr::raw_from_ip;
 use balancer_common::maglev::{self, MaglevBackend, MaglevError};
 use balancer_common::maps::{
-    BACKEND_F_ACTIVE, Backend, ForwardMode, GlobalConfig, LAYOUT, MAX_BACKENDS, MAX_VIPS, VipKey,
-    VipMeta,
+    BACKEND_F_ACTIVE, Backend, ForwardMode, GlobalConfig, LAYOUT, MAX_BACKENDS, MAX_VIPS,
+    VIP_F_TIERS, VipKey, VipMeta,
 };
 use balancer_common::schedule;
 use balancer_common::stats::{GlobalStats, TrafficStats};
@@ -96,6 +96,8 @@ pub struct BackendState {
     pub dynamic_weight: Option<u32>,
     pub mac: MacAddr,
     pub generation: u32,
+    /// The priority tier it is dedicated to (0: the shared pool).
+    pub tier: u8,
 }
 
 impl BackendState {
@@ -119,27 +121,44 @@ pub struct VipState {
     pub table: Vec<u32>,
     /// Host-independent fingerprint of the table (see `maglev::fingerprint`).
     pub fingerprint: u64,
+    /// Maglev tables of the priority tiers the VIP dedicates backends to.
+    pub tier_tables: BTreeMap<u8, Vec<u32>>,
+    /// Tiers that spill into the shared pool, as published.
+    pub spill: u8,
 }
 
 impl VipState {
     /// What the data plane gets for this VIP: the Maglev table, then the schedule (see
     /// `balancer_common::schedule`).
     pub fn published(&self) -> Vec<u32> {
-        let listed: Vec<(u32, u32)> = self
-            .backends
-            .values()
-            .map(|b| (b.id, b.table_weight()))
+        let schedule_of = |tier: u8| {
+            let listed: Vec<(u32, u32)> = self
+                .backends
+                .values()
+                .filter(|b| b.tier == tier)
+                .map(|b| (b.id, b.table_weight()))
+                .collect();
+            schedule::build(&listed, self.config.scheduler.needs_sequence())
+        };
+        let tiers: Vec<(u8, &Vec<u32>, Vec<u32>)> = self
+            .tier_tables
+            .iter()
+            .map(|(t, table)| (*t, table, schedule_of(*t)))
             .collect();
-        let schedule = schedule::build(&listed, self.config.scheduler.needs_sequence());
-        let mut out = Vec::with_capacity(self.table.len() + schedule.len());
-        out.extend_from_slice(&self.table);
-        out.extend(schedule);
-        out
+        let blocks: Vec<(u8, &[u32], &[u32])> = tiers
+            .iter()
+            .map(|(t, table, schedule)| (*t, table.as_slice(), schedule.as_slice()))
+            .collect();
+        schedule::lay_out(&self.table, &schedule_of(0), &blocks, self.spill)
     }
 
     /// Slots per backend address in the current table.
+    /// (A tier's backends: their slots in their tier's table, of the same size.)
     pub fn slot_shares(&self) -> BTreeMap<IpAddr, usize> {
-        let counts = maglev::slot_counts(&self.table);
+        let mut counts = maglev::slot_counts(&self.table);
+        for table in self.tier_tables.values() {
+            counts.extend(maglev::slot_counts(table));
+        }
         self.backends
             .values()
             .map(|b| (b.address, counts.get(&b.id).copied().unwrap_or(0)))
@@ -171,6 +190,8 @@ pub struct VipSnapshot {
     pub id: u32,
     pub config: crate::config::RawVip,
     pub backends: Vec<BackendSnapshot>,
+    #[serde(default)]
+    pub spill: u8,
 }
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -184,6 +205,8 @@ pub struct BackendSnapshot {
     pub dynamic_weight: Option<u32>,
     pub mac: String,
     pub generation: u32,
+    #[serde(default)]
+    pub tier: u8,
 }
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -237,6 +260,9 @@ pub struct Balancer<D: Dataplane> {
     settings: GlobalConfig,
     /// Backends failing their health checks.
     unhealthy: HashSet<(Endpoint, IpAddr)>,
+    /// The priority tiers in force, and which of them spill into the shared pool (bit `id`).
+    tiers: Vec<crate::config::TierConfig>,
+    tier_spill: u8,
     /// Time spent building and publishing tables since the last `apply` began.
     build_time: Duration,
     publish_time: Duration,
@@ -265,7 +291,11 @@ fn vip_meta(id: u32, config: &VipConfig) -> VipMeta {
         vip_id: id,
         table_size: config.table_size,
         mode: forward_mode(config.forwarding) as u8,
-        flags: 0,
+        flags: if config.backends.iter().any(|b| b.tier.is_some()) {
+            VIP_F_TIERS
+        } else {
+            0
+        },
         gue_port: config.gue_port.to_be(),
         scheduler: config.scheduler as u8,
         load_bound: config.load_bound_pct,
@@ -292,8 +322,36 @@ pub fn build_table(
     table_size: u32,
     backends: &BTreeMap<IpAddr, BackendState>,
 ) -> Result<(Vec<u32>, u64), BalancerError> {
+    build_pool_table(name, table_size, backends, 0)
+}
+
+/// The Maglev tables of the priority tiers among `backends` (the same size as the VIP's).
+pub fn build_tier_tables(
+    name: &str,
+    table_size: u32,
+    backends: &BTreeMap<IpAddr, BackendState>,
+) -> Result<BTreeMap<u8, Vec<u32>>, BalancerError> {
+    let tiers: std::collections::BTreeSet<u8> = backends
+        .values()
+        .map(|b| b.tier)
+        .filter(|t| *t != 0)
+        .collect();
+    tiers
+        .into_iter()
+        .map(|t| Ok((t, build_pool_table(name, table_size, backends, t)?.0)))
+        .collect()
+}
+
+/// The Maglev table of the backends of one pool (tier 0: the shared pool).
+fn build_pool_table(
+    name: &str,
+    table_size: u32,
+    backends: &BTreeMap<IpAddr, BackendState>,
+    tier: u8,
+) -> Result<(Vec<u32>, u64), BalancerError> {
     let identities: Vec<(String, &BackendState)> = backends
         .values()
+        .filter(|b| b.tier == tier)
         .map(|b| (b.address.to_string(), b))
         .collect();
     let input: Vec<MaglevBackend<'_>> = identities
@@ -325,6 +383,8 @@ impl<D: Dataplane> Balancer<D> {
             removal_grace: Duration::ZERO,
             settings: GlobalConfig::default(),
             unhealthy: HashSet::new(),
+            tiers: Vec::new(),
+            tier_spill: 0,
             build_time: Duration::ZERO,
             publish_time: Duration::ZERO,
         }
@@ -341,6 +401,37 @@ impl<D: Dataplane> Balancer<D> {
         let built = build_table(name, table_size, backends);
         self.build_time += started.elapsed();
         built
+    }
+
+    /// Makes `tiers` the priority tiers in force: the data plane's client classification
+    /// (source prefixes, DSCP) is rewritten when they change. Call before [`Balancer::apply`],
+    /// which places backends in their tiers' pools.
+    pub fn set_tiers(&mut self, tiers: &[crate::config::TierConfig]) -> Result<(), BalancerError> {
+        if self.tiers == tiers {
+            return Ok(());
+        }
+        let mut prefixes = Vec::new();
+        let mut dscp = [0u8; 64];
+        for t in tiers {
+            for p in &t.prefixes {
+                prefixes.push((p.addr, p.len, t.id));
+            }
+            for d in &t.dscp {
+                dscp[usize::from(*d)] = t.id;
+            }
+        }
+        self.dataplane.set_tiers(&prefixes, &dscp)?;
+        self.tiers = tiers.to_vec();
+        self.tier_spill = tiers
+            .iter()
+            .filter(|t| t.spillover)
+            .fold(0, |m, t| m | 1 << t.id);
+        Ok(())
+    }
+
+    fn tier_id(&self, name: Option<&str>) -> u8 {
+        name.and_then(|n| self.tiers.iter().find(|t| t.name == n))
+            .map_or(0, |t| t.id)
     }
 
     /// The global data-plane settings in force.
@@ -370,6 +461,7 @@ impl<D: Dataplane> Balancer<D> {
             dynamic_weight: b.dynamic_weight,
             mac: b.mac.to_string(),
             generation: b.generation,
+            tier: b.tier,
         };
         let now = Instant::now();
         Snapshot {
@@ -383,6 +475,7 @@ impl<D: Dataplane> Balancer<D> {
                     id: v.id,
                     config: v.config.to_raw(),
                     backends: v.backends.values().map(backend).collect(),
+                    spill: v.spill,
                 })
                 .collect(),
             retiring: self
@@ -420,6 +513,7 @@ impl<D: Dataplane> Balancer<D> {
                 dynamic_weight: b.dynamic_weight,
                 mac: b.mac.parse().map_err(RestoreError::Invalid)?,
                 generation: b.generation,
+                tier: b.tier,
             })
         };
         for vip in &snapshot.vips {
@@ -447,6 +541,8 @@ impl<D: Dataplane> Balancer<D> {
             }
             let (table, fingerprint) = build_table(&config.name, config.table_size, &backends)
                 .map_err(|e| RestoreError::Invalid(e.to_string()))?;
+            let tier_tables = build_tier_tables(&config.name, config.table_size, &backends)
+                .map_err(|e| RestoreError::Invalid(e.to_string()))?;
             *lb.address_users.entry(config.address).or_insert(0) += 1;
             lb.vips.insert(
                 config.endpoint(),
@@ -456,6 +552,8 @@ impl<D: Dataplane> Balancer<D> {
                     backends,
                     table,
                     fingerprint,
+                    tier_tables,
+                    spill: vip.spill,
                 },
             );
         }
@@ -508,11 +606,13 @@ impl<D: Dataplane> Balancer<D> {
         self.build_time = Duration::ZERO;
         self.publish_time = Duration::ZERO;
         let (table, fingerprint) = self.build(&config.name, config.table_size, &backends)?;
+        let tier_tables = build_tier_tables(&config.name, config.table_size, &backends)?;
         let id = self.vips[vip].id;
         let state = self.vips.get_mut(vip).expect("checked above");
         report.slots_changed = maglev::slots_changed(&state.table, &table);
         state.table = table;
         state.fingerprint = fingerprint;
+        state.tier_tables = tier_tables;
         let published = state.published();
         let started = Instant::now();
         self.dataplane.publish_tables(&[(id, &published)])?;
@@ -714,6 +814,7 @@ impl<D: Dataplane> Balancer<D> {
             dynamic_weight: None,
             mac,
             generation: self.next_generation(),
+            tier: self.tier_id(config.tier.as_deref()),
         };
         // A fresh id counts no active flows (its previous holder's may linger).
         let written = self.dataplane.reset_active(id).and_then(|()| {
@@ -808,6 +909,7 @@ impl<D: Dataplane> Balancer<D> {
                         healthy,
                         dynamic_weight: old.dynamic_weight.filter(|_| dynamic),
                         mac,
+                        tier: self.tier_id(b.tier.as_deref()),
                         ..old.clone()
                     };
                     if healthy && !old.healthy {
@@ -845,16 +947,22 @@ impl<D: Dataplane> Balancer<D> {
         let weights_changed = backends.values().any(|b| {
             old_backends
                 .get(&b.address)
-                .is_some_and(|old| old.table_weight() != b.table_weight())
+                .is_some_and(|old| old.table_weight() != b.table_weight() || old.tier != b.tier)
         });
         let resized = current
             .as_ref()
             .is_some_and(|c| c.config.table_size != config.table_size);
         let rebuild = is_new || added > 0 || !retired.is_empty() || weights_changed || resized;
-        // A new scheduler may need another schedule: the table is published again.
+        // A new scheduler may need another schedule, new tier settings another header: the
+        // table is published again.
+        let spill = if backends.values().any(|b| b.tier != 0) {
+            self.tier_spill
+        } else {
+            0
+        };
         let rescheduled = current
             .as_ref()
-            .is_some_and(|c| c.config.scheduler != config.scheduler);
+            .is_some_and(|c| c.config.scheduler != config.scheduler || c.spill != spill);
         // Counting active flows starts or stops: the counts start from zero (flows recorded
         // before are not in them; their ends are not subtracted, see `FlowValue::counted`).
         let counting_changed = current.as_ref().is_some_and(|c| {
@@ -873,13 +981,17 @@ impl<D: Dataplane> Balancer<D> {
                 .get(&b.address)
                 .is_some_and(|old| old.healthy != b.healthy)
         });
-        if !rebuild && !meta_changed && !config_changed && !health_changed {
+        if !rebuild && !rescheduled && !meta_changed && !config_changed && !health_changed {
             return Ok(None);
         }
         let table = if rebuild {
             Some(self.build(&config.name, config.table_size, &backends)?)
         } else {
             None
+        };
+        let tier_tables = match (&table, &current) {
+            (None, Some(c)) => c.tier_tables.clone(),
+            _ => build_tier_tables(&config.name, config.table_size, &backends)?,
         };
         let slots_changed = match (&current, &table) {
             (Some(c), Some((t, _))) if !resized => maglev::slots_changed(&c.table, t),
@@ -911,6 +1023,8 @@ impl<D: Dataplane> Balancer<D> {
                 backends,
                 table,
                 fingerprint,
+                tier_tables,
+                spill,
             },
         }))
     }
@@ -1154,7 +1268,10 @@ mac = "02:00:00:00:00:99"
         // The published table: the Maglev slots, then the schedule (both backends listed).
         let published = &dp.tables[&web.id];
         assert_eq!(&published[..web.table.len()], web.table.as_slice());
-        assert_eq!(published[web.table.len()..].len(), 3 + 2);
+        assert_eq!(
+            published[web.table.len()..].len(),
+            balancer_common::schedule::HEADER as usize + 2
+        );
         assert_eq!(published[web.table.len()], 2);
         assert_eq!(published[web.table.len() + 2], 4, "total weight 1 + 3");
         // Shares follow weights 1:3.
@@ -1406,6 +1523,7 @@ mac = "02:00:00:00:00:99"
             weight: 1,
             drained: false,
             mac: None,
+            tier: None,
         });
         let err = lb.apply(&cfg.vips, &macs()).unwrap_err();
         assert!(err.to_string().contains("192.0.2.1"), "{err}");
@@ -1423,7 +1541,7 @@ mac = "02:00:00:00:00:99"
         assert_eq!(web.table.len(), 13);
         assert_eq!(
             lb.dataplane().tables[&web.id].len(),
-            13 + 3 + web.backends.len()
+            13 + balancer_common::schedule::HEADER as usize + web.backends.len()
         );
         assert_eq!(
             lb.dataplane().vips[&vip_key("10.100.0.1".parse().unwrap(), 80, 6)].table_size,
@@ -1468,6 +1586,7 @@ mac = "02:00:00:00:00:99"
             weight: 1,
             drained: false,
             mac: None,
+            tier: None,
         });
         restored.apply(&cfg.vips, &macs()).unwrap();
         let ids: HashSet<u32> = restored

@@ -302,6 +302,22 @@ pub struct BackendConfig {
     /// Next-hop MAC; default: looked up in the neighbour table (the backend's own when on
     /// the link, else its gateway's).
     pub mac: Option<MacAddr>,
+    /// Dedicated to this priority tier's clients (a `[[tier]]` name); `None`: the shared pool.
+    pub tier: Option<String>,
+}
+
+/// A priority tier: clients from its prefixes, or marked with its DSCP values, go to the
+/// backends a VIP dedicates to it; other clients never do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TierConfig {
+    pub name: String,
+    /// 1..=7, in the order of the config file.
+    pub id: u8,
+    pub prefixes: Vec<Prefix>,
+    pub dscp: Vec<u8>,
+    /// When none of a VIP's backends for the tier can take a new flow (all down, drained or
+    /// saturated), it goes to the shared pool; else it is dropped.
+    pub spillover: bool,
 }
 
 impl BackendConfig {
@@ -441,6 +457,8 @@ pub struct Config {
     pub encap: EncapConfig,
     pub api: ApiConfig,
     pub metrics: MetricsConfig,
+    /// Priority tiers (ids 1..=7 in order).
+    pub tiers: Vec<TierConfig>,
     pub vips: Vec<VipConfig>,
 }
 
@@ -465,6 +483,8 @@ pub struct RawConfig {
     pub api: RawApi,
     #[serde(default)]
     pub metrics: RawMetrics,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tier: Vec<RawTier>,
     #[serde(default)]
     pub vip: Vec<RawVip>,
 }
@@ -631,6 +651,21 @@ pub struct RawBackend {
     pub drained: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mac: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTier {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prefixes: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dscp: Vec<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spillover: Option<bool>,
 }
 
 fn required<T>(value: Option<T>, key: &str) -> Result<T, ConfigError> {
@@ -799,9 +834,22 @@ impl Config {
                 format!("at most {MAX_VIPS} VIPs are supported"),
             ));
         }
+        let tiers = validate_tiers(raw.tier)?;
         let mut vips = Vec::with_capacity(raw.vip.len());
         for (i, raw_vip) in raw.vip.into_iter().enumerate() {
-            vips.push(validate_vip(raw_vip, &format!("vip[{i}]"))?);
+            let vip = validate_vip(raw_vip, &format!("vip[{i}]"))?;
+            for (j, b) in vip.backends.iter().enumerate() {
+                if let Some(t) = &b.tier
+                    && !tiers.iter().any(|x| &x.name == t)
+                {
+                    return Err(invalid(
+                        format!("vip[{i}].backend[{j}].tier"),
+                        format!("{t:?}"),
+                        "no [[tier]] has this name",
+                    ));
+                }
+            }
+            vips.push(vip);
         }
         check_vip_set(&vips)?;
         Ok(Config {
@@ -813,8 +861,15 @@ impl Config {
             encap,
             api,
             metrics,
+            tiers,
             vips,
         })
+    }
+
+    /// The id of the tier with this name (0: none, the shared pool).
+    pub fn tier_id(&self, name: Option<&str>) -> u8 {
+        name.and_then(|n| self.tiers.iter().find(|t| t.name == n))
+            .map_or(0, |t| t.id)
     }
 
     /// The VIP with this name.
@@ -857,6 +912,16 @@ impl Config {
             metrics: RawMetrics {
                 listen: self.metrics.listen.map(|l| l.to_string()),
             },
+            tier: self
+                .tiers
+                .iter()
+                .map(|t| RawTier {
+                    name: Some(t.name.clone()),
+                    prefixes: t.prefixes.iter().map(Prefix::to_string).collect(),
+                    dscp: t.dscp.iter().map(|d| i64::from(*d)).collect(),
+                    spillover: Some(t.spillover),
+                })
+                .collect(),
             vip: self.vips.iter().map(VipConfig::to_raw).collect(),
         }
     }
@@ -925,6 +990,7 @@ impl BackendConfig {
             weight: Some(self.weight.into()),
             drained: self.drained.then_some(true),
             mac: self.mac.map(|m| m.to_string()),
+            tier: self.tier.clone(),
         }
     }
 }
@@ -1092,12 +1158,94 @@ pub fn validate_backend(raw: RawBackend, label: &str) -> Result<BackendConfig, C
         .mac
         .map(|m| parse_field::<MacAddr>(&m, &key("mac")))
         .transpose()?;
+    let tier = match raw.tier {
+        Some(t) if !valid_name(&t) => {
+            return Err(invalid(key("tier"), format!("{t:?}"), "not a tier name"));
+        }
+        t => t,
+    };
     Ok(BackendConfig {
         address,
         weight,
         drained: raw.drained.unwrap_or(false),
         mac,
+        tier,
     })
+}
+
+/// Validates the `[[tier]]` tables: names unique, at most 7, prefixes and DSCP values in range
+/// and each claimed by one tier.
+fn validate_tiers(raw: Vec<RawTier>) -> Result<Vec<TierConfig>, ConfigError> {
+    let max = balancer_common::maps::MAX_TIERS as usize;
+    if raw.len() > max {
+        return Err(invalid(
+            "tier",
+            format!("{} entries", raw.len()),
+            format!("at most {max} tiers"),
+        ));
+    }
+    let mut tiers: Vec<TierConfig> = Vec::new();
+    let mut prefixes = 0;
+    for (i, t) in raw.into_iter().enumerate() {
+        let key = |k: &str| format!("tier[{i}].{k}");
+        let name = required(t.name, &key("name"))?;
+        if !valid_name(&name) {
+            return Err(invalid(
+                key("name"),
+                format!("{name:?}"),
+                "a name is 1-64 letters, digits, '-', '_' or '.'",
+            ));
+        }
+        if tiers.iter().any(|x| x.name == name) {
+            return Err(invalid(
+                key("name"),
+                format!("{name:?}"),
+                "another tier has this name",
+            ));
+        }
+        let mut tier = TierConfig {
+            name,
+            id: (i + 1) as u8,
+            prefixes: Vec::new(),
+            dscp: Vec::new(),
+            spillover: t.spillover.unwrap_or(true),
+        };
+        for (j, p) in t.prefixes.iter().enumerate() {
+            let k = format!("{}[{j}]", key("prefixes"));
+            let prefix: Prefix = p
+                .parse()
+                .map_err(|e: String| invalid(&k, format!("{p:?}"), e))?;
+            if tiers.iter().any(|x| x.prefixes.contains(&prefix)) {
+                return Err(invalid(k, format!("{p:?}"), "another tier has this prefix"));
+            }
+            tier.prefixes.push(prefix);
+            prefixes += 1;
+        }
+        for (j, d) in t.dscp.iter().enumerate() {
+            let k = format!("{}[{j}]", key("dscp"));
+            let d: u8 = int_in(*d, 0, 63, &k)?;
+            if tiers.iter().any(|x| x.dscp.contains(&d)) {
+                return Err(invalid(k, d, "another tier has this DSCP value"));
+            }
+            tier.dscp.push(d);
+        }
+        if tier.prefixes.is_empty() && tier.dscp.is_empty() {
+            return Err(invalid(
+                key("prefixes"),
+                "(none)",
+                "a tier needs client prefixes or DSCP values",
+            ));
+        }
+        tiers.push(tier);
+    }
+    if prefixes > balancer_common::maps::MAX_TIER_PREFIXES as usize {
+        return Err(invalid(
+            "tier",
+            format!("{prefixes} prefixes"),
+            "too many client prefixes (at most 4096)",
+        ));
+    }
+    Ok(tiers)
 }
 
 /// Validates one VIP; `label` prefixes the keys in errors (e.g. `vip[3]`).
@@ -1560,6 +1708,68 @@ table_size = 655373
 
     fn with_vip(vip_body: &str) -> String {
         format!("interface = \"eth0\"\n[[vip]]\n{vip_body}\n")
+    }
+
+    #[test]
+    fn schedulers_and_tiers_are_checked() {
+        let tier = "interface = \"eth0\"\n[[tier]]\nname = \"premium\"\nprefixes = [\"10.9.0.0/16\"]\ndscp = [46]\n";
+        let ok = format!(
+            "{tier}[[vip]]\naddress = \"10.0.0.1\"\nport = 80\nscheduler = \"source-hash\"\nmax_load_factor = 1.25\npersistence_secs = 600\n[[vip.backend]]\naddress = \"10.0.0.2\"\ntier = \"premium\"\n"
+        );
+        let c = Config::parse(&ok).unwrap();
+        assert_eq!(c.tiers[0].id, 1);
+        assert!(c.tiers[0].spillover);
+        assert_eq!(c.vips[0].scheduler, Scheduler::SourceHash);
+        assert_eq!(c.vips[0].load_bound_pct, 25);
+        assert_eq!(
+            c.vips[0].persistence_ticks(),
+            559,
+            "600 s in 1.07 s ticks, rounded up"
+        );
+        // Round trip through the file form.
+        assert_eq!(Config::parse(&c.to_toml()).unwrap(), c);
+        let cases: &[(String, &str)] = &[
+            (
+                with_vip("address = \"10.0.0.1\"\nport = 80\nscheduler = \"fastest\""),
+                "vip[0].scheduler = \"fastest\": expected one of maglev, source-hash",
+            ),
+            (
+                with_vip(
+                    "address = \"10.0.0.1\"\nport = 80\nscheduler = \"round-robin\"\nmax_load_factor = 1.5",
+                ),
+                "vip[0].max_load_factor = 1.5: bounds the load of the hashing schedulers",
+            ),
+            (
+                with_vip("address = \"10.0.0.1\"\nport = 80\nmax_load_factor = 0.9"),
+                "vip[0].max_load_factor = 0.9: must be between 1.01 and 3.55",
+            ),
+            (
+                with_vip(
+                    "address = \"10.0.0.1\"\nport = 80\n[[vip.backend]]\naddress = \"10.0.0.2\"\ntier = \"gold\"",
+                ),
+                "vip[0].backend[0].tier = \"gold\": no [[tier]] has this name",
+            ),
+            (
+                format!("{tier}[[tier]]\nname = \"premium\"\ndscp = [10]\n"),
+                "tier[1].name = \"premium\": another tier has this name",
+            ),
+            (
+                format!("{tier}[[tier]]\nname = \"gold\"\nprefixes = [\"10.9.0.0/16\"]\n"),
+                "tier[1].prefixes[0] = \"10.9.0.0/16\": another tier has this prefix",
+            ),
+            (
+                "interface = \"eth0\"\n[[tier]]\nname = \"x\"\ndscp = [64]\n".into(),
+                "tier[0].dscp[0] = 64: must be between 0 and 63",
+            ),
+            (
+                "interface = \"eth0\"\n[[tier]]\nname = \"x\"\n".into(),
+                "tier[0].prefixes = (none): a tier needs client prefixes or DSCP values",
+            ),
+        ];
+        for (text, want) in cases {
+            let err = Config::parse(text).unwrap_err().to_string();
+            assert!(err.contains(want), "{text}\n=> {err}\nwanted {want}");
+        }
     }
 
     #[test]

@@ -181,6 +181,7 @@ impl Harness {
         let mut balancer = Balancer::new(dataplane);
         balancer.set_settings(&settings)?;
         balancer.set_removal_grace(config.conntrack.removal_grace);
+        balancer.set_tiers(&config.tiers)?;
         let macs: HashMap<IpAddr, MacAddr> = config
             .vips
             .iter()
@@ -206,6 +207,7 @@ impl Harness {
             .flat_map(|v| v.backends.iter())
             .map(|b| (b.address, MacAddr(backend_mac(b.address))))
             .collect();
+        self.balancer.set_tiers(&config.tiers)?;
         self.balancer.apply(&config.vips, &macs)?;
         self.config = config;
         Ok(())

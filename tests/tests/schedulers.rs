@@ -377,3 +377,129 @@ fn active_flows_are_counted_until_they_end_or_are_evicted() {
     }
     assert_eq!(total(&h), 1 + 4, "the evicted flow still counted");
 }
+
+/// A VIP on each family with two shared backends and one dedicated to the "premium" tier
+/// (clients of 10.9.5.0/24, 2001:db8:5::/48, or DSCP 46).
+fn tiered(spillover: bool, premium_weight: u32) -> String {
+    let mut text = format!(
+        "interface = \"eth0\"\n[conntrack]\nmax_flows = 65536\nflood_threshold = 0\nremoval_grace_secs = 0\n\
+         [[tier]]\nname = \"premium\"\nprefixes = [\"10.9.5.0/24\", \"2001:db8:5::/48\"]\ndscp = [46]\nspillover = {spillover}\n"
+    );
+    for (name, vip, backends) in [
+        ("t4", "10.111.1.1", [B1, B2, B3]),
+        (
+            "t6",
+            "fd00:111:1::1",
+            ["fd00:111::11", "fd00:111::12", "fd00:111::13"],
+        ),
+    ] {
+        text.push_str(&format!(
+            "[[vip]]\nname = \"{name}\"\naddress = \"{vip}\"\nport = 80\n"
+        ));
+        for (i, b) in backends.iter().enumerate() {
+            text.push_str(&format!("  [[vip.backend]]\n  address = \"{b}\"\n"));
+            if i == 2 {
+                text.push_str(&format!(
+                    "  tier = \"premium\"\n  weight = {premium_weight}\n"
+                ));
+            }
+        }
+    }
+    text
+}
+
+/// A SYN to the tiered VIP of `client`'s family; the backend it went to, or `None` if dropped.
+fn tiered_syn(h: &mut Harness, client: IpAddr, sport: u16, dscp: u8) -> Option<IpAddr> {
+    let vip = if client.is_ipv4() {
+        ip("10.111.1.1")
+    } else {
+        ip("fd00:111:1::1")
+    };
+    let mut frame = tcp_frame(client, sport, vip, 80, true, b"");
+    if dscp != 0 {
+        if client.is_ipv4() {
+            frame[15] = dscp << 2;
+            frame[24] = 0;
+            frame[25] = 0;
+            let sum = !ones_complement_sum(&frame[14..34]);
+            frame[24..26].copy_from_slice(&sum.to_be_bytes());
+        } else {
+            // Traffic class straddles the first two bytes of the IPv6 header.
+            frame[14] = 0x60 | (dscp << 2) >> 4;
+            frame[15] = ((dscp << 2) & 0x0f) << 4 | (frame[15] & 0x0f);
+        }
+    }
+    let (action, out) = h.run(&frame).unwrap();
+    match action_name(action) {
+        "XDP_TX" => backend_of_output(
+            &out,
+            &[
+                ip(B1),
+                ip(B2),
+                ip(B3),
+                ip("fd00:111::11"),
+                ip("fd00:111::12"),
+                ip("fd00:111::13"),
+            ],
+        ),
+        "XDP_DROP" => None,
+        other => panic!("unexpected {other}"),
+    }
+}
+
+#[test]
+#[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
+fn priority_tiers_have_their_own_backends_and_spill_when_they_cannot_serve() {
+    let mut h = harness(&tiered(true, 1));
+    for (premium, other, dedicated) in [
+        (ip("10.9.5.7"), ip("10.9.0.1"), ip(B3)),
+        (ip("2001:db8:5::9"), ip("2001:db8:1::1"), ip("fd00:111::13")),
+    ] {
+        for p in 0..20 {
+            assert_eq!(
+                tiered_syn(&mut h, premium, 1000 + p, 0),
+                Some(dedicated),
+                "a premium client left its tier"
+            );
+        }
+        let others: Vec<IpAddr> = (0..60)
+            .map(|p| tiered_syn(&mut h, other, 2000 + p, 0).unwrap())
+            .collect();
+        assert!(
+            !others.contains(&dedicated),
+            "a free-tier client reached a premium backend: {others:?}"
+        );
+        assert_eq!(
+            counts(&others).len(),
+            2,
+            "the shared pool serves the rest: {:?}",
+            counts(&others)
+        );
+        // DSCP 46 marks a client premium too.
+        assert_eq!(
+            tiered_syn(&mut h, other, 3000, 46),
+            Some(dedicated),
+            "DSCP 46 is the premium tier"
+        );
+    }
+    // The premium backend drained: premium clients spill into the shared pool.
+    h.reconfigure(&tiered(true, 0)).unwrap();
+    let spilled: Vec<IpAddr> = (0..20)
+        .map(|p| tiered_syn(&mut h, ip("10.9.5.7"), 4000 + p, 0).unwrap())
+        .collect();
+    assert!(
+        spilled.iter().all(|b| *b == ip(B1) || *b == ip(B2)),
+        "{spilled:?}"
+    );
+    // Without spillover, they are refused instead.
+    h.reconfigure(&tiered(false, 0)).unwrap();
+    assert_eq!(
+        tiered_syn(&mut h, ip("10.9.5.7"), 5000, 0),
+        None,
+        "a tier without spillover spilled"
+    );
+    assert!(
+        tiered_syn(&mut h, ip("10.9.0.1"), 5000, 0).is_some(),
+        "the shared pool still serves"
+    );
+}

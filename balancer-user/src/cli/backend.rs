@@ -37,6 +37,10 @@ enum BackendCommand {
         /// Next-hop MAC (default: from the neighbour table).
         #[arg(long)]
         mac: Option<String>,
+        /// Dedicate it to a priority tier (a `[[tier]]` of the config) instead of the shared
+        /// pool.
+        #[arg(long)]
+        tier: Option<String>,
     },
     /// Remove a backend from a VIP.
     Del { vip: String, address: IpAddr },
@@ -66,10 +70,13 @@ pub fn run(args: BackendArgs) -> anyhow::Result<ExitCode> {
                     ExitCode::SUCCESS
                 }
                 Ok(list) => {
-                    println!("{:<40} {:>6} {:<8} MAC", "BACKEND", "WEIGHT", "DRAINED");
+                    println!(
+                        "{:<40} {:>6} {:<8} {:<12} MAC",
+                        "BACKEND", "WEIGHT", "DRAINED", "TIER"
+                    );
                     for b in list {
                         println!(
-                            "{:<40} {:>6} {:<8} {}",
+                            "{:<40} {:>6} {:<8} {:<12} {}",
                             b.address.unwrap_or_default(),
                             b.weight.unwrap_or(1),
                             if b.drained.unwrap_or(false) {
@@ -77,6 +84,7 @@ pub fn run(args: BackendArgs) -> anyhow::Result<ExitCode> {
                             } else {
                                 "no"
                             },
+                            b.tier.unwrap_or_else(|| "shared".into()),
                             b.mac.unwrap_or_else(|| "(neighbour table)".into())
                         );
                     }
@@ -90,12 +98,14 @@ pub fn run(args: BackendArgs) -> anyhow::Result<ExitCode> {
             address,
             weight,
             mac,
+            tier,
         } => {
             let body = RawBackend {
                 address: Some(address.to_string()),
                 weight: Some(weight.into()),
                 drained: None,
                 mac,
+                tier,
             };
             report(
                 &args.client,

@@ -147,6 +147,7 @@ fn start(opts: &RunOptions) -> Result<Daemon> {
     settings.flow_bucket_mask = buckets - 1;
     balancer.set_settings(&settings)?;
     balancer.set_removal_grace(config.conntrack.removal_grace);
+    balancer.set_tiers(&config.tiers)?;
     let report = balancer.apply(&config.vips, &macs)?;
     tracing::info!(
         vips = balancer.vips().count(),

@@ -379,6 +379,9 @@ impl Daemon {
                 .map_err(|e| ChangeError::Failed(e.to_string()))?;
         }
         self.balancer.set_removal_grace(new.conntrack.removal_grace);
+        self.balancer
+            .set_tiers(&new.tiers)
+            .map_err(|e| ChangeError::Failed(e.to_string()))?;
         let report = self
             .balancer
             .apply(&new.vips, &macs)

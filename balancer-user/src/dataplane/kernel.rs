@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsFd, AsRawFd};
 
 use aya::Ebpf;
+use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
 use aya::maps::{Array, IterableMap as _, Map, MapData, MapError, PerCpuArray};
 use balancer_common::flow_cache::FlowValue;
 use balancer_common::maps::{
@@ -29,6 +30,9 @@ pub struct KernelDataplane {
     flows: MapData,
     flows_buckets: u32,
     active: Array<MapData, u64>,
+    tier_v4: LpmTrie<MapData, u32, u8>,
+    tier_v6: LpmTrie<MapData, [u32; 4], u8>,
+    tier_dscp: Array<MapData, u8>,
     swap_started: Option<std::time::Instant>,
 }
 
@@ -155,6 +159,9 @@ impl KernelDataplane {
             flows,
             flows_buckets,
             active: take(ebpf, names::ACTIVE)?,
+            tier_v4: take(ebpf, names::TIER_V4)?,
+            tier_v6: take(ebpf, names::TIER_V6)?,
+            tier_dscp: take(ebpf, names::TIER_DSCP)?,
             swap_started: None,
         })
     }
@@ -226,6 +233,69 @@ impl Dataplane for KernelDataplane {
         self.backends
             .set(id, backend, 0)
             .map_err(map_err(names::BACKENDS, "write"))
+    }
+
+    fn set_tiers(
+        &mut self,
+        prefixes: &[(std::net::IpAddr, u8, u8)],
+        dscp: &[u8; 64],
+    ) -> Result<(), DataplaneError> {
+        // Drop the entries no longer wanted, then write the wanted ones (a client may see a
+        // mix for the moment it takes: tiers only steer new flows).
+        let v4_keys: Vec<LpmKey<u32>> = self.tier_v4.keys().filter_map(Result::ok).collect();
+        let v6_keys: Vec<LpmKey<[u32; 4]>> = self.tier_v6.keys().filter_map(Result::ok).collect();
+        let word = |o: &[u8]| u32::from_ne_bytes([o[0], o[1], o[2], o[3]]);
+        let mut want_v4 = Vec::new();
+        let mut want_v6 = Vec::new();
+        for (addr, len, tier) in prefixes {
+            match addr {
+                std::net::IpAddr::V4(a) => {
+                    want_v4.push((LpmKey::new(u32::from(*len), word(&a.octets())), *tier))
+                }
+                std::net::IpAddr::V6(a) => {
+                    let o = a.octets();
+                    let data = [
+                        word(&o[0..4]),
+                        word(&o[4..8]),
+                        word(&o[8..12]),
+                        word(&o[12..16]),
+                    ];
+                    want_v6.push((LpmKey::new(u32::from(*len), data), *tier));
+                }
+            }
+        }
+        for k in v4_keys {
+            if !want_v4
+                .iter()
+                .any(|(w, _)| w.prefix_len() == k.prefix_len() && w.data() == k.data())
+            {
+                let _ = self.tier_v4.remove(&k);
+            }
+        }
+        for k in v6_keys {
+            if !want_v6
+                .iter()
+                .any(|(w, _)| w.prefix_len() == k.prefix_len() && w.data() == k.data())
+            {
+                let _ = self.tier_v6.remove(&k);
+            }
+        }
+        for (k, tier) in &want_v4 {
+            self.tier_v4
+                .insert(k, tier, 0)
+                .map_err(map_err(names::TIER_V4, "write"))?;
+        }
+        for (k, tier) in &want_v6 {
+            self.tier_v6
+                .insert(k, tier, 0)
+                .map_err(map_err(names::TIER_V6, "write"))?;
+        }
+        for (i, t) in dscp.iter().enumerate() {
+            self.tier_dscp
+                .set(i as u32, t, 0)
+                .map_err(map_err(names::TIER_DSCP, "write"))?;
+        }
+        Ok(())
     }
 
     fn reset_active(&mut self, id: u32) -> Result<(), DataplaneError> {

@@ -26,6 +26,9 @@ pub struct MemoryDataplane {
     pub backend_traffic: HashMap<u32, TrafficStats>,
     /// Active flows per backend id.
     pub active: HashMap<u32, u64>,
+    /// Tier classification: prefixes and DSCP values.
+    pub tier_prefixes: Vec<(std::net::IpAddr, u8, u8)>,
+    pub tier_dscp: Vec<u8>,
 }
 
 impl Dataplane for MemoryDataplane {
@@ -67,6 +70,16 @@ impl Dataplane for MemoryDataplane {
             });
         }
         self.backends.insert(id, *backend);
+        Ok(())
+    }
+
+    fn set_tiers(
+        &mut self,
+        prefixes: &[(std::net::IpAddr, u8, u8)],
+        dscp: &[u8; 64],
+    ) -> Result<(), DataplaneError> {
+        self.tier_prefixes = prefixes.to_vec();
+        self.tier_dscp = dscp.to_vec();
         Ok(())
     }
 

@@ -50,6 +50,13 @@ pub trait Dataplane {
     ) -> Result<(), DataplaneError>;
     /// Writes a backend slot.
     fn set_backend(&mut self, id: u32, backend: &Backend) -> Result<(), DataplaneError>;
+    /// Replaces the priority-tier classification: client prefixes `(address, length, tier)`
+    /// and the tier of each DSCP value (0: none).
+    fn set_tiers(
+        &mut self,
+        prefixes: &[(std::net::IpAddr, u8, u8)],
+        dscp: &[u8; 64],
+    ) -> Result<(), DataplaneError>;
     /// Zeroes a backend id's active-flow count (before the id goes to a new backend).
     fn reset_active(&mut self, id: u32) -> Result<(), DataplaneError>;
     /// Active flows per backend id (ids with none are left out).

@@ -7,26 +7,30 @@
 use aya_ebpf::{
     btf_maps::Array,
     helpers::generated::{bpf_get_prandom_u32, bpf_ktime_get_coarse_ns},
+    maps::lpm_trie::Key as LpmKey,
     programs::XdpContext,
 };
 use aya_log_ebpf::warn;
 use balancer_common::{
-    addr::RawAddr,
+    addr::{FAMILY_V4, RawAddr},
     flow_cache::{
         FlowValue, TICK_SHIFT, bucket_of, flow_tag, is_referenced, referenced, unreferenced, victim,
     },
     flow_hash::{flow_hash, slot},
     maps::{
         AffinityKey, AffinityValue, BACKEND_F_ACTIVE, Backend, FLOW_WAYS, FlowBucket, FlowEntry,
-        FlowKey, GlobalConfig, MAGLEV_TABLE_FLAGS, MAX_BACKENDS, MAX_TABLE_ENTRIES, NO_BACKEND,
-        Scheduler, VIP_INDEX_PROBES, VipKey, VipMeta,
+        FlowKey, GlobalConfig, MAGLEV_TABLE_FLAGS, MAX_BACKENDS, MAX_TABLE_ENTRIES, MAX_TIERS,
+        NO_BACKEND, Scheduler, VIP_F_TIERS, VIP_INDEX_PROBES, VipKey, VipMeta,
     },
-    schedule::{HEADER, less_loaded, over_bound},
+    schedule::{HEADER, SPILL, TIER_OFFSETS, less_loaded, over_bound},
     stats::{Counter, GlobalStats},
     vip_index::{probe_slot, same_key, vip_hash},
 };
 
-use crate::maps::{ACTIVE, AFFINITY, BACKENDS, FLOOD, FLOWS, MAGLEV, RR_CURSOR, VIP_ACTIVE, VIPS};
+use crate::maps::{
+    ACTIVE, AFFINITY, BACKENDS, FLOOD, FLOWS, MAGLEV, RR_CURSOR, TIER_DSCP, TIER_V4, TIER_V6,
+    VIP_ACTIVE, VIPS,
+};
 
 /// A VIP's table: Maglev slots, then its schedule.
 type Table = Array<u32, { MAX_TABLE_ENTRIES as usize }, { MAGLEV_TABLE_FLAGS as usize }>;
@@ -73,6 +77,9 @@ pub struct Flow<'a> {
     pub src: &'a RawAddr,
     pub sport: u16,
     pub kind: PacketKind,
+    /// The client's address family and DSCP (for priority tiers).
+    pub family: u8,
+    pub dscp: u8,
 }
 
 /// The chosen backend.
@@ -405,7 +412,7 @@ impl Pick {
 /// The backend with this id if the VIP's table or schedule may name it: active and serving
 /// this VIP (the table and the schedule only list backends with weight).
 #[inline(always)]
-fn candidate(vip: &VipMeta, id: u32) -> Pick {
+fn candidate(vip: &Pool, id: u32) -> Pick {
     if !valid_id(id) {
         return Pick::NONE;
     }
@@ -415,10 +422,37 @@ fn candidate(vip: &VipMeta, id: u32) -> Pick {
     }
 }
 
-/// The backend for a new flow: the default scheduler (Maglev, no persistence, no bounded
-/// load) inline, the others from [`balancer_pick`].
+/// The backend for a new flow: from the client's priority tier's own backends when the VIP
+/// has some (spilling to the shared pool as the tier allows), else from the shared pool: the
+/// default scheduler (Maglev, no persistence, no bounded load) inline, the others from
+/// [`balancer_pick`].
 #[inline(always)]
 fn new_flow_backend(vip: &VipMeta, flow: &Flow<'_>) -> Option<(u32, &'static Backend)> {
+    if vip.flags & VIP_F_TIERS != 0 {
+        core::hint::cold_path();
+        let src = flow.src;
+        // The tier's block (if the client has a tier and the VIP backends for it), then a
+        // pick there: called one after the other, not nested, to keep the call chain's stack
+        // within the kernel's limit.
+        let block = balancer_tier(
+            pack_pool(vip.vip_id, 0, vip.table_size),
+            u64::from(src[0]) | u64::from(src[1]) << 32,
+            u64::from(src[2]) | u64::from(src[3]) << 32,
+            u64::from(flow.family) | u64::from(flow.dscp) << 8,
+        );
+        if block != 0 {
+            let base = (block & 0xff_ffff) as u32;
+            let size = ((block >> 24) & 0xff_ffff) as u32;
+            let id = pick_in(vip, base, size, flow);
+            if valid_id(id) {
+                return checked(vip, id);
+            }
+            if block >> 48 == 0 {
+                // The tier does not spill into the shared pool.
+                return None;
+            }
+        }
+    }
     if vip.scheduler == Scheduler::Maglev as u8 && vip.persist_ticks == 0 && vip.load_bound == 0 {
         let (id, backend) = from_table(vip, flow.src, flow.sport)?;
         return if u32::from(backend.vip_id) == vip.vip_id {
@@ -427,13 +461,24 @@ fn new_flow_backend(vip: &VipMeta, flow: &Flow<'_>) -> Option<(u32, &'static Bac
             None
         };
     }
+    checked(vip, pick_in(vip, 0, vip.table_size, flow))
+}
+
+/// `balancer_pick` on one pool of the VIP.
+#[inline(always)]
+fn pick_in(vip: &VipMeta, base: u32, table_size: u32, flow: &Flow<'_>) -> u32 {
     let src = flow.src;
-    let id = balancer_pick(
-        pack_vip(vip),
+    balancer_pick(
+        pack_pool(vip.vip_id, base, table_size),
         pack_opts(vip, flow.sport),
         u64::from(src[0]) | u64::from(src[1]) << 32,
         u64::from(src[2]) | u64::from(src[3]) << 32,
-    );
+    )
+}
+
+/// The backend entry of an id a scheduler returned, if it may take the VIP's flow.
+#[inline(always)]
+fn checked(vip: &VipMeta, id: u32) -> Option<(u32, &'static Backend)> {
     let backend = BACKENDS.get(id)?;
     if usable(backend) && u32::from(backend.vip_id) == vip.vip_id {
         Some((id, backend))
@@ -442,16 +487,90 @@ fn new_flow_backend(vip: &VipMeta, flow: &Flow<'_>) -> Option<(u32, &'static Bac
     }
 }
 
+/// The client's priority tier's block in the VIP's table map, if it has a tier (by source
+/// prefix, else DSCP) and the VIP dedicates backends to it: `base | size << 24 | spill << 48`
+/// (where the block's Maglev slots start, their number, and 1 if the tier spills into the
+/// shared pool); 0 otherwise. `fd` is `family | dscp << 8`.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn balancer_tier(vip: u64, src_lo: u64, src_hi: u64, fd: u64) -> u64 {
+    let pool = unpack(vip, 0);
+    let src: RawAddr = [
+        src_lo as u32,
+        (src_lo >> 32) as u32,
+        src_hi as u32,
+        (src_hi >> 32) as u32,
+    ];
+    let tier = tier_of(&src, fd as u8, (fd >> 8) as u8);
+    if tier == 0 || tier > MAX_TIERS {
+        return 0;
+    }
+    let Some(table) = table_of(&pool) else {
+        return 0;
+    };
+    let header = pool.table_size;
+    let at = match table.get(header + TIER_OFFSETS + tier - 1) {
+        Some(v) => *v,
+        None => 0,
+    };
+    if at == 0 {
+        return 0;
+    }
+    let size = match table.get(at) {
+        Some(v) => *v,
+        None => 0,
+    };
+    let spill = match table.get(header + SPILL) {
+        Some(v) => (*v >> tier) & 1,
+        None => 0,
+    };
+    u64::from((at + 1) & 0xff_ffff) | u64::from(size & 0xff_ffff) << 24 | u64::from(spill) << 48
+}
+
+/// A client's priority tier: the longest matching source prefix's, else its DSCP's; 0 if none.
+#[inline(always)]
+fn tier_of(src: &RawAddr, family: u8, dscp: u8) -> u32 {
+    let by_prefix = if family == FAMILY_V4 {
+        let key = LpmKey::new(32, src[0]);
+        TIER_V4.get(&key).copied()
+    } else {
+        let key = LpmKey::new(128, *src);
+        TIER_V6.get(&key).copied()
+    };
+    match by_prefix {
+        Some(t) if t != 0 => u32::from(t),
+        _ => match TIER_DSCP.get(u32::from(dscp)) {
+            Some(t) => u32::from(*t),
+            None => 0,
+        },
+    }
+}
+
 // The schedulers are global functions: the kernel verifies each once, on its own, rather than
 // once for every way the packet path reaches it (each header layout is a different verifier
 // state, and the schedulers' loops multiplied by all of them exceed the verifier's budget).
-// Their arguments are therefore plain integers: the VIP as `vip_id | table_size << 32`, its
-// options as `scheduler | load_bound << 8 | persist_ticks << 16 | client port << 32`, and
-// they return a backend id, checked by the caller.
+// Their arguments are therefore plain integers: the pool as `vip_id | table_size << 16 |
+// base << 40` (where its block starts in the VIP's table map; 0 for the shared pool), the
+// VIP's options as `scheduler | load_bound << 8 | persist_ticks << 16 | client port << 32`,
+// and they return a backend id, checked by the caller.
+
+/// A pool of a VIP's backends as the schedulers see it: the shared pool (`base` 0) or a
+/// priority tier's block of the VIP's table map, with the VIP's options.
+#[derive(Clone, Copy)]
+struct Pool {
+    vip_id: u32,
+    base: u32,
+    table_size: u32,
+    scheduler: u8,
+    load_bound: u8,
+    persist_ticks: u16,
+}
 
 #[inline(always)]
-fn pack_vip(vip: &VipMeta) -> u64 {
-    u64::from(vip.vip_id) | u64::from(vip.table_size) << 32
+fn pack_pool(vip_id: u32, base: u32, table_size: u32) -> u64 {
+    u64::from(vip_id & 0xffff)
+        | u64::from(table_size & 0xff_ffff) << 16
+        | u64::from(base & 0xff_ffff) << 40
 }
 
 #[inline(always)]
@@ -463,13 +582,11 @@ fn pack_opts(vip: &VipMeta, sport: u16) -> u64 {
 }
 
 #[inline(always)]
-fn unpack(vip: u64, opts: u64) -> VipMeta {
-    VipMeta {
-        vip_id: vip as u32,
-        table_size: (vip >> 32) as u32,
-        mode: 0,
-        flags: 0,
-        gue_port: 0,
+fn unpack(vip: u64, opts: u64) -> Pool {
+    Pool {
+        vip_id: (vip & 0xffff) as u32,
+        table_size: ((vip >> 16) & 0xff_ffff) as u32,
+        base: ((vip >> 40) & 0xff_ffff) as u32,
         scheduler: opts as u8,
         load_bound: (opts >> 8) as u8,
         persist_ticks: (opts >> 16) as u16,
@@ -564,7 +681,7 @@ fn scheduled(vip: u64, opts: u64, src: &RawAddr, sport: u16) -> u32 {
 
 /// The VIP's table, and its size checked non-zero.
 #[inline(always)]
-fn table_of(meta: &VipMeta) -> Option<&'static Table> {
+fn table_of(meta: &Pool) -> Option<&'static Table> {
     if meta.table_size == 0 {
         return None;
     }
@@ -654,11 +771,11 @@ fn weight_of(b: &Backend) -> u32 {
 
 /// Whether a backend is over the VIP's bounded load.
 #[inline(always)]
-fn full(vip: &VipMeta, table: &Table, id: u32, b: &Backend) -> bool {
+fn full(vip: &Pool, table: &Table, id: u32, b: &Backend) -> bool {
     if vip.load_bound == 0 {
         return false;
     }
-    let total = match table.get(vip.table_size + 2) {
+    let total = match table.get(vip.base + vip.table_size + 2) {
         Some(t) => *t,
         None => 0,
     };
@@ -673,8 +790,8 @@ fn full(vip: &VipMeta, table: &Table, id: u32, b: &Backend) -> bool {
 
 /// Entry `i` of the schedule's header (0 when absent).
 #[inline(always)]
-fn header(vip: &VipMeta, table: &Table, i: u32) -> u32 {
-    match table.get(vip.table_size + i) {
+fn header(vip: &Pool, table: &Table, i: u32) -> u32 {
+    match table.get(vip.base + vip.table_size + i) {
         Some(v) => *v,
         None => 0,
     }
@@ -682,8 +799,8 @@ fn header(vip: &VipMeta, table: &Table, i: u32) -> u32 {
 
 /// The backend in a slot of the Maglev table.
 #[inline(always)]
-fn at_slot(vip: &VipMeta, table: &Table, index: u32) -> Pick {
-    match table.get(index) {
+fn at_slot(vip: &Pool, table: &Table, index: u32) -> Pick {
+    match table.get(vip.base + index) {
         Some(id) => candidate(vip, *id),
         None => Pick::NONE,
     }
@@ -691,11 +808,11 @@ fn at_slot(vip: &VipMeta, table: &Table, index: u32) -> Pick {
 
 /// The `i`-th backend of the schedule's list of `len`.
 #[inline(always)]
-fn listed(vip: &VipMeta, table: &Table, i: u32, len: u32) -> Pick {
+fn listed(vip: &Pool, table: &Table, i: u32, len: u32) -> Pick {
     if i >= len {
         return Pick::NONE;
     }
-    match table.get(vip.table_size + HEADER + i) {
+    match table.get(vip.base + vip.table_size + HEADER + i) {
         Some(id) => candidate(vip, *id),
         None => Pick::NONE,
     }
@@ -704,7 +821,7 @@ fn listed(vip: &VipMeta, table: &Table, i: u32, len: u32) -> Pick {
 /// The Maglev slot of `hash`; under bounded load, the first of the following slots whose
 /// backend has room (the hash's own backend if none has).
 #[inline(always)]
-fn hashed(vip: &VipMeta, table: &Table, hash: u32) -> Pick {
+fn hashed(vip: &Pool, table: &Table, hash: u32) -> Pick {
     let size = vip.table_size;
     if size == 0 {
         return Pick::NONE;
@@ -732,7 +849,7 @@ fn hashed(vip: &VipMeta, table: &Table, hash: u32) -> Pick {
 
 /// This CPU's cursor of the VIP, advanced; in `0..len`.
 #[inline(always)]
-fn next_turn(vip: &VipMeta, len: u32) -> u32 {
+fn next_turn(vip: &Pool, len: u32) -> u32 {
     match RR_CURSOR.get_ptr_mut(vip.vip_id) {
         Some(c) => {
             // SAFETY: this CPU's entry.
@@ -748,13 +865,13 @@ fn next_turn(vip: &VipMeta, len: u32) -> u32 {
 /// Round robin over the list, or over the weighted sequence, with a cursor per CPU per VIP.
 /// A backend that left since the schedule was built is skipped (a few tries).
 #[inline(always)]
-fn in_turn(vip: &VipMeta, table: &Table, weighted: bool) -> Pick {
+fn in_turn(vip: &Pool, table: &Table, weighted: bool) -> Pick {
     let list_len = header(vip, table, 0);
     let seq_len = header(vip, table, 1);
     let (start, len) = if weighted && seq_len > 0 {
-        (vip.table_size + HEADER + list_len, seq_len)
+        (vip.base + vip.table_size + HEADER + list_len, seq_len)
     } else {
-        (vip.table_size + HEADER, list_len)
+        (vip.base + vip.table_size + HEADER, list_len)
     };
     if len == 0 {
         return Pick::NONE;
@@ -778,7 +895,7 @@ fn in_turn(vip: &VipMeta, table: &Table, weighted: bool) -> Pick {
 /// (ties spread; lists longer than `LEAST_CONN_SCAN` are sampled in windows). The loop keeps
 /// only integers (no map pointers), so the verifier's states at its head stay few.
 #[inline(always)]
-fn least_conn(vip: &VipMeta, table: &Table) -> Pick {
+fn least_conn(vip: &Pool, table: &Table) -> Pick {
     let len = header(vip, table, 0);
     if len == 0 {
         return Pick::NONE;
@@ -789,7 +906,7 @@ fn least_conn(vip: &VipMeta, table: &Table) -> Pick {
     } else {
         LEAST_CONN_SCAN
     };
-    let list = vip.table_size + HEADER;
+    let list = vip.base + vip.table_size + HEADER;
     let mut best_id = NO_BACKEND;
     let mut best_active: u64 = 0;
     let mut best_weight: u32 = 1;

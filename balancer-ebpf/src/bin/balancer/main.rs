@@ -91,6 +91,8 @@ fn process(ctx: &XdpContext, stats: &mut GlobalStats) -> u32 {
             src: &ip.src,
             sport: ports.src,
             kind,
+            family: ip.family,
+            dscp: ip.tos >> 2,
         };
         return to_vip(ctx, &frame, &ip, vip, &flow, stats);
     }

@@ -2,14 +2,14 @@
 //! daemon resizes the connection table from its config before loading.
 
 use aya_ebpf::{
-    btf_maps::{Array, ArrayOfMaps, LruHashMap, PerCpuArray},
+    btf_maps::{Array, ArrayOfMaps, LpmTrie, LruHashMap, PerCpuArray},
     macros::btf_map,
 };
 use balancer_common::{
     maps::{
         AffinityKey, AffinityValue, BPF_F_MMAPABLE, Backend, DEFAULT_AFFINITY_ENTRIES,
         DEFAULT_FLOW_BUCKETS, FlowBucket, GlobalConfig, MAGLEV_TABLE_FLAGS, MAX_BACKENDS,
-        MAX_TABLE_ENTRIES, MAX_VIPS, VIP_INDEX_FLAGS, VIP_INDEX_SLOTS, VipSlot,
+        MAX_TABLE_ENTRIES, MAX_TIER_PREFIXES, MAX_VIPS, VIP_INDEX_FLAGS, VIP_INDEX_SLOTS, VipSlot,
     },
     stats::{GlobalStats, TrafficStats},
 };
@@ -78,6 +78,18 @@ pub static RR_CURSOR: PerCpuArray<u32, { MAX_VIPS as usize }> = PerCpuArray::new
 #[btf_map]
 pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue, { DEFAULT_AFFINITY_ENTRIES as usize }> =
     LruHashMap::new();
+
+/// Priority tiers of IPv4 clients by source prefix (network-order address words).
+#[btf_map]
+pub static TIER_V4: LpmTrie<u32, u8, { MAX_TIER_PREFIXES as usize }> = LpmTrie::new();
+
+/// Priority tiers of IPv6 clients by source prefix.
+#[btf_map]
+pub static TIER_V6: LpmTrie<[u32; 4], u8, { MAX_TIER_PREFIXES as usize }> = LpmTrie::new();
+
+/// Priority tiers by DSCP (0 = none).
+#[btf_map]
+pub static TIER_DSCP: Array<u8, 64> = Array::new();
 
 /// New-flow rate of the current window (one flow-clock tick), per CPU (flood mode).
 #[repr(C)]
