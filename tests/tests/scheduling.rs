@@ -226,3 +226,56 @@ fn source_hash_and_persistence_keep_clients_together() {
         "round robin still spreads clients: {per_client:?}"
     );
 }
+
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn a_premium_tier_keeps_its_backends_and_spills_when_they_are_drained() {
+    let mut topo = rack("stier");
+    // The client's own address is premium; 10.111.0.50 (also on the client) is not. b3 is
+    // http4's premium backend.
+    topo.client.sh("ip addr add 10.111.0.50/24 dev eth0").expect("free-tier address");
+    let free: IpAddr = "10.111.0.50".parse().unwrap();
+    let premium: IpAddr = CLIENT4.into();
+    let original = std::fs::read_to_string(topo.log_dir.join("balancer.toml")).unwrap();
+    let with_tier = |drained: bool| -> String {
+        let text = original.clone();
+        let (head, rest) = text.split_once("[[vip]]").unwrap();
+        let mut vips: Vec<String> = rest.split("[[vip]]").map(str::to_string).collect();
+        for v in vips.iter_mut().filter(|v| v.contains("name = \"http4\"")) {
+            *v = v.replace(
+                "address = \"10.111.0.13\"\n  weight = 1\n",
+                &format!(
+                    "address = \"10.111.0.13\"\n  weight = 1\n  tier = \"premium\"\n  drained = {drained}\n"
+                ),
+            );
+        }
+        format!(
+            "{head}[[tier]]\nname = \"premium\"\nprefixes = [\"{premium}/32\"]\n\n[[vip]]{}",
+            vips.join("[[vip]]")
+        )
+    };
+    let from = |topo: &Topology, src: IpAddr, n: usize| -> BTreeMap<String, usize> {
+        topo.client
+            .run_in(move || {
+                let mut served = BTreeMap::new();
+                for _ in 0..n {
+                    let name = http_get_from(src, SocketAddr::new(VIP4.into(), HTTP_PORT), TIMEOUT).unwrap();
+                    *served.entry(name).or_insert(0usize) += 1;
+                }
+                served
+            })
+            .expect("client thread")
+    };
+    let config = with_tier(false);
+    topo.reload_balancer(&config).expect("tiered config");
+    let got = from(&topo, premium, 60);
+    assert_eq!(got.keys().collect::<Vec<_>>(), vec!["b3"], "premium client: {got:?}");
+    let got = from(&topo, free, 60);
+    assert!(!got.contains_key("b3"), "a free-tier client reached the premium backend: {got:?}");
+    assert_eq!(got.len(), 2, "{got:?}");
+    // The premium backend drained: premium clients spill into the shared pool.
+    let config = with_tier(true);
+    topo.reload_balancer(&config).expect("drain the premium backend");
+    let got = from(&topo, premium, 60);
+    assert!(!got.contains_key("b3") && got.values().sum::<usize>() == 60, "{got:?}");
+}
