@@ -1524,6 +1524,7 @@ mac = "02:00:00:00:00:99"
             drained: false,
             mac: None,
             tier: None,
+            from_pool: None,
         });
         let err = lb.apply(&cfg.vips, &macs()).unwrap_err();
         assert!(err.to_string().contains("192.0.2.1"), "{err}");
@@ -1587,6 +1588,7 @@ mac = "02:00:00:00:00:99"
             drained: false,
             mac: None,
             tier: None,
+            from_pool: None,
         });
         restored.apply(&cfg.vips, &macs()).unwrap();
         let ids: HashSet<u32> = restored

@@ -304,6 +304,30 @@ pub struct BackendConfig {
     pub mac: Option<MacAddr>,
     /// Dedicated to this priority tier's clients (a `[[tier]]` name); `None`: the shared pool.
     pub tier: Option<String>,
+    /// Joined from this `[[pool]]` (model routing), not listed in the VIP itself.
+    pub from_pool: Option<String>,
+}
+
+/// How a pool learns which models its backends serve.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Discovery {
+    /// Not at all: every backend of the pool joins every VIP that uses the pool.
+    None,
+    /// `GET http://BACKEND:port/path` in the OpenAI format (`{"data": [{"id": MODEL}]}`).
+    Models { port: u16, path: String },
+    /// The `model_name` labels of the backend's Prometheus page (vLLM, SGLang).
+    Metrics { port: u16, path: String },
+}
+
+/// Backends grouped for model routing: a VIP with `pool` and `model` gets the pool's backends
+/// that serve the model (a backend serving several models joins several VIPs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolConfig {
+    pub name: String,
+    pub discovery: Discovery,
+    /// Between discovery rounds.
+    pub interval: Duration,
+    pub backends: Vec<BackendConfig>,
 }
 
 /// A priority tier: clients from its prefixes, or marked with its DSCP values, go to the
@@ -375,6 +399,9 @@ pub struct VipConfig {
     /// Bounded load: a backend over `(100 + this)`% of its weighted share of the VIP's active
     /// flows takes no new clients by hash or persistence. 0 = no bound.
     pub load_bound_pct: u8,
+    /// Model routing (see [`PoolConfig`]).
+    pub pool: Option<String>,
+    pub model: Option<String>,
     pub backends: Vec<BackendConfig>,
 }
 
@@ -459,6 +486,10 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// Priority tiers (ids 1..=7 in order).
     pub tiers: Vec<TierConfig>,
+    /// Backend pools for model routing.
+    pub pools: Vec<PoolConfig>,
+    /// The VIPs, with the backends they take from pools (per the models discovered so far,
+    /// see [`Config::place_pool_backends`]).
     pub vips: Vec<VipConfig>,
 }
 
@@ -485,6 +516,8 @@ pub struct RawConfig {
     pub metrics: RawMetrics,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tier: Vec<RawTier>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pool: Vec<RawPool>,
     #[serde(default)]
     pub vip: Vec<RawVip>,
 }
@@ -581,6 +614,30 @@ pub struct RawVip {
     pub persistence_secs: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_load_factor: Option<f64>,
+    /// Model routing: take backends from this `[[pool]]`...
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    /// ...those serving this model (all of the pool's when absent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub backend: Vec<RawBackend>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPool {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// none | models | metrics
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub discover: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interval_ms: Option<i64>,
     #[serde(default)]
     pub backend: Vec<RawBackend>,
 }
@@ -835,6 +892,7 @@ impl Config {
             ));
         }
         let tiers = validate_tiers(raw.tier)?;
+        let pools = validate_pools(raw.pool)?;
         let mut vips = Vec::with_capacity(raw.vip.len());
         for (i, raw_vip) in raw.vip.into_iter().enumerate() {
             let vip = validate_vip(raw_vip, &format!("vip[{i}]"))?;
@@ -849,10 +907,27 @@ impl Config {
                     ));
                 }
             }
+            match (&vip.pool, &vip.model) {
+                (Some(p), _) if !pools.iter().any(|x| &x.name == p) => {
+                    return Err(invalid(
+                        format!("vip[{i}].pool"),
+                        format!("{p:?}"),
+                        "no [[pool]] has this name",
+                    ));
+                }
+                (None, Some(m)) => {
+                    return Err(invalid(
+                        format!("vip[{i}].model"),
+                        format!("{m:?}"),
+                        "model routing needs a pool",
+                    ));
+                }
+                _ => {}
+            }
             vips.push(vip);
         }
         check_vip_set(&vips)?;
-        Ok(Config {
+        let mut config = Config {
             interface,
             attach_mode,
             pin_dir,
@@ -862,8 +937,50 @@ impl Config {
             api,
             metrics,
             tiers,
+            pools,
             vips,
-        })
+        };
+        config.place_pool_backends(&Default::default());
+        check_vip_set(&config.vips)?;
+        Ok(config)
+    }
+
+    /// Gives each VIP with a `pool` the pool's backends that serve its `model` according to
+    /// `served` (pool -> backend -> models discovered), replacing those it had from the pool.
+    /// A pool without discovery gives all its backends; with discovery, a backend joins once
+    /// its models are known. A backend the VIP lists itself keeps its own settings.
+    pub fn place_pool_backends(
+        &mut self,
+        served: &std::collections::HashMap<String, std::collections::HashMap<IpAddr, Vec<String>>>,
+    ) {
+        for vip in &mut self.vips {
+            vip.backends.retain(|b| b.from_pool.is_none());
+            let Some(pool) = vip
+                .pool
+                .as_ref()
+                .and_then(|p| self.pools.iter().find(|x| &x.name == p))
+            else {
+                continue;
+            };
+            for b in &pool.backends {
+                if vip.backends.iter().any(|x| x.address == b.address) {
+                    continue;
+                }
+                let serves = match (&pool.discovery, &vip.model) {
+                    (Discovery::None, _) | (_, None) => true,
+                    (_, Some(model)) => served
+                        .get(&pool.name)
+                        .and_then(|m| m.get(&b.address))
+                        .is_some_and(|models| models.iter().any(|x| x == model)),
+                };
+                if serves {
+                    vip.backends.push(BackendConfig {
+                        from_pool: Some(pool.name.clone()),
+                        ..b.clone()
+                    });
+                }
+            }
+        }
     }
 
     /// The id of the tier with this name (0: none, the shared pool).
@@ -912,6 +1029,7 @@ impl Config {
             metrics: RawMetrics {
                 listen: self.metrics.listen.map(|l| l.to_string()),
             },
+            pool: self.pools.iter().map(PoolConfig::to_raw).collect(),
             tier: self
                 .tiers
                 .iter()
@@ -954,7 +1072,15 @@ impl VipConfig {
             persistence_secs: Some(self.persistence.as_secs() as i64),
             max_load_factor: (self.load_bound_pct > 0)
                 .then(|| 1.0 + f64::from(self.load_bound_pct) / 100.0),
-            backend: self.backends.iter().map(BackendConfig::to_raw).collect(),
+            pool: self.pool.clone(),
+            model: self.model.clone(),
+            // Backends joined from a pool are the pool's, not the VIP's.
+            backend: self
+                .backends
+                .iter()
+                .filter(|b| b.from_pool.is_none())
+                .map(BackendConfig::to_raw)
+                .collect(),
         }
     }
 }
@@ -1170,7 +1296,110 @@ pub fn validate_backend(raw: RawBackend, label: &str) -> Result<BackendConfig, C
         drained: raw.drained.unwrap_or(false),
         mac,
         tier,
+        from_pool: None,
     })
+}
+
+/// Validates the `[[pool]]` tables (model routing).
+fn validate_pools(raw: Vec<RawPool>) -> Result<Vec<PoolConfig>, ConfigError> {
+    let mut pools: Vec<PoolConfig> = Vec::new();
+    for (i, p) in raw.into_iter().enumerate() {
+        let key = |k: &str| format!("pool[{i}].{k}");
+        let name = required(p.name, &key("name"))?;
+        if !valid_name(&name) || pools.iter().any(|x| x.name == name) {
+            return Err(invalid(
+                key("name"),
+                format!("{name:?}"),
+                "a unique name of 1-64 letters, digits, '-', '_' or '.'",
+            ));
+        }
+        let port = |default: u16| -> Result<u16, ConfigError> {
+            p.port
+                .map_or(Ok(default), |v| int_in(v, 1, 65_535, &key("port")))
+        };
+        let path = |default: &str| -> Result<String, ConfigError> {
+            let path = p.path.clone().unwrap_or_else(|| default.to_string());
+            if !path.starts_with('/') || path.contains(char::is_whitespace) {
+                return Err(invalid(
+                    key("path"),
+                    format!("{path:?}"),
+                    "an HTTP path starts with '/' and has no spaces",
+                ));
+            }
+            Ok(path)
+        };
+        let discovery = match p.discover.as_deref().unwrap_or("none") {
+            "none" => Discovery::None,
+            "models" => Discovery::Models {
+                port: port(8000)?,
+                path: path("/v1/models")?,
+            },
+            "metrics" => Discovery::Metrics {
+                port: port(8000)?,
+                path: path("/metrics")?,
+            },
+            other => {
+                return Err(invalid(
+                    key("discover"),
+                    format!("{other:?}"),
+                    "expected \"none\", \"models\" or \"metrics\"",
+                ));
+            }
+        };
+        let interval = Duration::from_millis(match p.interval_ms {
+            Some(v) => int_in(v, 100, 3_600_000, &key("interval_ms"))?,
+            None => 2000,
+        });
+        let mut backends: Vec<BackendConfig> = Vec::new();
+        for (j, b) in p.backend.into_iter().enumerate() {
+            let label = format!("pool[{i}].backend[{j}]");
+            let b = validate_backend(b, &label)?;
+            if b.tier.is_some() {
+                return Err(invalid(
+                    format!("{label}.tier"),
+                    "(set)",
+                    "tiers are set on a VIP's own backends, not in pools",
+                ));
+            }
+            if backends.iter().any(|x| x.address == b.address) {
+                return Err(invalid(
+                    format!("{label}.address"),
+                    format!("{:?}", b.address.to_string()),
+                    "listed twice in the pool",
+                ));
+            }
+            backends.push(b);
+        }
+        pools.push(PoolConfig {
+            name,
+            discovery,
+            interval,
+            backends,
+        });
+    }
+    Ok(pools)
+}
+
+impl PoolConfig {
+    fn to_raw(&self) -> RawPool {
+        let (discover, port, path) = match &self.discovery {
+            Discovery::None => ("none", None, None),
+            Discovery::Models { port, path } => {
+                ("models", Some(i64::from(*port)), Some(path.clone()))
+            }
+            Discovery::Metrics { port, path } => {
+                ("metrics", Some(i64::from(*port)), Some(path.clone()))
+            }
+        };
+        RawPool {
+            name: Some(self.name.clone()),
+            discover: Some(discover.into()),
+            port,
+            path,
+            interval_ms: Some(self.interval.as_millis() as i64),
+            backend: self.backends.iter().map(BackendConfig::to_raw).collect(),
+        }
+    }
 }
 
 /// Validates the `[[tier]]` tables: names unique, at most 7, prefixes and DSCP values in range
@@ -1373,6 +1602,8 @@ pub fn validate_vip(raw: RawVip, label: &str) -> Result<VipConfig, ConfigError> 
         scheduler,
         persistence,
         load_bound_pct,
+        pool: raw.pool,
+        model: raw.model,
         backends,
     })
 }
@@ -1708,6 +1939,70 @@ table_size = 655373
 
     fn with_vip(vip_body: &str) -> String {
         format!("interface = \"eth0\"\n[[vip]]\n{vip_body}\n")
+    }
+
+    #[test]
+    fn pools_give_vips_the_backends_serving_their_model() {
+        let text = "interface = \"eth0\"\n\
+            [[pool]]\nname = \"gpus\"\ndiscover = \"models\"\n\
+            [[pool.backend]]\naddress = \"10.0.0.1\"\n[[pool.backend]]\naddress = \"10.0.0.2\"\nweight = 3\n\
+            [[pool]]\nname = \"all\"\n[[pool.backend]]\naddress = \"10.0.0.9\"\n\
+            [[vip]]\nname = \"llama\"\naddress = \"10.1.0.1\"\nport = 80\npool = \"gpus\"\nmodel = \"llama\"\n\
+            [[vip.backend]]\naddress = \"10.0.0.5\"\n\
+            [[vip]]\nname = \"any\"\naddress = \"10.1.0.2\"\nport = 80\npool = \"all\"\nmodel = \"whatever\"\n";
+        let mut c = Config::parse(text).unwrap();
+        let addrs = |c: &Config, vip: &str| -> Vec<String> {
+            c.vip(vip)
+                .unwrap()
+                .backends
+                .iter()
+                .map(|b| b.address.to_string())
+                .collect()
+        };
+        // Nothing discovered yet: only the VIP's own backend; a pool without discovery gives all.
+        assert_eq!(addrs(&c, "llama"), vec!["10.0.0.5"]);
+        assert_eq!(addrs(&c, "any"), vec!["10.0.0.9"]);
+        let mut served = std::collections::HashMap::new();
+        served.insert(
+            "gpus".to_string(),
+            [
+                ("10.0.0.1".parse().unwrap(), vec!["mistral".to_string()]),
+                (
+                    "10.0.0.2".parse().unwrap(),
+                    vec!["llama".to_string(), "mistral".to_string()],
+                ),
+            ]
+            .into_iter()
+            .collect(),
+        );
+        c.place_pool_backends(&served);
+        assert_eq!(addrs(&c, "llama"), vec!["10.0.0.5", "10.0.0.2"]);
+        assert_eq!(
+            c.vip("llama").unwrap().backends[1].weight,
+            3,
+            "the pool's settings come along"
+        );
+        // The file form keeps pool members in the pool.
+        let raw = c.to_raw();
+        assert_eq!(raw.vip[0].backend.len(), 1);
+        assert_eq!(raw.pool[0].backend.len(), 2);
+        for (bad, want) in [
+            (
+                text.replace("pool = \"gpus\"", "pool = \"gpu\""),
+                "vip[0].pool = \"gpu\": no [[pool]] has this name",
+            ),
+            (
+                text.replace("discover = \"models\"", "discover = \"dns\""),
+                "pool[0].discover = \"dns\"",
+            ),
+            (
+                text.replace("pool = \"all\"\n", ""),
+                "vip[1].model = \"whatever\": model routing needs a pool",
+            ),
+        ] {
+            let err = Config::parse(&bad).unwrap_err().to_string();
+            assert!(err.contains(want), "{err}");
+        }
     }
 
     #[test]

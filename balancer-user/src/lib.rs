@@ -8,6 +8,7 @@ pub mod config;
 pub mod daemon;
 pub mod dataplane;
 pub mod decap;
+pub mod discovery;
 pub mod ebpf;
 pub mod health;
 pub mod metrics;

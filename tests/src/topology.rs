@@ -346,6 +346,7 @@ impl Topology {
         let (own4, own6) = (backend4(i).to_string(), backend6(i).to_string());
         let (v4, v6) = (VIP4.to_string(), VIP6.to_string());
         let metrics = self.metrics_file(i).to_string_lossy().to_string();
+        let models = self.models_file(i).to_string_lossy().to_string();
         let argv = [
             server.as_str(),
             "--name",
@@ -366,6 +367,8 @@ impl Topology {
             &own6,
             "--metrics-file",
             &metrics,
+            "--models-file",
+            &models,
         ];
         let process_name = format!("server-{name}");
         self.processes.retain(|p| p.name != process_name);
@@ -378,6 +381,12 @@ impl Topology {
     /// The file backend `i`'s server serves at `/metrics` (absent until a test writes it).
     pub fn metrics_file(&self, i: usize) -> PathBuf {
         self.log_dir.join(format!("metrics-b{}.prom", i + 1))
+    }
+
+    /// The file listing (comma-separated) the models backend `i`'s server answers at
+    /// `/v1/models` (none until a test writes it).
+    pub fn models_file(&self, i: usize) -> PathBuf {
+        self.log_dir.join(format!("models-b{}.txt", i + 1))
     }
 
     /// Kills the test server of backend `i` (0-based).

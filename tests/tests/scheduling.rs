@@ -233,7 +233,9 @@ fn a_premium_tier_keeps_its_backends_and_spills_when_they_are_drained() {
     let mut topo = rack("stier");
     // The client's own address is premium; 10.111.0.50 (also on the client) is not. b3 is
     // http4's premium backend.
-    topo.client.sh("ip addr add 10.111.0.50/24 dev eth0").expect("free-tier address");
+    topo.client
+        .sh("ip addr add 10.111.0.50/24 dev eth0")
+        .expect("free-tier address");
     let free: IpAddr = "10.111.0.50".parse().unwrap();
     let premium: IpAddr = CLIENT4.into();
     let original = std::fs::read_to_string(topo.log_dir.join("balancer.toml")).unwrap();
@@ -259,7 +261,8 @@ fn a_premium_tier_keeps_its_backends_and_spills_when_they_are_drained() {
             .run_in(move || {
                 let mut served = BTreeMap::new();
                 for _ in 0..n {
-                    let name = http_get_from(src, SocketAddr::new(VIP4.into(), HTTP_PORT), TIMEOUT).unwrap();
+                    let name = http_get_from(src, SocketAddr::new(VIP4.into(), HTTP_PORT), TIMEOUT)
+                        .unwrap();
                     *served.entry(name).or_insert(0usize) += 1;
                 }
                 served
@@ -269,13 +272,109 @@ fn a_premium_tier_keeps_its_backends_and_spills_when_they_are_drained() {
     let config = with_tier(false);
     topo.reload_balancer(&config).expect("tiered config");
     let got = from(&topo, premium, 60);
-    assert_eq!(got.keys().collect::<Vec<_>>(), vec!["b3"], "premium client: {got:?}");
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        vec!["b3"],
+        "premium client: {got:?}"
+    );
     let got = from(&topo, free, 60);
-    assert!(!got.contains_key("b3"), "a free-tier client reached the premium backend: {got:?}");
+    assert!(
+        !got.contains_key("b3"),
+        "a free-tier client reached the premium backend: {got:?}"
+    );
     assert_eq!(got.len(), 2, "{got:?}");
     // The premium backend drained: premium clients spill into the shared pool.
     let config = with_tier(true);
-    topo.reload_balancer(&config).expect("drain the premium backend");
+    topo.reload_balancer(&config)
+        .expect("drain the premium backend");
     let got = from(&topo, premium, 60);
-    assert!(!got.contains_key("b3") && got.values().sum::<usize>() == 60, "{got:?}");
+    assert!(
+        !got.contains_key("b3") && got.values().sum::<usize>() == 60,
+        "{got:?}"
+    );
+}
+
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn model_routing_places_backends_by_the_models_they_serve() {
+    let tag = "smodel";
+    sweep(&format!("{PREFIX}-{tag}-"));
+    let mut topo = Topology::build(TopologyOptions::new(tag)).expect("building the test rack");
+    topo.attach_peer_pass(AttachMode::Native)
+        .expect("pass program");
+    // b1 serves llama, b2 mistral, b3 both (their /v1/models answers).
+    for (i, models) in ["llama", "mistral", "llama,mistral"].iter().enumerate() {
+        std::fs::write(topo.models_file(i), models).unwrap();
+    }
+    let base = rack_config(&topo, "l2-dsr", AttachMode::Native, "");
+    let head = base.split("[[vip]]").next().unwrap().to_string();
+    let config = format!(
+        "{head}[[pool]]\nname = \"gpus\"\ndiscover = \"models\"\nport = 80\ninterval_ms = 200\n\
+           [[pool.backend]]\n  address = \"10.111.0.11\"\n  [[pool.backend]]\n  address = \"10.111.0.12\"\n  [[pool.backend]]\n  address = \"10.111.0.13\"\n\n\
+         [[vip]]\nname = \"llama\"\naddress = \"{VIP4}\"\nport = {HTTP_PORT}\npool = \"gpus\"\nmodel = \"llama\"\n\n\
+         [[vip]]\nname = \"mistral\"\naddress = \"{VIP4}\"\nport = {ECHO_PORT}\npool = \"gpus\"\nmodel = \"mistral\"\n"
+    );
+    topo.start_balancer(&config).expect("starting the balancer");
+    let members = |topo: &Topology, vip: &str| -> Vec<String> {
+        let s: Status = serde_json::from_str(&topo.cli(&["status", "--json"]).unwrap().1).unwrap();
+        let mut m: Vec<String> = s
+            .vips
+            .iter()
+            .find(|v| v.name == vip)
+            .map(|v| {
+                v.backends
+                    .iter()
+                    .filter(|b| !b.retiring)
+                    .map(|b| b.address.to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        m.sort();
+        m
+    };
+    let wait_for = |topo: &Topology, vip: &str, want: &[&str]| {
+        let started = std::time::Instant::now();
+        while members(topo, vip) != want {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{vip} has {:?}, wanted {want:?}\n{}",
+                members(topo, vip),
+                topo.logs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_for(&topo, "llama", &["10.111.0.11", "10.111.0.13"]);
+    wait_for(&topo, "mistral", &["10.111.0.12", "10.111.0.13"]);
+    let llama = served(&topo, 60);
+    assert_eq!(
+        llama.keys().collect::<Vec<_>>(),
+        vec!["b1", "b3"],
+        "llama requests: {llama:?}"
+    );
+    let addr = SocketAddr::new(VIP4.into(), ECHO_PORT);
+    let mistral: BTreeMap<String, usize> = topo
+        .client
+        .run_in(move || {
+            let mut m = BTreeMap::new();
+            for _ in 0..60 {
+                *m.entry(echo_open(addr, TIMEOUT).unwrap().0).or_insert(0) += 1;
+            }
+            m
+        })
+        .expect("client thread");
+    assert_eq!(
+        mistral.keys().collect::<Vec<_>>(),
+        vec!["b2", "b3"],
+        "mistral requests: {mistral:?}"
+    );
+    // b1 starts serving mistral too: it joins that VIP as well; the config file is unchanged.
+    std::fs::write(topo.models_file(0), "llama,mistral").unwrap();
+    wait_for(
+        &topo,
+        "mistral",
+        &["10.111.0.11", "10.111.0.12", "10.111.0.13"],
+    );
+    let written = std::fs::read_to_string(topo.log_dir.join("balancer.toml")).unwrap();
+    assert_eq!(written, config, "discovery rewrote the config file");
 }

@@ -26,6 +26,8 @@ pub struct VipArgs {
     client: ClientArgs,
 }
 
+// Parsed once per command line: the size of its largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum VipCommand {
     /// List the VIPs and their settings.
@@ -83,6 +85,12 @@ enum VipCommand {
         /// multiple of its weighted share of active flows (e.g. 1.25).
         #[arg(long)]
         max_load_factor: Option<f64>,
+        /// Model routing: take the backends of this `[[pool]]` of the config...
+        #[arg(long)]
+        pool: Option<String>,
+        /// ...that serve this model.
+        #[arg(long, requires = "pool")]
+        model: Option<String>,
     },
     /// Change a VIP's scheduler (established flows keep their backends).
     SetScheduler {
@@ -156,6 +164,8 @@ pub fn run(args: VipArgs) -> anyhow::Result<ExitCode> {
             scheduler,
             persistence_secs,
             max_load_factor,
+            pool,
+            model,
         } => {
             let body = RawVip {
                 name: Some(name),
@@ -191,6 +201,8 @@ pub fn run(args: VipArgs) -> anyhow::Result<ExitCode> {
                 scheduler: Some(scheduler),
                 persistence_secs: persistence_secs.map(i64::from),
                 max_load_factor,
+                pool,
+                model,
                 backend: Vec::new(),
             };
             report(

@@ -30,6 +30,7 @@ use crate::api::server::{ApiState, read_token, router, router_with_token};
 use crate::balancer::{Balancer, Snapshot};
 use crate::config::{AttachMode, Config, MacAddr};
 use crate::dataplane::kernel::KernelDataplane;
+use crate::discovery::DiscoveryLoops;
 use crate::ebpf;
 use crate::health::HealthChecks;
 use crate::metrics::Metrics;
@@ -306,6 +307,8 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     health.reconcile(&daemon);
     let mut telemetry = TelemetryLoops::default();
     telemetry.reconcile(&daemon);
+    let mut discovery = DiscoveryLoops::default();
+    discovery.reconcile(&daemon);
     tracing::info!(
         %interface,
         %mode,
@@ -344,6 +347,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
                 }
                 health.reconcile(&daemon);
                 telemetry.reconcile(&daemon);
+                discovery.reconcile(&daemon);
             }
             _ = second.tick() => {
                 let d = daemon.clone();
@@ -354,9 +358,10 @@ pub async fn run(opts: RunOptions) -> Result<()> {
                     }
                 })
                 .await;
-                // API changes may have added or removed checked or scraped backends.
+                // API changes may have added or removed checked or scraped backends, or pools.
                 health.reconcile(&daemon);
                 telemetry.reconcile(&daemon);
+                discovery.reconcile(&daemon);
             }
             _ = flows_every.tick() => {
                 let d = daemon.clone();
@@ -371,6 +376,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     }
     health.stop();
     telemetry.stop();
+    discovery.stop();
 
     let d = daemon
         .lock()

@@ -81,6 +81,10 @@ pub struct Daemon {
     /// Per VIP name: the weight policy's memory and its last decisions.
     policies: HashMap<String, PolicyState>,
     decisions: HashMap<String, Vec<Decision>>,
+    /// Model routing: per pool, the models each backend was found serving, and the last
+    /// discovery error per backend.
+    pub served: HashMap<String, HashMap<IpAddr, Vec<String>>>,
+    pub discovery_errors: HashMap<(String, IpAddr), String>,
 }
 
 impl Daemon {
@@ -111,6 +115,47 @@ impl Daemon {
             telemetry: TelemetryStore::default(),
             policies: HashMap::new(),
             decisions: HashMap::new(),
+            served: HashMap::new(),
+            discovery_errors: HashMap::new(),
+        }
+    }
+
+    /// Records a discovery round of `pool`; when a backend's models changed, the VIPs that
+    /// route by model get their backends again.
+    pub fn record_models(
+        &mut self,
+        pool: &str,
+        results: Vec<(IpAddr, Result<Vec<String>, String>)>,
+    ) {
+        let mut changed = false;
+        let known = self.served.entry(pool.to_string()).or_default();
+        for (backend, result) in results {
+            match result {
+                Ok(models) => {
+                    self.discovery_errors.remove(&(pool.to_string(), backend));
+                    if known.get(&backend) != Some(&models) {
+                        tracing::info!(pool, %backend, ?models, "models discovered");
+                        known.insert(backend, models);
+                        changed = true;
+                    }
+                }
+                Err(why) => {
+                    // What was known stays: a server busy for a moment keeps its VIPs.
+                    if self
+                        .discovery_errors
+                        .insert((pool.to_string(), backend), why.clone())
+                        .is_none()
+                    {
+                        tracing::warn!(pool, %backend, "model discovery failed: {why}");
+                    }
+                }
+            }
+        }
+        if changed {
+            let config = self.config.clone();
+            if let Err(e) = self.apply_config(config, "discovery", false) {
+                tracing::error!(pool, "placing backends by model: {e}");
+            }
         }
     }
 
@@ -326,7 +371,9 @@ impl Daemon {
         result
     }
 
-    fn try_apply(&mut self, new: Config, write_file: bool) -> Result<ApplyReport, ChangeError> {
+    fn try_apply(&mut self, mut new: Config, write_file: bool) -> Result<ApplyReport, ChangeError> {
+        new.place_pool_backends(&self.served);
+        crate::config::check_vip_set(&new.vips)?;
         let old = &self.config;
         let fixed = [
             ("interface", old.interface != new.interface),

@@ -32,6 +32,10 @@ struct Args {
     /// File served at `/metrics` on the HTTP port.
     #[arg(long)]
     metrics_file: Option<PathBuf>,
+    /// File listing (comma-separated) the models answered at `GET /v1/models` (OpenAI
+    /// format); read at each request, none while absent.
+    #[arg(long)]
+    models_file: Option<PathBuf>,
 }
 
 fn main() {
@@ -50,7 +54,10 @@ fn main() {
     }
     eprintln!("test-backend {name} listening");
     let metrics = args.metrics_file.clone();
-    serve(http, move |s| http_session(s, &name, metrics.as_deref()));
+    let models = args.models_file.clone();
+    serve(http, move |s| {
+        http_session(s, &name, metrics.as_deref(), models.as_deref())
+    });
 }
 
 fn serve(listener: TcpListener, handler: impl Fn(TcpStream) + Send + Sync + Clone + 'static) {
@@ -78,7 +85,21 @@ fn echo_stream(mut stream: TcpStream, name: &str) {
 }
 
 /// Answers HTTP/1.1 requests on one connection until the client closes or asks to.
-fn http_session(mut stream: TcpStream, name: &str, metrics: Option<&Path>) {
+/// The OpenAI `GET /v1/models` answer for the models listed in `file`.
+fn models_json(file: Option<&Path>) -> String {
+    let listed = file
+        .and_then(|f| std::fs::read_to_string(f).ok())
+        .unwrap_or_default();
+    let data: Vec<String> = listed
+        .split(',')
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+        .map(|m| format!("{{\"id\":\"{m}\",\"object\":\"model\",\"owned_by\":\"test-backend\"}}"))
+        .collect();
+    format!("{{\"object\":\"list\",\"data\":[{}]}}", data.join(","))
+}
+
+fn http_session(mut stream: TcpStream, name: &str, metrics: Option<&Path>, models: Option<&Path>) {
     let mut pending = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
@@ -101,6 +122,7 @@ fn http_session(mut stream: TcpStream, name: &str, metrics: Option<&Path>) {
                 Ok(page) => ("200 OK", page),
                 Err(e) => ("404 Not Found", format!("{}: {e}\n", file.display())),
             },
+            _ if head.starts_with("get /v1/models ") => ("200 OK", models_json(models)),
             _ => ("200 OK", format!("{name}\n")),
         };
         let reply = format!(

@@ -1,0 +1,170 @@
+//! Model discovery for model routing: which models each backend of a `[[pool]]` serves, from
+//! its OpenAI-style `GET /v1/models` answer or the `model_name` labels of its metrics page,
+//! polled by one task per pool. A failed poll keeps what was known (and is logged).
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::config::Discovery;
+use crate::daemon::state::Daemon;
+use crate::telemetry::{exposition, scrape::http_get};
+
+/// Largest answer read.
+const MAX_BODY: usize = 1 << 20;
+
+/// The model ids of an OpenAI `GET /v1/models` answer: `{"object": "list", "data": [{"id":
+/// ...}, ...]}`.
+pub fn parse_models(body: &str) -> Result<Vec<String>, String> {
+    let value: serde_json::Value =
+        serde_json::from_str(body).map_err(|e| format!("not JSON: {e}"))?;
+    let data = value
+        .get("data")
+        .and_then(|d| d.as_array())
+        .ok_or("no \"data\" list of models")?;
+    let mut models = Vec::new();
+    for (i, m) in data.iter().enumerate() {
+        let id = m
+            .get("id")
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| format!("data[{i}] has no string \"id\""))?;
+        if !models.iter().any(|x| x == id) {
+            models.push(id.to_string());
+        }
+    }
+    models.sort();
+    Ok(models)
+}
+
+/// The `model_name` label values of a Prometheus page.
+pub fn models_of_page(page: &str) -> Result<Vec<String>, String> {
+    let samples = exposition::parse(page).map_err(|e| e.to_string())?;
+    let mut models: Vec<String> = samples
+        .iter()
+        .filter_map(|s| s.label("model_name"))
+        .map(str::to_string)
+        .collect();
+    models.sort();
+    models.dedup();
+    Ok(models)
+}
+
+/// Asks one backend which models it serves.
+pub async fn discover(
+    backend: IpAddr,
+    how: &Discovery,
+    timeout: Duration,
+) -> Result<Vec<String>, String> {
+    match how {
+        Discovery::None => Ok(Vec::new()),
+        Discovery::Models { port, path } => {
+            let body = http_get(SocketAddr::new(backend, *port), path, timeout, MAX_BODY).await?;
+            parse_models(&body).map_err(|e| format!("{backend}:{port}{path}: {e}"))
+        }
+        Discovery::Metrics { port, path } => {
+            let body = http_get(SocketAddr::new(backend, *port), path, timeout, MAX_BODY).await?;
+            models_of_page(&body).map_err(|e| format!("{backend}:{port}{path}: {e}"))
+        }
+    }
+}
+
+type Key = (Vec<IpAddr>, Discovery, Duration);
+
+/// The running discovery tasks, by pool name.
+#[derive(Default)]
+pub struct DiscoveryLoops {
+    tasks: HashMap<String, (Key, JoinHandle<()>)>,
+}
+
+impl DiscoveryLoops {
+    /// Brings the tasks in line with the daemon's pools.
+    pub fn reconcile(&mut self, daemon: &Arc<Mutex<Daemon>>) {
+        let targets: HashMap<String, Key> = match daemon.lock() {
+            Ok(d) => d
+                .config
+                .pools
+                .iter()
+                .filter(|p| p.discovery != Discovery::None)
+                .map(|p| {
+                    let backends = p.backends.iter().map(|b| b.address).collect();
+                    (p.name.clone(), (backends, p.discovery.clone(), p.interval))
+                })
+                .collect(),
+            Err(_) => return,
+        };
+        self.tasks.retain(|name, (key, task)| {
+            let keep = targets.get(name) == Some(key);
+            if !keep {
+                task.abort();
+            }
+            keep
+        });
+        for (name, key) in targets {
+            if self.tasks.contains_key(&name) {
+                continue;
+            }
+            let task = tokio::spawn(run(daemon.clone(), name.clone(), key.clone()));
+            self.tasks.insert(name, (key, task));
+        }
+    }
+
+    pub fn stop(&mut self) {
+        for (_, (_, task)) in self.tasks.drain() {
+            task.abort();
+        }
+    }
+}
+
+async fn run(daemon: Arc<Mutex<Daemon>>, pool: String, (backends, how, interval): Key) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let timeout = interval.min(Duration::from_secs(2));
+    loop {
+        tick.tick().await;
+        let mut set = JoinSet::new();
+        for backend in &backends {
+            let (backend, how) = (*backend, how.clone());
+            set.spawn(async move { (backend, discover(backend, &how, timeout).await) });
+        }
+        let mut results = Vec::new();
+        while let Some(done) = set.join_next().await {
+            if let Ok(r) = done {
+                results.push(r);
+            }
+        }
+        let d = daemon.clone();
+        let pool = pool.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Ok(mut d) = d.lock() {
+                d.record_models(&pool, results);
+            }
+        })
+        .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn openai_model_lists_and_metrics_labels_give_models() {
+        let body = r#"{"object":"list","data":[{"id":"llama-3-8b","object":"model","owned_by":"vllm"},{"id":"mistral-7b","object":"model"}]}"#;
+        assert_eq!(
+            parse_models(body).unwrap(),
+            vec!["llama-3-8b", "mistral-7b"]
+        );
+        assert!(parse_models("{}").unwrap_err().contains("data"));
+        assert!(
+            parse_models(r#"{"data":[{"name":"x"}]}"#)
+                .unwrap_err()
+                .contains("data[0]")
+        );
+        assert!(parse_models("<html>").unwrap_err().contains("not JSON"));
+        let page = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\",model_name=\"llama-3-8b\"} 1\nvllm:num_requests_running{engine=\"1\",model_name=\"llama-3-8b\"} 0\n";
+        assert_eq!(models_of_page(page).unwrap(), vec!["llama-3-8b"]);
+    }
+}
