@@ -5,5 +5,6 @@
 pub mod bench;
 pub mod netns;
 pub mod packet;
+pub mod sim;
 pub mod topology;
 pub mod traffic;
