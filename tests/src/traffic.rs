@@ -28,6 +28,20 @@ pub fn http_get(addr: SocketAddr, timeout: Duration) -> Result<String> {
     Ok(body.trim().to_string())
 }
 
+/// `GET path` on a fresh connection; the body, whatever the status.
+pub fn http_get_path(addr: SocketAddr, path: &str, timeout: Duration) -> Result<String> {
+    let mut stream = connect(addr, timeout)?;
+    stream.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+    )?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply)?;
+    Ok(reply
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default())
+}
+
 /// One HTTP GET on a fresh connection from the local address `src` (which must be assigned
 /// to an interface of the namespace); returns the body.
 pub fn http_get_from(src: std::net::IpAddr, addr: SocketAddr, timeout: Duration) -> Result<String> {

@@ -155,7 +155,7 @@ fn demo() -> Result<()> {
 }
 
 fn bench(name: &str, args: &[String]) -> Result<()> {
-    const BENCHES: &[&str] = &["dataplane", "control"];
+    const BENCHES: &[&str] = &["dataplane", "control", "llm"];
     if !BENCHES.contains(&name) {
         bail!(
             "unknown benchmark {name:?}; choose one of {}",

@@ -3,6 +3,7 @@
 
 pub mod control;
 pub mod dataplane;
+pub mod llm;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

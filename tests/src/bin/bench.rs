@@ -1,7 +1,7 @@
 //! `balancer-bench`: the benchmarks behind `cargo xtask bench`.
 
 use anyhow::Result;
-use balancer_tests::bench::{self, control, dataplane};
+use balancer_tests::bench::{self, control, dataplane, llm};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -27,6 +27,39 @@ enum Bench {
     },
     /// Maglev build time, slots moved, balance, publish latency, daemon memory.
     Control,
+    /// Routing quality on LLM traffic: simulated GPUs of two sizes behind the balancer, one
+    /// workload replayed under each policy; TTFT/E2E percentiles, throughput, CDF picture.
+    Llm {
+        /// A TIMESTAMP,ContextTokens,GeneratedTokens trace (e.g.
+        /// ../shared/traces/AzureLLMInferenceTrace_conv.csv); synthetic when absent.
+        #[arg(long)]
+        trace: Option<std::path::PathBuf>,
+        /// Requests replayed (the trace's first ones).
+        #[arg(long, default_value_t = 600)]
+        requests: usize,
+        /// Offered load, requests per second (the trace's timing is compressed to it).
+        #[arg(long, default_value_t = 8.0)]
+        rate: f64,
+        /// Policies compared, in order.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "round-robin,least-conn,maglev,composite"
+        )]
+        policies: Vec<String>,
+        /// GPU profiles of the backends.
+        #[arg(long, value_delimiter = ',', default_value = "large,large,small,small")]
+        gpus: Vec<String>,
+        /// Keep-alive client sessions instead of a connection per request (0).
+        #[arg(long, default_value_t = 0)]
+        sessions: usize,
+        /// Seed of the synthetic workload.
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Give up on a request after this many seconds.
+        #[arg(long, default_value_t = 300)]
+        timeout_secs: u64,
+    },
 }
 
 fn main() -> Result<()> {
@@ -43,6 +76,40 @@ fn main() -> Result<()> {
         Bench::Control => {
             let figures = control::run()?;
             let path = bench::write_json("control", &figures)?;
+            println!("wrote {}", path.display());
+        }
+        Bench::Llm {
+            trace,
+            requests,
+            rate,
+            policies,
+            gpus,
+            sessions,
+            seed,
+            timeout_secs,
+        } => {
+            if !(rate > 0.0 && rate <= 1000.0) || requests == 0 {
+                anyhow::bail!("--rate must be in (0, 1000] and --requests positive");
+            }
+            if let Some(g) = gpus
+                .iter()
+                .find(|g| balancer_tests::sim::engine::Profile::by_name(g).is_none())
+            {
+                anyhow::bail!("--gpus: unknown profile {g:?} (large or small)");
+            }
+            let opts = llm::Options {
+                trace,
+                requests,
+                rate,
+                policies,
+                gpus,
+                sessions,
+                seed,
+                timeout: std::time::Duration::from_secs(timeout_secs),
+                out_dir: bench::results_dir().join("llm"),
+            };
+            let figures = llm::run(&opts)?;
+            let path = bench::write_json("llm", &figures)?;
             println!("wrote {}", path.display());
         }
     }

@@ -10,8 +10,8 @@ use clap::Parser;
 #[command(
     about = "Simulated LLM inference server: OpenAI-compatible /v1/completions and /v1/chat/completions \
              (streamed or not), /v1/models, /health, and vLLM's /metrics, over a modelled GPU",
-    after_help = "Profiles:\n  large  80 GB-class GPU: 65,536 KV tokens, prefill 40k tok/s, decode step 8 ms + 0.05 ms/seq, batch 64\n  \
-                  small  24 GB-class GPU: 16,384 KV tokens, prefill 10k tok/s, decode step 20 ms + 0.2 ms/seq, batch 16\n\n\
+    after_help = "Profiles:\n  large  80 GB-class GPU: 65,536 KV tokens, prefill 8k tok/s, decode step 30 ms + 0.2 ms/seq, batch 64\n  \
+                  small  24 GB-class GPU: 16,384 KV tokens, prefill 2k tok/s, decode step 60 ms + 1 ms/seq, batch 16\n\n\
                   Example:\n  sim-llm --listen 0.0.0.0:8000 --name gpu1 --profile large --model llama-3-8b"
 )]
 struct Args {
@@ -36,7 +36,10 @@ fn main() -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    eprintln!("sim-llm {} ({}) listening on {}", args.name, profile.stands_for, args.listen);
+    eprintln!(
+        "sim-llm {} ({}) listening on {}",
+        args.name, profile.stands_for, args.listen
+    );
     runtime.block_on(server::serve(args.listen, args.name, args.model, profile))?;
     Ok(())
 }

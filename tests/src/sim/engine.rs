@@ -32,28 +32,30 @@ pub struct Profile {
 }
 
 impl Profile {
-    /// An 80 GB-class GPU (H100-like): a large KV cache, fast prefill and decode.
+    /// An 80 GB-class GPU (H100-like): a large KV cache, faster prefill and decode (about 33
+    /// tokens/s per stream at small batches, as a large model gives).
     pub fn large() -> Profile {
         Profile {
             name: "large",
-            stands_for: "80 GB-class GPU (H100-like) serving an 8B model",
+            stands_for: "80 GB-class GPU (H100-like)",
             kv_tokens: 65_536,
-            prefill_tokens_per_s: 40_000.0,
-            step_base: Duration::from_micros(8_000),
-            step_per_seq: Duration::from_micros(50),
+            prefill_tokens_per_s: 8_000.0,
+            step_base: Duration::from_millis(30),
+            step_per_seq: Duration::from_micros(200),
             max_batch: 64,
         }
     }
 
-    /// A 24 GB-class GPU (L4-like): a quarter of the KV cache, slower everything.
+    /// A 24 GB-class GPU (L4-like): a quarter of the KV cache, a quarter of the prefill speed,
+    /// half the decode speed, and smaller batches.
     pub fn small() -> Profile {
         Profile {
             name: "small",
-            stands_for: "24 GB-class GPU (L4-like) serving the same model",
+            stands_for: "24 GB-class GPU (L4-like)",
             kv_tokens: 16_384,
-            prefill_tokens_per_s: 10_000.0,
-            step_base: Duration::from_micros(20_000),
-            step_per_seq: Duration::from_micros(200),
+            prefill_tokens_per_s: 2_000.0,
+            step_base: Duration::from_millis(60),
+            step_per_seq: Duration::from_millis(1),
             max_batch: 16,
         }
     }
@@ -133,7 +135,11 @@ impl Engine {
                 self.profile.kv_tokens
             ));
         }
-        self.waiting.push_back(Waiting { id, prompt, max_tokens });
+        self.waiting.push_back(Waiting {
+            id,
+            prompt,
+            max_tokens,
+        });
         Ok(())
     }
 
@@ -170,7 +176,9 @@ impl Engine {
         let mut prefill = 0u64;
         while let Some(w) = self.waiting.front() {
             let need = w.prompt + w.max_tokens;
-            if self.running.len() >= self.profile.max_batch || self.kv_used + need > self.profile.kv_tokens {
+            if self.running.len() >= self.profile.max_batch
+                || self.kv_used + need > self.profile.kv_tokens
+            {
                 break;
             }
             let w = self.waiting.pop_front().expect("front exists");
@@ -220,15 +228,18 @@ mod tests {
         e.submit(1, 4000, 3).unwrap();
         let s = e.step();
         assert_eq!(s.admitted, vec![1]);
-        // 4000 / 40k tok/s = 100 ms of prefill + 8 ms + 50 us.
-        assert_eq!(s.duration, Duration::from_micros(108_050));
+        // 4000 / 8000 tok/s = 500 ms of prefill + 30 ms + 0.2 ms.
+        assert_eq!(s.duration, Duration::from_micros(530_200));
         assert_eq!(s.tokens, vec![(1, 1)]);
-        assert_eq!(e.step().duration, Duration::from_micros(8_050));
+        assert_eq!(e.step().duration, Duration::from_micros(30_200));
         let last = e.step();
         assert_eq!(last.finished, vec![1]);
         assert!(e.is_idle());
         assert_eq!(e.kv_usage(), 0.0);
-        assert_eq!((e.prompt_tokens_total, e.generation_tokens_total), (4000, 3));
+        assert_eq!(
+            (e.prompt_tokens_total, e.generation_tokens_total),
+            (4000, 3)
+        );
     }
 
     #[test]

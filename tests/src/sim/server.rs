@@ -43,7 +43,12 @@ struct Shared {
 }
 
 /// Runs a simulated server on `addr` until the process ends.
-pub async fn serve(addr: SocketAddr, name: String, model: String, profile: Profile) -> std::io::Result<()> {
+pub async fn serve(
+    addr: SocketAddr,
+    name: String,
+    model: String,
+    profile: Profile,
+) -> std::io::Result<()> {
     let shared = Arc::new(Shared {
         name,
         model,
@@ -68,7 +73,11 @@ pub async fn serve(addr: SocketAddr, name: String, model: String, profile: Profi
 /// Steps the engine, sleeping each step's duration, and hands out its tokens.
 async fn drive(shared: Arc<Shared>) {
     loop {
-        let step = shared.engine.lock().map(|mut e| e.step()).unwrap_or_default();
+        let step = shared
+            .engine
+            .lock()
+            .map(|mut e| e.step())
+            .unwrap_or_default();
         if step.tokens.is_empty() {
             shared.work.notified().await;
             continue;
@@ -84,7 +93,10 @@ async fn drive(shared: Arc<Shared>) {
                         *first_seen = true;
                         let ttft = now.duration_since(*arrived).as_secs_f64();
                         let mut h = shared.ttft.lock().expect("ttft");
-                        let bucket = TTFT_BUCKETS.iter().position(|b| ttft <= *b).unwrap_or(TTFT_BUCKETS.len());
+                        let bucket = TTFT_BUCKETS
+                            .iter()
+                            .position(|b| ttft <= *b)
+                            .unwrap_or(TTFT_BUCKETS.len());
                         h.0[bucket] += 1;
                         h.1 += ttft;
                         h.2 += 1;
@@ -116,7 +128,10 @@ async fn drive(shared: Arc<Shared>) {
 fn prompt_tokens(prompt: &Value) -> u64 {
     match prompt {
         Value::String(s) => s.split_whitespace().count() as u64,
-        Value::Array(items) => items.iter().map(|i| if i.is_number() { 1 } else { prompt_tokens(i) }).sum(),
+        Value::Array(items) => items
+            .iter()
+            .map(|i| if i.is_number() { 1 } else { prompt_tokens(i) })
+            .sum(),
         _ => 0,
     }
     .max(1)
@@ -128,7 +143,9 @@ fn error(status: StatusCode, message: String) -> Response {
 }
 
 fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// One request's parameters, from either endpoint.
@@ -145,23 +162,39 @@ fn parse_ask(shared: &Shared, body: &Bytes, chat: bool) -> Result<Ask, Response>
     if let Some(m) = v.get("model").and_then(Value::as_str)
         && m != shared.model
     {
-        return Err(error(StatusCode::NOT_FOUND, format!("The model `{m}` does not exist.")));
+        return Err(error(
+            StatusCode::NOT_FOUND,
+            format!("The model `{m}` does not exist."),
+        ));
     }
     let prompt = if chat {
-        let messages = v
-            .get("messages")
-            .and_then(Value::as_array)
-            .ok_or_else(|| error(StatusCode::BAD_REQUEST, "\"messages\" must be a list".into()))?;
-        messages.iter().map(|m| m.get("content").map_or(0, prompt_tokens)).sum::<u64>().max(1)
+        let messages = v.get("messages").and_then(Value::as_array).ok_or_else(|| {
+            error(
+                StatusCode::BAD_REQUEST,
+                "\"messages\" must be a list".into(),
+            )
+        })?;
+        messages
+            .iter()
+            .map(|m| m.get("content").map_or(0, prompt_tokens))
+            .sum::<u64>()
+            .max(1)
     } else {
-        let p = v.get("prompt").ok_or_else(|| error(StatusCode::BAD_REQUEST, "\"prompt\" is required".into()))?;
+        let p = v
+            .get("prompt")
+            .ok_or_else(|| error(StatusCode::BAD_REQUEST, "\"prompt\" is required".into()))?;
         prompt_tokens(p)
     };
     let max_tokens = v
         .get("max_completion_tokens")
         .or_else(|| v.get("max_tokens"))
         .map_or(Some(16), Value::as_u64)
-        .ok_or_else(|| error(StatusCode::BAD_REQUEST, "\"max_tokens\" must be a positive integer".into()))?;
+        .ok_or_else(|| {
+            error(
+                StatusCode::BAD_REQUEST,
+                "\"max_tokens\" must be a positive integer".into(),
+            )
+        })?;
     Ok(Ask {
         prompt,
         max_tokens,
@@ -189,8 +222,17 @@ async fn answer(shared: Arc<Shared>, body: Bytes, chat: bool) -> Response {
         *n
     };
     let (tx, mut rx) = mpsc::unbounded_channel();
-    shared.sinks.lock().expect("sinks").insert(id, (tx, Instant::now(), false));
-    if let Err(e) = shared.engine.lock().expect("engine").submit(id, ask.prompt, ask.max_tokens) {
+    shared
+        .sinks
+        .lock()
+        .expect("sinks")
+        .insert(id, (tx, Instant::now(), false));
+    if let Err(e) = shared
+        .engine
+        .lock()
+        .expect("engine")
+        .submit(id, ask.prompt, ask.max_tokens)
+    {
         shared.sinks.lock().expect("sinks").remove(&id);
         return error(StatusCode::BAD_REQUEST, e);
     }
@@ -224,7 +266,9 @@ async fn answer(shared: Arc<Shared>, body: Bytes, chat: bool) -> Response {
                     return None;
                 }
                 match rx.recv().await {
-                    Some(Event::Token(n)) => Some((Ok::<_, Infallible>(chunk(Some(n), false)), (rx, false))),
+                    Some(Event::Token(n)) => {
+                        Some((Ok::<_, Infallible>(chunk(Some(n), false)), (rx, false)))
+                    }
                     Some(Event::Done) | None => {
                         let mut last = chunk(None, true).to_vec();
                         last.extend_from_slice(b"data: [DONE]\n\n");
@@ -234,8 +278,12 @@ async fn answer(shared: Arc<Shared>, body: Bytes, chat: bool) -> Response {
             }
         });
         let mut r = Response::new(Body::from_stream(stream));
-        r.headers_mut().insert("content-type", HeaderValue::from_static("text/event-stream"));
-        r.headers_mut().insert("cache-control", HeaderValue::from_static("no-cache"));
+        r.headers_mut().insert(
+            "content-type",
+            HeaderValue::from_static("text/event-stream"),
+        );
+        r.headers_mut()
+            .insert("cache-control", HeaderValue::from_static("no-cache"));
         r
     } else {
         let mut n = 0;
@@ -271,7 +319,14 @@ async fn models(State(shared): State<Arc<Shared>>) -> Response {
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     let (running, waiting, kv, prompt_total, gen_total, kv_tokens) = {
         let e = shared.engine.lock().expect("engine");
-        (e.running(), e.waiting(), e.kv_usage(), e.prompt_tokens_total, e.generation_tokens_total, e.profile.kv_tokens)
+        (
+            e.running(),
+            e.waiting(),
+            e.kv_usage(),
+            e.prompt_tokens_total,
+            e.generation_tokens_total,
+            e.profile.kv_tokens,
+        )
     };
     let m = &shared.model;
     let l = format!("engine=\"0\",model_name=\"{m}\"");
@@ -296,7 +351,9 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     let mut cumulative = 0;
     for (i, b) in TTFT_BUCKETS.iter().enumerate() {
         cumulative += buckets[i];
-        page.push_str(&format!("vllm:time_to_first_token_seconds_bucket{{{l},le=\"{b}\"}} {cumulative}\n"));
+        page.push_str(&format!(
+            "vllm:time_to_first_token_seconds_bucket{{{l},le=\"{b}\"}} {cumulative}\n"
+        ));
     }
     cumulative += buckets[TTFT_BUCKETS.len()];
     page.push_str(&format!(
