@@ -31,12 +31,19 @@ const TTFT_BUCKETS: [f64; 15] = [
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
 ];
 
+/// A request's outlet, when it arrived, and whether its first token went out.
+struct Sink {
+    tx: mpsc::UnboundedSender<Event>,
+    arrived: Instant,
+    first_sent: bool,
+}
+
 struct Shared {
     name: String,
     model: String,
     engine: Mutex<Engine>,
     work: Notify,
-    sinks: Mutex<HashMap<RequestId, (mpsc::UnboundedSender<Event>, Instant, bool)>>,
+    sinks: Mutex<HashMap<RequestId, Sink>>,
     next_id: Mutex<RequestId>,
     /// TTFT histogram: counts per bucket (+Inf last), sum, count.
     ttft: Mutex<(Vec<u64>, f64, u64)>,
@@ -88,10 +95,10 @@ async fn drive(shared: Arc<Shared>) {
         {
             let mut sinks = shared.sinks.lock().expect("sinks");
             for (id, n) in &step.tokens {
-                if let Some((tx, arrived, first_seen)) = sinks.get_mut(id) {
-                    if !*first_seen {
-                        *first_seen = true;
-                        let ttft = now.duration_since(*arrived).as_secs_f64();
+                if let Some(sink) = sinks.get_mut(id) {
+                    if !sink.first_sent {
+                        sink.first_sent = true;
+                        let ttft = now.duration_since(sink.arrived).as_secs_f64();
                         let mut h = shared.ttft.lock().expect("ttft");
                         let bucket = TTFT_BUCKETS
                             .iter()
@@ -101,14 +108,14 @@ async fn drive(shared: Arc<Shared>) {
                         h.1 += ttft;
                         h.2 += 1;
                     }
-                    if tx.send(Event::Token(*n)).is_err() {
+                    if sink.tx.send(Event::Token(*n)).is_err() {
                         gone.push(*id);
                     }
                 }
             }
             for id in &step.finished {
-                if let Some((tx, _, _)) = sinks.remove(id) {
-                    let _ = tx.send(Event::Done);
+                if let Some(sink) = sinks.remove(id) {
+                    let _ = sink.tx.send(Event::Done);
                 }
             }
             for id in &gone {
@@ -142,6 +149,10 @@ fn error(status: StatusCode, message: String) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
+fn bad(status: StatusCode, message: String) -> Box<Response> {
+    Box::new(error(status, message))
+}
+
 fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -156,20 +167,20 @@ struct Ask {
     chat: bool,
 }
 
-fn parse_ask(shared: &Shared, body: &Bytes, chat: bool) -> Result<Ask, Response> {
+fn parse_ask(shared: &Shared, body: &Bytes, chat: bool) -> Result<Ask, Box<Response>> {
     let v: Value = serde_json::from_slice(body)
-        .map_err(|e| error(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}")))?;
+        .map_err(|e| bad(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}")))?;
     if let Some(m) = v.get("model").and_then(Value::as_str)
         && m != shared.model
     {
-        return Err(error(
+        return Err(bad(
             StatusCode::NOT_FOUND,
             format!("The model `{m}` does not exist."),
         ));
     }
     let prompt = if chat {
         let messages = v.get("messages").and_then(Value::as_array).ok_or_else(|| {
-            error(
+            bad(
                 StatusCode::BAD_REQUEST,
                 "\"messages\" must be a list".into(),
             )
@@ -182,7 +193,7 @@ fn parse_ask(shared: &Shared, body: &Bytes, chat: bool) -> Result<Ask, Response>
     } else {
         let p = v
             .get("prompt")
-            .ok_or_else(|| error(StatusCode::BAD_REQUEST, "\"prompt\" is required".into()))?;
+            .ok_or_else(|| bad(StatusCode::BAD_REQUEST, "\"prompt\" is required".into()))?;
         prompt_tokens(p)
     };
     let max_tokens = v
@@ -190,7 +201,7 @@ fn parse_ask(shared: &Shared, body: &Bytes, chat: bool) -> Result<Ask, Response>
         .or_else(|| v.get("max_tokens"))
         .map_or(Some(16), Value::as_u64)
         .ok_or_else(|| {
-            error(
+            bad(
                 StatusCode::BAD_REQUEST,
                 "\"max_tokens\" must be a positive integer".into(),
             )
@@ -214,7 +225,7 @@ async fn chat(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
 async fn answer(shared: Arc<Shared>, body: Bytes, chat: bool) -> Response {
     let ask = match parse_ask(&shared, &body, chat) {
         Ok(a) => a,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let id = {
         let mut n = shared.next_id.lock().expect("ids");
@@ -222,11 +233,14 @@ async fn answer(shared: Arc<Shared>, body: Bytes, chat: bool) -> Response {
         *n
     };
     let (tx, mut rx) = mpsc::unbounded_channel();
-    shared
-        .sinks
-        .lock()
-        .expect("sinks")
-        .insert(id, (tx, Instant::now(), false));
+    shared.sinks.lock().expect("sinks").insert(
+        id,
+        Sink {
+            tx,
+            arrived: Instant::now(),
+            first_sent: false,
+        },
+    );
     if let Err(e) = shared
         .engine
         .lock()
