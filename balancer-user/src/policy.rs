@@ -16,8 +16,9 @@
 //! 4. Scale to 0..=[`MAX_WEIGHT`], raise non-saturated backends to `floor` x max (slow GPUs stay
 //!    in rotation), smooth with an EWMA, hold within `hysteresis` of the published weight, and
 //!    round to `quantum`: small noise never rebuilds the table.
-//! 5. If every backend would get 0, the configured weights of the non-stale ones stand in
-//!    (degraded, with the reason said): sending new flows nowhere is worse.
+//! 5. If every backend would get 0, the non-stale ones get weights by capacity (configured
+//!    weight x KV capacity; degraded, with the reason said): sending new flows nowhere is
+//!    worse, and the bigger GPUs still take more.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -316,13 +317,27 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
         });
     }
     if decisions.iter().all(|d| d.weight == 0) {
+        // Sending new flows nowhere is worse than queueing them: each backend with fresh
+        // reports takes a share by its capacity (configured weight x KV capacity against the
+        // pool's mean), so the bigger GPUs still take more.
+        let capacity = |i: &Input| {
+            f64::from(i.configured)
+                * match (i.signals.as_ref().and_then(|s| s.kv_capacity_tokens), mean_capacity) {
+                    (Some(c), Some(m)) if c > 0.0 => c / m,
+                    _ => 1.0,
+                }
+        };
+        let usable = |i: &Input| i.configured > 0 && (fresh(i) || !cfg.kind.needs_reports());
+        let top = inputs
+            .iter()
+            .filter(|i| usable(i))
+            .map(capacity)
+            .fold(0.0f64, f64::max);
         for (d, i) in decisions.iter_mut().zip(inputs) {
-            if fresh(i) || !cfg.kind.needs_reports() {
-                d.weight = i.configured.min(MAX_WEIGHT);
-                d.reason = format!(
-                    "every backend saturated: configured weight stands in ({})",
-                    d.reason
-                );
+            if usable(i) && top > 0.0 {
+                d.weight = quantize(capacity(i) / top * f64::from(MAX_WEIGHT), cfg.quantum)
+                    .max(cfg.quantum.min(MAX_WEIGHT));
+                d.reason = format!("every backend saturated: weight by capacity ({})", d.reason);
             }
         }
     }
@@ -657,18 +672,19 @@ mod tests {
     }
 
     #[test]
-    fn when_all_are_saturated_the_configured_weights_stand_in() {
+    fn when_all_are_saturated_capacity_decides() {
         let mut state = PolicyState::default();
-        let full = Signals {
+        let full = |capacity: f64| Signals {
             kv_usage: Some(0.99),
+            kv_capacity_tokens: Some(capacity),
             ..Signals::default()
         };
         let d = decide(
             &cfg(PolicyKind::Composite),
-            &[input(1, full.clone()), input(2, full)],
+            &[input(1, full(65_536.0)), input(2, full(16_384.0)), input(3, full(65_536.0))],
             &mut state,
         );
-        assert_eq!(weights(&d), vec![1, 1]);
+        assert_eq!(weights(&d), vec![1000, 250, 1000]);
         assert!(
             d[0].reason.starts_with("every backend saturated"),
             "{}",

@@ -35,10 +35,11 @@ enum Bench {
         #[arg(long)]
         trace: Option<std::path::PathBuf>,
         /// Requests replayed (the trace's first ones).
-        #[arg(long, default_value_t = 600)]
+        #[arg(long, default_value_t = 300)]
         requests: usize,
-        /// Offered load, requests per second (the trace's timing is compressed to it).
-        #[arg(long, default_value_t = 8.0)]
+        /// Offered load, requests per second (the trace's timing is compressed to it). The
+        /// default pool (2 large + 2 small) saturates near 7 req/s with the trace's requests.
+        #[arg(long, default_value_t = 5.0)]
         rate: f64,
         /// Policies compared, in order.
         #[arg(
