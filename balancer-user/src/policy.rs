@@ -322,7 +322,10 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
         // pool's mean), so the bigger GPUs still take more.
         let capacity = |i: &Input| {
             f64::from(i.configured)
-                * match (i.signals.as_ref().and_then(|s| s.kv_capacity_tokens), mean_capacity) {
+                * match (
+                    i.signals.as_ref().and_then(|s| s.kv_capacity_tokens),
+                    mean_capacity,
+                ) {
                     (Some(c), Some(m)) if c > 0.0 => c / m,
                     _ => 1.0,
                 }
@@ -681,7 +684,11 @@ mod tests {
         };
         let d = decide(
             &cfg(PolicyKind::Composite),
-            &[input(1, full(65_536.0)), input(2, full(16_384.0)), input(3, full(65_536.0))],
+            &[
+                input(1, full(65_536.0)),
+                input(2, full(16_384.0)),
+                input(3, full(65_536.0)),
+            ],
             &mut state,
         );
         assert_eq!(weights(&d), vec![1000, 250, 1000]);

@@ -155,7 +155,7 @@ fn demo() -> Result<()> {
 }
 
 fn bench(name: &str, args: &[String]) -> Result<()> {
-    const BENCHES: &[&str] = &["dataplane", "control", "llm"];
+    const BENCHES: &[&str] = &["dataplane", "control", "llm", "client"];
     if !BENCHES.contains(&name) {
         bail!(
             "unknown benchmark {name:?}; choose one of {}",

@@ -1,7 +1,7 @@
 //! `balancer-bench`: the benchmarks behind `cargo xtask bench`.
 
 use anyhow::Result;
-use balancer_tests::bench::{self, control, dataplane, llm};
+use balancer_tests::bench::{self, client, control, dataplane, llm};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -61,6 +61,16 @@ enum Bench {
         #[arg(long, default_value_t = 300)]
         timeout_secs: u64,
     },
+    /// A maintained load generator from PyPI (inference-perf) against the simulated GPU rack
+    /// through the balancer (installs it into target/pyenv-inference-perf on first use).
+    Client {
+        /// Requests per second (Poisson).
+        #[arg(long, default_value_t = 3.0)]
+        rate: f64,
+        /// Seconds of load.
+        #[arg(long, default_value_t = 30)]
+        seconds: u32,
+    },
 }
 
 fn main() -> Result<()> {
@@ -112,6 +122,15 @@ fn main() -> Result<()> {
             let figures = llm::run(&opts)?;
             let path = bench::write_json("llm", &figures)?;
             println!("wrote {}", path.display());
+        }
+        Bench::Client { rate, seconds } => {
+            if !(rate > 0.0 && rate <= 100.0) || !(1..=3600).contains(&seconds) {
+                anyhow::bail!("--rate must be in (0, 100] and --seconds in 1..=3600");
+            }
+            let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .unwrap_or(std::path::Path::new("."));
+            client::run(root, rate, seconds)?;
         }
     }
     Ok(())

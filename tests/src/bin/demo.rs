@@ -162,9 +162,15 @@ fn llm_demo() -> Result<()> {
     println!(
         "\n== LLM serving: 2 large + 2 small simulated GPUs (sim-llm), composite policy from their vLLM metrics =="
     );
-    let gpus: Vec<String> = ["large", "large", "small", "small"].map(String::from).to_vec();
+    let gpus: Vec<String> = ["large", "large", "small", "small"]
+        .map(String::from)
+        .to_vec();
     let mut topo = rack("demollm", &gpus)?;
-    let composite = POLICIES.iter().find(|(n, _)| *n == "composite").map(|p| p.1).unwrap_or_default();
+    let composite = POLICIES
+        .iter()
+        .find(|(n, _)| *n == "composite")
+        .map(|p| p.1)
+        .unwrap_or_default();
     topo.start_balancer(&config(&topo, composite))?;
     let workload = synthetic(120, 6.0, 7);
     println!(
@@ -173,9 +179,15 @@ fn llm_demo() -> Result<()> {
         workload.len()
     );
     let vip = SocketAddr::new(VIP4.into(), LLM_PORT);
-    let run = topo
-        .client
-        .spawn_in(move || replay(vip, MODEL, &workload, Connections::PerRequest, Duration::from_secs(120)))?;
+    let run = topo.client.spawn_in(move || {
+        replay(
+            vip,
+            MODEL,
+            &workload,
+            Connections::PerRequest,
+            Duration::from_secs(120),
+        )
+    })?;
     let started = std::time::Instant::now();
     while !run.is_finished() {
         std::thread::sleep(Duration::from_secs(3));
@@ -192,13 +204,17 @@ fn llm_demo() -> Result<()> {
     let mut ttft: Vec<f64> = outcomes.iter().filter_map(|o| o.ttft).collect();
     let mut served: BTreeMap<String, usize> = BTreeMap::new();
     for o in &outcomes {
-        *served.entry(o.backend.clone().unwrap_or_else(|| "failed".into())).or_insert(0) += 1;
+        *served
+            .entry(o.backend.clone().unwrap_or_else(|| "failed".into()))
+            .or_insert(0) += 1;
     }
     println!(
         "\nDone: TTFT p50 {:.0} ms, p99 {:.0} ms; requests per backend: {served:?}",
         percentile(&mut ttft, 50.0) * 1e3,
         percentile(&mut ttft, 99.0) * 1e3
     );
-    println!("(`cargo xtask bench llm` compares this policy with round robin, least-conn and Maglev on a real trace.)");
+    println!(
+        "(`cargo xtask bench llm` compares this policy with round robin, least-conn and Maglev on a real trace.)"
+    );
     Ok(())
 }
