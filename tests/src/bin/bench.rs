@@ -124,7 +124,7 @@ fn main() -> Result<()> {
             println!("wrote {}", path.display());
         }
         Bench::Client { rate, seconds } => {
-            if !(rate > 0.0 && rate <= 100.0) || !(1..=3600).contains(&seconds) {
+            if !(rate > 0.0 && rate <= 100.0 && (1..=3600).contains(&seconds)) {
                 anyhow::bail!("--rate must be in (0, 100] and --seconds in 1..=3600");
             }
             let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
