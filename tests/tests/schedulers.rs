@@ -332,6 +332,30 @@ fn active_flows_are_counted_until_they_end_or_are_evicted() {
         0,
         "a maglev VIP's flows were counted"
     );
+    // The daemon's own count (the connection table) sees it, until the client ends it.
+    let table_count = |h: &Harness| {
+        h.balancer
+            .dataplane()
+            .flow_counts()
+            .unwrap()
+            .values()
+            .sum::<u64>()
+    };
+    assert_eq!(table_count(&h), 1);
+    h.run(&tcp_flags_frame(
+        ip("10.9.0.8"),
+        999,
+        ip("10.111.1.2"),
+        80,
+        true,
+        false,
+    ))
+    .unwrap();
+    assert_eq!(
+        table_count(&h),
+        0,
+        "an ended maglev flow still counted as active"
+    );
     let client = ip("10.9.0.8");
     let total = |h: &Harness| active(h).values().sum::<u64>();
     syn(&mut h, 0, client, 1000);

@@ -172,7 +172,11 @@ fn llm_demo() -> Result<()> {
         .map(|p| p.1)
         .unwrap_or_default();
     topo.start_balancer(&config(&topo, composite))?;
-    let workload = synthetic(120, 6.0, 7);
+    // Outputs capped at 300 tokens so the demo's tail stays short.
+    let mut workload = synthetic(120, 6.0, 7);
+    for r in &mut workload {
+        r.output_tokens = r.output_tokens.min(300);
+    }
     println!(
         "Replaying {} synthetic requests (heavy-tailed prompts and outputs) at 6 req/s, streamed, one connection each;\n\
          `balancer weights llm` every 3 s:",

@@ -206,7 +206,7 @@ pub fn choose(
                 backend,
                 new_flow: false,
             };
-            if flow.kind == PacketKind::TcpEnd && value.counted && !value.closed {
+            if flow.kind == PacketKind::TcpEnd && !value.closed {
                 core::hint::cold_path();
                 end_flow(entry, slot.tag);
                 count(stats, Counter::ConntrackHit);
@@ -272,8 +272,9 @@ pub fn choose(
     })
 }
 
-/// The client ends a counted connection (FIN or RST): it stops counting as active, and keeps
-/// its backend for the rest of the teardown. Out of line, off the established-flow path.
+/// The client ends a connection (FIN or RST): it stops counting as active (in the daemon's
+/// counts, and in the data plane's where its VIP keeps them), and keeps its backend for the
+/// rest of the teardown. Out of line, off the established-flow path.
 #[inline(never)]
 fn end_flow(entry: &mut FlowEntry, tag: u64) {
     let Some(value) = FlowValue::unpack(entry.value, tag) else {
@@ -286,7 +287,9 @@ fn end_flow(entry: &mut FlowEntry, tag: u64) {
     }
     .pack(tag);
     let id = u32::from(value.backend_id);
-    if let Some(b) = BACKENDS.get(id) {
+    if value.counted
+        && let Some(b) = BACKENDS.get(id)
+    {
         add_active(id, b.vip_id, u64::MAX);
     }
 }
