@@ -223,6 +223,8 @@ pub struct Topology {
     pub client: Netns,
     pub lb: Netns,
     pub backends: Vec<Netns>,
+    /// A second balancer's namespace, when a test adds one.
+    pub lb2: Option<Netns>,
     pub rack: Netns,
 }
 
@@ -251,6 +253,7 @@ impl Topology {
             client,
             lb,
             backends,
+            lb2: None,
             rack,
         };
         topo.wire()?;
@@ -431,6 +434,71 @@ impl Topology {
         Ok(())
     }
 
+    /// A second balancer on the rack (namespace `lb2`, 10.111.0.3 / fd00:111::3), running the
+    /// first one's config with its own pins, state file and socket: what an ECMP peer of the
+    /// first balancer is. Its process is `balancer2`.
+    pub fn start_second_balancer(&mut self) -> Result<()> {
+        let ns = Netns::create(&format!("{PREFIX}-{}-lb2", self.opts.tag))?;
+        let rack = self.rack.name().to_string();
+        run(
+            "ip",
+            &[
+                "-n",
+                &rack,
+                "link",
+                "add",
+                "lb2",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                ns.name(),
+            ],
+        )?;
+        run(
+            "ip",
+            &["-n", &rack, "link", "set", "lb2", "master", "br0", "up"],
+        )?;
+        ns.sh(
+            "sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.eth0.accept_dad=0; \
+             ip addr add 10.111.0.3/24 dev eth0 && ip addr add fd00:111::3/64 dev eth0 nodad && ip link set eth0 up",
+        )?;
+        let object = self.rack.run_in(move || -> Result<aya::Ebpf> {
+            let mut object = balancer::ebpf::load_decap()?;
+            balancer::ebpf::program(&mut object, balancer::ebpf::PASS_PROGRAM)?
+                .attach("lb2", xdp_mode(AttachMode::Native))
+                .context("attaching the pass program to the second balancer's peer")?;
+            Ok(object)
+        })??;
+        self.pass_programs.push(object);
+        let first = fs::read_to_string(self.log_dir.join("balancer.toml"))?;
+        let pins = self.second_pin_dir();
+        let _ = balancer::pinning::Pins::new(pins.clone()).remove();
+        let config = first
+            .replace(
+                &self.pin_dir().display().to_string(),
+                &pins.display().to_string(),
+            )
+            .replace("state.json", "state2.json")
+            .replace("api.sock", "api2.sock");
+        let path = self.log_dir.join("balancer2.toml");
+        fs::write(&path, config)?;
+        let bin = binary("balancer")?;
+        let argv = [
+            bin.to_str().unwrap_or_default(),
+            "run",
+            "--config",
+            path.to_str().unwrap_or_default(),
+        ];
+        let mut p = Process::spawn(&ns, "balancer2", &argv, &self.log_dir)?;
+        p.wait_for_log("balancer ready", Duration::from_secs(30))?;
+        self.processes.push(p);
+        self.lb2 = Some(ns);
+        Ok(())
+    }
+
     /// Writes `config` and starts `balancer run` in the balancer namespace; waits until ready.
     pub fn start_balancer(&mut self, config: &str) -> Result<()> {
         let path = self.log_dir.join("balancer.toml");
@@ -483,6 +551,11 @@ impl Topology {
         pin_root().join(format!("{PREFIX}-{}", self.opts.tag))
     }
 
+    /// The second balancer's pin directory (bpffs refuses names with a dot).
+    pub fn second_pin_dir(&self) -> PathBuf {
+        pin_root().join(format!("{PREFIX}-{}-lb2", self.opts.tag))
+    }
+
     /// The balancer's control socket.
     pub fn api_socket(&self) -> PathBuf {
         self.log_dir.join("api.sock")
@@ -525,6 +598,7 @@ impl Drop for Topology {
         self.processes.clear();
         self.pass_programs.clear();
         let _ = balancer::pinning::Pins::new(self.pin_dir()).remove();
+        let _ = balancer::pinning::Pins::new(self.second_pin_dir()).remove();
     }
 }
 

@@ -36,13 +36,23 @@ enum Task {
         /// Skip the root-only integration tests.
         #[arg(long)]
         unit_only: bool,
+        /// Only the reliability suite: churn under live streams, backend and daemon death, two
+        /// balancers, hostile input (a million malformed frames, bad API requests), and the
+        /// fuzz targets for a bounded time.
+        #[arg(long, conflicts_with = "unit_only")]
+        reliability: bool,
+        /// Seconds each fuzz target runs (0: skip fuzzing).
+        #[arg(long, default_value_t = 20)]
+        fuzz_secs: u32,
     },
     /// Setup, build, then run the demo: a rack in network namespaces with real traffic.
     Demo,
-    /// Run a benchmark (release build); figures go to target/bench/<name>.json.
+    /// Run a benchmark (release build), or all of them without a name; figures go to
+    /// target/bench/<name>.json.
     Bench {
-        /// Which benchmark: dataplane, control.
-        name: String,
+        /// Which benchmark: dataplane, control, llm, client (inference-perf from PyPI); all of
+        /// dataplane, control and llm when absent.
+        name: Option<String>,
         /// Extra arguments for the benchmark (see `balancer-bench <name> --help`).
         #[arg(last = true)]
         args: Vec<String>,
@@ -63,9 +73,20 @@ fn run(cli: Cli) -> Result<()> {
     match cli.task {
         Task::Setup => setup::run(),
         Task::Build { release } => build(release),
-        Task::Test { filter, unit_only } => test(filter.as_deref(), unit_only),
+        Task::Test {
+            filter,
+            unit_only,
+            reliability,
+            fuzz_secs,
+        } => {
+            if reliability {
+                reliability_suite(fuzz_secs)
+            } else {
+                test(filter.as_deref(), unit_only, fuzz_secs)
+            }
+        }
         Task::Demo => demo(),
-        Task::Bench { name, args } => bench(&name, &args),
+        Task::Bench { name, args } => bench(name.as_deref(), &args),
     }
 }
 
@@ -108,7 +129,7 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-fn test(filter: Option<&str>, unit_only: bool) -> Result<()> {
+fn test(filter: Option<&str>, unit_only: bool, fuzz_secs: u32) -> Result<()> {
     setup::run()?;
     build(false)?;
     let mut unit = vec!["test", "--workspace"];
@@ -136,7 +157,79 @@ fn test(filter: Option<&str>, unit_only: bool) -> Result<()> {
     if let Some(f) = filter {
         integration.push(f);
     }
-    cargo(&integration)
+    cargo(&integration)?;
+    if filter.is_none() {
+        fuzz(fuzz_secs)?;
+    }
+    Ok(())
+}
+
+/// The reliability suite alone: its tests, the restart test, the million-frame sweep, fuzzing.
+fn reliability_suite(fuzz_secs: u32) -> Result<()> {
+    setup::run()?;
+    build(false)?;
+    if !is_root() {
+        bail!("the reliability suite needs root (BPF, namespaces)");
+    }
+    cargo(&[
+        "test",
+        "-p",
+        "balancer-tests",
+        "--test",
+        "reliability",
+        "--test",
+        "sweep",
+        "--",
+        "--ignored",
+        "--test-threads=1",
+    ])?;
+    cargo(&[
+        "test",
+        "-p",
+        "balancer-tests",
+        "--test",
+        "control",
+        "--",
+        "--ignored",
+        "restarts_lose_nothing",
+    ])?;
+    fuzz(fuzz_secs)
+}
+
+/// Runs every fuzz target for `secs` seconds (cargo-fuzz, nightly); a crash fails the run.
+fn fuzz(secs: u32) -> Result<()> {
+    if secs == 0 {
+        return Ok(());
+    }
+    let toolchain = format!(
+        "+{}",
+        std::env::var("BALANCER_EBPF_TOOLCHAIN").unwrap_or_else(|_| "nightly".into())
+    );
+    let max_time = format!("-max_total_time={secs}");
+    for target in ["config", "metrics", "api_json", "packets"] {
+        println!("xtask: fuzzing {target} for {secs} s");
+        let status = Command::new("cargo")
+            .args([
+                toolchain.as_str(),
+                "fuzz",
+                "run",
+                "--fuzz-dir",
+                "fuzz",
+                target,
+                "--",
+                &max_time,
+                "-max_len=4096",
+            ])
+            .current_dir(root())
+            .status()
+            .context("running cargo fuzz")?;
+        if !status.success() {
+            bail!(
+                "fuzz target {target} failed ({status}); the crashing input is under fuzz/artifacts/{target}"
+            );
+        }
+    }
+    Ok(())
 }
 
 fn demo() -> Result<()> {
@@ -154,25 +247,41 @@ fn demo() -> Result<()> {
     Ok(())
 }
 
-fn bench(name: &str, args: &[String]) -> Result<()> {
+fn bench(name: Option<&str>, args: &[String]) -> Result<()> {
     const BENCHES: &[&str] = &["dataplane", "control", "llm", "client"];
-    if !BENCHES.contains(&name) {
-        bail!(
-            "unknown benchmark {name:?}; choose one of {}",
-            BENCHES.join(", ")
-        );
-    }
+    /// Run by `cargo xtask bench` without a name (client needs network access to PyPI).
+    const ALL: &[&str] = &["dataplane", "control", "llm"];
+    let names: Vec<&str> = match name {
+        Some(n) if !BENCHES.contains(&n) => {
+            bail!(
+                "unknown benchmark {n:?}; choose one of {}",
+                BENCHES.join(", ")
+            )
+        }
+        Some(n) => vec![n],
+        None if !args.is_empty() => bail!("extra arguments need a benchmark name"),
+        None => ALL.to_vec(),
+    };
     setup::run()?;
     build(true)?;
     let bin = root().join("target/release/balancer-bench");
-    let status = Command::new(&bin)
-        .arg(name)
-        .args(args)
-        .current_dir(root())
-        .status()
-        .with_context(|| format!("running {}", bin.display()))?;
-    if !status.success() {
-        bail!("benchmark {name} failed ({status})");
+    for name in names {
+        println!("xtask: bench {name}");
+        let mut cmd = Command::new(&bin);
+        cmd.arg(name).args(args).current_dir(root());
+        if name == "llm" && args.is_empty() {
+            // The real trace, when the shared data is there.
+            let trace = root().join("../shared/traces/AzureLLMInferenceTrace_conv.csv");
+            if trace.exists() {
+                cmd.arg("--trace").arg(trace);
+            }
+        }
+        let status = cmd
+            .status()
+            .with_context(|| format!("running {}", bin.display()))?;
+        if !status.success() {
+            bail!("benchmark {name} failed ({status})");
+        }
     }
     Ok(())
 }

@@ -178,6 +178,27 @@ fn ensure_bpf_linker(updated: &mut bool) -> Result<()> {
     Ok(())
 }
 
+/// The cargo-fuzz version the fuzz targets are run with.
+pub const CARGO_FUZZ_VERSION: &str = "0.13.2";
+
+fn ensure_cargo_fuzz() -> Result<()> {
+    if output("cargo", &["fuzz", "--version"]).is_some_and(|v| v.contains(CARGO_FUZZ_VERSION)) {
+        step(&format!("cargo-fuzz {CARGO_FUZZ_VERSION} present"));
+        return Ok(());
+    }
+    run_cmd(
+        "cargo",
+        &[
+            "install",
+            "--locked",
+            "cargo-fuzz",
+            "--version",
+            CARGO_FUZZ_VERSION,
+        ],
+        &[],
+    )
+}
+
 fn ensure_bpffs() -> Result<()> {
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
     if mounts
@@ -196,6 +217,7 @@ pub fn run() -> Result<()> {
     install_packages(HOST_PACKAGES, &mut updated)?;
     ensure_nightly()?;
     ensure_bpf_linker(&mut updated)?;
+    ensure_cargo_fuzz()?;
     if let Err(e) = ensure_bpffs() {
         step(&format!(
             "warning: could not mount bpffs ({e:#}); pinning will not work"
