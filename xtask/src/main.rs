@@ -50,8 +50,8 @@ enum Task {
     /// Run a benchmark (release build), or all of them without a name; figures go to
     /// target/bench/<name>.json.
     Bench {
-        /// Which benchmark: dataplane, control, llm, client (inference-perf from PyPI); all of
-        /// dataplane, control and llm when absent.
+        /// Which benchmark: dataplane, e2e (vs nftables and HAProxy), control, llm, client
+        /// (inference-perf from PyPI); all of dataplane, e2e, control and llm when absent.
         name: Option<String>,
         /// Extra arguments for the benchmark (see `balancer-bench <name> --help`).
         #[arg(last = true)]
@@ -225,7 +225,7 @@ fn fuzz(secs: u32) -> Result<()> {
             .context("running cargo fuzz")?;
         if !status.success() {
             bail!(
-                "fuzz target {target} failed ({status}); the crashing input is under fuzz/artifacts/{target}"
+                "fuzz target {target} failed ({status}): a build error above, or a crash whose input is under fuzz/artifacts/{target}"
             );
         }
     }
@@ -248,9 +248,9 @@ fn demo() -> Result<()> {
 }
 
 fn bench(name: Option<&str>, args: &[String]) -> Result<()> {
-    const BENCHES: &[&str] = &["dataplane", "control", "llm", "client"];
+    const BENCHES: &[&str] = &["dataplane", "e2e", "control", "llm", "client"];
     /// Run by `cargo xtask bench` without a name (client needs network access to PyPI).
-    const ALL: &[&str] = &["dataplane", "control", "llm"];
+    const ALL: &[&str] = &["dataplane", "e2e", "control", "llm"];
     let names: Vec<&str> = match name {
         Some(n) if !BENCHES.contains(&n) => {
             bail!(

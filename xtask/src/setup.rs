@@ -14,8 +14,16 @@ use anyhow::{Context as _, Result, bail};
 /// bpf-linker version and the LLVM major version it is built against.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_MAJOR: u32 = 22;
-/// Debian packages the tests and demo need at run time.
-const HOST_PACKAGES: &[&str] = &["iproute2", "ethtool", "procps", "iputils-ping"];
+/// Debian packages the tests and benchmarks run (nftables and HAProxy are `bench e2e`'s peers).
+const HOST_PACKAGES: &[&str] = &[
+    "iproute2",
+    "ethtool",
+    "procps",
+    "iputils-ping",
+    "util-linux",
+    "nftables",
+    "haproxy",
+];
 /// Debian packages needed to build bpf-linker against LLVM 22.
 const LLVM_PACKAGES: &[&str] = &[
     "llvm-22-dev",

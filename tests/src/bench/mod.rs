@@ -4,6 +4,7 @@
 pub mod client;
 pub mod control;
 pub mod dataplane;
+pub mod e2e;
 pub mod llm;
 
 use std::collections::BTreeMap;

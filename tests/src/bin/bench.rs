@@ -1,7 +1,7 @@
 //! `balancer-bench`: the benchmarks behind `cargo xtask bench`.
 
 use anyhow::Result;
-use balancer_tests::bench::{self, client, control, dataplane, llm};
+use balancer_tests::bench::{self, client, control, dataplane, e2e, llm};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -24,6 +24,37 @@ enum Bench {
         /// Single-run syscalls per round for the encapsulating paths.
         #[arg(long, default_value_t = 20_000)]
         singles: u32,
+    },
+    /// The balancer against nftables DNAT, HAProxy (TCP mode) and no balancer, in the same
+    /// rack: new connections/s, keep-alive requests/s, UDP packets/s, p50/p99 latency, CPU per
+    /// packet.
+    E2e {
+        /// Rounds (peers interleaved, a fresh rack each; median and spread reported).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Seconds per phase.
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
+        /// Concurrent TCP connections (one generator thread each).
+        #[arg(long, default_value_t = 8)]
+        connections: usize,
+        /// UDP sockets of the generator.
+        #[arg(long, default_value_t = 4)]
+        udp_sockets: usize,
+        /// UDP datagrams in flight per socket.
+        #[arg(long, default_value_t = 16)]
+        udp_window: usize,
+        /// Pin the generator to the last CPU and everything else to the others.
+        #[arg(long)]
+        pin: bool,
+        /// Peers measured, in order: baseline, router (a plain forwarding hop), balancer,
+        /// balancer_skb, nftables, haproxy.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "baseline,router,balancer,balancer_skb,nftables,haproxy"
+        )]
+        peers: Vec<String>,
     },
     /// Maglev build time, slots moved, balance, publish latency, daemon memory.
     Control,
@@ -82,6 +113,47 @@ fn main() -> Result<()> {
         } => {
             let figures = dataplane::run(rounds, repeat, singles)?;
             let path = bench::write_json("dataplane", &figures)?;
+            println!("wrote {}", path.display());
+        }
+        Bench::E2e {
+            rounds,
+            seconds,
+            connections,
+            udp_sockets,
+            udp_window,
+            pin,
+            peers,
+        } => {
+            if !(0.1..=600.0).contains(&seconds) || !(1..=100).contains(&rounds) {
+                anyhow::bail!("--seconds must be in [0.1, 600] and --rounds in 1..=100");
+            }
+            if !(1..=1024).contains(&connections)
+                || !(1..=256).contains(&udp_sockets)
+                || !(1..=4096).contains(&udp_window)
+            {
+                anyhow::bail!(
+                    "--connections must be in 1..=1024, --udp-sockets in 1..=256, --udp-window in 1..=4096"
+                );
+            }
+            let peers = peers
+                .iter()
+                .map(|p| {
+                    e2e::Peer::by_key(p).ok_or_else(|| {
+                        anyhow::anyhow!("--peers: unknown peer {p:?} (baseline, router, balancer, balancer_skb, nftables, haproxy)")
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let opts = e2e::Options {
+                rounds,
+                seconds,
+                connections,
+                udp_sockets,
+                udp_window,
+                pin,
+                peers,
+            };
+            let figures = e2e::run(&opts)?;
+            let path = bench::write_json("e2e", &figures)?;
             println!("wrote {}", path.display());
         }
         Bench::Control => {
