@@ -94,6 +94,9 @@ pub struct BackendState {
     pub healthy: bool,
     /// The weight a telemetry policy computed, in place of `weight` (see [`crate::policy`]).
     pub dynamic_weight: Option<u32>,
+    /// The weight the fleet's leader published for it (see [`crate::fleet`]), in place of
+    /// everything local: every balancer of a fleet builds its table from the same weights.
+    pub fleet_weight: Option<u32>,
     pub mac: MacAddr,
     pub generation: u32,
     /// The priority tier it is dedicated to (0: the shared pool).
@@ -103,6 +106,15 @@ pub struct BackendState {
 impl BackendState {
     /// The weight its VIP's table is built with.
     pub fn table_weight(&self) -> u32 {
+        if let Some(w) = self.fleet_weight {
+            return w;
+        }
+        self.local_weight()
+    }
+
+    /// The weight this balancer's own view gives it (configuration, drain, health, telemetry
+    /// policy): what a fleet's leader publishes.
+    pub fn local_weight(&self) -> u32 {
         if self.healthy && !self.drained {
             self.dynamic_weight.unwrap_or(self.weight)
         } else {
@@ -203,6 +215,8 @@ pub struct BackendSnapshot {
     pub healthy: bool,
     #[serde(default)]
     pub dynamic_weight: Option<u32>,
+    #[serde(default)]
+    pub fleet_weight: Option<u32>,
     pub mac: String,
     pub generation: u32,
     #[serde(default)]
@@ -459,6 +473,7 @@ impl<D: Dataplane> Balancer<D> {
             drained: b.drained,
             healthy: b.healthy,
             dynamic_weight: b.dynamic_weight,
+            fleet_weight: b.fleet_weight,
             mac: b.mac.to_string(),
             generation: b.generation,
             tier: b.tier,
@@ -511,6 +526,7 @@ impl<D: Dataplane> Balancer<D> {
                 drained: b.drained,
                 healthy: b.healthy,
                 dynamic_weight: b.dynamic_weight,
+                fleet_weight: b.fleet_weight,
                 mac: b.mac.parse().map_err(RestoreError::Invalid)?,
                 generation: b.generation,
                 tier: b.tier,
@@ -601,10 +617,59 @@ impl<D: Dataplane> Balancer<D> {
         if !changed {
             return Ok(report);
         }
-        let config = state.config.clone();
-        let backends = state.backends.clone();
         self.build_time = Duration::ZERO;
         self.publish_time = Duration::ZERO;
+        self.rebuild_weights(vip, &mut report)?;
+        report.table_build_time = self.build_time;
+        report.table_publish_time = self.publish_time;
+        report.live_at = self.dataplane.swap_started();
+        Ok(report)
+    }
+
+    /// Sets the weights a fleet's leader published (VIP name → backend → weight) in place of
+    /// every local one, or with `None` returns every VIP to its local weights. A VIP the
+    /// published state does not name keeps its local weights; a backend it does not list gets
+    /// weight 0. Republishes the tables that change.
+    pub fn set_fleet_weights(
+        &mut self,
+        published: Option<&BTreeMap<String, BTreeMap<IpAddr, u32>>>,
+    ) -> Result<ApplyReport, BalancerError> {
+        let mut report = ApplyReport::default();
+        self.build_time = Duration::ZERO;
+        self.publish_time = Duration::ZERO;
+        let endpoints: Vec<Endpoint> = self.vips.keys().copied().collect();
+        for vip in endpoints {
+            let state = self.vips.get_mut(&vip).expect("listed above");
+            let weights = published.and_then(|p| p.get(&state.config.name));
+            let mut changed = false;
+            for b in state.backends.values_mut() {
+                let fleet = weights.map(|w| w.get(&b.address).copied().unwrap_or(0));
+                if b.fleet_weight != fleet {
+                    let before = b.table_weight();
+                    b.fleet_weight = fleet;
+                    changed |= before != b.table_weight();
+                }
+            }
+            if changed {
+                self.rebuild_weights(&vip, &mut report)?;
+            }
+        }
+        report.table_build_time = self.build_time;
+        report.table_publish_time = self.publish_time;
+        report.live_at = self.dataplane.swap_started();
+        Ok(report)
+    }
+
+    /// Rebuilds and publishes one VIP's tables after its backends' weights changed, then
+    /// updates the backends' entries (their weights for the connection-aware schedulers).
+    fn rebuild_weights(
+        &mut self,
+        vip: &Endpoint,
+        report: &mut ApplyReport,
+    ) -> Result<(), BalancerError> {
+        let state = &self.vips[vip];
+        let config = state.config.clone();
+        let backends = state.backends.clone();
         let (table, fingerprint) = self.build(&config.name, config.table_size, &backends)?;
         let tier_tables = build_tier_tables(&config.name, config.table_size, &backends)?;
         let id = self.vips[vip].id;
@@ -617,18 +682,15 @@ impl<D: Dataplane> Balancer<D> {
         let started = Instant::now();
         self.dataplane.publish_tables(&[(id, &published)])?;
         self.publish_time += started.elapsed();
-        report.tables_published = 1;
+        report.tables_published += 1;
         report.rebuilt.push(config.name.clone());
-        report.vips_updated = 1;
+        report.vips_updated += 1;
         // Their weights for the connection-aware schedulers, once the table is live.
         for b in self.vips[vip].backends.values() {
             self.dataplane
                 .set_backend(b.id, &backend_entry(id, &config, b))?;
         }
-        report.table_build_time = self.build_time;
-        report.table_publish_time = self.publish_time;
-        report.live_at = self.dataplane.swap_started();
-        Ok(report)
+        Ok(())
     }
 
     /// Records a backend's health and, when it changed, rebuilds its VIP's table: an
@@ -812,6 +874,7 @@ impl<D: Dataplane> Balancer<D> {
             drained: config.drained,
             healthy,
             dynamic_weight: None,
+            fleet_weight: None,
             mac,
             generation: self.next_generation(),
             tier: self.tier_id(config.tier.as_deref()),
@@ -1460,6 +1523,49 @@ mac = "02:00:00:00:00:99"
             (shares[&b] as f64 / shares[&a] as f64 - 3.0).abs() < 0.01,
             "configured 1:3 back"
         );
+    }
+
+    #[test]
+    fn fleet_weights_give_every_balancer_the_leaders_table() {
+        // The leader sees backend .12 down and reweights .11; the follower sees all healthy.
+        let cfg = two_vips();
+        let mut leader = balancer();
+        leader.apply(&cfg.vips, &macs()).unwrap();
+        let endpoint = cfg.vips[0].endpoint();
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.11".parse().unwrap(), "10.0.0.12".parse().unwrap());
+        leader.set_health(&endpoint, b, false).unwrap();
+        leader.set_dynamic_weights(&endpoint, &[(a, 700)]).unwrap();
+        let mut follower = balancer();
+        follower.apply(&cfg.vips, &macs()).unwrap();
+        let fingerprint = |lb: &Balancer<MemoryDataplane>| lb.vip("web").unwrap().fingerprint;
+        assert_ne!(fingerprint(&leader), fingerprint(&follower));
+        let published = crate::fleet::local_weights(&leader);
+        assert_eq!(published["web"][&b], 0);
+        let report = follower.set_fleet_weights(Some(&published)).unwrap();
+        assert!(report.tables_published >= 1);
+        assert_eq!(fingerprint(&leader), fingerprint(&follower));
+        assert_eq!(
+            follower.vip("web").unwrap().table,
+            leader.vip("web").unwrap().table
+        );
+        // The same state again changes nothing; a VIP it does not name keeps local weights.
+        assert_eq!(
+            follower
+                .set_fleet_weights(Some(&published))
+                .unwrap()
+                .tables_published,
+            0
+        );
+        let mut partial = published.clone();
+        partial.remove("web");
+        follower.set_fleet_weights(Some(&partial)).unwrap();
+        assert_ne!(fingerprint(&leader), fingerprint(&follower));
+        // Back to its own view.
+        follower.set_fleet_weights(Some(&published)).unwrap();
+        follower.set_fleet_weights(None).unwrap();
+        let mut fresh = balancer();
+        fresh.apply(&cfg.vips, &macs()).unwrap();
+        assert_eq!(fingerprint(&follower), fingerprint(&fresh));
     }
 
     #[test]

@@ -62,7 +62,7 @@ pub enum ConfigError {
     },
 }
 
-fn invalid(
+pub(crate) fn invalid(
     key: impl Into<String>,
     value: impl fmt::Display,
     reason: impl Into<String>,
@@ -491,6 +491,10 @@ pub struct Config {
     /// The VIPs, with the backends they take from pools (per the models discovered so far,
     /// see [`Config::place_pool_backends`]).
     pub vips: Vec<VipConfig>,
+    /// A fleet sharing its desired state through etcd (`None`: this balancer alone).
+    pub fleet: Option<crate::fleet::config::FleetConfig>,
+    /// VIP announcement over BGP through BIRD (`None`: not announced).
+    pub bgp: Option<crate::fleet::config::BgpConfig>,
 }
 
 /// The config file's shape, as serde reads and writes it. Validation turns it into [`Config`];
@@ -514,6 +518,10 @@ pub struct RawConfig {
     pub api: RawApi,
     #[serde(default)]
     pub metrics: RawMetrics,
+    #[serde(default)]
+    pub fleet: crate::fleet::config::RawFleet,
+    #[serde(default)]
+    pub bgp: crate::fleet::config::RawBgp,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tier: Vec<RawTier>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -891,6 +899,8 @@ impl Config {
                 format!("at most {MAX_VIPS} VIPs are supported"),
             ));
         }
+        let fleet = crate::fleet::config::validate_fleet(raw.fleet)?;
+        let bgp = crate::fleet::config::validate_bgp(raw.bgp)?;
         let tiers = validate_tiers(raw.tier)?;
         let pools = validate_pools(raw.pool)?;
         let mut vips = Vec::with_capacity(raw.vip.len());
@@ -939,6 +949,8 @@ impl Config {
             tiers,
             pools,
             vips,
+            fleet,
+            bgp,
         };
         config.place_pool_backends(&Default::default());
         check_vip_set(&config.vips)?;
@@ -1029,6 +1041,8 @@ impl Config {
             metrics: RawMetrics {
                 listen: self.metrics.listen.map(|l| l.to_string()),
             },
+            fleet: self.fleet.as_ref().map(|f| f.to_raw()).unwrap_or_default(),
+            bgp: self.bgp.as_ref().map(|b| b.to_raw()).unwrap_or_default(),
             pool: self.pools.iter().map(PoolConfig::to_raw).collect(),
             tier: self
                 .tiers

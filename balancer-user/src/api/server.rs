@@ -93,6 +93,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/vips", get(list_vips).post(add_vip))
         .route("/v1/vips/{name}", get(get_vip).delete(del_vip))
         .route("/v1/vips/{name}/table", get(table))
+        .route("/v1/vips/{name}/drain", post(drain_vip))
+        .route("/v1/vips/{name}/undrain", post(undrain_vip))
         .route("/v1/vips/{name}/scheduler", put(set_scheduler))
         .route(
             "/v1/vips/{name}/backends",
@@ -452,6 +454,25 @@ async fn undrain(
         Ok(())
     })
     .await
+}
+
+/// Withdraws a VIP's BGP announcement (traffic already routed here is still forwarded).
+async fn drain_vip(
+    State(s): State<ApiState>,
+    UrlPath(name): UrlPath<String>,
+) -> ApiResult<ChangeResult> {
+    with_daemon(&s, move |d| d.drain_vip(&name, true))
+        .await
+        .map(Json)
+}
+
+async fn undrain_vip(
+    State(s): State<ApiState>,
+    UrlPath(name): UrlPath<String>,
+) -> ApiResult<ChangeResult> {
+    with_daemon(&s, move |d| d.drain_vip(&name, false))
+        .await
+        .map(Json)
 }
 
 async fn weights(State(s): State<ApiState>) -> ApiResult<Vec<crate::api::types::VipWeights>> {

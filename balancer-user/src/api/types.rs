@@ -96,6 +96,9 @@ pub struct VipStatus {
     pub bps: f64,
     pub flows: u64,
     pub backends: Vec<BackendStatus>,
+    /// Announced over BGP (false also without `[bgp]`).
+    #[serde(default)]
+    pub announced: bool,
 }
 
 /// `GET /v1/status`.
@@ -106,6 +109,22 @@ pub struct Status {
     pub pin_dir: String,
     pub uptime_secs: u64,
     pub vips: Vec<VipStatus>,
+    /// This balancer's place in its fleet (absent without `[fleet]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<crate::fleet::FleetStatus>,
+    /// BGP announcement (absent without `[bgp]`): the last error talking to BIRD, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bgp: Option<BgpStatus>,
+}
+
+/// `status`'s BGP part.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BgpStatus {
+    /// Addresses BIRD was told to announce.
+    pub announced: Vec<IpAddr>,
+    /// VIPs drained from announcement (`balancer vip drain`).
+    pub drained: Vec<String>,
+    pub last_error: Option<String>,
 }
 
 /// `GET /v1/stats`: global counters by name, and traffic per VIP and backend.

@@ -4,7 +4,9 @@ use balancer::api::types::{Stats, Status, VipStatus};
 
 use super::client_args::{ClientArgs, fail, print_json, si};
 
-/// Show the VIPs with their backends: weights, health, table share, active flows, traffic rates.
+/// Show the VIPs with their backends: weights, health, table share, active flows, traffic rates;
+/// the table fingerprint of each VIP (equal on every balancer with the same weights); the
+/// fleet role and epoch, and the BGP announcements, when configured.
 #[derive(Debug, clap::Args)]
 #[command(
     after_help = "Examples:\n  balancer status\n  balancer status --json | jq '.vips[].backends[].flows'"
@@ -88,6 +90,35 @@ pub fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
                 s.uptime_secs,
                 s.vips.len()
             );
+            if let Some(f) = &s.fleet {
+                println!(
+                    "fleet: instance {} is {}, leader {}, epoch {}{}, etcd {}",
+                    f.instance,
+                    f.role,
+                    f.leader.as_deref().unwrap_or("unknown"),
+                    f.epoch,
+                    f.applied_secs_ago
+                        .map(|a| format!(" (applied {a:.1} s ago)"))
+                        .unwrap_or_default(),
+                    f.etcd
+                );
+            }
+            if let Some(b) = &s.bgp {
+                let announced: Vec<String> = b.announced.iter().map(|a| a.to_string()).collect();
+                println!(
+                    "bgp: announcing [{}]{}{}",
+                    announced.join(", "),
+                    if b.drained.is_empty() {
+                        String::new()
+                    } else {
+                        format!(", drained: {}", b.drained.join(", "))
+                    },
+                    b.last_error
+                        .as_deref()
+                        .map(|e| format!(", error: {e}"))
+                        .unwrap_or_default()
+                );
+            }
             print_vips(&s.vips);
             ExitCode::SUCCESS
         }

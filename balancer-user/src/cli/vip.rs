@@ -18,6 +18,7 @@ use super::client_args::{ClientArgs, fail, print_json};
                         balancer vip add chat --address 10.100.0.4 --port 8000 --scheduler source-hash --max-load-factor 1.25\n  \
                         balancer vip set-scheduler web least-conn\n  \
                         balancer vip set-scheduler chat maglev --persistence-secs 600\n  \
+                        balancer vip drain web\n  \
                         balancer vip del web")]
 pub struct VipArgs {
     #[command(subcommand)]
@@ -107,6 +108,11 @@ enum VipCommand {
     },
     /// Remove a VIP (its established connections end with it).
     Del { name: String },
+    /// Stop announcing a VIP over BGP (`[bgp]`): the routers send its new traffic to the
+    /// fleet's other balancers; what still arrives here is forwarded as before.
+    Drain { name: String },
+    /// Announce a drained VIP again.
+    Undrain { name: String },
 }
 
 pub fn run(args: VipArgs) -> anyhow::Result<ExitCode> {
@@ -233,6 +239,14 @@ pub fn run(args: VipArgs) -> anyhow::Result<ExitCode> {
         VipCommand::Del { name } => report(
             &args.client,
             client.call::<(), ChangeResult>("DELETE", &format!("/v1/vips/{name}"), None),
+        ),
+        VipCommand::Drain { name } => report(
+            &args.client,
+            client.call::<(), ChangeResult>("POST", &format!("/v1/vips/{name}/drain"), None),
+        ),
+        VipCommand::Undrain { name } => report(
+            &args.client,
+            client.call::<(), ChangeResult>("POST", &format!("/v1/vips/{name}/undrain"), None),
         ),
     })
 }

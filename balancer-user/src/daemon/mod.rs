@@ -309,6 +309,16 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     telemetry.reconcile(&daemon);
     let mut discovery = DiscoveryLoops::default();
     discovery.reconcile(&daemon);
+    let fleet = crate::fleet::agent::FleetAgent::start(&daemon);
+    {
+        let d = daemon.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Ok(mut d) = d.lock() {
+                d.announce();
+            }
+        })
+        .await;
+    }
     tracing::info!(
         %interface,
         %mode,
@@ -355,6 +365,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
                     if let Ok(mut d) = d.lock() {
                         d.tick();
                         d.sample();
+                        d.announce();
                     }
                 })
                 .await;
@@ -377,10 +388,16 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     health.stop();
     telemetry.stop();
     discovery.stop();
+    if let Some(fleet) = fleet {
+        fleet.stop().await;
+    }
 
-    let d = daemon
+    let mut d = daemon
         .lock()
         .map_err(|_| anyhow::anyhow!("daemon state poisoned"))?;
+    // This balancer leaves the routers' ECMP set (the program keeps forwarding what still
+    // arrives).
+    d.withdraw_all();
     if let Ok(stats) = d.balancer.global_stats() {
         let summary: Vec<String> = Counter::ALL
             .iter()

@@ -85,6 +85,11 @@ pub struct Daemon {
     /// discovery error per backend.
     pub served: HashMap<String, HashMap<IpAddr, Vec<String>>>,
     pub discovery_errors: HashMap<(String, IpAddr), String>,
+    /// The fleet agent's view (see [`crate::fleet`]).
+    pub fleet: crate::fleet::FleetStatus,
+    /// VIPs drained from BGP announcement by name.
+    pub drained_vips: std::collections::BTreeSet<String>,
+    announcer: crate::fleet::bgp::Announcer,
 }
 
 impl Daemon {
@@ -117,7 +122,83 @@ impl Daemon {
             decisions: HashMap::new(),
             served: HashMap::new(),
             discovery_errors: HashMap::new(),
+            fleet: crate::fleet::FleetStatus::default(),
+            drained_vips: Default::default(),
+            announcer: Default::default(),
         }
+    }
+
+    /// Builds the tables from the weights a fleet's leader published, or (`None`) from this
+    /// balancer's own view again. Whether it worked.
+    pub fn apply_fleet(&mut self, weights: Option<&crate::fleet::FleetWeights>) -> bool {
+        match self.balancer.set_fleet_weights(weights) {
+            Ok(report) => {
+                if report.tables_published > 0 {
+                    self.record(&report);
+                    self.persist_state();
+                }
+                true
+            }
+            Err(e) => {
+                tracing::error!("applying the fleet's weights: {e}");
+                false
+            }
+        }
+    }
+
+    /// The addresses of the VIPs this balancer can serve: a backend in the table, not
+    /// drained from announcement.
+    pub fn announceable(&self) -> std::collections::BTreeSet<IpAddr> {
+        self.balancer
+            .vips()
+            .filter(|v| !self.drained_vips.contains(&v.config.name))
+            .filter(|v| v.backends.values().any(|b| b.table_weight() > 0))
+            .map(|v| v.config.address)
+            .collect()
+    }
+
+    /// Tells BIRD the VIPs to announce, when `[bgp]` is set (cheap when nothing changed).
+    pub fn announce(&mut self) {
+        if let Some(bgp) = self.config.bgp.clone() {
+            let addresses = self.announceable();
+            self.announcer.announce(&bgp, &addresses);
+        }
+    }
+
+    /// Withdraws every route (shutdown).
+    pub fn withdraw_all(&mut self) {
+        if let Some(bgp) = self.config.bgp.clone() {
+            self.announcer.announce(&bgp, &Default::default());
+        }
+    }
+
+    /// Drains a VIP from BGP announcement (`drain`) or returns it.
+    pub fn drain_vip(&mut self, name: &str, drain: bool) -> Result<ChangeResult, ChangeError> {
+        if self.config.vip(name).is_none() {
+            return Err(ChangeError::NotFound(format!("no VIP named {name:?}")));
+        }
+        let changed = if drain {
+            self.drained_vips.insert(name.to_string())
+        } else {
+            self.drained_vips.remove(name)
+        };
+        self.announce();
+        Ok(ChangeResult {
+            message: format!(
+                "VIP {name} {}{}",
+                if drain {
+                    "drained from announcement"
+                } else {
+                    "announced again"
+                },
+                if changed { "" } else { " (already)" }
+            ),
+            vips_added: 0,
+            vips_removed: 0,
+            vips_updated: 0,
+            tables_published: 0,
+            slots_changed: 0,
+        })
     }
 
     /// Records a discovery round of `pool`; when a backend's models changed, the VIPs that
@@ -700,6 +781,9 @@ impl Daemon {
                 bps: t.bps,
                 flows: backends.iter().map(|b| b.flows).sum(),
                 backends,
+                announced: self.config.bgp.is_some()
+                    && self.announcer.announced().contains(&c.address)
+                    && !self.drained_vips.contains(&c.name),
             });
         }
         out
@@ -712,6 +796,16 @@ impl Daemon {
             pin_dir: self.config.pin_dir.display().to_string(),
             uptime_secs: self.started.elapsed().as_secs(),
             vips: self.vip_statuses(),
+            fleet: self.config.fleet.as_ref().map(|_| self.fleet.clone()),
+            bgp: self
+                .config
+                .bgp
+                .as_ref()
+                .map(|_| crate::api::types::BgpStatus {
+                    announced: self.announcer.announced().into_iter().collect(),
+                    drained: self.drained_vips.iter().cloned().collect(),
+                    last_error: self.announcer.last_error.clone(),
+                }),
         }
     }
 

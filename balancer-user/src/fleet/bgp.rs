@@ -1,0 +1,157 @@
+//! VIP announcement over BGP through BIRD (2.x). The daemon does not speak BGP: it writes the
+//! VIPs it can serve as static routes into two include files (one per address family) that
+//! the operator's `bird.conf` includes in `protocol static` blocks exported to the routers,
+//! and asks BIRD to re-read its config (`birdc -s SOCKET configure`). A VIP is announced while
+//! it has a backend in its table and is not drained (`balancer vip drain`); on shutdown every
+//! route is withdrawn. BIRD reads the files again whenever it starts, so a restarted BIRD
+//! announces the current set; a failed `configure` (BIRD down) is retried every few seconds.
+//! When this host dies, the routers' BGP hold timer withdraws its routes.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use super::config::BgpConfig;
+use crate::pinning::write_atomically;
+
+/// How often a failed reconfiguration is retried.
+const RETRY: Duration = Duration::from_secs(2);
+
+/// The include file's text for these addresses (all of one family).
+pub fn routes_file(addresses: &BTreeSet<IpAddr>) -> String {
+    let mut text =
+        String::from("# Written by the balancer daemon: the VIPs it announces. Do not edit.\n");
+    for a in addresses {
+        let len = if a.is_ipv4() { 32 } else { 128 };
+        text.push_str(&format!("route {a}/{len} blackhole;\n"));
+    }
+    text
+}
+
+/// The announcer's memory: what BIRD was last told successfully.
+#[derive(Default)]
+pub struct Announcer {
+    announced: Option<BTreeSet<IpAddr>>,
+    last_attempt: Option<Instant>,
+    pub last_error: Option<String>,
+}
+
+impl Announcer {
+    /// Makes BIRD announce exactly `addresses` (rewriting the files and reconfiguring when they
+    /// changed, or retrying a failed reconfiguration).
+    pub fn announce(&mut self, config: &BgpConfig, addresses: &BTreeSet<IpAddr>) {
+        let settled = self.announced.as_ref() == Some(addresses) && self.last_error.is_none();
+        let retry_due = self.last_attempt.is_none_or(|t| t.elapsed() >= RETRY);
+        if settled || (self.announced.as_ref() == Some(addresses) && !retry_due) {
+            return;
+        }
+        self.last_attempt = Some(Instant::now());
+        match apply(config, addresses) {
+            Ok(()) => {
+                if self.last_error.take().is_some() || self.announced.as_ref() != Some(addresses) {
+                    tracing::info!(
+                        routes = addresses.len(),
+                        "bgp: BIRD announces {addresses:?}"
+                    );
+                }
+                self.announced = Some(addresses.clone());
+            }
+            Err(e) => {
+                if self.last_error.as_deref() != Some(&e) {
+                    tracing::error!("bgp: {e}; retrying every {RETRY:?}");
+                }
+                self.last_error = Some(e);
+                self.announced = Some(addresses.clone());
+            }
+        }
+    }
+
+    /// What BIRD was told last.
+    pub fn announced(&self) -> BTreeSet<IpAddr> {
+        self.announced.clone().unwrap_or_default()
+    }
+}
+
+fn apply(config: &BgpConfig, addresses: &BTreeSet<IpAddr>) -> Result<(), String> {
+    let (v4, v6): (BTreeSet<IpAddr>, BTreeSet<IpAddr>) =
+        addresses.iter().partition(|a| a.is_ipv4());
+    write(&config.routes_v4, &routes_file(&v4))?;
+    write(&config.routes_v6, &routes_file(&v6))?;
+    let out = std::process::Command::new(&config.birdc)
+        .arg("-s")
+        .arg(&config.socket)
+        .arg("configure")
+        .output()
+        .map_err(|e| {
+            format!(
+                "running {} -s {} configure: {e}",
+                config.birdc,
+                config.socket.display()
+            )
+        })?;
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    // birdc exits 0 even when BIRD rejects the config; its reply says so.
+    if !out.status.success() || !text.contains("Reconfigur") {
+        return Err(format!(
+            "BIRD did not take the routes ({} configure: {})",
+            config.birdc,
+            text.trim().lines().last().unwrap_or("no answer")
+        ));
+    }
+    Ok(())
+}
+
+fn write(path: &Path, text: &str) -> Result<(), String> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    }
+    write_atomically(path, text.as_bytes()).map_err(|e| format!("writing {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn route_files_list_host_routes() {
+        let set: BTreeSet<IpAddr> =
+            ["10.1.1.1".parse().unwrap(), "10.1.1.2".parse().unwrap()].into();
+        let text = routes_file(&set);
+        assert!(
+            text.contains("route 10.1.1.1/32 blackhole;\nroute 10.1.1.2/32 blackhole;\n"),
+            "{text}"
+        );
+        let v6: BTreeSet<IpAddr> = ["fd00::1".parse().unwrap()].into();
+        assert!(routes_file(&v6).contains("route fd00::1/128 blackhole;"));
+        assert_eq!(routes_file(&BTreeSet::new()).lines().count(), 1);
+    }
+
+    #[test]
+    fn a_missing_birdc_is_an_error_that_is_retried() {
+        let dir = std::env::temp_dir().join(format!("bgp-test-{}", std::process::id()));
+        let config = BgpConfig {
+            routes_v4: dir.join("v4.conf"),
+            routes_v6: dir.join("v6.conf"),
+            birdc: "/nonexistent/birdc".into(),
+            socket: dir.join("bird.ctl"),
+        };
+        let mut a = Announcer::default();
+        let set: BTreeSet<IpAddr> = ["10.1.1.1".parse().unwrap()].into();
+        a.announce(&config, &set);
+        assert!(
+            a.last_error
+                .as_deref()
+                .unwrap_or("")
+                .contains("/nonexistent/birdc")
+        );
+        // The files were written even though BIRD could not be told.
+        assert!(
+            std::fs::read_to_string(&config.routes_v4)
+                .unwrap()
+                .contains("10.1.1.1/32")
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -1,0 +1,100 @@
+//! Many balancers, one table: the fleet's desired state in etcd, and VIP announcement over
+//! BGP.
+//!
+//! Every balancer of a fleet runs the same config. One of them, elected through an etcd lease
+//! ([`agent`]), turns its own view — configured weights, drains, health checks, telemetry
+//! policies — into the weight of every backend of every VIP and publishes that as a
+//! [`FleetState`] with a new epoch, in a transaction fenced on its leadership (a deposed
+//! leader's write fails). Every other balancer reads the state and builds its tables from
+//! exactly those weights ([`crate::balancer::Balancer::set_fleet_weights`]); since Maglev
+//! tables depend only on the backend set and the weights, every balancer then holds the same
+//! table (same fingerprint), and a flow ECMP moves from one balancer to another reaches the
+//! same backend. Without etcd a balancer keeps forwarding with the last state it applied.
+//!
+//! [`bgp`] announces the VIPs through BIRD while this balancer can serve them.
+
+pub mod agent;
+pub mod base64;
+pub mod bgp;
+pub mod config;
+pub mod etcd;
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::balancer::Balancer;
+use crate::dataplane::Dataplane;
+
+/// VIP name → backend address → the weight its table is built with (0: out of the table).
+pub type FleetWeights = BTreeMap<String, BTreeMap<IpAddr, u32>>;
+
+/// What the leader publishes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FleetState {
+    /// Increases with every publication.
+    pub epoch: u64,
+    /// The instance that published it.
+    pub leader: String,
+    pub vips: FleetWeights,
+}
+
+/// The weights this balancer's own view gives every backend (what a leader publishes).
+pub fn local_weights<D: Dataplane>(balancer: &Balancer<D>) -> FleetWeights {
+    balancer
+        .vips()
+        .map(|v| {
+            let weights = v
+                .backends
+                .values()
+                .map(|b| (b.address, b.local_weight()))
+                .collect();
+            (v.config.name.clone(), weights)
+        })
+        .collect()
+}
+
+/// This balancer's place in the fleet, for `status`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FleetStatus {
+    pub instance: String,
+    /// "standalone" (no `[fleet]`), "leader", "follower" or "starting".
+    pub role: String,
+    /// The leader as last read from etcd.
+    pub leader: Option<String>,
+    /// The epoch of the state applied (or, on the leader, published) last.
+    pub epoch: u64,
+    /// "ok", or the last etcd error (forwarding goes on with the last state applied).
+    pub etcd: String,
+    /// Seconds since the last state was applied or published.
+    #[serde(default)]
+    pub applied_secs_ago: Option<f64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_round_trip_as_json() {
+        let mut vips = FleetWeights::new();
+        vips.insert(
+            "web".into(),
+            [
+                ("10.0.0.1".parse().unwrap(), 100),
+                ("fd00::2".parse().unwrap(), 0),
+            ]
+            .into_iter()
+            .collect(),
+        );
+        let s = FleetState {
+            epoch: 7,
+            leader: "lb1".into(),
+            vips,
+        };
+        let text = serde_json::to_string(&s).unwrap();
+        assert_eq!(serde_json::from_str::<FleetState>(&text).unwrap(), s);
+        assert!(serde_json::from_str::<FleetState>(r#"{"epoch":-1}"#).is_err());
+    }
+}
