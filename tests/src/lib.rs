@@ -3,6 +3,7 @@
 //! fixtures. The integration tests in `tests/` and the demo binary use it.
 
 pub mod bench;
+pub mod fleet;
 pub mod llmload;
 pub mod netns;
 pub mod packet;

@@ -14,7 +14,8 @@ use anyhow::{Context as _, Result, bail};
 /// bpf-linker version and the LLVM major version it is built against.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_MAJOR: u32 = 22;
-/// Debian packages the tests and benchmarks run (nftables and HAProxy are `bench e2e`'s peers).
+/// Debian packages the tests and benchmarks run (nftables and HAProxy are `bench e2e`'s peers;
+/// BIRD and etcd run the fleet tests).
 const HOST_PACKAGES: &[&str] = &[
     "iproute2",
     "ethtool",
@@ -23,6 +24,8 @@ const HOST_PACKAGES: &[&str] = &[
     "util-linux",
     "nftables",
     "haproxy",
+    "bird2",
+    "etcd-server",
 ];
 /// Debian packages needed to build bpf-linker against LLVM 22.
 const LLVM_PACKAGES: &[&str] = &[

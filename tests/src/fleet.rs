@@ -1,0 +1,607 @@
+//! A fleet in network namespaces: a client behind a router that runs BIRD with ECMP
+//! (multipath) over two or three balancers, each running BIRD and `balancer` with `[fleet]`
+//! and `[bgp]`; an etcd member; backends on the rack bridge.
+//!
+//! ```text
+//!   client 10.112.0.10 ── router 10.112.0.1 │ 10.111.0.1 ─┐  BIRD AS 65000, merge paths (ECMP)
+//!                                                        │
+//!   lb1 10.111.0.2  BIRD AS 65001 + balancer ────────────┼─ br0 (rack)
+//!   lb2 10.111.0.3  (lb3 10.111.0.4)         ────────────┤
+//!   etcd 10.111.0.9                           ────────────┤
+//!   b1..b3 10.111.0.11.. (VIP on lo, default via router) ┘
+//! ```
+//!
+//! The router learns the VIP from every balancer that announces it and spreads flows over them
+//! by an L4 hash; the balancers forward by L2 DSR to the backends, which answer the client
+//! through the router. Everything is torn down on drop.
+
+use std::fs;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use balancer::api::client::{Client, Endpoint};
+use balancer::api::types::Status;
+use balancer::config::AttachMode;
+use balancer::daemon::xdp_mode;
+
+use crate::netns::{Netns, PREFIX, run, sweep};
+use crate::topology::{ECHO_PORT, HTTP_PORT, Process, VIP4, binary, mount_pin_root, pin_root};
+
+pub const ROUTER_RACK: Ipv4Addr = Ipv4Addr::new(10, 111, 0, 1);
+pub const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 112, 0, 10);
+pub const ETCD: Ipv4Addr = Ipv4Addr::new(10, 111, 0, 9);
+/// BGP timers of every session (seconds): a dead balancer's routes go after `HOLD`.
+pub const HOLD: u64 = 3;
+
+pub fn lb_addr(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 111, 0, 2 + i as u8)
+}
+pub fn backend_addr(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 111, 0, 11 + i as u8)
+}
+
+/// Whether the programs the fleet runs are installed (`cargo xtask setup` installs them).
+pub fn tools_present() -> Result<()> {
+    for tool in ["bird", "birdc", "etcd"] {
+        if !["/usr/sbin", "/usr/bin", "/sbin", "/bin"]
+            .iter()
+            .any(|d| PathBuf::from(d).join(tool).exists())
+        {
+            bail!(
+                "{tool} is not installed: run `cargo xtask setup` (Debian packages bird2, etcd-server)"
+            );
+        }
+    }
+    Ok(())
+}
+
+pub struct Fleet {
+    pub tag: String,
+    pub log_dir: PathBuf,
+    /// Processes first: they must die before their namespaces go.
+    pub processes: Vec<Process>,
+    pass_programs: Vec<aya::Ebpf>,
+    pub client: Netns,
+    pub router: Netns,
+    pub etcd: Netns,
+    pub lbs: Vec<Netns>,
+    pub backends: Vec<Netns>,
+    pub rack: Netns,
+}
+
+impl Fleet {
+    /// Builds the namespaces, starts etcd, the router's BIRD, the backends' servers, and on
+    /// every balancer BIRD and `balancer run`; waits until the router has a route to the VIP
+    /// through every balancer.
+    pub fn build(tag: &str, balancers: usize, backends: usize) -> Result<Fleet> {
+        tools_present()?;
+        sweep(&format!("{PREFIX}-{tag}-"));
+        let ns = |role: &str| Netns::create(&format!("{PREFIX}-{tag}-{role}"));
+        let rack = ns("rack")?;
+        let client = ns("client")?;
+        let router = ns("router")?;
+        let etcd = ns("etcd")?;
+        let lbs = (0..balancers)
+            .map(|i| ns(&format!("lb{}", i + 1)))
+            .collect::<Result<Vec<_>>>()?;
+        let backend_ns = (0..backends)
+            .map(|i| ns(&format!("b{}", i + 1)))
+            .collect::<Result<Vec<_>>>()?;
+        let log_dir = std::env::temp_dir().join(format!("{PREFIX}-{tag}-logs"));
+        let _ = fs::remove_dir_all(&log_dir);
+        fs::create_dir_all(&log_dir)?;
+        mount_pin_root()?;
+        let mut fleet = Fleet {
+            tag: tag.to_string(),
+            log_dir,
+            processes: Vec::new(),
+            pass_programs: Vec::new(),
+            client,
+            router,
+            etcd,
+            lbs,
+            backends: backend_ns,
+            rack,
+        };
+        for i in 0..balancers {
+            let _ = balancer::pinning::Pins::new(fleet.pin_dir(i)).remove();
+        }
+        fleet.wire()?;
+        fleet.start_etcd()?;
+        fleet.start_router_bird()?;
+        for i in 0..backends {
+            fleet.start_backend(i)?;
+        }
+        for i in 0..balancers {
+            fleet.start_lb_bird(i)?;
+            fleet.start_balancer(i)?;
+        }
+        fleet.wait_for_paths(balancers, Duration::from_secs(20))?;
+        Ok(fleet)
+    }
+
+    fn wire(&mut self) -> Result<()> {
+        let rack = self.rack.name().to_string();
+        self.rack
+            .sh("ip link add br0 type bridge && ip link set br0 up")?;
+        let mut hosts: Vec<(&Netns, String, Ipv4Addr)> = vec![
+            (&self.router, "router".into(), ROUTER_RACK),
+            (&self.etcd, "etcd".into(), ETCD),
+        ];
+        for (i, lb) in self.lbs.iter().enumerate() {
+            hosts.push((lb, format!("lb{}", i + 1), lb_addr(i)));
+        }
+        for (i, b) in self.backends.iter().enumerate() {
+            hosts.push((b, format!("b{}", i + 1), backend_addr(i)));
+        }
+        for (host, port, addr) in &hosts {
+            run(
+                "ip",
+                &[
+                    "-n",
+                    &rack,
+                    "link",
+                    "add",
+                    port,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    "eth0",
+                    "netns",
+                    host.name(),
+                ],
+            )?;
+            run(
+                "ip",
+                &["-n", &rack, "link", "set", port, "master", "br0", "up"],
+            )?;
+            host.sh(&format!(
+                "ip addr add {addr}/24 dev eth0 && ip link set eth0 up"
+            ))?;
+        }
+        // The client's own link to the router.
+        run(
+            "ip",
+            &[
+                "-n",
+                self.router.name(),
+                "link",
+                "add",
+                "client",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                self.client.name(),
+            ],
+        )?;
+        self.router.sh(
+            "ip addr add 10.112.0.1/24 dev client && ip link set client up; \
+             sysctl -qw net.ipv4.ip_forward=1 net.ipv4.fib_multipath_hash_policy=1 \
+               net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.eth0.rp_filter=0",
+        )?;
+        self.client.sh(&format!(
+            "ip addr add {CLIENT}/24 dev eth0 && ip link set eth0 up && ip route add default via 10.112.0.1; \
+             ethtool -K eth0 tx off tso off gso off >/dev/null 2>&1 || true"
+        ))?;
+        for b in &self.backends {
+            b.sh(&format!(
+                "ip addr add {VIP4}/32 dev lo; ip route add default via {ROUTER_RACK}; \
+                 sysctl -qw net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2 \
+                   net.ipv4.conf.eth0.arp_ignore=1 net.ipv4.conf.eth0.arp_announce=2 \
+                   net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.eth0.rp_filter=0"
+            ))?;
+        }
+        // Native XDP on a veth sends its XDP_TX frames only to a peer with an XDP program.
+        for i in 0..self.lbs.len() {
+            let port = format!("lb{}", i + 1);
+            let object = self.rack.run_in(move || -> Result<aya::Ebpf> {
+                let mut object = balancer::ebpf::load_decap()?;
+                balancer::ebpf::program(&mut object, balancer::ebpf::PASS_PROGRAM)?
+                    .attach(&port, xdp_mode(AttachMode::Native))
+                    .context("attaching the pass program to a balancer's peer")?;
+                Ok(object)
+            })??;
+            self.pass_programs.push(object);
+        }
+        Ok(())
+    }
+
+    fn start_etcd(&mut self) -> Result<()> {
+        let data = self.log_dir.join("etcd-data");
+        let (client_url, peer_url) = (format!("http://{ETCD}:2379"), format!("http://{ETCD}:2380"));
+        let cluster = format!("e1={peer_url}");
+        let argv = [
+            "etcd",
+            "--name",
+            "e1",
+            "--data-dir",
+            data.to_str().unwrap_or_default(),
+            "--listen-client-urls",
+            &client_url,
+            "--advertise-client-urls",
+            &client_url,
+            "--listen-peer-urls",
+            &peer_url,
+            "--initial-advertise-peer-urls",
+            &peer_url,
+            "--initial-cluster",
+            &cluster,
+            "--initial-cluster-state",
+            "new",
+        ];
+        let mut p = Process::spawn(&self.etcd, "etcd", &argv, &self.log_dir)?;
+        p.wait_for_log("ready to serve client requests", Duration::from_secs(20))?;
+        self.processes.push(p);
+        Ok(())
+    }
+
+    /// Kills etcd (the balancers lose their shared state store).
+    pub fn kill_etcd(&mut self) -> Result<()> {
+        let p = self.process("etcd").context("no etcd")?;
+        p.signal_and_wait(libc::SIGKILL, Duration::from_secs(5))?;
+        self.processes.retain(|p| p.name != "etcd");
+        Ok(())
+    }
+
+    fn bird_dir(&self) -> PathBuf {
+        self.log_dir.join("bird")
+    }
+
+    fn start_router_bird(&mut self) -> Result<()> {
+        let dir = self.bird_dir();
+        fs::create_dir_all(&dir)?;
+        let mut conf = format!(
+            "log stderr all;\nrouter id {ROUTER_RACK};\n\
+             protocol device {{ scan time 10; }}\n\
+             protocol kernel {{\n  ipv4 {{ import none; export where source = RTS_BGP; }};\n  merge paths on;\n}}\n\
+             template bgp lb {{\n  local {ROUTER_RACK} as 65000;\n  hold time {HOLD};\n  keepalive time 1;\n  \
+             connect delay time 1;\n  connect retry time 1;\n  error wait time 1, 2;\n  \
+             ipv4 {{ import all; export none; }};\n}}\n"
+        );
+        for i in 0..self.lbs.len() {
+            conf.push_str(&format!(
+                "protocol bgp lb{} from lb {{ neighbor {} as 65001; }}\n",
+                i + 1,
+                lb_addr(i)
+            ));
+        }
+        let path = dir.join("router.conf");
+        fs::write(&path, conf)?;
+        self.spawn_bird(None, &path)
+    }
+
+    /// The BIRD config of balancer `i`: the VIP routes the daemon writes, exported to the router.
+    fn lb_bird_conf(&self, i: usize) -> String {
+        let routes = self.bird_dir().join(format!("lb{}-vips4.conf", i + 1));
+        let routes6 = self.bird_dir().join(format!("lb{}-vips6.conf", i + 1));
+        format!(
+            "log stderr all;\nrouter id {me};\n\
+             protocol device {{ scan time 10; }}\n\
+             protocol static vips4 {{\n  ipv4;\ninclude \"{r4}\";\n}}\n\
+             protocol static vips6 {{\n  ipv6;\ninclude \"{r6}\";\n}}\n\
+             protocol bgp uplink {{\n  local {me} as 65001;\n  neighbor {ROUTER_RACK} as 65000;\n  \
+             hold time {HOLD};\n  keepalive time 1;\n  connect delay time 1;\n  connect retry time 1;\n  \
+             error wait time 1, 2;\n  ipv4 {{ import none; export where proto = \"vips4\"; }};\n}}\n",
+            me = lb_addr(i),
+            r4 = routes.display(),
+            r6 = routes6.display(),
+        )
+    }
+
+    /// Starts balancer `i`'s BIRD (its route files must exist: empty ones until the daemon
+    /// writes them).
+    pub fn start_lb_bird(&mut self, i: usize) -> Result<()> {
+        let dir = self.bird_dir();
+        fs::create_dir_all(&dir)?;
+        for family in ["vips4", "vips6"] {
+            let f = dir.join(format!("lb{}-{family}.conf", i + 1));
+            if !f.exists() {
+                fs::write(&f, "")?;
+            }
+        }
+        let path = dir.join(format!("lb{}.conf", i + 1));
+        fs::write(&path, self.lb_bird_conf(i))?;
+        self.spawn_bird(Some(i), &path)
+    }
+
+    fn spawn_bird(&mut self, lb: Option<usize>, conf: &std::path::Path) -> Result<()> {
+        let (name, ns) = match lb {
+            Some(i) => (format!("bird-lb{}", i + 1), &self.lbs[i]),
+            None => ("bird-router".to_string(), &self.router),
+        };
+        let socket = self.bird_socket(lb);
+        let _ = fs::remove_file(&socket);
+        let argv = [
+            "bird",
+            "-f",
+            "-c",
+            conf.to_str().unwrap_or_default(),
+            "-s",
+            socket.to_str().unwrap_or_default(),
+        ];
+        let p = Process::spawn(ns, &name, &argv, &self.log_dir)?;
+        self.processes.retain(|x| x.name != name);
+        self.processes.push(p);
+        let until = Instant::now() + Duration::from_secs(10);
+        while !socket.exists() {
+            if Instant::now() > until {
+                bail!("{name} did not open its control socket:\n{}", self.logs());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    /// BIRD's control socket of balancer `lb` (None: the router).
+    pub fn bird_socket(&self, lb: Option<usize>) -> PathBuf {
+        match lb {
+            Some(i) => self.bird_dir().join(format!("lb{}.ctl", i + 1)),
+            None => self.bird_dir().join("router.ctl"),
+        }
+    }
+
+    /// Kills a process by name (SIGKILL).
+    pub fn kill(&mut self, name: &str) -> Result<()> {
+        let p = self
+            .process(name)
+            .with_context(|| format!("no process {name}"))?;
+        p.signal_and_wait(libc::SIGKILL, Duration::from_secs(5))?;
+        self.processes.retain(|p| p.name != name);
+        Ok(())
+    }
+
+    fn start_backend(&mut self, i: usize) -> Result<()> {
+        let server = binary("test-backend")?;
+        let name = format!("b{}", i + 1);
+        let argv = [
+            server.to_str().unwrap_or_default(),
+            "--name",
+            &name,
+            "--http-port",
+            &HTTP_PORT.to_string(),
+            "--echo-port",
+            &ECHO_PORT.to_string(),
+        ];
+        let mut p = Process::spawn(
+            &self.backends[i],
+            &format!("server-{name}"),
+            &argv,
+            &self.log_dir,
+        )?;
+        p.wait_for_log("listening", Duration::from_secs(10))?;
+        self.processes.push(p);
+        Ok(())
+    }
+
+    pub fn pin_dir(&self, i: usize) -> PathBuf {
+        pin_root().join(format!("{PREFIX}-{}-lb{}", self.tag, i + 1))
+    }
+
+    pub fn api_socket(&self, i: usize) -> PathBuf {
+        self.log_dir.join(format!("api-lb{}.sock", i + 1))
+    }
+
+    /// Balancer `i`'s config: the same VIPs and backends on every balancer; its own pins,
+    /// socket, instance name and BIRD files.
+    pub fn config(&self, i: usize) -> String {
+        let mut text = format!(
+            "interface = \"eth0\"\nattach_mode = \"native\"\npin_dir = \"{pins}\"\nstate_file = \"{state}\"\n\n\
+             [api]\nsocket = \"{socket}\"\n\n\
+             [fleet]\netcd = [\"{ETCD}:2379\"]\nprefix = \"/balancer/{tag}\"\ninstance = \"lb{n}\"\nlease_secs = 3\npoll_ms = 200\n\n\
+             [bgp]\nroutes_v4 = \"{r4}\"\nroutes_v6 = \"{r6}\"\nbirdc = \"birdc\"\nsocket = \"{ctl}\"\n\n",
+            pins = self.pin_dir(i).display(),
+            state = self
+                .log_dir
+                .join(format!("state-lb{}.json", i + 1))
+                .display(),
+            socket = self.api_socket(i).display(),
+            tag = self.tag,
+            n = i + 1,
+            r4 = self
+                .bird_dir()
+                .join(format!("lb{}-vips4.conf", i + 1))
+                .display(),
+            r6 = self
+                .bird_dir()
+                .join(format!("lb{}-vips6.conf", i + 1))
+                .display(),
+            ctl = self.bird_socket(Some(i)).display(),
+        );
+        for (name, port) in [("http4", HTTP_PORT), ("echo4", ECHO_PORT)] {
+            text.push_str(&format!(
+                "[[vip]]\nname = \"{name}\"\naddress = \"{VIP4}\"\nport = {port}\nprotocol = \"tcp\"\n\
+                 health = {{ check = \"tcp\", interval_ms = 200, timeout_ms = 100, fall = 2, rise = 2 }}\n"
+            ));
+            for b in 0..self.backends.len() {
+                text.push_str(&format!(
+                    "  [[vip.backend]]\n  address = \"{}\"\n  weight = 100\n",
+                    backend_addr(b)
+                ));
+            }
+            text.push('\n');
+        }
+        text
+    }
+
+    /// Starts (or restarts) `balancer run` on balancer `i`; waits until it is ready.
+    pub fn start_balancer(&mut self, i: usize) -> Result<()> {
+        let path = self.log_dir.join(format!("balancer-lb{}.toml", i + 1));
+        fs::write(&path, self.config(i))?;
+        let bin = binary("balancer")?;
+        let argv = [
+            bin.to_str().unwrap_or_default(),
+            "run",
+            "--config",
+            path.to_str().unwrap_or_default(),
+        ];
+        let name = format!("balancer-lb{}", i + 1);
+        self.processes.retain(|p| p.name != name);
+        let mut p = Process::spawn(&self.lbs[i], &name, &argv, &self.log_dir)?;
+        p.wait_for_log("balancer ready", Duration::from_secs(30))?;
+        self.processes.push(p);
+        Ok(())
+    }
+
+    /// Balancer `i`'s API.
+    pub fn api(&self, i: usize) -> Client {
+        Client::new(Endpoint::Unix(self.api_socket(i)))
+    }
+
+    pub fn status(&self, i: usize) -> Result<Status> {
+        self.api(i)
+            .get("/v1/status")
+            .map_err(|e| anyhow::anyhow!("status of lb{}: {e}", i + 1))
+    }
+
+    /// The balancers the router's route to the VIP goes through.
+    pub fn router_paths(&self) -> Result<Vec<Ipv4Addr>> {
+        let out = self
+            .router
+            .exec(&["ip", "route", "show", &format!("{VIP4}/32")])?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut via: Vec<Ipv4Addr> = text
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .windows(2)
+            .filter(|w| w[0] == "via")
+            .filter_map(|w| w[1].parse().ok())
+            .collect();
+        via.sort();
+        via.dedup();
+        Ok(via)
+    }
+
+    /// Waits until the router's route to the VIP has `n` paths; the time it took.
+    pub fn wait_for_paths(&self, n: usize, timeout: Duration) -> Result<Duration> {
+        let started = Instant::now();
+        loop {
+            let paths = self.router_paths()?;
+            if paths.len() == n {
+                return Ok(started.elapsed());
+            }
+            if started.elapsed() > timeout {
+                bail!(
+                    "the router has {} path(s) to the VIP ({paths:?}), not {n}, after {timeout:?}:\n{}",
+                    paths.len(),
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits until `f` holds for the status of every running balancer in `lbs`.
+    pub fn wait_for_status(
+        &self,
+        lbs: &[usize],
+        timeout: Duration,
+        what: &str,
+        f: impl Fn(&Status) -> bool,
+    ) -> Result<Duration> {
+        let started = Instant::now();
+        loop {
+            let ok = lbs.iter().all(|i| self.status(*i).is_ok_and(|s| f(&s)));
+            if ok {
+                return Ok(started.elapsed());
+            }
+            if started.elapsed() > timeout {
+                let statuses: Vec<String> = lbs
+                    .iter()
+                    .map(|i| {
+                        format!(
+                            "lb{}: {:?}",
+                            i + 1,
+                            self.status(*i).map(|s| (s.fleet, s.bgp))
+                        )
+                    })
+                    .collect();
+                bail!(
+                    "not {what} within {timeout:?}: {}\n{}",
+                    statuses.join("\n"),
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The balancer that leads the fleet, as its own status says.
+    pub fn leader(&self) -> Option<usize> {
+        (0..self.lbs.len()).find(|i| {
+            self.status(*i)
+                .ok()
+                .and_then(|s| s.fleet)
+                .is_some_and(|f| f.role == "leader")
+        })
+    }
+
+    pub fn process(&mut self, name: &str) -> Option<&mut Process> {
+        self.processes.iter_mut().find(|p| p.name == name)
+    }
+
+    pub fn logs(&self) -> String {
+        self.processes
+            .iter()
+            .filter(|p| !p.name.starts_with("server-"))
+            .map(|p| {
+                let text = p.log_text();
+                let tail: Vec<&str> = text.lines().rev().take(40).collect();
+                format!(
+                    "--- {} ---\n{}",
+                    p.name,
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// The table fingerprint of `vip` on balancer `i`.
+    pub fn fingerprint(&self, i: usize, vip: &str) -> Option<String> {
+        self.status(i)
+            .ok()?
+            .vips
+            .into_iter()
+            .find(|v| v.name == vip)
+            .map(|v| v.table_fingerprint)
+    }
+
+    /// New flows balancer `i` forwarded for `vip`.
+    pub fn new_flows(&self, i: usize, vip: &str) -> u64 {
+        self.status(i)
+            .ok()
+            .and_then(|s| s.vips.into_iter().find(|v| v.name == vip))
+            .map_or(0, |v| v.new_flows)
+    }
+
+    /// Takes balancer `i` off the network as a dead host would be: its link goes down first
+    /// (so no BGP notification or TCP reset reaches the router, which must notice by its hold
+    /// timer), then its BIRD and daemon die.
+    pub fn kill_balancer_host(&mut self, i: usize) -> Result<()> {
+        self.lbs[i].sh("ip link set eth0 down")?;
+        self.kill(&format!("bird-lb{}", i + 1))?;
+        self.kill(&format!("balancer-lb{}", i + 1))?;
+        Ok(())
+    }
+
+    /// Addresses of the client-facing side.
+    pub fn vip(&self) -> IpAddr {
+        VIP4.into()
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        self.processes.clear();
+        self.pass_programs.clear();
+        for i in 0..self.lbs.len() {
+            let _ = balancer::pinning::Pins::new(self.pin_dir(i)).remove();
+        }
+    }
+}

@@ -1,0 +1,356 @@
+//! A fleet of balancers behind a router's ECMP, announced by BIRD over BGP, agreeing on one
+//! table through etcd (see `balancer_tests::fleet` for the topology).
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use balancer_tests::fleet::{Fleet, HOLD, backend_addr, lb_addr};
+use balancer_tests::topology::{ECHO_PORT, HTTP_PORT, VIP4};
+use balancer_tests::traffic::http_get;
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+fn fleet(tag: &str, balancers: usize) -> Fleet {
+    Fleet::build(tag, balancers, 3).unwrap_or_else(|e| panic!("building the fleet: {e:#}"))
+}
+
+/// Both balancers hold the same table for every VIP (and it is not empty).
+fn same_tables(f: &Fleet, lbs: &[usize]) -> Duration {
+    f.wait_for_status(lbs, Duration::from_secs(10), "on the same tables", |_| {
+        ["http4", "echo4"].iter().all(|vip| {
+            let prints: Vec<Option<String>> = lbs.iter().map(|i| f.fingerprint(*i, vip)).collect();
+            prints[0].is_some() && prints.iter().all(|p| *p == prints[0])
+        })
+    })
+    .unwrap()
+}
+
+#[test]
+#[ignore = "needs root, network namespaces, BIRD and etcd; run by cargo xtask test"]
+fn ecmp_spreads_flows_and_a_dead_balancer_is_routed_around_without_breaking_connections() {
+    let mut f = fleet("fecmp", 2);
+    same_tables(&f, &[0, 1]);
+    assert_eq!(f.router_paths().unwrap(), vec![lb_addr(0), lb_addr(1)]);
+    // New connections from many source ports: the router spreads them over both balancers.
+    let served = f
+        .client
+        .run_in(|| {
+            (0..200)
+                .map(|_| {
+                    http_get(SocketAddr::new(VIP4.into(), HTTP_PORT), TIMEOUT)
+                        .map_err(|e| format!("{e:#}"))
+                })
+                .collect::<Result<Vec<String>, String>>()
+        })
+        .unwrap()
+        .expect("200 connections through the fleet");
+    let per_lb: Vec<u64> = (0..2).map(|i| f.new_flows(i, "http4")).collect();
+    println!(
+        "200 connections: per balancer {per_lb:?}, backends {:?}",
+        count(&served)
+    );
+    assert!(
+        per_lb.iter().all(|n| *n >= 40),
+        "ECMP did not spread: {per_lb:?}"
+    );
+
+    // Long-lived conversations, then balancer 1's host dies.
+    let addr = SocketAddr::new(VIP4.into(), ECHO_PORT);
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let talkers = f
+        .client
+        .spawn_in(move || -> Result<usize, String> {
+            let mut streams = Vec::new();
+            for _ in 0..20 {
+                let mut s =
+                    TcpStream::connect_timeout(&addr, TIMEOUT).map_err(|e| e.to_string())?;
+                s.set_read_timeout(Some(Duration::from_secs(15)))
+                    .map_err(|e| e.to_string())?;
+                let mut name = [0u8; 3];
+                s.read_exact(&mut name)
+                    .map_err(|e| format!("greeting: {e}"))?;
+                streams.push(s);
+            }
+            let round = |streams: &mut Vec<TcpStream>, r: usize| -> Result<(), String> {
+                for (i, s) in streams.iter_mut().enumerate() {
+                    let msg = format!("stream {i} round {r}\n");
+                    s.write_all(msg.as_bytes())
+                        .map_err(|e| format!("stream {i} round {r}: {e}"))?;
+                    let mut back = vec![0u8; msg.len()];
+                    s.read_exact(&mut back)
+                        .map_err(|e| format!("stream {i} round {r}: {e}"))?;
+                    if back != msg.as_bytes() {
+                        return Err(format!("stream {i} round {r}: echo differs"));
+                    }
+                }
+                Ok(())
+            };
+            round(&mut streams, 0)?;
+            rx.recv_timeout(Duration::from_secs(30))
+                .map_err(|_| "no signal".to_string())?;
+            // Through the surviving balancer now (after the BGP hold time).
+            for r in 1..6 {
+                round(&mut streams, r)?;
+            }
+            Ok(streams.len())
+        })
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let before = f.new_flows(1, "echo4");
+    f.kill_balancer_host(0).unwrap();
+    let died = Instant::now();
+    let withdrawn = f.wait_for_paths(1, Duration::from_secs(HOLD * 3)).unwrap();
+    assert_eq!(f.router_paths().unwrap(), vec![lb_addr(1)]);
+    println!(
+        "balancer 1's host died: the router withdrew its path after {withdrawn:?} (hold time {HOLD} s)"
+    );
+    tx.send(()).unwrap();
+    let survived = talkers
+        .join()
+        .unwrap()
+        .expect("client namespace")
+        .unwrap_or_else(|e| {
+            panic!(
+                "a connection broke when its balancer died: {e}\n{}",
+                f.logs()
+            )
+        });
+    assert_eq!(survived, 20);
+    // The survivor took over flows it had never seen, and sent them to the same backends
+    // (else the echo servers would have reset them).
+    assert!(f.new_flows(1, "echo4") >= before, "counters went backwards");
+    println!(
+        "20 conversations continued through balancer 2 {:?} after the first one died",
+        died.elapsed()
+    );
+}
+
+#[test]
+#[ignore = "needs root, network namespaces, BIRD and etcd; run by cargo xtask test"]
+fn a_weight_change_published_once_is_applied_by_every_balancer() {
+    let f = fleet("fweight", 3);
+    same_tables(&f, &[0, 1, 2]);
+    let leader = f.leader().expect("a leader");
+    let follower = (leader + 1) % 3;
+    let before = f.fingerprint(follower, "http4").unwrap();
+    let epoch_before = f.status(follower).unwrap().fleet.unwrap().epoch;
+    // One change, on the leader.
+    let started = Instant::now();
+    let (code, out, err) = cli(
+        &f,
+        leader,
+        &[
+            "backend",
+            "set-weight",
+            "http4",
+            &backend_addr(0).to_string(),
+            "300",
+        ],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let applied = f
+        .wait_for_status(
+            &[0, 1, 2],
+            Duration::from_secs(5),
+            "on the new weights",
+            |s| {
+                s.vips
+                    .iter()
+                    .any(|v| v.name == "http4" && v.table_fingerprint != before)
+            },
+        )
+        .unwrap();
+    same_tables(&f, &[0, 1, 2]);
+    let statuses: Vec<_> = (0..3)
+        .map(|i| f.status(i).unwrap().fleet.unwrap())
+        .collect();
+    assert!(
+        statuses
+            .iter()
+            .all(|s| s.epoch == statuses[0].epoch && s.epoch > epoch_before),
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| s.role == "leader").count(),
+        1,
+        "{statuses:?}"
+    );
+    println!(
+        "weight change on the leader lb{}: every balancer on the new table (epoch {}) within {applied:?} of the CLI's answer ({:?} in all)",
+        leader + 1,
+        statuses[0].epoch,
+        started.elapsed()
+    );
+    // The follower's table gives backend 1 three fifths of the slots.
+    let table: balancer::api::types::Table = f.api(follower).get("/v1/vips/http4/table").unwrap();
+    let share = table
+        .backends
+        .iter()
+        .find(|b| b.address == std::net::IpAddr::from(backend_addr(0)))
+        .unwrap()
+        .slot_share;
+    assert!((share - 0.6).abs() < 0.01, "backend 1 holds {share}");
+}
+
+#[test]
+#[ignore = "needs root, network namespaces, BIRD and etcd; run by cargo xtask test"]
+fn losing_etcd_leaves_every_balancer_forwarding_with_its_last_table() {
+    let mut f = fleet("fnoetcd", 2);
+    same_tables(&f, &[0, 1]);
+    let prints: Vec<String> = (0..2).map(|i| f.fingerprint(i, "http4").unwrap()).collect();
+    f.kill_etcd().unwrap();
+    // Longer than a lease: the leader steps down, nobody can lead.
+    std::thread::sleep(Duration::from_secs(5));
+    for i in 0..2 {
+        let s = f.status(i).unwrap();
+        let fleet = s.fleet.unwrap();
+        assert_ne!(fleet.etcd, "ok", "lb{} does not notice etcd is gone", i + 1);
+        assert_ne!(fleet.role, "leader", "lb{} still leads without etcd", i + 1);
+        assert_eq!(f.fingerprint(i, "http4").unwrap(), prints[i]);
+    }
+    let served = f
+        .client
+        .run_in(|| {
+            (0..50)
+                .filter(|_| http_get(SocketAddr::new(VIP4.into(), HTTP_PORT), TIMEOUT).is_ok())
+                .count()
+        })
+        .unwrap();
+    assert_eq!(served, 50, "connections failed without etcd");
+    println!("etcd gone: both balancers keep their tables and 50/50 connections succeed");
+}
+
+#[test]
+#[ignore = "needs root, network namespaces, BIRD and etcd; run by cargo xtask test"]
+fn partitioning_the_leader_hands_over_without_two_leaders() {
+    let f = fleet("fpart", 2);
+    same_tables(&f, &[0, 1]);
+    let old = f.leader().expect("a leader");
+    let new = 1 - old;
+    // Cut the leader off etcd (and only etcd).
+    f.lbs[old]
+        .sh(&format!(
+            "ip route add prohibit {}/32",
+            balancer_tests::fleet::ETCD
+        ))
+        .unwrap();
+    let cut = Instant::now();
+    f.wait_for_status(&[new], Duration::from_secs(10), "leading", |s| {
+        s.fleet.as_ref().is_some_and(|x| x.role == "leader")
+    })
+    .unwrap();
+    let handed = cut.elapsed();
+    let old_role = f.status(old).unwrap().fleet.unwrap().role;
+    assert_ne!(old_role, "leader", "two leaders at once");
+    // The old leader stepped down before the new one was elected (log times).
+    let stepped = log_time(&f, old, "stepping down").expect("the old leader stepped down");
+    let elected = log_time(&f, new, "elected leader").expect("the new leader was elected");
+    assert!(
+        stepped < elected,
+        "lb{} stepped down at {stepped}, lb{} elected at {elected}",
+        old + 1,
+        new + 1
+    );
+    println!(
+        "leader lb{} cut off etcd: lb{} leads {handed:?} later; the old one stepped down first",
+        old + 1,
+        new + 1
+    );
+    // Healed: the old leader follows and both agree; a change on the new leader reaches it.
+    f.lbs[old]
+        .sh(&format!(
+            "ip route del prohibit {}/32",
+            balancer_tests::fleet::ETCD
+        ))
+        .unwrap();
+    let (code, out, err) = cli(
+        &f,
+        new,
+        &[
+            "backend",
+            "set-weight",
+            "http4",
+            &backend_addr(1).to_string(),
+            "50",
+        ],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    std::thread::sleep(Duration::from_millis(500));
+    same_tables(&f, &[0, 1]);
+    let s = f.status(old).unwrap().fleet.unwrap();
+    assert_eq!(s.role, "follower");
+    assert_eq!(s.leader.as_deref(), Some(format!("lb{}", new + 1).as_str()));
+}
+
+#[test]
+#[ignore = "needs root, network namespaces, BIRD and etcd; run by cargo xtask test"]
+fn drain_shutdown_and_a_bird_restart_move_the_announcement() {
+    let mut f = fleet("fbgp", 2);
+    // Drain: lb1 withdraws, lb2 still announces.
+    let (code, out, err) = cli(&f, 0, &["vip", "drain", "http4"]);
+    assert_eq!(code, 0, "{out}{err}");
+    // Both VIPs share the address: drain the other one too to withdraw it.
+    let (code, out, err) = cli(&f, 0, &["vip", "drain", "echo4"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let t = f.wait_for_paths(1, Duration::from_secs(5)).unwrap();
+    assert_eq!(f.router_paths().unwrap(), vec![lb_addr(1)]);
+    println!("vip drain: the router dropped lb1's path after {t:?}");
+    let (code, _, _) = cli(&f, 0, &["vip", "undrain", "http4"]);
+    assert_eq!(code, 0);
+    let t = f.wait_for_paths(2, Duration::from_secs(5)).unwrap();
+    println!("vip undrain: lb1's path back after {t:?}");
+    // A draining an unknown VIP is a clear error.
+    let (code, _, err) = cli(&f, 0, &["vip", "drain", "nope"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("nope"), "{err}");
+    // BIRD restarts: it reads the daemon's route file and announces again.
+    f.kill("bird-lb1").unwrap();
+    f.wait_for_paths(1, Duration::from_secs(HOLD * 3)).unwrap();
+    f.start_lb_bird(0).unwrap();
+    let t = f.wait_for_paths(2, Duration::from_secs(10)).unwrap();
+    println!("BIRD on lb1 restarted: path back after {t:?}");
+    // The daemon stops (SIGTERM): it withdraws its routes.
+    f.process("balancer-lb1")
+        .unwrap()
+        .signal_and_wait(libc::SIGTERM, Duration::from_secs(10))
+        .unwrap();
+    let t = f.wait_for_paths(1, Duration::from_secs(5)).unwrap();
+    assert_eq!(f.router_paths().unwrap(), vec![lb_addr(1)]);
+    println!("daemon shut down: lb1's path withdrawn after {t:?}");
+}
+
+fn cli(f: &Fleet, lb: usize, args: &[&str]) -> (i32, String, String) {
+    let bin = balancer_tests::topology::binary("balancer").unwrap();
+    let socket = f.api_socket(lb);
+    let out = std::process::Command::new(bin)
+        .args(args)
+        .arg("--socket")
+        .arg(&socket)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The timestamp (RFC 3339 text, which sorts) of balancer `lb`'s first log line containing
+/// `needle`.
+fn log_time(f: &Fleet, lb: usize, needle: &str) -> Option<String> {
+    let text =
+        std::fs::read_to_string(f.log_dir.join(format!("balancer-lb{}.log", lb + 1))).ok()?;
+    text.lines()
+        .find(|l| l.contains(needle))
+        .and_then(|l| l.split_whitespace().next())
+        .map(str::to_string)
+}
+
+fn count(served: &[String]) -> std::collections::BTreeMap<&str, usize> {
+    let mut m = std::collections::BTreeMap::new();
+    for s in served {
+        *m.entry(s.as_str()).or_insert(0) += 1;
+    }
+    m
+}
