@@ -202,12 +202,12 @@ fn losing_etcd_leaves_every_balancer_forwarding_with_its_last_table() {
     f.kill_etcd().unwrap();
     // Longer than a lease: the leader steps down, nobody can lead.
     std::thread::sleep(Duration::from_secs(5));
-    for i in 0..2 {
+    for (i, print) in prints.iter().enumerate() {
         let s = f.status(i).unwrap();
         let fleet = s.fleet.unwrap();
         assert_ne!(fleet.etcd, "ok", "lb{} does not notice etcd is gone", i + 1);
         assert_ne!(fleet.role, "leader", "lb{} still leads without etcd", i + 1);
-        assert_eq!(f.fingerprint(i, "http4").unwrap(), prints[i]);
+        assert_eq!(&f.fingerprint(i, "http4").unwrap(), print);
     }
     let served = f
         .client
