@@ -467,6 +467,7 @@ impl Daemon {
             ),
             ("api", old.api != new.api),
             ("metrics", old.metrics != new.metrics),
+            ("fleet", old.fleet != new.fleet),
         ];
         if let Some((key, _)) = fixed.iter().find(|(_, changed)| *changed) {
             return Err(ChangeError::Invalid(format!(
