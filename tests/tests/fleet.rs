@@ -191,6 +191,54 @@ fn a_weight_change_published_once_is_applied_by_every_balancer() {
         .unwrap()
         .slot_share;
     assert!((share - 0.6).abs() < 0.01, "backend 1 holds {share}");
+
+    // A VIP and its backends added on the leader reach every balancer, with the same table.
+    let (b1, b2) = (backend_addr(1).to_string(), backend_addr(2).to_string());
+    for args in [
+        vec![
+            "vip",
+            "add",
+            "web8080",
+            "--address",
+            "10.111.1.1",
+            "--port",
+            "8080",
+        ],
+        vec!["backend", "add", "web8080", &b1],
+        vec!["backend", "add", "web8080", &b2],
+    ] {
+        let (code, out, err) = cli(&f, leader, &args);
+        assert_eq!(code, 0, "{args:?}: {out}{err}");
+    }
+    let joined = f
+        .wait_for_status(
+            &[0, 1, 2],
+            Duration::from_secs(5),
+            "serving the new VIP",
+            |s| {
+                s.vips.iter().any(|v| {
+                    v.name == "web8080"
+                        && v.backends.len() == 2
+                        && v.backends
+                            .iter()
+                            .all(|b| [&b1, &b2].contains(&&b.address.to_string()))
+                })
+            },
+        )
+        .unwrap();
+    let prints: Vec<Option<String>> = (0..3).map(|i| f.fingerprint(i, "web8080")).collect();
+    assert!(
+        prints.iter().all(|p| p.is_some() && *p == prints[0]),
+        "{prints:?}"
+    );
+    println!(
+        "a VIP added on the leader: on every balancer within {joined:?}, same table {:?}",
+        prints[0]
+    );
+    // The followers' config files hold it too (a restart keeps it).
+    let text = std::fs::read_to_string(f.log_dir.join(format!("balancer-lb{}.toml", follower + 1)))
+        .unwrap();
+    assert!(text.contains("web8080"), "{text}");
 }
 
 #[test]

@@ -146,6 +146,33 @@ impl Daemon {
         }
     }
 
+    /// Takes a state the fleet's leader published: its VIPs and backends (rewriting this
+    /// balancer's config file to match), then its weights. Whether it was applied.
+    pub fn adopt_fleet(&mut self, state: &crate::fleet::FleetState) -> bool {
+        let ours = crate::fleet::vip_config(&self.config);
+        if !state.vip_config.is_empty() && !crate::fleet::same_vips(&ours, &state.vip_config) {
+            let theirs = state.vip_config.clone();
+            match self.edit("fleet state", move |raw| {
+                raw.vip = theirs;
+                Ok(())
+            }) {
+                Ok(r) => tracing::info!(
+                    epoch = state.epoch,
+                    added = r.vips_added,
+                    removed = r.vips_removed,
+                    updated = r.vips_updated,
+                    "fleet: took the leader's VIPs"
+                ),
+                // The weights still apply to the VIPs both have; the error repeats each epoch.
+                Err(e) => tracing::error!(
+                    epoch = state.epoch,
+                    "fleet: the leader's VIPs do not apply here: {e}"
+                ),
+            }
+        }
+        self.apply_fleet(Some(&state.vips))
+    }
+
     /// The addresses of the VIPs this balancer can serve: a backend in the table, not
     /// drained from announcement.
     pub fn announceable(&self) -> std::collections::BTreeSet<IpAddr> {

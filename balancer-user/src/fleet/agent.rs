@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 
 use super::config::FleetConfig;
 use super::etcd::{Etcd, EtcdError, Held};
-use super::{FleetState, FleetStatus, FleetWeights, local_weights};
+use super::{FleetState, FleetStatus, FleetWeights, local_weights, same_vips, vip_config};
 use crate::daemon::state::Daemon;
 
 /// Longest an etcd call may take.
@@ -25,7 +25,7 @@ enum Role {
         /// Last successful renewal.
         renewed: Instant,
         /// What was published last (None: nothing yet in this term).
-        published: Option<FleetWeights>,
+        published: Option<(FleetWeights, Vec<crate::config::RawVip>)>,
         epoch: u64,
     },
 }
@@ -97,7 +97,7 @@ async fn run(daemon: Arc<Mutex<Daemon>>, config: FleetConfig, mut stop: watch::R
                             match serde_json::from_slice::<FleetState>(&kv.value) {
                                 Ok(state) if Some(state.epoch) != applied_epoch => {
                                     let epoch = state.epoch;
-                                    let applied = with_daemon(&daemon, move |d| d.apply_fleet(Some(&state.vips))).await;
+                                    let applied = with_daemon(&daemon, move |d| d.adopt_fleet(&state)).await;
                                     if applied {
                                         tracing::info!(epoch, "fleet: applied the published state");
                                         applied_epoch = Some(epoch);
@@ -131,9 +131,12 @@ async fn run(daemon: Arc<Mutex<Daemon>>, config: FleetConfig, mut stop: watch::R
                             }
                         }
                     }
-                    let weights = with_daemon_value(&daemon, |d| local_weights(&d.balancer)).await;
-                    let Some(weights) = weights else { return Ok(()) };
-                    if published.as_ref() != Some(&weights) {
+                    let view = with_daemon_value(&daemon, |d| (local_weights(&d.balancer), vip_config(&d.config))).await;
+                    let Some((weights, vips)) = view else { return Ok(()) };
+                    let unchanged = published
+                        .as_ref()
+                        .is_some_and(|(w, v)| *w == weights && same_vips(v, &vips));
+                    if !unchanged {
                         if published.is_none() {
                             // A new term continues the epochs of the last one.
                             let last = etcd.get(state_key.as_bytes()).await?;
@@ -141,13 +144,18 @@ async fn run(daemon: Arc<Mutex<Daemon>>, config: FleetConfig, mut stop: watch::R
                                 .and_then(|kv| serde_json::from_slice::<FleetState>(&kv.value).ok())
                                 .map_or(0, |s| s.epoch);
                         }
-                        let next = FleetState { epoch: *epoch + 1, leader: me.clone(), vips: weights.clone() };
+                        let next = FleetState {
+                            epoch: *epoch + 1,
+                            leader: me.clone(),
+                            vips: weights.clone(),
+                            vip_config: vips.clone(),
+                        };
                         let text = serde_json::to_vec(&next).expect("a fleet state serializes");
                         let held = Held { key: leader_key.as_bytes(), value: me.as_bytes(), lease: *lease };
                         if etcd.put_if(&held, state_key.as_bytes(), &text).await? {
                             tracing::info!(epoch = next.epoch, "fleet: published the state");
                             *epoch = next.epoch;
-                            *published = Some(weights);
+                            *published = Some((weights, vips));
                             applied_epoch = Some(next.epoch);
                             applied_at = Some(Instant::now());
                         } else {

@@ -31,13 +31,32 @@ use crate::dataplane::Dataplane;
 pub type FleetWeights = BTreeMap<String, BTreeMap<IpAddr, u32>>;
 
 /// What the leader publishes.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct FleetState {
     /// Increases with every publication.
     pub epoch: u64,
     /// The instance that published it.
     pub leader: String,
+    /// The weight of every backend of every VIP.
     pub vips: FleetWeights,
+    /// The VIPs and their backends as the leader's config has them (file form): followers
+    /// take VIPs and backends added, changed or removed on the leader.
+    #[serde(default)]
+    pub vip_config: Vec<crate::config::RawVip>,
+}
+
+/// The VIPs of a config in the form a [`FleetState`] carries them.
+pub fn vip_config(config: &crate::config::Config) -> Vec<crate::config::RawVip> {
+    config
+        .vips
+        .iter()
+        .map(crate::config::VipConfig::to_raw)
+        .collect()
+}
+
+/// Whether two VIP lists say the same (compared as JSON: the file form has no equality).
+pub fn same_vips(a: &[crate::config::RawVip], b: &[crate::config::RawVip]) -> bool {
+    serde_json::to_value(a).ok() == serde_json::to_value(b).ok()
 }
 
 /// The weights this balancer's own view gives every backend (what a leader publishes).
@@ -92,9 +111,14 @@ mod tests {
             epoch: 7,
             leader: "lb1".into(),
             vips,
+            vip_config: Vec::new(),
         };
         let text = serde_json::to_string(&s).unwrap();
-        assert_eq!(serde_json::from_str::<FleetState>(&text).unwrap(), s);
+        let back = serde_json::from_str::<FleetState>(&text).unwrap();
+        assert_eq!(
+            (back.epoch, &back.leader, &back.vips),
+            (s.epoch, &s.leader, &s.vips)
+        );
         assert!(serde_json::from_str::<FleetState>(r#"{"epoch":-1}"#).is_err());
     }
 }
