@@ -12,6 +12,7 @@ pub mod discovery;
 pub mod ebpf;
 pub mod fleet;
 pub mod health;
+pub mod http;
 pub mod metrics;
 pub mod netinfo;
 pub mod pinning;

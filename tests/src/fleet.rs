@@ -24,10 +24,12 @@ use anyhow::{Context as _, Result, bail};
 use balancer::api::client::{Client, Endpoint};
 use balancer::api::types::Status;
 use balancer::config::AttachMode;
-use balancer::daemon::xdp_mode;
 
 use crate::netns::{Netns, PREFIX, run, sweep};
-use crate::topology::{ECHO_PORT, HTTP_PORT, Process, VIP4, binary, mount_pin_root, pin_root};
+use crate::topology::{
+    ECHO_PORT, HTTP_PORT, Process, VIP4, attach_pass, binary, mount_pin_root, pin_root, plug,
+    start_daemon,
+};
 
 pub const ROUTER_RACK: Ipv4Addr = Ipv4Addr::new(10, 111, 0, 1);
 pub const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 112, 0, 10);
@@ -123,7 +125,6 @@ impl Fleet {
     }
 
     fn wire(&mut self) -> Result<()> {
-        let rack = self.rack.name().to_string();
         self.rack
             .sh("ip link add br0 type bridge && ip link set br0 up")?;
         let mut hosts: Vec<(&Netns, String, Ipv4Addr)> = vec![
@@ -137,30 +138,7 @@ impl Fleet {
             hosts.push((b, format!("b{}", i + 1), backend_addr(i)));
         }
         for (host, port, addr) in &hosts {
-            run(
-                "ip",
-                &[
-                    "-n",
-                    &rack,
-                    "link",
-                    "add",
-                    port,
-                    "type",
-                    "veth",
-                    "peer",
-                    "name",
-                    "eth0",
-                    "netns",
-                    host.name(),
-                ],
-            )?;
-            run(
-                "ip",
-                &["-n", &rack, "link", "set", port, "master", "br0", "up"],
-            )?;
-            host.sh(&format!(
-                "ip addr add {addr}/24 dev eth0 && ip link set eth0 up"
-            ))?;
+            plug(&self.rack, port, host, &[format!("{addr}/24")])?;
         }
         // The client's own link to the router.
         run(
@@ -199,14 +177,7 @@ impl Fleet {
         }
         // Native XDP on a veth sends its XDP_TX frames only to a peer with an XDP program.
         for i in 0..self.lbs.len() {
-            let port = format!("lb{}", i + 1);
-            let object = self.rack.run_in(move || -> Result<aya::Ebpf> {
-                let mut object = balancer::ebpf::load_decap()?;
-                balancer::ebpf::program(&mut object, balancer::ebpf::PASS_PROGRAM)?
-                    .attach(&port, xdp_mode(AttachMode::Native))
-                    .context("attaching the pass program to a balancer's peer")?;
-                Ok(object)
-            })??;
+            let object = attach_pass(&self.rack, &format!("lb{}", i + 1), AttachMode::Native)?;
             self.pass_programs.push(object);
         }
         Ok(())
@@ -433,17 +404,9 @@ impl Fleet {
     pub fn start_balancer(&mut self, i: usize) -> Result<()> {
         let path = self.log_dir.join(format!("balancer-lb{}.toml", i + 1));
         fs::write(&path, self.config(i))?;
-        let bin = binary("balancer")?;
-        let argv = [
-            bin.to_str().unwrap_or_default(),
-            "run",
-            "--config",
-            path.to_str().unwrap_or_default(),
-        ];
         let name = format!("balancer-lb{}", i + 1);
         self.processes.retain(|p| p.name != name);
-        let mut p = Process::spawn(&self.lbs[i], &name, &argv, &self.log_dir)?;
-        p.wait_for_log("balancer ready", Duration::from_secs(30))?;
+        let p = start_daemon(&self.lbs[i], &name, &path, &self.log_dir)?;
         self.processes.push(p);
         Ok(())
     }

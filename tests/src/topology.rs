@@ -192,6 +192,71 @@ impl Drop for Process {
     }
 }
 
+/// A client thread of [`Topology::echo_streams`].
+pub type EchoStream = std::thread::JoinHandle<Result<Result<(String, usize), String>>>;
+
+/// Starts `balancer run --config <config>` in `ns` as the process `name`; waits until it is
+/// ready.
+pub fn start_daemon(ns: &Netns, name: &str, config: &Path, log_dir: &Path) -> Result<Process> {
+    let bin = binary("balancer")?;
+    let argv = [
+        bin.to_str().unwrap_or_default(),
+        "run",
+        "--config",
+        config.to_str().unwrap_or_default(),
+    ];
+    let mut p = Process::spawn(ns, name, &argv, log_dir)?;
+    p.wait_for_log("balancer ready", Duration::from_secs(30))?;
+    Ok(p)
+}
+
+/// Connects `host` to the bridge `br0` of `rack` by a veth pair: `port` on the bridge, `eth0`
+/// in `host` with `addresses` (CIDR), up.
+pub fn plug(rack: &Netns, port: &str, host: &Netns, addresses: &[String]) -> Result<()> {
+    let r = rack.name();
+    run(
+        "ip",
+        &[
+            "-n",
+            r,
+            "link",
+            "add",
+            port,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            host.name(),
+        ],
+    )?;
+    run("ip", &["-n", r, "link", "set", port, "master", "br0", "up"])?;
+    let mut script = String::from(
+        "sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.eth0.accept_dad=0 2>/dev/null || true",
+    );
+    for a in addresses {
+        let nodad = if a.contains(':') { " nodad" } else { "" };
+        script.push_str(&format!("; ip addr add {a} dev eth0{nodad}"));
+    }
+    script.push_str("; ip link set eth0 up");
+    host.sh(&script)?;
+    Ok(())
+}
+
+/// Attaches the XDP pass-through program to `port` in `rack` (in native mode a veth only
+/// receives `XDP_TX` frames when its peer has an XDP program); the object must stay loaded.
+pub fn attach_pass(rack: &Netns, port: &str, mode: AttachMode) -> Result<aya::Ebpf> {
+    let port = port.to_string();
+    rack.run_in(move || -> Result<aya::Ebpf> {
+        let mut object = balancer::ebpf::load_decap()?;
+        balancer::ebpf::program(&mut object, balancer::ebpf::PASS_PROGRAM)?
+            .attach(&port, xdp_mode(mode))
+            .with_context(|| format!("attaching the pass program to {port}"))?;
+        Ok(object)
+    })?
+}
+
 /// How to build a rack.
 #[derive(Clone, Debug)]
 pub struct TopologyOptions {
@@ -262,7 +327,6 @@ impl Topology {
     }
 
     fn wire(&mut self) -> Result<()> {
-        let rack = self.rack.name().to_string();
         self.rack
             .sh("ip link add br0 type bridge && ip link set br0 up; \
              sysctl -qw net.bridge.bridge-nf-call-iptables=0 2>/dev/null || true; \
@@ -290,31 +354,7 @@ impl Topology {
             ));
         }
         for (host, port, v4, v6) in &hosts {
-            run(
-                "ip",
-                &[
-                    "-n",
-                    &rack,
-                    "link",
-                    "add",
-                    port,
-                    "type",
-                    "veth",
-                    "peer",
-                    "name",
-                    "eth0",
-                    "netns",
-                    host.name(),
-                ],
-            )?;
-            run(
-                "ip",
-                &["-n", &rack, "link", "set", port, "master", "br0", "up"],
-            )?;
-            host.sh(&format!(
-                "sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.eth0.accept_dad=0; \
-                 ip addr add {v4} dev eth0 && ip addr add {v6} dev eth0 nodad && ip link set eth0 up"
-            ))?;
+            plug(&self.rack, port, host, &[v4.clone(), v6.clone()])?;
         }
         self.client.sh(&format!(
             "ip link set eth0 mtu {mtu}; \
@@ -423,13 +463,7 @@ impl Topology {
     /// Attaches an XDP pass-through program to the rack side of the balancer's link: in native
     /// mode a veth only receives `XDP_TX` frames when its peer has an XDP program.
     pub fn attach_peer_pass(&mut self, mode: AttachMode) -> Result<()> {
-        let object = self.rack.run_in(move || -> Result<aya::Ebpf> {
-            let mut object = balancer::ebpf::load_decap()?;
-            balancer::ebpf::program(&mut object, balancer::ebpf::PASS_PROGRAM)?
-                .attach("lb", xdp_mode(mode))
-                .context("attaching the pass program to the balancer's peer")?;
-            Ok(object)
-        })??;
+        let object = attach_pass(&self.rack, "lb", mode)?;
         self.pass_programs.push(object);
         Ok(())
     }
@@ -439,39 +473,13 @@ impl Topology {
     /// first balancer is. Its process is `balancer2`.
     pub fn start_second_balancer(&mut self) -> Result<()> {
         let ns = Netns::create(&format!("{PREFIX}-{}-lb2", self.opts.tag))?;
-        let rack = self.rack.name().to_string();
-        run(
-            "ip",
-            &[
-                "-n",
-                &rack,
-                "link",
-                "add",
-                "lb2",
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "eth0",
-                "netns",
-                ns.name(),
-            ],
+        plug(
+            &self.rack,
+            "lb2",
+            &ns,
+            &["10.111.0.3/24".into(), "fd00:111::3/64".into()],
         )?;
-        run(
-            "ip",
-            &["-n", &rack, "link", "set", "lb2", "master", "br0", "up"],
-        )?;
-        ns.sh(
-            "sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.eth0.accept_dad=0; \
-             ip addr add 10.111.0.3/24 dev eth0 && ip addr add fd00:111::3/64 dev eth0 nodad && ip link set eth0 up",
-        )?;
-        let object = self.rack.run_in(move || -> Result<aya::Ebpf> {
-            let mut object = balancer::ebpf::load_decap()?;
-            balancer::ebpf::program(&mut object, balancer::ebpf::PASS_PROGRAM)?
-                .attach("lb2", xdp_mode(AttachMode::Native))
-                .context("attaching the pass program to the second balancer's peer")?;
-            Ok(object)
-        })??;
+        let object = attach_pass(&self.rack, "lb2", AttachMode::Native)?;
         self.pass_programs.push(object);
         let first = fs::read_to_string(self.log_dir.join("balancer.toml"))?;
         let pins = self.second_pin_dir();
@@ -485,33 +493,41 @@ impl Topology {
             .replace("api.sock", "api2.sock");
         let path = self.log_dir.join("balancer2.toml");
         fs::write(&path, config)?;
-        let bin = binary("balancer")?;
-        let argv = [
-            bin.to_str().unwrap_or_default(),
-            "run",
-            "--config",
-            path.to_str().unwrap_or_default(),
-        ];
-        let mut p = Process::spawn(&ns, "balancer2", &argv, &self.log_dir)?;
-        p.wait_for_log("balancer ready", Duration::from_secs(30))?;
+        let p = start_daemon(&ns, "balancer2", &path, &self.log_dir)?;
         self.processes.push(p);
         self.lb2 = Some(ns);
         Ok(())
+    }
+
+    /// `n` long-lived echo streams from the client, alternating the IPv4 and IPv6 echo VIPs,
+    /// each exchanging verified data until `until`: each thread's result is its backend and
+    /// the bytes echoed, or what broke.
+    pub fn echo_streams(
+        &self,
+        n: usize,
+        until: Instant,
+        timeout: Duration,
+    ) -> Result<Vec<EchoStream>> {
+        (0..n)
+            .map(|i| {
+                let vip = if i % 2 == 0 {
+                    IpAddr::from(VIP4)
+                } else {
+                    IpAddr::from(VIP6)
+                };
+                let addr = std::net::SocketAddr::new(vip, ECHO_PORT);
+                self.client.spawn_in(move || {
+                    crate::traffic::echo_until(addr, until, timeout).map_err(|e| format!("{e:#}"))
+                })
+            })
+            .collect()
     }
 
     /// Writes `config` and starts `balancer run` in the balancer namespace; waits until ready.
     pub fn start_balancer(&mut self, config: &str) -> Result<()> {
         let path = self.log_dir.join("balancer.toml");
         fs::write(&path, config)?;
-        let bin = binary("balancer")?;
-        let argv = [
-            bin.to_str().unwrap_or_default(),
-            "run",
-            "--config",
-            path.to_str().unwrap_or_default(),
-        ];
-        let mut p = Process::spawn(&self.lb, "balancer", &argv, &self.log_dir)?;
-        p.wait_for_log("balancer ready", Duration::from_secs(30))?;
+        let p = start_daemon(&self.lb, "balancer", &path, &self.log_dir)?;
         self.processes.push(p);
         Ok(())
     }

@@ -3,7 +3,7 @@
 //! SIGTERM, `--replace`) while traffic flows.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use balancer::api::client::{Client, Endpoint};
@@ -11,7 +11,7 @@ use balancer::api::types::{ChangeResult, Status, Table};
 use balancer::config::AttachMode;
 use balancer_tests::netns::{PREFIX, sweep};
 use balancer_tests::topology::*;
-use balancer_tests::traffic::{echo_until, http_get};
+use balancer_tests::traffic::http_get;
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 const TOKEN: &str = "test-token-0123456789abcdef";
@@ -450,20 +450,9 @@ fn restarts_lose_nothing() {
     let run_for = Duration::from_secs(20);
     let until = Instant::now() + run_for;
     // Long-lived TCP streams, and a UDP probe every 10 ms that records each answer's time.
-    let mut streams = Vec::new();
-    for i in 0..STREAMS {
-        let vip = if i % 2 == 0 {
-            IpAddr::from(VIP4)
-        } else {
-            IpAddr::from(VIP6)
-        };
-        let addr = SocketAddr::new(vip, ECHO_PORT);
-        streams.push(
-            topo.client
-                .spawn_in(move || echo_until(addr, until, TIMEOUT).map_err(|e| format!("{e:#}")))
-                .unwrap(),
-        );
-    }
+    let streams = topo
+        .echo_streams(STREAMS, until, TIMEOUT)
+        .expect("client threads");
     let udp = topo
         .client
         .spawn_in(move || -> Result<(usize, usize, Duration), String> {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use balancer::config::AttachMode;
 use balancer_tests::netns::{PREFIX, sweep};
 use balancer_tests::topology::*;
-use balancer_tests::traffic::{echo_stream, echo_until, http_get, udp_request};
+use balancer_tests::traffic::{echo_stream, http_get, udp_request};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -147,20 +147,9 @@ fn full_check(case: Case) {
 fn churn_breaks_nothing(topo: &mut Topology, case: &Case) {
     const STREAMS: usize = 50;
     let until = std::time::Instant::now() + Duration::from_secs(4);
-    let mut streams = Vec::new();
-    for i in 0..STREAMS {
-        let vip = if i % 2 == 0 {
-            IpAddr::from(VIP4)
-        } else {
-            IpAddr::from(VIP6)
-        };
-        let addr = SocketAddr::new(vip, ECHO_PORT);
-        streams.push(
-            topo.client
-                .spawn_in(move || echo_until(addr, until, TIMEOUT).map_err(|e| format!("{e:#}")))
-                .expect("client thread"),
-        );
-    }
+    let streams = topo
+        .echo_streams(STREAMS, until, TIMEOUT)
+        .expect("client threads");
     std::thread::sleep(Duration::from_millis(1000));
     let extra = "[encap]\nsource_v4 = \"10.111.0.2\"\nsource_v6 = \"fd00:111::2\"\n";
     let reweighted = rack_config_weighted(

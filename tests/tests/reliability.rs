@@ -12,7 +12,7 @@ use balancer::api::types::{ChangeResult, Status};
 use balancer::config::AttachMode;
 use balancer_tests::netns::{PREFIX, sweep};
 use balancer_tests::topology::*;
-use balancer_tests::traffic::{echo_open, echo_until, http_get};
+use balancer_tests::traffic::{echo_open, http_get};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -39,20 +39,9 @@ fn weight_churn_and_backend_churn_lose_no_byte() {
     let topo = rack("rchurn", 5, &[Some(1), Some(1), Some(1), None, None], "");
     const STREAMS: usize = 100;
     let until = Instant::now() + Duration::from_secs(12);
-    let mut streams = Vec::new();
-    for i in 0..STREAMS {
-        let vip = if i % 2 == 0 {
-            IpAddr::from(VIP4)
-        } else {
-            IpAddr::from(VIP6)
-        };
-        let addr = SocketAddr::new(vip, ECHO_PORT);
-        streams.push(
-            topo.client
-                .spawn_in(move || echo_until(addr, until, TIMEOUT).map_err(|e| format!("{e:#}")))
-                .expect("client thread"),
-        );
-    }
+    let streams = topo
+        .echo_streams(STREAMS, until, TIMEOUT)
+        .expect("client threads");
     std::thread::sleep(Duration::from_millis(500));
     let client = api(&topo);
     let mut changes = 0;

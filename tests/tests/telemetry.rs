@@ -13,7 +13,7 @@ use balancer::api::types::{ChangeResult, VipWeights};
 use balancer::config::AttachMode;
 use balancer_tests::netns::{PREFIX, sweep};
 use balancer_tests::topology::*;
-use balancer_tests::traffic::{echo_stream, echo_until, http_get, udp_request};
+use balancer_tests::traffic::{echo_stream, http_get, udp_request};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 const GIB: u64 = 1 << 30;
@@ -280,20 +280,9 @@ fn established_connections_survive_weights_changing_every_100ms() {
     const STREAMS: usize = 30;
     const SECONDS: u64 = 4;
     let until = Instant::now() + Duration::from_secs(SECONDS);
-    let mut streams = Vec::new();
-    for i in 0..STREAMS {
-        let vip = if i % 2 == 0 {
-            IpAddr::from(VIP4)
-        } else {
-            IpAddr::from(VIP6)
-        };
-        let addr = SocketAddr::new(vip, ECHO_PORT);
-        streams.push(
-            topo.client
-                .spawn_in(move || echo_until(addr, until, TIMEOUT).map_err(|e| format!("{e:#}")))
-                .expect("client thread"),
-        );
-    }
+    let streams = topo
+        .echo_streams(STREAMS, until, TIMEOUT)
+        .expect("client threads");
     // New connections keep arriving while the weights move.
     let newcomers = topo
         .client

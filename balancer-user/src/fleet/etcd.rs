@@ -7,8 +7,6 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use super::base64;
 
@@ -198,43 +196,11 @@ impl Etcd {
 
 /// One HTTP/1.0 POST (the server closes the connection after the answer): (status, body).
 async fn post(addr: SocketAddr, path: &str, body: &str) -> Result<(u16, Vec<u8>), String> {
-    let mut stream = TcpStream::connect(addr)
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
     let request = format!(
         "POST {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
-    stream
-        .write_all(request.as_bytes())
-        .await
-        .map_err(|e| format!("send: {e}"))?;
-    let mut reply = Vec::new();
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let n = stream
-            .read(&mut buf)
-            .await
-            .map_err(|e| format!("read: {e}"))?;
-        if n == 0 {
-            break;
-        }
-        reply.extend_from_slice(&buf[..n]);
-        if reply.len() > MAX_ANSWER {
-            return Err(format!("answer larger than {MAX_ANSWER} bytes"));
-        }
-    }
-    let end = reply
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or("no HTTP answer")?;
-    let head = String::from_utf8_lossy(&reply[..end]);
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("bad status line {:?}", head.lines().next().unwrap_or("")))?;
-    Ok((status, reply[end + 4..].to_vec()))
+    crate::http::exchange(addr, &request, MAX_ANSWER).await
 }
 
 /// A 64-bit integer the gateway sent as a string (or a number); absent fields are zero values.

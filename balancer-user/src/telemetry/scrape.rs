@@ -5,9 +5,6 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-
 use super::exposition;
 use super::signals::{Signals, extract};
 
@@ -18,40 +15,17 @@ pub async fn http_get(
     timeout: Duration,
     max_body: usize,
 ) -> Result<String, String> {
+    let host = match addr {
+        SocketAddr::V4(a) => a.ip().to_string(),
+        SocketAddr::V6(a) => format!("[{}]", a.ip()),
+    };
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: balancer-telemetry\r\nAccept: text/plain\r\nConnection: close\r\n\r\n"
+    );
     let attempt = async {
-        let mut stream = TcpStream::connect(addr)
+        let (status, body) = crate::http::exchange(addr, &request, max_body + 16 * 1024)
             .await
-            .map_err(|e| format!("connect {addr}: {e}"))?;
-        let host = match addr {
-            SocketAddr::V4(a) => a.ip().to_string(),
-            SocketAddr::V6(a) => format!("[{}]", a.ip()),
-        };
-        let request = format!(
-            "GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: balancer-telemetry\r\nAccept: text/plain\r\nConnection: close\r\n\r\n"
-        );
-        stream
-            .write_all(request.as_bytes())
-            .await
-            .map_err(|e| format!("send to {addr}: {e}"))?;
-        let mut reply = Vec::new();
-        let mut buf = vec![0u8; 16 * 1024];
-        loop {
-            let n = stream
-                .read(&mut buf)
-                .await
-                .map_err(|e| format!("read from {addr}: {e}"))?;
-            if n == 0 {
-                break;
-            }
-            reply.extend_from_slice(&buf[..n]);
-            if reply.len() > max_body + 16 * 1024 {
-                return Err(format!(
-                    "page from {addr}{path} larger than {max_body} bytes"
-                ));
-            }
-        }
-        let (status, body) =
-            split_response(&reply).ok_or_else(|| format!("no HTTP answer from {addr}{path}"))?;
+            .map_err(|e| format!("{addr}{path}: {e}"))?;
         if status != 200 {
             return Err(format!("{addr}{path} answered status {status}"));
         }
@@ -68,36 +42,6 @@ pub async fn http_get(
             timeout.as_millis()
         )
     })?
-}
-
-/// Status and body of an HTTP/1.1 response (plain or chunked).
-fn split_response(reply: &[u8]) -> Option<(u16, Vec<u8>)> {
-    let end = reply.windows(4).position(|w| w == b"\r\n\r\n")?;
-    let head = String::from_utf8_lossy(&reply[..end]).to_ascii_lowercase();
-    let status = head
-        .lines()
-        .next()?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    let body = &reply[end + 4..];
-    if !head.contains("transfer-encoding: chunked") {
-        return Some((status, body.to_vec()));
-    }
-    let mut out = Vec::new();
-    let mut rest = body;
-    loop {
-        let line_end = rest.windows(2).position(|w| w == b"\r\n")?;
-        let size_text = String::from_utf8_lossy(&rest[..line_end]);
-        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
-        rest = &rest[line_end + 2..];
-        if size == 0 {
-            return Some((status, out));
-        }
-        out.extend_from_slice(rest.get(..size)?);
-        rest = rest.get(size + 2..)?;
-    }
 }
 
 /// Scrapes every page of a backend and merges their signals (the first page wins a conflict).
@@ -124,22 +68,25 @@ pub async fn scrape(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[test]
     fn responses_split() {
         assert_eq!(
-            split_response(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc"),
+            crate::http::split_response(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc"),
             Some((200, b"abc".to_vec()))
         );
         assert_eq!(
-            split_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n1;x=y\r\nc\r\n0\r\n\r\n"),
+            crate::http::split_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n1;x=y\r\nc\r\n0\r\n\r\n"),
             Some((200, b"abc".to_vec()))
         );
         assert_eq!(
-            split_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"),
+            crate::http::split_response(
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"
+            ),
             None
         );
-        assert_eq!(split_response(b"garbage"), None);
+        assert_eq!(crate::http::split_response(b"garbage"), None);
     }
 
     #[tokio::test]
