@@ -135,24 +135,6 @@ impl Etcd {
         Ok(answer["succeeded"].as_bool().unwrap_or(false))
     }
 
-    /// Deletes `key` while `held` holds.
-    pub async fn delete_if(&self, held: &Held<'_>) -> Result<bool, EtcdError> {
-        let h = base64::encode(held.key);
-        let answer = self
-            .call(
-                "/v3/kv/txn",
-                json!({
-                    "compare": [
-                        { "key": h, "result": "EQUAL", "target": "VALUE", "value": base64::encode(held.value) },
-                        { "key": h, "result": "EQUAL", "target": "LEASE", "lease": held.lease.to_string() },
-                    ],
-                    "success": [{ "request_delete_range": { "key": h } }],
-                }),
-            )
-            .await?;
-        Ok(answer["succeeded"].as_bool().unwrap_or(false))
-    }
-
     async fn call(&self, path: &str, body: Value) -> Result<Value, EtcdError> {
         use std::sync::atomic::Ordering;
         let body = body.to_string();
