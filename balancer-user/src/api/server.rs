@@ -85,6 +85,17 @@ fn parse_backend(addr: &str) -> Result<IpAddr, ChangeError> {
         .map_err(|_| ChangeError::Invalid(format!("{addr:?} is not an IP address")))
 }
 
+/// The address of backend `addr` of VIP `name`, if the VIP has it.
+fn existing_backend(d: &Daemon, name: &str, addr: &str) -> Result<IpAddr, ChangeError> {
+    let address = parse_backend(addr)?;
+    if d.vip_named(name)?.backend(address).is_none() {
+        return Err(ChangeError::NotFound(format!(
+            "VIP {name:?} has no backend {address}"
+        )));
+    }
+    Ok(address)
+}
+
 /// The routes, without authentication.
 pub fn router(state: ApiState) -> Router {
     Router::new()
@@ -196,14 +207,9 @@ async fn list_vips(State(s): State<ApiState>) -> ApiResult<Vec<RawVip>> {
 }
 
 async fn get_vip(State(s): State<ApiState>, UrlPath(name): UrlPath<String>) -> ApiResult<RawVip> {
-    with_daemon(&s, move |d| {
-        d.config
-            .vip(&name)
-            .map(|v| v.to_raw())
-            .ok_or_else(|| ChangeError::NotFound(format!("no VIP named {name:?}")))
-    })
-    .await
-    .map(Json)
+    with_daemon(&s, move |d| d.vip_named(&name).map(|v| v.to_raw()))
+        .await
+        .map(Json)
 }
 
 async fn add_vip(
@@ -249,9 +255,7 @@ async fn del_vip(
     UrlPath(name): UrlPath<String>,
 ) -> ApiResult<ChangeResult> {
     with_daemon(&s, move |d| {
-        if d.config.vip(&name).is_none() {
-            return Err(ChangeError::NotFound(format!("no VIP named {name:?}")));
-        }
+        d.vip_named(&name)?;
         d.edit(&format!("VIP {name} removed"), |c| {
             c.vip.retain(|v| v.name.as_deref() != Some(name.as_str()));
             Ok(())
@@ -273,10 +277,8 @@ async fn list_backends(
     UrlPath(name): UrlPath<String>,
 ) -> ApiResult<Vec<RawBackend>> {
     with_daemon(&s, move |d| {
-        d.config
-            .vip(&name)
+        d.vip_named(&name)
             .map(|v| v.backends.iter().map(|b| b.to_raw()).collect())
-            .ok_or_else(|| ChangeError::NotFound(format!("no VIP named {name:?}")))
     })
     .await
     .map(Json)
@@ -301,11 +303,7 @@ async fn add_backend(
     let Json(raw) = body?;
     with_daemon(&s, move |d| {
         let backend = validate_backend(raw.clone(), "backend")?;
-        let vip = d
-            .config
-            .vip(&name)
-            .ok_or_else(|| ChangeError::NotFound(format!("no VIP named {name:?}")))?;
-        if vip.backend(backend.address).is_some() {
+        if d.vip_named(&name)?.backend(backend.address).is_some() {
             return Err(ChangeError::Conflict(format!(
                 "backend {} is already in VIP {name:?}",
                 backend.address
@@ -332,16 +330,7 @@ async fn edit_backend(
     f: impl FnOnce(&mut RawBackend) -> Result<(), ChangeError> + Send + 'static,
 ) -> ApiResult<ChangeResult> {
     with_daemon(&s, move |d| {
-        let address = parse_backend(&addr)?;
-        let vip = d
-            .config
-            .vip(&name)
-            .ok_or_else(|| ChangeError::NotFound(format!("no VIP named {name:?}")))?;
-        if vip.backend(address).is_none() {
-            return Err(ChangeError::NotFound(format!(
-                "VIP {name:?} has no backend {address}"
-            )));
-        }
+        let address = existing_backend(d, &name, &addr)?;
         d.edit(&format!("backend {address} of {name}: {what}"), |c| {
             let vip = raw_vip(c, &name)?;
             let b = vip
@@ -365,16 +354,7 @@ async fn del_backend(
     UrlPath((name, addr)): UrlPath<(String, String)>,
 ) -> ApiResult<ChangeResult> {
     with_daemon(&s, move |d| {
-        let address = parse_backend(&addr)?;
-        let vip = d
-            .config
-            .vip(&name)
-            .ok_or_else(|| ChangeError::NotFound(format!("no VIP named {name:?}")))?;
-        if vip.backend(address).is_none() {
-            return Err(ChangeError::NotFound(format!(
-                "VIP {name:?} has no backend {address}"
-            )));
-        }
+        let address = existing_backend(d, &name, &addr)?;
         d.edit(&format!("backend {address} removed from {name}"), |c| {
             raw_vip(c, &name)?.backend.retain(|b| {
                 b.address.as_deref().and_then(|a| a.parse::<IpAddr>().ok()) != Some(address)
@@ -393,9 +373,7 @@ async fn set_scheduler(
 ) -> ApiResult<ChangeResult> {
     let Json(body) = body?;
     with_daemon(&s, move |d| {
-        if d.config.vip(&name).is_none() {
-            return Err(ChangeError::NotFound(format!("no VIP named {name:?}")));
-        }
+        d.vip_named(&name)?;
         let what = format!("scheduler of {name} set to {}", body.scheduler);
         d.edit(&what, |c| {
             let vip = raw_vip(c, &name)?;

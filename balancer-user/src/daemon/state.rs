@@ -199,11 +199,16 @@ impl Daemon {
         }
     }
 
+    /// The configured VIP `name`, or a not-found error naming it.
+    pub fn vip_named(&self, name: &str) -> Result<&crate::config::VipConfig, ChangeError> {
+        self.config
+            .vip(name)
+            .ok_or_else(|| ChangeError::NotFound(format!("no VIP named {name:?}")))
+    }
+
     /// Drains a VIP from BGP announcement (`drain`) or returns it.
     pub fn drain_vip(&mut self, name: &str, drain: bool) -> Result<ChangeResult, ChangeError> {
-        if self.config.vip(name).is_none() {
-            return Err(ChangeError::NotFound(format!("no VIP named {name:?}")));
-        }
+        self.vip_named(name)?;
         let changed = if drain {
             self.drained_vips.insert(name.to_string())
         } else {
@@ -220,11 +225,7 @@ impl Daemon {
                 },
                 if changed { "" } else { " (already)" }
             ),
-            vips_added: 0,
-            vips_removed: 0,
-            vips_updated: 0,
-            tables_published: 0,
-            slots_changed: 0,
+            ..ChangeResult::default()
         })
     }
 
@@ -852,10 +853,11 @@ impl Daemon {
     }
 
     pub fn table(&self, name: &str) -> Result<Table, ChangeError> {
+        self.vip_named(name)?;
         let vip = self
             .balancer
             .vip(name)
-            .ok_or_else(|| ChangeError::NotFound(format!("no VIP named {name:?}")))?;
+            .ok_or_else(|| ChangeError::Failed(format!("VIP {name:?} is not in the data plane")))?;
         let shares = vip.slot_shares();
         let total_weight: u64 = vip
             .backends

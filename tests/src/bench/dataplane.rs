@@ -69,172 +69,83 @@ port = 80
   [[vip.backend]]
   address = "fd00:111::12"
 
-[[vip]]
-name = "source_hash"
-address = "10.111.2.1"
-port = 80
-scheduler = "source-hash"
-
-  [[vip.backend]]
-  address = "10.111.0.11"
-  weight = 3
-  [[vip.backend]]
-  address = "10.111.0.12"
-  weight = 1
-  [[vip.backend]]
-  address = "10.111.0.13"
-  weight = 2
-
-[[vip]]
-name = "round_robin"
-address = "10.111.2.2"
-port = 80
-scheduler = "round-robin"
-
-  [[vip.backend]]
-  address = "10.111.0.11"
-  weight = 3
-  [[vip.backend]]
-  address = "10.111.0.12"
-  weight = 1
-  [[vip.backend]]
-  address = "10.111.0.13"
-  weight = 2
-
-[[vip]]
-name = "weighted_round_robin"
-address = "10.111.2.3"
-port = 80
-scheduler = "weighted-round-robin"
-
-  [[vip.backend]]
-  address = "10.111.0.11"
-  weight = 3
-  [[vip.backend]]
-  address = "10.111.0.12"
-  weight = 1
-  [[vip.backend]]
-  address = "10.111.0.13"
-  weight = 2
-
-[[vip]]
-name = "random"
-address = "10.111.2.4"
-port = 80
-scheduler = "random"
-
-  [[vip.backend]]
-  address = "10.111.0.11"
-  weight = 3
-  [[vip.backend]]
-  address = "10.111.0.12"
-  weight = 1
-  [[vip.backend]]
-  address = "10.111.0.13"
-  weight = 2
-
-[[vip]]
-name = "weighted_random"
-address = "10.111.2.5"
-port = 80
-scheduler = "weighted-random"
-
-  [[vip.backend]]
-  address = "10.111.0.11"
-  weight = 3
-  [[vip.backend]]
-  address = "10.111.0.12"
-  weight = 1
-  [[vip.backend]]
-  address = "10.111.0.13"
-  weight = 2
-
-[[vip]]
-name = "least_conn"
-address = "10.111.2.6"
-port = 80
-scheduler = "least-conn"
-
-  [[vip.backend]]
-  address = "10.111.0.11"
-  weight = 3
-  [[vip.backend]]
-  address = "10.111.0.12"
-  weight = 1
-  [[vip.backend]]
-  address = "10.111.0.13"
-  weight = 2
-
-[[vip]]
-name = "power_of_two"
-address = "10.111.2.7"
-port = 80
-scheduler = "power-of-two"
-
-  [[vip.backend]]
-  address = "10.111.0.11"
-  weight = 3
-  [[vip.backend]]
-  address = "10.111.0.12"
-  weight = 1
-  [[vip.backend]]
-  address = "10.111.0.13"
-  weight = 2
-
-[[vip]]
-name = "source_hash_bounded"
-address = "10.111.2.8"
-port = 80
-scheduler = "source-hash"
-max_load_factor = 1.25
-  [[vip.backend]]
-  address = "10.111.0.11"
-  weight = 3
-  [[vip.backend]]
-  address = "10.111.0.12"
-  weight = 1
-  [[vip.backend]]
-  address = "10.111.0.13"
-  weight = 2
-
-[[vip]]
-name = "maglev_persistent"
-address = "10.111.2.9"
-port = 80
-scheduler = "maglev"
-persistence_secs = 300
-  [[vip.backend]]
-  address = "10.111.0.11"
-  weight = 3
-  [[vip.backend]]
-  address = "10.111.0.12"
-  weight = 1
-  [[vip.backend]]
-  address = "10.111.0.13"
-  weight = 2
 "#;
 
-/// The per-scheduler VIPs of `CONFIG` (10.111.2.1...), in order: (key, description).
-const SCHEDULER_CASES: [(&str, &str); 9] = [
-    ("source_hash", "new flow, source-hash scheduler"),
-    ("round_robin", "new flow, round-robin scheduler"),
+/// The per-scheduler VIPs (10.111.2.1, 10.111.2.2, ... in this order), each over the same
+/// three backends weighted 3:1:2: (key, scheduler, extra VIP settings, description).
+const SCHEDULER_CASES: [(&str, &str, &str, &str); 9] = [
+    (
+        "source_hash",
+        "source-hash",
+        "",
+        "new flow, source-hash scheduler",
+    ),
+    (
+        "round_robin",
+        "round-robin",
+        "",
+        "new flow, round-robin scheduler",
+    ),
     (
         "weighted_round_robin",
+        "weighted-round-robin",
+        "",
         "new flow, weighted-round-robin scheduler",
     ),
-    ("random", "new flow, random scheduler"),
-    ("weighted_random", "new flow, weighted-random scheduler"),
-    ("least_conn", "new flow, least-conn scheduler (3 backends)"),
-    ("power_of_two", "new flow, power-of-two scheduler"),
+    ("random", "random", "", "new flow, random scheduler"),
+    (
+        "weighted_random",
+        "weighted-random",
+        "",
+        "new flow, weighted-random scheduler",
+    ),
+    (
+        "least_conn",
+        "least-conn",
+        "",
+        "new flow, least-conn scheduler (3 backends)",
+    ),
+    (
+        "power_of_two",
+        "power-of-two",
+        "",
+        "new flow, power-of-two scheduler",
+    ),
     (
         "source_hash_bounded",
+        "source-hash",
+        "max_load_factor = 1.25\n",
         "new flow, source-hash with bounded load (1.25)",
     ),
     (
         "maglev_persistent",
+        "maglev",
+        "persistence_secs = 300\n",
         "new flow, maglev with session persistence (affinity hit)",
     ),
 ];
+
+/// The address of scheduler case `i`'s VIP.
+fn scheduler_vip(i: usize) -> IpAddr {
+    ip(&format!("10.111.2.{}", i + 1))
+}
+
+/// `CONFIG` with a VIP per scheduler case.
+fn config() -> String {
+    let mut text = CONFIG.to_string();
+    for (i, (key, scheduler, extra, _)) in SCHEDULER_CASES.iter().enumerate() {
+        text.push_str(&format!(
+            "\n[[vip]]\nname = \"{key}\"\naddress = \"{}\"\nport = 80\nscheduler = \"{scheduler}\"\n{extra}",
+            scheduler_vip(i)
+        ));
+        for (last, weight) in [(11, 3), (12, 1), (13, 2)] {
+            text.push_str(&format!(
+                "  [[vip.backend]]\n  address = \"10.111.0.{last}\"\n  weight = {weight}\n"
+            ));
+        }
+    }
+    text
+}
 
 /// How a case is timed.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -337,7 +248,7 @@ fn set_tcp_source_port(frame: &mut [u8], i: u32) {
 
 /// Runs the benchmark; returns the figures (also printed).
 pub fn run(rounds: usize, repeat: u32, singles: u32) -> Result<Figures> {
-    let mut h = Harness::new(CONFIG)?;
+    let mut h = Harness::new(&config())?;
     let mut bare = Bare::load()?;
     let c4 = ip("10.9.0.1");
     let c6 = ip("2001:db8::5");
@@ -426,19 +337,12 @@ pub fn run(rounds: usize, repeat: u32, singles: u32) -> Result<Figures> {
         },
     ];
     let mut cases = cases;
-    for (i, (key, what)) in SCHEDULER_CASES.iter().enumerate() {
+    for (i, (key, _, _, what)) in SCHEDULER_CASES.iter().enumerate() {
         cases.push(Case {
             key: Box::leak(format!("new_flow_{key}").into_boxed_str()),
             what,
             method: Method::Repeat,
-            frame: tcp_frame(
-                c4,
-                3000,
-                ip(&format!("10.111.2.{}", i + 1)),
-                80,
-                true,
-                &payload,
-            ),
+            frame: tcp_frame(c4, 3000, scheduler_vip(i), 80, true, &payload),
             expect: XDP_TX,
             fresh_ports: false,
             target: None,
