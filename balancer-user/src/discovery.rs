@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinSet;
 
 use crate::config::Discovery;
 use crate::daemon::state::Daemon;
@@ -76,7 +76,7 @@ type Key = (Vec<IpAddr>, Discovery, Duration);
 /// The running discovery tasks, by pool name.
 #[derive(Default)]
 pub struct DiscoveryLoops {
-    tasks: HashMap<String, (Key, JoinHandle<()>)>,
+    tasks: crate::tasks::Tasks<String, Key>,
 }
 
 impl DiscoveryLoops {
@@ -95,26 +95,13 @@ impl DiscoveryLoops {
                 .collect(),
             Err(_) => return,
         };
-        self.tasks.retain(|name, (key, task)| {
-            let keep = targets.get(name) == Some(key);
-            if !keep {
-                task.abort();
-            }
-            keep
+        self.tasks.reconcile(targets, |name, key| {
+            tokio::spawn(run(daemon.clone(), name.clone(), key.clone()))
         });
-        for (name, key) in targets {
-            if self.tasks.contains_key(&name) {
-                continue;
-            }
-            let task = tokio::spawn(run(daemon.clone(), name.clone(), key.clone()));
-            self.tasks.insert(name, (key, task));
-        }
     }
 
     pub fn stop(&mut self) {
-        for (_, (_, task)) in self.tasks.drain() {
-            task.abort();
-        }
+        self.tasks.stop();
     }
 }
 

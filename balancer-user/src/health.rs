@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::task::JoinHandle;
 
 use crate::balancer::Endpoint;
 use crate::config::{HealthCheckKind, HealthConfig};
@@ -78,7 +77,7 @@ struct Target {
 /// The running checker tasks.
 #[derive(Default)]
 pub struct HealthChecks {
-    tasks: HashMap<(Endpoint, IpAddr), (Target, JoinHandle<()>)>,
+    tasks: crate::tasks::Tasks<(Endpoint, IpAddr), Target>,
 }
 
 impl HealthChecks {
@@ -93,26 +92,13 @@ impl HealthChecks {
                 .collect(),
             Err(_) => return,
         };
-        self.tasks.retain(|key, (target, task)| {
-            let keep = targets.get(key) == Some(target);
-            if !keep {
-                task.abort();
-            }
-            keep
+        self.tasks.reconcile(targets, |key, target| {
+            tokio::spawn(check_loop(daemon.clone(), key.0, key.1, target.clone()))
         });
-        for (key, target) in targets {
-            if self.tasks.contains_key(&key) {
-                continue;
-            }
-            let task = tokio::spawn(check_loop(daemon.clone(), key.0, key.1, target.clone()));
-            self.tasks.insert(key, (target, task));
-        }
     }
 
     pub fn stop(&mut self) {
-        for (_, (_, task)) in self.tasks.drain() {
-            task.abort();
-        }
+        self.tasks.stop();
     }
 }
 

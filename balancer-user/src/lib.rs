@@ -19,4 +19,5 @@ pub mod pinning;
 pub mod policy;
 pub mod report;
 pub mod settings;
+pub mod tasks;
 pub mod telemetry;

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinSet;
 
 use super::scrape::scrape;
 use crate::balancer::Endpoint;
@@ -18,7 +18,7 @@ type Key = (Endpoint, Vec<IpAddr>, TelemetryConfig);
 /// The running loops, by VIP name.
 #[derive(Default)]
 pub struct TelemetryLoops {
-    tasks: HashMap<String, (Key, JoinHandle<()>)>,
+    tasks: crate::tasks::Tasks<String, Key>,
 }
 
 impl TelemetryLoops {
@@ -32,26 +32,13 @@ impl TelemetryLoops {
                 .collect(),
             Err(_) => return,
         };
-        self.tasks.retain(|name, (key, task)| {
-            let keep = targets.get(name) == Some(key);
-            if !keep {
-                task.abort();
-            }
-            keep
+        self.tasks.reconcile(targets, |name, key| {
+            tokio::spawn(run(daemon.clone(), name.clone(), key.clone()))
         });
-        for (name, key) in targets {
-            if self.tasks.contains_key(&name) {
-                continue;
-            }
-            let task = tokio::spawn(run(daemon.clone(), name.clone(), key.clone()));
-            self.tasks.insert(name, (key, task));
-        }
     }
 
     pub fn stop(&mut self) {
-        for (_, (_, task)) in self.tasks.drain() {
-            task.abort();
-        }
+        self.tasks.stop();
     }
 }
 
