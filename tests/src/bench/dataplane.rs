@@ -20,6 +20,9 @@ use crate::packet::{Harness, XDP_PASS, XDP_TX, tcp_frame};
 
 use super::{Figures, median};
 
+/// Like the packet tests' fixture, but its own: the set of VIPs shapes the VIP index (probe
+/// lengths), so the fixture's extra VIPs would move these figures (new flow 91 ns instead of
+/// 82 ns measured with the fixture's VIPs), and the table holds a million flows.
 const CONFIG: &str = r#"
 interface = "eth0"
 [conntrack]
