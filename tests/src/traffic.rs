@@ -10,8 +10,11 @@ use anyhow::{Context as _, Result, bail};
 
 /// One HTTP GET on a fresh connection; returns the body (the backend's name).
 pub fn http_get(addr: SocketAddr, timeout: Duration) -> Result<String> {
-    let mut stream =
-        TcpStream::connect_timeout(&addr, timeout).with_context(|| format!("connect {addr}"))?;
+    get_name(connect(addr, timeout)?, addr, timeout)
+}
+
+/// Sends `GET /` on `stream` and returns the body of a 200 answer (the backend's name).
+fn get_name(mut stream: TcpStream, addr: SocketAddr, timeout: Duration) -> Result<String> {
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
     stream.write_all(b"GET / HTTP/1.1\r\nHost: vip\r\nConnection: close\r\n\r\n")?;
@@ -58,21 +61,7 @@ pub fn http_get_from(src: std::net::IpAddr, addr: SocketAddr, timeout: Duration)
     socket
         .connect_timeout(&addr.into(), timeout)
         .with_context(|| format!("connect {addr} from {src}"))?;
-    let mut stream: TcpStream = socket.into();
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    stream.write_all(b"GET / HTTP/1.1\r\nHost: vip\r\nConnection: close\r\n\r\n")?;
-    let mut reply = String::new();
-    stream
-        .read_to_string(&mut reply)
-        .with_context(|| format!("reading the reply from {addr}"))?;
-    let Some((head, body)) = reply.split_once("\r\n\r\n") else {
-        bail!("malformed HTTP reply from {addr}: {reply:?}");
-    };
-    if !head.starts_with("HTTP/1.1 200") {
-        bail!("HTTP status from {addr}: {head:?}");
-    }
-    Ok(body.trim().to_string())
+    get_name(socket.into(), addr, timeout)
 }
 
 /// An open connection to an echo server (its greeting read): the backend's name and the

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 
-use super::llm::{LLM_PORT, MODEL, POLICIES, config, rack};
+use super::llm::{LLM_PORT, MODEL, composite_rack};
 use crate::topology::VIP4;
 
 /// The version installed.
@@ -123,16 +123,7 @@ pub fn inference_perf_config(rate: f64, seconds: u32, out: &Path, tokenizer: &Pa
 pub fn run(root: &Path, rate: f64, seconds: u32) -> Result<()> {
     let bin = venv(root)?;
     let words = tokenizer(&bin)?;
-    let gpus: Vec<String> = ["large", "large", "small", "small"]
-        .map(String::from)
-        .to_vec();
-    let mut topo = rack("ipf", &gpus)?;
-    let composite = POLICIES
-        .iter()
-        .find(|(n, _)| *n == "composite")
-        .map(|p| p.1)
-        .unwrap_or_default();
-    topo.start_balancer(&config(&topo, composite))?;
+    let topo = composite_rack("ipf")?;
     std::thread::sleep(Duration::from_millis(500));
     let out = topo.log_dir.join("inference-perf");
     std::fs::create_dir_all(&out)?;

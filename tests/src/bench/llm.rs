@@ -118,6 +118,22 @@ pub fn rack(tag: &str, gpus: &[String]) -> Result<Topology> {
     Ok(topo)
 }
 
+/// A rack of 2 large and 2 small simulated GPUs with the balancer running the composite
+/// policy (the demo's and the real client's setup).
+pub fn composite_rack(tag: &str) -> Result<Topology> {
+    let gpus: Vec<String> = ["large", "large", "small", "small"]
+        .map(String::from)
+        .to_vec();
+    let mut topo = rack(tag, &gpus)?;
+    let composite = POLICIES
+        .iter()
+        .find(|(n, _)| *n == "composite")
+        .map(|p| p.1)
+        .unwrap_or_default();
+    topo.start_balancer(&config(&topo, composite))?;
+    Ok(topo)
+}
+
 /// The balancer config for `policy`: the rack's usual settings plus the LLM VIP.
 pub fn config(topo: &Topology, policy_lines: &str) -> String {
     let base = rack_config(

@@ -156,22 +156,13 @@ fn demo() -> Result<()> {
 
 /// Part two: simulated GPUs of two sizes behind the balancer, weights from their metrics.
 fn llm_demo() -> Result<()> {
-    use balancer_tests::bench::llm::{LLM_PORT, MODEL, POLICIES, config, rack};
+    use balancer_tests::bench::llm::{LLM_PORT, MODEL, composite_rack};
     use balancer_tests::llmload::{Connections, percentile, replay, synthetic};
 
     println!(
         "\n== LLM serving: 2 large + 2 small simulated GPUs (sim-llm), composite policy from their vLLM metrics =="
     );
-    let gpus: Vec<String> = ["large", "large", "small", "small"]
-        .map(String::from)
-        .to_vec();
-    let mut topo = rack("demollm", &gpus)?;
-    let composite = POLICIES
-        .iter()
-        .find(|(n, _)| *n == "composite")
-        .map(|p| p.1)
-        .unwrap_or_default();
-    topo.start_balancer(&config(&topo, composite))?;
+    let topo = composite_rack("demollm")?;
     // Outputs capped at 300 tokens so the demo's tail stays short.
     let mut workload = synthetic(120, 6.0, 7);
     for r in &mut workload {
