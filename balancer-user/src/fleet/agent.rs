@@ -119,6 +119,7 @@ async fn run(daemon: Arc<Mutex<Daemon>>, config: FleetConfig, mut stop: watch::R
                             Ok(_) => {
                                 tracing::warn!("fleet: the leader lease expired; stepping down");
                                 role = Role::Follower;
+                                status.role = "follower".into();
                                 return Ok(());
                             }
                             Err(e) => {

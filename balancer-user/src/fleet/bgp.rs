@@ -17,6 +17,8 @@ use crate::pinning::write_atomically;
 
 /// How often a failed reconfiguration is retried.
 const RETRY: Duration = Duration::from_secs(2);
+/// Longest `birdc configure` may take.
+const BIRDC_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The include file's text for these addresses (all of one family).
 pub fn routes_file(addresses: &BTreeSet<IpAddr>) -> String {
@@ -78,18 +80,7 @@ fn apply(config: &BgpConfig, addresses: &BTreeSet<IpAddr>) -> Result<(), String>
         addresses.iter().partition(|a| a.is_ipv4());
     write(&config.routes_v4, &routes_file(&v4))?;
     write(&config.routes_v6, &routes_file(&v6))?;
-    let out = std::process::Command::new(&config.birdc)
-        .arg("-s")
-        .arg(&config.socket)
-        .arg("configure")
-        .output()
-        .map_err(|e| {
-            format!(
-                "running {} -s {} configure: {e}",
-                config.birdc,
-                config.socket.display()
-            )
-        })?;
+    let out = birdc_configure(config)?;
     let text =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     // birdc exits 0 even when BIRD rejects the config; its reply says so.
@@ -101,6 +92,43 @@ fn apply(config: &BgpConfig, addresses: &BTreeSet<IpAddr>) -> Result<(), String>
         ));
     }
     Ok(())
+}
+
+/// Runs `birdc -s SOCKET configure`, killed after [`BIRDC_TIMEOUT`] (the daemon's state is
+/// locked meanwhile: a hung BIRD must not hang the daemon).
+fn birdc_configure(config: &BgpConfig) -> Result<std::process::Output, String> {
+    use std::process::{Command, Stdio};
+    let what = || format!("{} -s {} configure", config.birdc, config.socket.display());
+    let mut child = Command::new(&config.birdc)
+        .arg("-s")
+        .arg(&config.socket)
+        .arg("configure")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("running {}: {e}", what()))?;
+    let started = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if started.elapsed() < BIRDC_TIMEOUT => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "{} did not answer within {BIRDC_TIMEOUT:?}",
+                    what()
+                ));
+            }
+            Err(e) => return Err(format!("waiting for {}: {e}", what())),
+        }
+    }
+    child
+        .wait_with_output()
+        .map_err(|e| format!("reading {}: {e}", what()))
 }
 
 fn write(path: &Path, text: &str) -> Result<(), String> {
@@ -126,6 +154,27 @@ mod tests {
         let v6: BTreeSet<IpAddr> = ["fd00::1".parse().unwrap()].into();
         assert!(routes_file(&v6).contains("route fd00::1/128 blackhole;"));
         assert_eq!(routes_file(&BTreeSet::new()).lines().count(), 1);
+    }
+
+    #[test]
+    fn a_hung_birdc_is_killed_and_reported() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("bgp-hung-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let birdc = dir.join("birdc");
+        std::fs::write(&birdc, "#!/bin/sh\nexec sleep 30\n").unwrap();
+        std::fs::set_permissions(&birdc, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let config = BgpConfig {
+            routes_v4: dir.join("v4.conf"),
+            routes_v6: dir.join("v6.conf"),
+            birdc: birdc.display().to_string(),
+            socket: dir.join("bird.ctl"),
+        };
+        let started = Instant::now();
+        let err = apply(&config, &BTreeSet::new()).unwrap_err();
+        assert!(err.contains("did not answer"), "{err}");
+        assert!(started.elapsed() < BIRDC_TIMEOUT + Duration::from_secs(1));
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]
