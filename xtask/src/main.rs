@@ -29,7 +29,8 @@ enum Task {
         #[arg(long)]
         release: bool,
     },
-    /// Setup, then unit tests, then the root-only packet and network-namespace tests.
+    /// Setup, then unit tests, then the root-only packet, network-namespace, reliability and fleet
+    /// tests, then (without a filter) every fuzz target for `--fuzz-secs` seconds.
     Test {
         /// Only run tests whose name contains this.
         filter: Option<String>,
