@@ -16,7 +16,7 @@
 //! through the router. Everything is torn down on drop.
 
 use std::fs;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -551,11 +551,6 @@ impl Fleet {
         self.kill(&format!("bird-lb{}", i + 1))?;
         self.kill(&format!("balancer-lb{}", i + 1))?;
         Ok(())
-    }
-
-    /// Addresses of the client-facing side.
-    pub fn vip(&self) -> IpAddr {
-        VIP4.into()
     }
 }
 
