@@ -48,13 +48,42 @@ impl From<ConfigError> for ChangeError {
     }
 }
 
-/// Traffic counters of one VIP or backend at a sampling instant, and the rates since the
-/// previous one.
+/// Traffic counters of one VIP or backend at the last reading, and the rates over the last
+/// rate interval (which started at `rate_base`).
 #[derive(Clone, Copy, Debug, Default)]
 struct Sampled {
     totals: TrafficStats,
+    rate_base: TrafficStats,
     pps: f64,
     bps: f64,
+}
+
+/// The shortest interval rates are computed over (shorter ones are mostly noise); counters
+/// themselves are read afresh on every request.
+const RATE_INTERVAL: Duration = Duration::from_millis(100);
+
+impl Sampled {
+    /// The next reading: `totals` now, and new rates when `rates` is `Some(seconds since the
+    /// last rate base)` (`Some(None)`: the first reading, rates 0), else the last rates.
+    fn next(self, totals: TrafficStats, rates: Option<Option<f64>>) -> Sampled {
+        let Some(seconds) = rates else {
+            return Sampled { totals, ..self };
+        };
+        let base = self.rate_base;
+        let (pps, bps) = match seconds {
+            Some(s) if totals.packets >= base.packets && totals.bytes >= base.bytes => (
+                (totals.packets - base.packets) as f64 / s,
+                (totals.bytes - base.bytes) as f64 * 8.0 / s,
+            ),
+            _ => (0.0, 0.0),
+        };
+        Sampled {
+            totals,
+            rate_base: totals,
+            pps,
+            bps,
+        }
+    }
 }
 
 /// The daemon.
@@ -70,7 +99,7 @@ pub struct Daemon {
     /// Per VIP id / backend id.
     vip_traffic: HashMap<u32, Sampled>,
     backend_traffic: HashMap<u32, Sampled>,
-    last_sample: Option<Instant>,
+    rates_at: Option<Instant>,
     /// Connection-table entries per backend id (refreshed by `count_flows`).
     flows: HashMap<u32, u64>,
     flows_at: Option<Instant>,
@@ -113,7 +142,7 @@ impl Daemon {
             started: Instant::now(),
             vip_traffic: HashMap::new(),
             backend_traffic: HashMap::new(),
-            last_sample: None,
+            rates_at: None,
             flows: HashMap::new(),
             flows_at: None,
             checked: HashMap::new(),
@@ -630,23 +659,17 @@ impl Daemon {
         }
     }
 
-    /// Reads the traffic counters and updates the rates.
+    /// Reads the traffic counters, and updates the rates when the last rate interval is at
+    /// least [`RATE_INTERVAL`] old (else the last rates stand).
     pub fn sample(&mut self) {
         let now = Instant::now();
-        let elapsed = self
-            .last_sample
-            .map(|t| now.duration_since(t).as_secs_f64())
-            .filter(|s| *s > 0.0);
+        let elapsed = self.rates_at.map(|t| now.duration_since(t));
+        let new_rates = elapsed.is_none_or(|e| e >= RATE_INTERVAL);
+        let seconds = elapsed.map(|e| e.as_secs_f64()).filter(|s| *s > 0.0);
         let update = |map: &mut HashMap<u32, Sampled>, id: u32, totals: TrafficStats| {
             let previous = map.get(&id).copied().unwrap_or_default();
-            let (pps, bps) = match elapsed {
-                Some(s) if totals.packets >= previous.totals.packets => (
-                    (totals.packets - previous.totals.packets) as f64 / s,
-                    (totals.bytes - previous.totals.bytes) as f64 * 8.0 / s,
-                ),
-                _ => (0.0, 0.0),
-            };
-            map.insert(id, Sampled { totals, pps, bps });
+            let sampled = previous.next(totals, new_rates.then_some(seconds));
+            map.insert(id, sampled);
         };
         let vips: Vec<(u32, Vec<u32>)> = self
             .balancer
@@ -674,18 +697,14 @@ impl Daemon {
         }
         self.vip_traffic = vip_traffic;
         self.backend_traffic = backend_traffic;
-        self.last_sample = Some(now);
+        if new_rates {
+            self.rates_at = Some(now);
+        }
     }
 
-    /// Fresh counters and flow counts for an answer (rates need a previous sample at least
-    /// 100 ms old, else the last ones stand).
+    /// Fresh counters and flow counts for an answer.
     pub fn refresh(&mut self) {
-        if self
-            .last_sample
-            .is_none_or(|t| t.elapsed() >= Duration::from_millis(100))
-        {
-            self.sample();
-        }
+        self.sample();
         self.count_flows();
     }
 
@@ -1153,4 +1172,40 @@ fn check_report(s: &Signals) -> Result<(), ChangeError> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn traffic(packets: u64, bytes: u64, new_flows: u64) -> TrafficStats {
+        TrafficStats {
+            packets,
+            bytes,
+            new_flows,
+        }
+    }
+
+    #[test]
+    fn counters_are_always_fresh_and_rates_move_only_at_a_new_interval() {
+        // First reading: totals, no rate yet.
+        let first = Sampled::default().next(traffic(10, 1000, 2), Some(None));
+        assert_eq!(first.totals, traffic(10, 1000, 2));
+        assert_eq!((first.pps, first.bps), (0.0, 0.0));
+        // Half a second later: rates over the interval.
+        let second = first.next(traffic(60, 6000, 7), Some(Some(0.5)));
+        assert_eq!((second.pps, second.bps), (100.0, 80_000.0));
+        // A reading inside the rate interval: new totals (what a status right after
+        // traffic must show), the last rates, the same rate base.
+        let third = second.next(traffic(80, 8000, 9), None);
+        assert_eq!(third.totals.new_flows, 9);
+        assert_eq!((third.pps, third.bps), (100.0, 80_000.0));
+        assert_eq!(third.rate_base, traffic(60, 6000, 7));
+        // The next interval counts from the rate base, not from the reading in between.
+        let fourth = third.next(traffic(110, 11_000, 9), Some(Some(1.0)));
+        assert_eq!((fourth.pps, fourth.bps), (50.0, 40_000.0));
+        // Counters that went backwards (a map recreated): no negative rate.
+        let fifth = fourth.next(traffic(5, 500, 1), Some(Some(1.0)));
+        assert_eq!((fifth.pps, fifth.bps), (0.0, 0.0));
+    }
 }
