@@ -495,13 +495,48 @@ impl Fleet {
     }
 
     /// The balancer that leads the fleet, as its own status says.
-    pub fn leader(&self) -> Option<usize> {
-        (0..self.lbs.len()).find(|i| {
-            self.status(*i)
-                .ok()
-                .and_then(|s| s.fleet)
-                .is_some_and(|f| f.role == "leader")
-        })
+    /// Waits until exactly one balancer leads and every one names it as the leader (an
+    /// election and the followers' next poll); returns its index.
+    pub fn wait_for_leader(&self, timeout: Duration) -> Result<usize> {
+        let started = Instant::now();
+        loop {
+            let fleets: Vec<Option<balancer::fleet::FleetStatus>> = (0..self.lbs.len())
+                .map(|i| self.status(i).ok().and_then(|s| s.fleet))
+                .collect();
+            let leaders: Vec<usize> = (0..self.lbs.len())
+                .filter(|i| fleets[*i].as_ref().is_some_and(|f| f.role == "leader"))
+                .collect();
+            if let [one] = leaders[..] {
+                let name = format!("lb{}", one + 1);
+                if fleets
+                    .iter()
+                    .all(|f| f.as_ref().and_then(|f| f.leader.as_deref()) == Some(&name))
+                {
+                    return Ok(one);
+                }
+            }
+            if started.elapsed() > timeout {
+                bail!("no single leader named by every balancer within {timeout:?}: {fleets:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits until `done` holds (a condition over several balancers), polling every 50 ms.
+    pub fn wait_until(
+        &self,
+        timeout: Duration,
+        what: &str,
+        done: impl Fn() -> bool,
+    ) -> Result<Duration> {
+        let started = Instant::now();
+        while !done() {
+            if started.elapsed() > timeout {
+                bail!("not {what} within {timeout:?}\n{}", self.logs());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(started.elapsed())
     }
 
     pub fn process(&mut self, name: &str) -> Option<&mut Process> {

@@ -326,15 +326,31 @@ pub fn backend_of_output(out: &[u8], backends: &[IpAddr]) -> Option<IpAddr> {
         .find(|b| out.len() >= 6 && out[..6] == backend_mac(*b))
 }
 
-/// Keeps the calling thread on CPU 0 (per-CPU state such as round-robin cursors then stays
-/// the same across `BPF_PROG_TEST_RUN` calls).
-pub fn pin_to_first_cpu() {
-    // SAFETY: a zeroed cpu_set_t with one bit set, for the calling thread.
-    unsafe {
+/// Keeps the calling thread on the CPU it runs on (per-CPU state such as round-robin
+/// cursors and the flood window then stays the same across `BPF_PROG_TEST_RUN` calls).
+pub fn pin_to_current_cpu() {
+    // SAFETY: sched_getcpu has no preconditions; a zeroed cpu_set_t with one bit set, for the
+    // calling thread.
+    let (cpu, rc) = unsafe {
+        let cpu = libc::sched_getcpu();
+        assert!(
+            cpu >= 0,
+            "sched_getcpu: {}",
+            std::io::Error::last_os_error()
+        );
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(0, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
+        libc::CPU_SET(cpu as usize, &mut set);
+        (
+            cpu,
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "pinning the test thread to CPU {cpu}: {}",
+        std::io::Error::last_os_error()
+    );
 }
 
 /// Ethernet + IPv4/IPv6 + UDP frame.

@@ -48,8 +48,11 @@ pub fn pin_root() -> PathBuf {
     PathBuf::from("/run/blt-bpf")
 }
 
-/// Mounts the tests' BPF filesystem at [`pin_root`] unless it is there.
+/// Mounts the tests' BPF filesystem at [`pin_root`] unless it is there (once: two tests of
+/// one binary starting together must not stack two mounts, the second hiding the first's pins).
 pub fn mount_pin_root() -> Result<()> {
+    static MOUNTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = MOUNTING.lock().unwrap_or_else(|e| e.into_inner());
     let root = pin_root();
     fs::create_dir_all(&root)?;
     if !balancer::pinning::is_bpffs(&root)? {

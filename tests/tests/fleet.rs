@@ -131,7 +131,7 @@ fn ecmp_spreads_flows_and_a_dead_balancer_is_routed_around_without_breaking_conn
 fn a_weight_change_published_once_is_applied_by_every_balancer() {
     let f = fleet("fweight", 3);
     same_tables(&f, &[0, 1, 2]);
-    let leader = f.leader().expect("a leader");
+    let leader = f.wait_for_leader(TIMEOUT).unwrap();
     let follower = (leader + 1) % 3;
     let before = f.fingerprint(follower, "http4").unwrap();
     let epoch_before = f.status(follower).unwrap().fleet.unwrap().epoch;
@@ -162,15 +162,21 @@ fn a_weight_change_published_once_is_applied_by_every_balancer() {
         )
         .unwrap();
     same_tables(&f, &[0, 1, 2]);
+    // The followers report the epoch with their next poll after applying it.
+    let epochs = || -> Vec<Option<u64>> {
+        (0..3)
+            .map(|i| f.status(i).ok().and_then(|s| s.fleet).map(|x| x.epoch))
+            .collect()
+    };
+    f.wait_until(TIMEOUT, "on one new epoch", || {
+        let e = epochs();
+        e.iter()
+            .all(|x| *x == e[0] && x.is_some_and(|x| x > epoch_before))
+    })
+    .unwrap_or_else(|err| panic!("{err:#}: {:?}", epochs()));
     let statuses: Vec<_> = (0..3)
         .map(|i| f.status(i).unwrap().fleet.unwrap())
         .collect();
-    assert!(
-        statuses
-            .iter()
-            .all(|s| s.epoch == statuses[0].epoch && s.epoch > epoch_before),
-        "{statuses:?}"
-    );
     assert_eq!(
         statuses.iter().filter(|s| s.role == "leader").count(),
         1,
@@ -248,13 +254,24 @@ fn losing_etcd_leaves_every_balancer_forwarding_with_its_last_table() {
     same_tables(&f, &[0, 1]);
     let prints: Vec<String> = (0..2).map(|i| f.fingerprint(i, "http4").unwrap()).collect();
     f.kill_etcd().unwrap();
-    // Longer than a lease: the leader steps down, nobody can lead.
-    std::thread::sleep(Duration::from_secs(5));
+    // The leader steps down (its lease cannot be renewed), nobody can lead, and both notice.
+    let noticed = f
+        .wait_for_status(
+            &[0, 1],
+            Duration::from_secs(10),
+            "without etcd and without a leader",
+            |s| {
+                s.fleet
+                    .as_ref()
+                    .is_some_and(|x| x.etcd != "ok" && x.role != "leader")
+            },
+        )
+        .unwrap();
+    // Longer than a lease (3 s) after etcd went: the tables stay.
+    std::thread::sleep(Duration::from_secs(4).saturating_sub(noticed));
     for (i, print) in prints.iter().enumerate() {
-        let s = f.status(i).unwrap();
-        let fleet = s.fleet.unwrap();
-        assert_ne!(fleet.etcd, "ok", "lb{} does not notice etcd is gone", i + 1);
-        assert_ne!(fleet.role, "leader", "lb{} still leads without etcd", i + 1);
+        let fleet = f.status(i).unwrap().fleet.unwrap();
+        assert_ne!(fleet.role, "leader", "lb{} leads without etcd", i + 1);
         assert_eq!(&f.fingerprint(i, "http4").unwrap(), print);
     }
     let served = f
@@ -274,7 +291,7 @@ fn losing_etcd_leaves_every_balancer_forwarding_with_its_last_table() {
 fn partitioning_the_leader_hands_over_without_two_leaders() {
     let f = fleet("fpart", 2);
     same_tables(&f, &[0, 1]);
-    let old = f.leader().expect("a leader");
+    let old = f.wait_for_leader(TIMEOUT).unwrap();
     let new = 1 - old;
     // Cut the leader off etcd (and only etcd).
     f.lbs[old]
@@ -312,6 +329,7 @@ fn partitioning_the_leader_hands_over_without_two_leaders() {
             balancer_tests::fleet::ETCD
         ))
         .unwrap();
+    let before = f.fingerprint(new, "http4").unwrap();
     let (code, out, err) = cli(
         &f,
         new,
@@ -324,11 +342,19 @@ fn partitioning_the_leader_hands_over_without_two_leaders() {
         ],
     );
     assert_eq!(code, 0, "{out}{err}");
-    std::thread::sleep(Duration::from_millis(500));
+    f.wait_for_status(&[0, 1], TIMEOUT, "on the new weight", |s| {
+        s.vips
+            .iter()
+            .any(|v| v.name == "http4" && v.table_fingerprint != before)
+    })
+    .unwrap();
+    f.wait_for_status(&[old], TIMEOUT, "following the new leader", |s| {
+        s.fleet.as_ref().is_some_and(|x| {
+            x.role == "follower" && x.leader.as_deref() == Some(format!("lb{}", new + 1).as_str())
+        })
+    })
+    .unwrap();
     same_tables(&f, &[0, 1]);
-    let s = f.status(old).unwrap().fleet.unwrap();
-    assert_eq!(s.role, "follower");
-    assert_eq!(s.leader.as_deref(), Some(format!("lb{}", new + 1).as_str()));
 }
 
 #[test]
@@ -384,13 +410,13 @@ fn cli(f: &Fleet, lb: usize, args: &[&str]) -> (i32, String, String) {
     )
 }
 
-/// The timestamp (RFC 3339 text, which sorts) of balancer `lb`'s first log line containing
+/// The timestamp (RFC 3339 text, which sorts) of balancer `lb`'s last log line containing
 /// `needle`.
 fn log_time(f: &Fleet, lb: usize, needle: &str) -> Option<String> {
     let text =
         std::fs::read_to_string(f.log_dir.join(format!("balancer-lb{}.log", lb + 1))).ok()?;
     text.lines()
-        .find(|l| l.contains(needle))
+        .rfind(|l| l.contains(needle))
         .and_then(|l| l.split_whitespace().next())
         .map(str::to_string)
 }

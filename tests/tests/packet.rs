@@ -259,6 +259,8 @@ fn idle_udp_flows_are_chosen_afresh() {
 #[test]
 #[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
 fn flood_mode_stops_inserting_and_uses_the_hash() {
+    // The flood window is per CPU.
+    pin_to_current_cpu();
     let mut h = Harness::with_settings(FIXTURE_CONFIG, |s| s.flood_threshold = 10).unwrap();
     let client = ip("10.9.3.3");
     let vip = ip("10.111.1.1");
@@ -275,7 +277,7 @@ fn flood_mode_stops_inserting_and_uses_the_hash() {
             "flood mode must still forward by the table"
         );
     }
-    // test_run runs on one CPU: 10 inserts, then flood mode.
+    // test_run runs on the calling thread's CPU: 10 inserts, then flood mode.
     assert_eq!(counter(&h, Counter::FloodActivations), 1);
     assert_eq!(counter(&h, Counter::FloodInsertsSkipped), 20);
     // Flows past the threshold were not tracked: after a drain they follow the new table.

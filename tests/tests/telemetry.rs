@@ -216,7 +216,7 @@ fn traffic_follows_the_weights_backends_report() {
         w.backends[0].signals.as_ref().unwrap().models,
         vec!["llama".to_string()]
     );
-    let observed = http_shares(&topo, VIP4.into(), 300);
+    let observed = http_shares(&topo, VIP4.into(), 600);
     println!("b1 saturated: shares {observed:?}");
     assert!(
         !observed.contains_key("b1"),
@@ -275,7 +275,15 @@ fn established_connections_survive_weights_changing_every_100ms() {
         write_atomically(f, &page(1, i));
     }
     wait_for_weights(&topo, "echo4", "scraped", |m| m.values().all(|w| *w > 0));
-    let changes_before = weight_changes(&topo);
+    // Every backend of both VIPs scraped at least once.
+    let started = Instant::now();
+    let changes_before = loop {
+        match weight_changes(&topo) {
+            Ok(n) => break n,
+            Err(e) if started.elapsed() > Duration::from_secs(10) => panic!("{e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    };
 
     const STREAMS: usize = 30;
     const SECONDS: u64 = 4;
@@ -333,28 +341,36 @@ fn established_connections_survive_weights_changing_every_100ms() {
         .expect("client thread")
         .expect("client namespace")
         .unwrap_or_else(|e| panic!("{e}\n{}", topo.logs()));
-    let changes = weight_changes(&topo) - changes_before;
+    let changes = weight_changes(&topo).unwrap() - changes_before;
+    let rounds = round - 2;
     println!(
-        "{round} page rounds, {changes} weight publications, {} distinct weight sets seen; streams per backend {per_backend:?}; new connections {newcomers:?}",
+        "{rounds} page rounds, {changes} weight publications, {} distinct weight sets seen; streams per backend {per_backend:?}; new connections {newcomers:?}",
         seen.len()
     );
     assert!(
         per_backend.len() >= 2,
         "all streams on one backend: {per_backend:?}"
     );
+    // Every round moves every backend's page: the weights follow in most of them (a round
+    // takes 100 ms plus a status read; a slow machine runs fewer in the same time).
+    assert!(rounds >= 8, "only {rounds} rounds of pages in {SECONDS} s");
     assert!(
-        changes >= (SECONDS * 10 / 2) as f64,
-        "the weights changed only {changes} times in {SECONDS} s of 100 ms rounds"
+        changes >= (rounds / 2) as f64,
+        "the weights changed only {changes} times in {rounds} rounds of new pages"
     );
-    assert!(seen.len() >= 10, "weights barely moved: {seen:?}");
+    assert!(
+        seen.len() >= (rounds / 4).min(10),
+        "weights barely moved in {rounds} rounds: {seen:?}"
+    );
     assert!(
         newcomers.values().sum::<usize>() > 20,
         "too few new connections: {newcomers:?}"
     );
 }
 
-/// The daemon's count of weight publications for echo4 and echo6.
-fn weight_changes(topo: &Topology) -> f64 {
+/// The daemon's count of weight publications for echo4 and echo6, once the metrics page shows
+/// every backend's scraped figures (an error names the first one missing).
+fn weight_changes(topo: &Topology) -> Result<f64, String> {
     let text = topo
         .lb
         .run_in(|| -> Result<String, String> {
@@ -384,9 +400,11 @@ fn weight_changes(topo: &Topology) -> f64 {
         "balancer_backend_reports_total{backend=\"10.111.0.13\",result=\"success\",vip=\"echo4\"}",
         "# TYPE balancer_weight_publish_seconds histogram",
     ] {
-        assert!(text.contains(name), "metrics page lacks {name}:\n{text}");
+        if !text.contains(name) {
+            return Err(format!("metrics page lacks {name}:\n{text}"));
+        }
     }
-    total
+    Ok(total)
 }
 
 #[test]

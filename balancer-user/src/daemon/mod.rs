@@ -241,6 +241,11 @@ fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener> {
 
 /// Runs the daemon until SIGINT or SIGTERM (the program keeps forwarding) or an API stop.
 pub async fn run(opts: RunOptions) -> Result<()> {
+    // Handlers first: a signal that arrives while the daemon starts waits for the main loop
+    // (SIGHUP's default action would end the process; SIGTERM's would skip the shutdown).
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut hangup = signal(SignalKind::hangup())?;
     let daemon = {
         let opts = opts.clone();
         tokio::task::spawn_blocking(move || start(&opts)).await??
@@ -326,9 +331,6 @@ pub async fn run(opts: RunOptions) -> Result<()> {
         "balancer ready: XDP program attached"
     );
 
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut terminate = signal(SignalKind::terminate())?;
-    let mut hangup = signal(SignalKind::hangup())?;
     let mut second = tokio::time::interval(Duration::from_secs(1));
     // Flow counts feed status, metrics and the connection-aware policies.
     let mut flows_every = tokio::time::interval(Duration::from_secs(1));
