@@ -442,21 +442,18 @@ impl Fleet {
 
     /// Waits until the router's route to the VIP has `n` paths; the time it took.
     pub fn wait_for_paths(&self, n: usize, timeout: Duration) -> Result<Duration> {
-        let started = Instant::now();
-        loop {
-            let paths = self.router_paths()?;
-            if paths.len() == n {
-                return Ok(started.elapsed());
-            }
-            if started.elapsed() > timeout {
-                bail!(
-                    "the router has {} path(s) to the VIP ({paths:?}), not {n}, after {timeout:?}:\n{}",
-                    paths.len(),
-                    self.logs()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        if let Some(((), took)) = poll(timeout, || {
+            self.router_paths()
+                .is_ok_and(|p| p.len() == n)
+                .then_some(())
+        }) {
+            return Ok(took);
         }
+        bail!(
+            "the router's paths to the VIP are {:?}, not {n}, after {timeout:?}:\n{}",
+            self.router_paths(),
+            self.logs()
+        )
     }
 
     /// Waits until `f` holds for the status of every running balancer in `lbs`.
@@ -467,76 +464,72 @@ impl Fleet {
         what: &str,
         f: impl Fn(&Status) -> bool,
     ) -> Result<Duration> {
-        let started = Instant::now();
-        loop {
-            let ok = lbs.iter().all(|i| self.status(*i).is_ok_and(|s| f(&s)));
-            if ok {
-                return Ok(started.elapsed());
-            }
-            if started.elapsed() > timeout {
-                let statuses: Vec<String> = lbs
-                    .iter()
-                    .map(|i| {
-                        format!(
-                            "lb{}: {:?}",
-                            i + 1,
-                            self.status(*i).map(|s| (s.fleet, s.bgp))
-                        )
-                    })
-                    .collect();
-                bail!(
-                    "not {what} within {timeout:?}: {}\n{}",
-                    statuses.join("\n"),
-                    self.logs()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        if let Some(((), took)) = poll(timeout, || {
+            lbs.iter()
+                .all(|i| self.status(*i).is_ok_and(|s| f(&s)))
+                .then_some(())
+        }) {
+            return Ok(took);
         }
+        let statuses: Vec<String> = lbs
+            .iter()
+            .map(|i| {
+                format!(
+                    "lb{}: {:?}",
+                    i + 1,
+                    self.status(*i).map(|s| (s.fleet, s.bgp))
+                )
+            })
+            .collect();
+        bail!(
+            "not {what} within {timeout:?}: {}\n{}",
+            statuses.join("\n"),
+            self.logs()
+        )
     }
 
-    /// The balancer that leads the fleet, as its own status says.
     /// Waits until exactly one balancer leads and every one names it as the leader (an
     /// election and the followers' next poll); returns its index.
     pub fn wait_for_leader(&self, timeout: Duration) -> Result<usize> {
-        let started = Instant::now();
-        loop {
-            let fleets: Vec<Option<balancer::fleet::FleetStatus>> = (0..self.lbs.len())
+        let fleets = || -> Vec<Option<balancer::fleet::FleetStatus>> {
+            (0..self.lbs.len())
                 .map(|i| self.status(i).ok().and_then(|s| s.fleet))
-                .collect();
+                .collect()
+        };
+        let agreed = poll(timeout, || {
+            let fleets = fleets();
             let leaders: Vec<usize> = (0..self.lbs.len())
                 .filter(|i| fleets[*i].as_ref().is_some_and(|f| f.role == "leader"))
                 .collect();
-            if let [one] = leaders[..] {
-                let name = format!("lb{}", one + 1);
-                if fleets
-                    .iter()
-                    .all(|f| f.as_ref().and_then(|f| f.leader.as_deref()) == Some(&name))
-                {
-                    return Ok(one);
-                }
-            }
-            if started.elapsed() > timeout {
-                bail!("no single leader named by every balancer within {timeout:?}: {fleets:?}");
-            }
-            std::thread::sleep(Duration::from_millis(50));
+            let [one] = leaders[..] else {
+                return None;
+            };
+            let name = format!("lb{}", one + 1);
+            fleets
+                .iter()
+                .all(|f| f.as_ref().and_then(|f| f.leader.as_deref()) == Some(&name))
+                .then_some(one)
+        });
+        match agreed {
+            Some((one, _)) => Ok(one),
+            None => bail!(
+                "no single leader named by every balancer within {timeout:?}: {:?}",
+                fleets()
+            ),
         }
     }
 
-    /// Waits until `done` holds (a condition over several balancers), polling every 50 ms.
+    /// Waits until `done` holds (a condition over several balancers).
     pub fn wait_until(
         &self,
         timeout: Duration,
         what: &str,
         done: impl Fn() -> bool,
     ) -> Result<Duration> {
-        let started = Instant::now();
-        while !done() {
-            if started.elapsed() > timeout {
-                bail!("not {what} within {timeout:?}\n{}", self.logs());
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        match poll(timeout, || done().then_some(())) {
+            Some(((), took)) => Ok(took),
+            None => bail!("not {what} within {timeout:?}\n{}", self.logs()),
         }
-        Ok(started.elapsed())
     }
 
     pub fn process(&mut self, name: &str) -> Option<&mut Process> {
@@ -586,6 +579,21 @@ impl Fleet {
         self.kill(&format!("bird-lb{}", i + 1))?;
         self.kill(&format!("balancer-lb{}", i + 1))?;
         Ok(())
+    }
+}
+
+/// Calls `check` every 50 ms until it gives a value, for at most `timeout`; the value and the
+/// time it took.
+fn poll<T>(timeout: Duration, mut check: impl FnMut() -> Option<T>) -> Option<(T, Duration)> {
+    let started = Instant::now();
+    loop {
+        if let Some(value) = check() {
+            return Some((value, started.elapsed()));
+        }
+        if started.elapsed() > timeout {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

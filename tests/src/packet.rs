@@ -275,18 +275,9 @@ pub fn tcp_frame(
     syn: bool,
     payload: &[u8],
 ) -> Vec<u8> {
-    let eth = PacketBuilder::ethernet2(CLIENT_MAC, LB_MAC);
-    let mut out = Vec::new();
-    let step = match (client, dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => eth
-            .ipv4(s.octets(), d.octets(), 64)
-            .tcp(sport, dport, 1000, 65535),
-        (IpAddr::V6(s), IpAddr::V6(d)) => eth
-            .ipv6(s.octets(), d.octets(), 64)
-            .tcp(sport, dport, 1000, 65535),
-        _ => panic!("mixed families"),
-    };
+    let step = tcp_builder(client, sport, dst, dport);
     let step = if syn { step.syn() } else { step.ack(1) };
+    let mut out = Vec::new();
     step.write(&mut out, payload).expect("build TCP frame");
     out
 }
@@ -300,9 +291,23 @@ pub fn tcp_flags_frame(
     fin: bool,
     rst: bool,
 ) -> Vec<u8> {
-    let eth = PacketBuilder::ethernet2(CLIENT_MAC, LB_MAC);
+    let step = tcp_builder(client, sport, dst, dport).ack(1);
+    let step = if fin { step.fin() } else { step };
+    let step = if rst { step.rst() } else { step };
     let mut out = Vec::new();
-    let step = match (client, dst) {
+    step.write(&mut out, &[]).expect("build TCP frame");
+    out
+}
+
+/// Ethernet + IPv4/IPv6 + TCP headers from the client to `dst`, flags still to set.
+fn tcp_builder(
+    client: IpAddr,
+    sport: u16,
+    dst: IpAddr,
+    dport: u16,
+) -> etherparse::PacketBuilderStep<etherparse::TcpHeader> {
+    let eth = PacketBuilder::ethernet2(CLIENT_MAC, LB_MAC);
+    match (client, dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => eth
             .ipv4(s.octets(), d.octets(), 64)
             .tcp(sport, dport, 1000, 65535),
@@ -310,12 +315,7 @@ pub fn tcp_flags_frame(
             .ipv6(s.octets(), d.octets(), 64)
             .tcp(sport, dport, 1000, 65535),
         _ => panic!("mixed families"),
-    };
-    let step = step.ack(1);
-    let step = if fin { step.fin() } else { step };
-    let step = if rst { step.rst() } else { step };
-    step.write(&mut out, &[]).expect("build TCP frame");
-    out
+    }
 }
 
 /// Which backend an L2 DSR output frame went to, from its destination MAC.

@@ -133,35 +133,10 @@ fn a_weight_change_published_once_is_applied_by_every_balancer() {
     same_tables(&f, &[0, 1, 2]);
     let leader = f.wait_for_leader(TIMEOUT).unwrap();
     let follower = (leader + 1) % 3;
-    let before = f.fingerprint(follower, "http4").unwrap();
     let epoch_before = f.status(follower).unwrap().fleet.unwrap().epoch;
     // One change, on the leader.
     let started = Instant::now();
-    let (code, out, err) = cli(
-        &f,
-        leader,
-        &[
-            "backend",
-            "set-weight",
-            "http4",
-            &backend_addr(0).to_string(),
-            "300",
-        ],
-    );
-    assert_eq!(code, 0, "{out}{err}");
-    let applied = f
-        .wait_for_status(
-            &[0, 1, 2],
-            Duration::from_secs(5),
-            "on the new weights",
-            |s| {
-                s.vips
-                    .iter()
-                    .any(|v| v.name == "http4" && v.table_fingerprint != before)
-            },
-        )
-        .unwrap();
-    same_tables(&f, &[0, 1, 2]);
+    let applied = set_weight_everywhere(&f, leader, 0, 300, &[0, 1, 2], Duration::from_secs(5));
     // The followers report the epoch with their next poll after applying it.
     let epochs = || -> Vec<Option<u64>> {
         (0..3)
@@ -329,32 +304,13 @@ fn partitioning_the_leader_hands_over_without_two_leaders() {
             balancer_tests::fleet::ETCD
         ))
         .unwrap();
-    let before = f.fingerprint(new, "http4").unwrap();
-    let (code, out, err) = cli(
-        &f,
-        new,
-        &[
-            "backend",
-            "set-weight",
-            "http4",
-            &backend_addr(1).to_string(),
-            "50",
-        ],
-    );
-    assert_eq!(code, 0, "{out}{err}");
-    f.wait_for_status(&[0, 1], TIMEOUT, "on the new weight", |s| {
-        s.vips
-            .iter()
-            .any(|v| v.name == "http4" && v.table_fingerprint != before)
-    })
-    .unwrap();
+    set_weight_everywhere(&f, new, 1, 50, &[0, 1], TIMEOUT);
     f.wait_for_status(&[old], TIMEOUT, "following the new leader", |s| {
         s.fleet.as_ref().is_some_and(|x| {
             x.role == "follower" && x.leader.as_deref() == Some(format!("lb{}", new + 1).as_str())
         })
     })
     .unwrap();
-    same_tables(&f, &[0, 1]);
 }
 
 #[test]
@@ -392,6 +348,41 @@ fn drain_shutdown_and_a_bird_restart_move_the_announcement() {
     let t = f.wait_for_paths(1, Duration::from_secs(5)).unwrap();
     assert_eq!(f.router_paths().unwrap(), vec![lb_addr(1)]);
     println!("daemon shut down: lb1's path withdrawn after {t:?}");
+}
+
+/// Sets backend `backend`'s weight in http4 through balancer `on`'s CLI, and waits until
+/// every balancer of `lbs` has a new http4 table (within `within`), all the same one; returns
+/// how long that took.
+fn set_weight_everywhere(
+    f: &Fleet,
+    on: usize,
+    backend: usize,
+    weight: u32,
+    lbs: &[usize],
+    within: Duration,
+) -> Duration {
+    let before = f.fingerprint(on, "http4").unwrap();
+    let (code, out, err) = cli(
+        f,
+        on,
+        &[
+            "backend",
+            "set-weight",
+            "http4",
+            &backend_addr(backend).to_string(),
+            &weight.to_string(),
+        ],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let applied = f
+        .wait_for_status(lbs, within, "on the new weight", |s| {
+            s.vips
+                .iter()
+                .any(|v| v.name == "http4" && v.table_fingerprint != before)
+        })
+        .unwrap();
+    same_tables(f, lbs);
+    applied
 }
 
 fn cli(f: &Fleet, lb: usize, args: &[&str]) -> (i32, String, String) {

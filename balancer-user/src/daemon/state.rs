@@ -63,12 +63,14 @@ struct Sampled {
 const RATE_INTERVAL: Duration = Duration::from_millis(100);
 
 impl Sampled {
-    /// The next reading: `totals` now, and new rates when `rates` is `Some(seconds since the
-    /// last rate base)` (`Some(None)`: the first reading, rates 0), else the last rates.
-    fn next(self, totals: TrafficStats, rates: Option<Option<f64>>) -> Sampled {
-        let Some(seconds) = rates else {
-            return Sampled { totals, ..self };
-        };
+    /// A reading inside the rate interval: new totals, the last rates.
+    fn with_totals(self, totals: TrafficStats) -> Sampled {
+        Sampled { totals, ..self }
+    }
+
+    /// A reading that ends a rate interval of `seconds` (`None`: the first reading, rates 0)
+    /// and starts the next one.
+    fn with_rates(self, totals: TrafficStats, seconds: Option<f64>) -> Sampled {
         let base = self.rate_base;
         let (pps, bps) = match seconds {
             Some(s) if totals.packets >= base.packets && totals.bytes >= base.bytes => (
@@ -668,7 +670,11 @@ impl Daemon {
         let seconds = elapsed.map(|e| e.as_secs_f64()).filter(|s| *s > 0.0);
         let update = |map: &mut HashMap<u32, Sampled>, id: u32, totals: TrafficStats| {
             let previous = map.get(&id).copied().unwrap_or_default();
-            let sampled = previous.next(totals, new_rates.then_some(seconds));
+            let sampled = if new_rates {
+                previous.with_rates(totals, seconds)
+            } else {
+                previous.with_totals(totals)
+            };
             map.insert(id, sampled);
         };
         let vips: Vec<(u32, Vec<u32>)> = self
@@ -1189,23 +1195,23 @@ mod tests {
     #[test]
     fn counters_are_always_fresh_and_rates_move_only_at_a_new_interval() {
         // First reading: totals, no rate yet.
-        let first = Sampled::default().next(traffic(10, 1000, 2), Some(None));
+        let first = Sampled::default().with_rates(traffic(10, 1000, 2), None);
         assert_eq!(first.totals, traffic(10, 1000, 2));
         assert_eq!((first.pps, first.bps), (0.0, 0.0));
         // Half a second later: rates over the interval.
-        let second = first.next(traffic(60, 6000, 7), Some(Some(0.5)));
+        let second = first.with_rates(traffic(60, 6000, 7), Some(0.5));
         assert_eq!((second.pps, second.bps), (100.0, 80_000.0));
         // A reading inside the rate interval: new totals (what a status right after
         // traffic must show), the last rates, the same rate base.
-        let third = second.next(traffic(80, 8000, 9), None);
+        let third = second.with_totals(traffic(80, 8000, 9));
         assert_eq!(third.totals.new_flows, 9);
         assert_eq!((third.pps, third.bps), (100.0, 80_000.0));
         assert_eq!(third.rate_base, traffic(60, 6000, 7));
         // The next interval counts from the rate base, not from the reading in between.
-        let fourth = third.next(traffic(110, 11_000, 9), Some(Some(1.0)));
+        let fourth = third.with_rates(traffic(110, 11_000, 9), Some(1.0));
         assert_eq!((fourth.pps, fourth.bps), (50.0, 40_000.0));
         // Counters that went backwards (a map recreated): no negative rate.
-        let fifth = fourth.next(traffic(5, 500, 1), Some(Some(1.0)));
+        let fifth = fourth.with_rates(traffic(5, 500, 1), Some(1.0));
         assert_eq!((fifth.pps, fifth.bps), (0.0, 0.0));
     }
 }
