@@ -696,6 +696,8 @@ pub struct RawPolicy {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_saturation: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_saturation: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub min_free_gpu_memory_mib: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stale_after_ms: Option<i64>,
@@ -1787,6 +1789,10 @@ fn validate_policy(raw: Option<RawPolicy>, label: &str) -> Result<PolicyConfig, 
         hysteresis: unit(raw.hysteresis, d.hysteresis, 0.0, "hysteresis")?,
         floor: unit(raw.floor, d.floor, 0.0, "floor")?,
         kv_saturation: unit(raw.kv_saturation, d.kv_saturation, 0.01, "kv_saturation")?,
+        queue_saturation: match raw.queue_saturation {
+            Some(v) => int_in(v, 0, 1_000_000, &key("queue_saturation"))?,
+            None => d.queue_saturation,
+        },
         min_free_gpu_memory_bytes: match raw.min_free_gpu_memory_mib {
             Some(v) => {
                 int_in::<i64>(v, 0, 1 << 30, &key("min_free_gpu_memory_mib"))? as f64 * 1048576.0
@@ -1828,6 +1834,7 @@ fn policy_to_raw(p: &PolicyConfig) -> RawPolicy {
         hysteresis: Some(p.hysteresis),
         floor: Some(p.floor),
         kv_saturation: Some(p.kv_saturation),
+        queue_saturation: Some(i64::from(p.queue_saturation)),
         min_free_gpu_memory_mib: Some((p.min_free_gpu_memory_bytes / 1048576.0) as i64),
         stale_after_ms: Some(p.stale_after.as_millis() as i64),
         stale: Some(match p.stale {

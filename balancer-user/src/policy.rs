@@ -5,8 +5,9 @@
 //! A round, for each backend:
 //! 1. **Stale** reports (older than `stale_after`, or none yet) make it saturated (weight 0) or
 //!    keep its last weight, as configured.
-//! 2. **Saturation**: KV-cache use at or above `kv_saturation`, or free GPU memory below
-//!    `min_free_gpu_memory`, gives weight 0 at once: no new flows, established ones continue.
+//! 2. **Saturation**: KV-cache use at or above `kv_saturation`, a queue of `queue_saturation`
+//!    waiting requests or more, or free GPU memory below `min_free_gpu_memory`, gives weight 0
+//!    at once: no new flows, established ones continue.
 //! 3. **Score** by policy, times the backend's capacity (its configured weight, scaled by its
 //!    KV capacity against the pool's mean when backends report one, so a bigger GPU takes more):
 //!    `least-conn` 1/(1 + flows); `least-latency` 1/TTFT; `gpu` free GPU-memory fraction (or
@@ -123,6 +124,8 @@ pub struct PolicyConfig {
     pub floor: f64,
     /// KV-cache use at or above which a backend takes no new flows.
     pub kv_saturation: f64,
+    /// Requests waiting at or above which a backend takes no new flows (0 = off).
+    pub queue_saturation: u32,
     /// Free GPU memory below which a backend takes no new flows (0 = off).
     pub min_free_gpu_memory_bytes: f64,
     pub stale_after: Duration,
@@ -140,6 +143,7 @@ impl Default for PolicyConfig {
             hysteresis: 0.05,
             floor: 0.05,
             kv_saturation: 0.95,
+            queue_saturation: 0,
             min_free_gpu_memory_bytes: 0.0,
             stale_after: Duration::from_millis(1000),
             stale: StaleMode::Saturated,
@@ -247,6 +251,14 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
                     "saturated: KV cache {} >= {}",
                     pct(kv),
                     pct(cfg.kv_saturation)
+                ));
+            }
+            if cfg.queue_saturation > 0
+                && let Some(waiting) = s.waiting.filter(|w| *w >= f64::from(cfg.queue_saturation))
+            {
+                return Verdict::Zero(format!(
+                    "saturated: {waiting:.0} requests waiting >= {}",
+                    cfg.queue_saturation
                 ));
             }
             if cfg.min_free_gpu_memory_bytes > 0.0
@@ -485,6 +497,32 @@ mod tests {
             d[0].reason
         );
         assert!(d[1].weight > 0);
+    }
+
+    #[test]
+    fn a_long_queue_gets_no_new_flows_when_a_cut_off_is_set() {
+        let queue = |waiting| Signals {
+            kv_usage: Some(0.3),
+            running: Some(4.0),
+            waiting: Some(waiting),
+            ..Signals::default()
+        };
+        let inputs = [input(1, queue(6.0)), input(2, queue(1.0))];
+        // Off by default: a long queue only lowers the weight.
+        let d = decide(
+            &cfg(PolicyKind::Composite),
+            &inputs,
+            &mut PolicyState::default(),
+        );
+        assert!(d[0].weight > 0 && d[0].weight < d[1].weight, "{d:?}");
+        let c = PolicyConfig {
+            queue_saturation: 6,
+            ..cfg(PolicyKind::Composite)
+        };
+        let d = decide(&c, &inputs, &mut PolicyState::default());
+        assert_eq!(d[0].weight, 0);
+        assert_eq!(d[0].reason, "saturated: 6 requests waiting >= 6");
+        assert!(d[1].weight > 0, "{d:?}");
     }
 
     #[test]

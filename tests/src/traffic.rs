@@ -45,6 +45,25 @@ pub fn http_get_path(addr: SocketAddr, path: &str, timeout: Duration) -> Result<
         .unwrap_or_default())
 }
 
+/// `GET path` on a fresh connection; the status code and the body.
+pub fn http_get_status(addr: SocketAddr, path: &str, timeout: Duration) -> Result<(u16, String)> {
+    let mut stream = connect(addr, timeout)?;
+    stream.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+    )?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply)?;
+    let (head, body) = reply
+        .split_once("\r\n\r\n")
+        .with_context(|| format!("malformed HTTP reply from {addr}{path}"))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .with_context(|| format!("no status in the reply from {addr}{path}: {head:?}"))?;
+    Ok((status, body.to_string()))
+}
+
 /// One HTTP GET on a fresh connection from the local address `src` (which must be assigned
 /// to an interface of the namespace); returns the body.
 pub fn http_get_from(src: std::net::IpAddr, addr: SocketAddr, timeout: Duration) -> Result<String> {

@@ -1,6 +1,7 @@
 //! `cargo xtask`: project tasks. Depends on nothing that needs the eBPF toolchain, so it builds
 //! on a fresh machine and can install that toolchain (`setup`) before anything else builds.
 
+mod real_servers;
 mod setup;
 
 use std::path::{Path, PathBuf};
@@ -29,8 +30,9 @@ enum Task {
         #[arg(long)]
         release: bool,
     },
-    /// Setup, then unit tests, then the root-only packet, network-namespace, reliability and fleet
-    /// tests, then (without a filter) every fuzz target for `--fuzz-secs` seconds.
+    /// Setup (the first run also installs the real vLLM from PyPI), then unit tests, then the
+    /// root-only packet, network-namespace, reliability, fleet and real-vLLM tests, then (without
+    /// a filter) every fuzz target for `--fuzz-secs` seconds.
     Test {
         /// Only run tests whose name contains this.
         filter: Option<String>,
@@ -47,7 +49,12 @@ enum Task {
         fuzz_secs: u32,
     },
     /// Setup, build, then run the demo: a rack in network namespaces with real traffic.
-    Demo,
+    Demo {
+        /// Run the LLM part on two real vLLM servers (CPU build, tiny model) instead of the
+        /// simulated GPUs.
+        #[arg(long)]
+        real_vllm: bool,
+    },
     /// Run a benchmark (release build), or all of them without a name; figures go to
     /// target/bench/<name>.json.
     Bench {
@@ -72,7 +79,7 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.task {
-        Task::Setup => setup::run(),
+        Task::Setup => setup::run(setup::RealServers::Required),
         Task::Build { release } => build(release),
         Task::Test {
             filter,
@@ -86,7 +93,7 @@ fn run(cli: Cli) -> Result<()> {
                 test(filter.as_deref(), unit_only, fuzz_secs)
             }
         }
-        Task::Demo => demo(),
+        Task::Demo { real_vllm } => demo(real_vllm),
         Task::Bench { name, args } => bench(name.as_deref(), &args),
     }
 }
@@ -101,9 +108,15 @@ pub fn root() -> PathBuf {
 
 /// Runs `cargo` with `args` in the workspace root, failing on a non-zero exit.
 pub fn cargo(args: &[&str]) -> Result<()> {
+    cargo_with_env(args, &[])
+}
+
+/// [`cargo`] with extra environment variables.
+pub fn cargo_with_env(args: &[&str], envs: &[(&str, &Path)]) -> Result<()> {
     println!("xtask: cargo {}", args.join(" "));
     let status = Command::new(env!("CARGO"))
         .args(args)
+        .envs(envs.iter().copied())
         .current_dir(root())
         .status()
         .context("running cargo")?;
@@ -131,7 +144,7 @@ fn is_root() -> bool {
 }
 
 fn test(filter: Option<&str>, unit_only: bool, fuzz_secs: u32) -> Result<()> {
-    setup::run()?;
+    setup::run(setup::RealServers::Required)?;
     build(false)?;
     let mut unit = vec!["test", "--workspace"];
     if let Some(f) = filter {
@@ -158,7 +171,8 @@ fn test(filter: Option<&str>, unit_only: bool, fuzz_secs: u32) -> Result<()> {
     if let Some(f) = filter {
         integration.push(f);
     }
-    cargo(&integration)?;
+    let vllm = real_servers::cache_dir().join("vllm");
+    cargo_with_env(&integration, &[("BALANCER_VLLM_ENV", &vllm)])?;
     if filter.is_none() {
         fuzz(fuzz_secs)?;
     }
@@ -167,7 +181,7 @@ fn test(filter: Option<&str>, unit_only: bool, fuzz_secs: u32) -> Result<()> {
 
 /// The reliability suite alone: its tests, the restart test, the million-frame sweep, fuzzing.
 fn reliability_suite(fuzz_secs: u32) -> Result<()> {
-    setup::run()?;
+    setup::run(setup::RealServers::Optional)?;
     build(false)?;
     if !is_root() {
         bail!("the reliability suite needs root (BPF, namespaces)");
@@ -233,12 +247,21 @@ fn fuzz(secs: u32) -> Result<()> {
     Ok(())
 }
 
-fn demo() -> Result<()> {
-    setup::run()?;
+fn demo(real_vllm: bool) -> Result<()> {
+    setup::run(if real_vllm {
+        setup::RealServers::Required
+    } else {
+        setup::RealServers::Optional
+    })?;
     build(false)?;
     let bin = root().join("target/debug/balancer-demo");
     println!("xtask: {}", bin.display());
-    let status = Command::new(&bin)
+    let mut cmd = Command::new(&bin);
+    if real_vllm {
+        cmd.arg("--real-vllm")
+            .env("BALANCER_VLLM_ENV", real_servers::cache_dir().join("vllm"));
+    }
+    let status = cmd
         .current_dir(root())
         .status()
         .with_context(|| format!("running {}", bin.display()))?;
@@ -263,7 +286,7 @@ fn bench(name: Option<&str>, args: &[String]) -> Result<()> {
         None if !args.is_empty() => bail!("extra arguments need a benchmark name"),
         None => ALL.to_vec(),
     };
-    setup::run()?;
+    setup::run(setup::RealServers::Optional)?;
     build(true)?;
     let bin = root().join("target/release/balancer-bench");
     for name in names {

@@ -6,6 +6,7 @@
 //!    "Invalid record", so it is checked here and reported plainly.
 //! 3. bpf-linker 0.13.0 built against the system's LLVM 22 (`llvm-22-dev` and friends).
 //! 4. The BPF filesystem at /sys/fs/bpf.
+//! 5. The real-vLLM test environment (Python, from PyPI; see `real_servers`).
 
 use std::process::{Command, Stdio};
 
@@ -222,8 +223,18 @@ fn ensure_bpffs() -> Result<()> {
     run_cmd("mount", &["-t", "bpf", "bpf", "/sys/fs/bpf"], &[])
 }
 
+/// Whether the task at hand needs the real inference servers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RealServers {
+    /// A failure to install them fails setup (`setup`, `test`, `demo --real-vllm`).
+    Required,
+    /// Installed when possible; a failure is a warning (the demo and benchmarks on simulated
+    /// servers).
+    Optional,
+}
+
 /// Runs every setup step.
-pub fn run() -> Result<()> {
+pub fn run(real_servers: RealServers) -> Result<()> {
     let mut updated = false;
     install_packages(HOST_PACKAGES, &mut updated)?;
     ensure_nightly()?;
@@ -233,6 +244,13 @@ pub fn run() -> Result<()> {
         step(&format!(
             "warning: could not mount bpffs ({e:#}); pinning will not work"
         ));
+    }
+    match (crate::real_servers::ensure(), real_servers) {
+        (Ok(_), _) => {}
+        (Err(e), RealServers::Required) => return Err(e.context("setting up the real vLLM")),
+        (Err(e), RealServers::Optional) => step(&format!(
+            "warning: no real-vLLM environment ({e:#}); only the simulated servers can run"
+        )),
     }
     step("done");
     Ok(())

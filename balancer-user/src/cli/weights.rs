@@ -41,8 +41,18 @@ pub fn run(args: WeightsArgs) -> anyhow::Result<ExitCode> {
             v.vip, v.policy, v.telemetry
         );
         println!(
-            "{:<26} {:>6} {:>5} {:>6} {:>5} {:>5} {:>9} {:>8} {:>6} {:>7}  REASON",
-            "BACKEND", "WEIGHT", "CONF", "KV", "RUN", "WAIT", "GPU FREE", "TOK/S", "FLOWS", "AGE"
+            "{:<26} {:>6} {:>5} {:>6} {:>5} {:>5} {:>9} {:>8} {:>6} {:>6} {:>7}  REASON",
+            "BACKEND",
+            "WEIGHT",
+            "CONF",
+            "KV",
+            "RUN",
+            "WAIT",
+            "GPU FREE",
+            "TOK/S",
+            "PREFIX",
+            "FLOWS",
+            "AGE"
         );
         for b in &v.backends {
             let s = b.signals.clone().unwrap_or_default();
@@ -55,7 +65,7 @@ pub fn run(args: WeightsArgs) -> anyhow::Result<ExitCode> {
                 reason.push_str(&format!(" (last error: {e})"));
             }
             println!(
-                "{:<26} {:>6} {:>5} {:>6} {:>5} {:>5} {:>9} {:>8} {:>6} {:>7}  {}",
+                "{:<26} {:>6} {:>5} {:>6} {:>5} {:>5} {:>9} {:>8} {:>6} {:>6} {:>7}  {}",
                 b.address.to_string(),
                 b.weight,
                 b.configured_weight,
@@ -64,6 +74,7 @@ pub fn run(args: WeightsArgs) -> anyhow::Result<ExitCode> {
                 opt(s.waiting, &|v| format!("{v:.0}")),
                 opt(s.gpu_memory_free_bytes(), &|v| format!("{:.1}G", v / 1e9)),
                 opt(s.tokens_per_second, &|v| format!("{v:.0}")),
+                opt(s.prefix_cache_hit_rate, &|v| format!("{:.0}%", v * 100.0)),
                 b.flows,
                 b.report_age_ms
                     .map(|a| format!("{a}ms"))

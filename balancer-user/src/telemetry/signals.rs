@@ -3,8 +3,9 @@
 //!
 //! | server | metrics read |
 //! | --- | --- |
-//! | vLLM | `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (older `vllm:gpu_cache_usage_perc`), `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`, `vllm:cache_config_info` (`num_gpu_blocks` x `block_size`), `vllm:time_to_first_token_seconds`, label `model_name`; per-`engine` series are summed |
-//! | SGLang | `sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:token_usage`, `sglang:gen_throughput`, `sglang:prompt_tokens_total`, `sglang:generation_tokens_total` |
+//! | vLLM | `vllm:num_requests_running`, `vllm:num_requests_waiting` (not `..._waiting_by_reason`, a breakdown of the same queue), `vllm:kv_cache_usage_perc` (before 0.12 also `vllm:gpu_cache_usage_perc`), `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`, `vllm:cache_config_info` (`num_gpu_blocks` x `block_size`), `vllm:time_to_first_token_seconds`, `vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total` (before 0.11 `vllm:gpu_prefix_cache_*`), label `model_name`; per-`engine` series are summed |
+//! | SGLang | `sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:token_usage`, `sglang:gen_throughput`, `sglang:cache_hit_rate`, `sglang:prompt_tokens_total`, `sglang:generation_tokens_total` |
+//! | llama.cpp (`llama-server --metrics`) | `llamacpp:requests_processing`, `llamacpp:requests_deferred`, `llamacpp:prompt_tokens_total`, `llamacpp:tokens_predicted_total`, and where a version exports them `llamacpp:kv_cache_usage_ratio`, `llamacpp:kv_cache_tokens` |
 //! | TGI | `tgi_queue_size`, `tgi_batch_current_size`, `tgi_batch_current_max_tokens`, `tgi_batch_max_total_tokens` |
 //! | Triton | `nv_inference_pending_request_count`, `nv_gpu_memory_used_bytes`, `nv_gpu_memory_total_bytes` |
 //! | TensorRT-LLM | `trtllm_num_requests_waiting`, `trtllm_num_requests_running`, `trtllm_kv_cache_utilization` |
@@ -50,6 +51,9 @@ pub struct Signals {
     /// Mean time to first token over the last interval, seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttft_seconds: Option<f64>,
+    /// Share of prompt tokens found in the prefix cache over the last interval, 0..1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_cache_hit_rate: Option<f64>,
     /// Models served (`model_name` labels).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub models: Vec<String>,
@@ -59,6 +63,10 @@ pub struct Signals {
     /// TTFT histogram sum and count, for the interval mean; not reported by push.
     #[serde(skip)]
     pub ttft_sum_count: Option<(f64, f64)>,
+    /// Prefix-cache hit and query counters (tokens), for the interval hit rate; not reported
+    /// by push.
+    #[serde(skip)]
+    pub prefix_cache_counts: Option<(f64, f64)>,
 }
 
 impl Signals {
@@ -83,8 +91,10 @@ impl Signals {
             waiting,
             tokens_per_second,
             ttft_seconds,
+            prefix_cache_hit_rate,
             tokens_total,
-            ttft_sum_count
+            ttft_sum_count,
+            prefix_cache_counts
         );
         for m in other.models {
             if !self.models.contains(&m) {
@@ -143,6 +153,7 @@ pub fn extract(samples: &[Sample]) -> Signals {
                 "sglang:num_running_reqs",
                 "trtllm_num_requests_running",
                 "tgi_batch_current_size",
+                "llamacpp:requests_processing",
             ],
             sum,
         ),
@@ -154,6 +165,7 @@ pub fn extract(samples: &[Sample]) -> Signals {
                 "trtllm_num_requests_waiting",
                 "tgi_queue_size",
                 "nv_inference_pending_request_count",
+                "llamacpp:requests_deferred",
             ],
             sum,
         ),
@@ -164,11 +176,18 @@ pub fn extract(samples: &[Sample]) -> Signals {
                 "vllm:gpu_cache_usage_perc",
                 "sglang:token_usage",
                 "trtllm_kv_cache_utilization",
+                "llamacpp:kv_cache_usage_ratio",
             ],
             mean,
         )
         .map(fraction),
         tokens_per_second: sum(samples, "sglang:gen_throughput"),
+        prefix_cache_hit_rate: first_of(
+            samples,
+            &["sglang:cache_hit_rate", "vllm:gpu_prefix_cache_hit_rate"],
+            mean,
+        )
+        .map(fraction),
         gpu_utilization: mean(samples, "DCGM_FI_DEV_GPU_UTIL").map(fraction),
         ..Signals::default()
     };
@@ -176,7 +195,11 @@ pub fn extract(samples: &[Sample]) -> Signals {
     // Token counters (summed over engines) for a rate.
     let prompt = first_of(
         samples,
-        &["vllm:prompt_tokens_total", "sglang:prompt_tokens_total"],
+        &[
+            "vllm:prompt_tokens_total",
+            "sglang:prompt_tokens_total",
+            "llamacpp:prompt_tokens_total",
+        ],
         sum,
     );
     let generated = first_of(
@@ -184,6 +207,7 @@ pub fn extract(samples: &[Sample]) -> Signals {
         &[
             "vllm:generation_tokens_total",
             "sglang:generation_tokens_total",
+            "llamacpp:tokens_predicted_total",
         ],
         sum,
     );
@@ -211,6 +235,9 @@ pub fn extract(samples: &[Sample]) -> Signals {
             s.kv_usage = Some((current / budget).clamp(0.0, 1.0));
         }
     }
+    if let Some(tokens) = sum(samples, "llamacpp:kv_cache_tokens") {
+        s.inflight_tokens = Some(tokens);
+    }
     if s.inflight_tokens.is_none()
         && let (Some(cap), Some(usage)) = (s.kv_capacity_tokens, s.kv_usage)
     {
@@ -236,6 +263,27 @@ pub fn extract(samples: &[Sample]) -> Signals {
         sum(samples, "vllm:time_to_first_token_seconds_count"),
     ) {
         s.ttft_sum_count = Some((total, count));
+    }
+
+    // Prefix caching: vLLM counts prompt tokens looked up and found, for an interval rate.
+    let hits = first_of(
+        samples,
+        &[
+            "vllm:prefix_cache_hits_total",
+            "vllm:gpu_prefix_cache_hits_total",
+        ],
+        sum,
+    );
+    let queries = first_of(
+        samples,
+        &[
+            "vllm:prefix_cache_queries_total",
+            "vllm:gpu_prefix_cache_queries_total",
+        ],
+        sum,
+    );
+    if let (Some(hits), Some(queries)) = (hits, queries) {
+        s.prefix_cache_counts = Some((hits, queries));
     }
 
     let mut models: Vec<String> = samples

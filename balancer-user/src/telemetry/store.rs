@@ -22,10 +22,12 @@ pub struct BackendTelemetry {
     /// Counter readings of the previous report, for rates.
     previous_tokens: Option<(f64, Instant)>,
     previous_ttft: Option<(f64, f64)>,
+    previous_prefix: Option<(f64, f64)>,
 }
 
 impl BackendTelemetry {
-    /// Records a report received at `now`, deriving rates from the counters.
+    /// Records a report received at `now`, deriving rates from the counters. A histogram or
+    /// counter pair that did not move this interval keeps the last derived figure.
     pub fn record(&mut self, mut signals: Signals, now: Instant) {
         if let Some(total) = signals.tokens_total {
             if let Some((before, at)) = self.previous_tokens {
@@ -36,17 +38,23 @@ impl BackendTelemetry {
             }
             self.previous_tokens = Some((total, now));
         }
-        if let Some((sum, count)) = signals.ttft_sum_count {
-            if let Some((s0, c0)) = self.previous_ttft
-                && count > c0
-                && sum >= s0
-            {
-                signals.ttft_seconds = Some((sum - s0) / (count - c0));
-            } else if signals.ttft_seconds.is_none() {
-                // No new first tokens this interval: the last mean stands.
-                signals.ttft_seconds = self.latest.as_ref().and_then(|(s, _)| s.ttft_seconds);
+        let last = self.latest.as_ref().map(|(s, _)| s);
+        if let Some(reading) = signals.ttft_sum_count {
+            // Mean TTFT of the first tokens of this interval.
+            if signals.ttft_seconds.is_none() {
+                signals.ttft_seconds = interval_ratio(self.previous_ttft, reading)
+                    .or_else(|| last.and_then(|s| s.ttft_seconds));
             }
-            self.previous_ttft = Some((sum, count));
+            self.previous_ttft = Some(reading);
+        }
+        if let Some(reading) = signals.prefix_cache_counts {
+            // Share of this interval's prompt tokens found in the cache.
+            if signals.prefix_cache_hit_rate.is_none() {
+                signals.prefix_cache_hit_rate = interval_ratio(self.previous_prefix, reading)
+                    .map(|r| r.clamp(0.0, 1.0))
+                    .or_else(|| last.and_then(|s| s.prefix_cache_hit_rate));
+            }
+            self.previous_prefix = Some(reading);
         }
         self.latest = Some((signals, now));
         self.reports += 1;
@@ -62,6 +70,14 @@ impl BackendTelemetry {
     pub fn age(&self, now: Instant) -> Option<Duration> {
         self.latest.as_ref().map(|(_, at)| now.duration_since(*at))
     }
+}
+
+/// `Δnumerator / Δdenominator` between two readings of a counter pair, when the denominator
+/// grew and neither went backwards (a restarted server resets its counters).
+fn interval_ratio(before: Option<(f64, f64)>, now: (f64, f64)) -> Option<f64> {
+    let (n0, d0) = before?;
+    let (n, d) = now;
+    (d > d0 && n >= n0).then(|| (n - n0) / (d - d0))
 }
 
 /// Telemetry of every (VIP, backend).
@@ -99,6 +115,7 @@ mod tests {
             ..Signals::default()
         };
         t.record(report(1000.0, 1.0, 10.0), t0);
+        assert_eq!(t.latest.as_ref().unwrap().0.ttft_seconds, None);
         assert_eq!(t.latest.as_ref().unwrap().0.tokens_per_second, None);
         t.record(report(3000.0, 4.0, 20.0), t0 + Duration::from_millis(500));
         let s = &t.latest.as_ref().unwrap().0;
@@ -113,5 +130,39 @@ mod tests {
             t.age(t0 + Duration::from_millis(1500)),
             Some(Duration::from_millis(500))
         );
+    }
+
+    #[test]
+    fn the_prefix_cache_hit_rate_is_the_share_of_an_intervals_queries() {
+        let mut t = BackendTelemetry::default();
+        let t0 = Instant::now();
+        let report = |hits: f64, queries: f64| Signals {
+            prefix_cache_counts: Some((hits, queries)),
+            ..Signals::default()
+        };
+        let rate = |t: &BackendTelemetry| t.latest.as_ref().unwrap().0.prefix_cache_hit_rate;
+        t.record(report(0.0, 0.0), t0);
+        assert_eq!(rate(&t), None, "one reading gives no rate");
+        // 1,024 prompt tokens looked up, 768 found.
+        t.record(report(768.0, 1024.0), t0 + Duration::from_millis(100));
+        assert_eq!(rate(&t), Some(0.75));
+        // No lookups this interval: the last rate stands.
+        t.record(report(768.0, 1024.0), t0 + Duration::from_millis(200));
+        assert_eq!(rate(&t), Some(0.75));
+        // 1,000 more, none found.
+        t.record(report(768.0, 2024.0), t0 + Duration::from_millis(300));
+        assert_eq!(rate(&t), Some(0.0));
+        // A restarted server (counters back to small numbers): no rate from the reset.
+        t.record(report(10.0, 3000.0), t0 + Duration::from_millis(400));
+        assert_eq!(rate(&t), Some(0.0), "kept, not computed across a reset");
+        // A server that reports the rate itself (SGLang) is taken as it is.
+        t.record(
+            Signals {
+                prefix_cache_hit_rate: Some(0.4),
+                ..Signals::default()
+            },
+            t0 + Duration::from_millis(500),
+        );
+        assert_eq!(rate(&t), Some(0.4));
     }
 }
