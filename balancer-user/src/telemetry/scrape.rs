@@ -90,6 +90,48 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_real_vllm_page_as_vllm_serves_it() {
+        let page = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("fixtures/metrics/vllm-0.32.0-queueing.prom"),
+        )
+        .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let body = page.clone();
+        let server = tokio::spawn(async move {
+            // As uvicorn answers: the Prometheus 1.0.0 text type, sized, then chunked.
+            let head = "HTTP/1.1 200 OK\r\nserver: uvicorn\r\ncontent-type: text/plain; version=1.0.0; charset=utf-8\r\n";
+            let replies = [
+                format!("{head}content-length: {}\r\n\r\n{body}", body.len()),
+                format!(
+                    "{head}transfer-encoding: chunked\r\n\r\n{:x}\r\n{}\r\n{:x}\r\n{}\r\n0\r\n\r\n",
+                    body.len() / 2,
+                    &body[..body.len() / 2],
+                    body.len() - body.len() / 2,
+                    &body[body.len() / 2..]
+                ),
+            ];
+            for reply in replies {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut buf = [0u8; 1024];
+                let _ = s.read(&mut buf).await;
+                s.write_all(reply.as_bytes()).await.unwrap();
+            }
+        });
+        let pages = [(addr.port(), "/metrics".to_string())];
+        let want = extract(&exposition::parse(&page).unwrap());
+        for _ in 0..2 {
+            let got = scrape(addr.ip(), &pages, Duration::from_secs(2), 1 << 20)
+                .await
+                .unwrap();
+            assert_eq!(got, want);
+            assert_eq!((got.running, got.waiting), (Some(4.0), Some(4.0)));
+        }
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
     async fn bad_pages_are_errors() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

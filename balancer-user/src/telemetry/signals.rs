@@ -5,7 +5,7 @@
 //! | --- | --- |
 //! | vLLM | `vllm:num_requests_running`, `vllm:num_requests_waiting` (not `..._waiting_by_reason`, a breakdown of the same queue), `vllm:kv_cache_usage_perc` (before 0.12 also `vllm:gpu_cache_usage_perc`), `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`, `vllm:cache_config_info` (`num_gpu_blocks` x `block_size`), `vllm:time_to_first_token_seconds`, `vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total` (before 0.11 `vllm:gpu_prefix_cache_*`), label `model_name`; per-`engine` series are summed |
 //! | SGLang | `sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:token_usage`, `sglang:gen_throughput`, `sglang:cache_hit_rate`, `sglang:prompt_tokens_total`, `sglang:generation_tokens_total` |
-//! | llama.cpp (`llama-server --metrics`) | `llamacpp:requests_processing`, `llamacpp:requests_deferred`, `llamacpp:prompt_tokens_total`, `llamacpp:tokens_predicted_total`, and where a version exports them `llamacpp:kv_cache_usage_ratio`, `llamacpp:kv_cache_tokens` |
+//! | llama.cpp (`llama-server --metrics`) | `llamacpp:requests_processing`, `llamacpp:requests_deferred`, `llamacpp:prompt_tokens_total`, `llamacpp:prompt_tokens_cached_total`, `llamacpp:tokens_predicted_total` (moves when a request ends), and where a version exports them `llamacpp:kv_cache_usage_ratio`, `llamacpp:kv_cache_tokens` (b11312 does not) |
 //! | TGI | `tgi_queue_size`, `tgi_batch_current_size`, `tgi_batch_current_max_tokens`, `tgi_batch_max_total_tokens` |
 //! | Triton | `nv_inference_pending_request_count`, `nv_gpu_memory_used_bytes`, `nv_gpu_memory_total_bytes` |
 //! | TensorRT-LLM | `trtllm_num_requests_waiting`, `trtllm_num_requests_running`, `trtllm_kv_cache_utilization` |
@@ -284,6 +284,12 @@ pub fn extract(samples: &[Sample]) -> Signals {
     );
     if let (Some(hits), Some(queries)) = (hits, queries) {
         s.prefix_cache_counts = Some((hits, queries));
+    } else if let (Some(cached), Some(computed)) = (
+        sum(samples, "llamacpp:prompt_tokens_cached_total"),
+        sum(samples, "llamacpp:prompt_tokens_total"),
+    ) {
+        // llama.cpp counts the prompt tokens it reused and those it computed.
+        s.prefix_cache_counts = Some((cached, cached + computed));
     }
 
     let mut models: Vec<String> = samples
@@ -459,6 +465,146 @@ DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-2"} 70
             "vllm:num_requests_running NaN\nvllm:num_requests_waiting +Inf\nvllm:kv_cache_usage_perc 0.2\n",
         );
         assert_eq!((s.running, s.waiting, s.kv_usage), (None, None, Some(0.2)));
+    }
+
+    fn round(v: f64) -> f64 {
+        format!("{v:.12e}").parse().expect("a float")
+    }
+
+    /// The pages real servers served (`cargo xtask capture-pages`).
+    fn fixture_dir() -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/metrics")
+    }
+
+    fn fixture(name: &str) -> Signals {
+        let path = fixture_dir().join(name);
+        let page =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        extract(&parse(&page).unwrap_or_else(|e| panic!("{name}: {e}")))
+    }
+
+    /// Every captured vLLM page reads as the capture script's own parser read it (its `.json`
+    /// beside the page): the queue without `num_requests_waiting_by_reason`, the KV capacity
+    /// from `cache_config_info` (which has no `model_name`), the model from the other series,
+    /// counters summed over engines, whatever the release.
+    #[test]
+    fn real_vllm_pages_read_as_the_capture_script_read_them() {
+        let mut read = Vec::new();
+        for entry in std::fs::read_dir(fixture_dir()).expect("fixtures") {
+            let name = entry
+                .expect("entry")
+                .file_name()
+                .to_string_lossy()
+                .to_string();
+            let Some(stem) = name
+                .strip_suffix(".prom")
+                .filter(|n| n.starts_with("vllm-"))
+            else {
+                continue;
+            };
+            let json = std::fs::read_to_string(fixture_dir().join(format!("{stem}.json")))
+                .unwrap_or_else(|e| panic!("{stem}.json: {e}"));
+            let want: serde_json::Value = serde_json::from_str(&json).expect("sidecar JSON");
+            // serde_json reads floats to within an ulp or two; round both sides to 12 digits.
+            let f = |k: &str| want[k].as_f64().map(round);
+            let mut s = fixture(&name);
+            s.kv_usage = s.kv_usage.map(round);
+            s.ttft_sum_count = s.ttft_sum_count.map(|(a, b)| (round(a), round(b)));
+            assert_eq!(s.running, f("running"), "{name}: running");
+            assert_eq!(s.waiting, f("waiting"), "{name}: waiting");
+            assert_eq!(s.kv_usage, f("kv_usage"), "{name}: KV use");
+            assert_eq!(
+                s.kv_capacity_tokens,
+                f("kv_capacity_tokens"),
+                "{name}: KV capacity"
+            );
+            let models: Vec<String> = serde_json::from_value(want["models"].clone()).unwrap();
+            assert_eq!(s.models, models, "{name}: models");
+            assert_eq!(
+                s.tokens_total,
+                Some(f("prompt_tokens_total").unwrap() + f("generation_tokens_total").unwrap()),
+                "{name}: token counters"
+            );
+            if let (Some(h), Some(q)) = (
+                f("prefix_cache_hits_total"),
+                f("prefix_cache_queries_total"),
+            ) {
+                assert_eq!(s.prefix_cache_counts, Some((h, q)), "{name}: prefix cache");
+            }
+            assert_eq!(
+                s.ttft_sum_count,
+                f("ttft_sum").zip(f("ttft_count")),
+                "{name}: TTFT histogram"
+            );
+            read.push(name);
+        }
+        read.sort();
+        for state in ["idle", "busy", "queueing", "kv-full"] {
+            assert!(
+                read.iter().any(|n| n.ends_with(&format!("-{state}.prom"))),
+                "no captured vLLM page of state {state}: {read:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn real_vllm_0_32_pages_in_each_state() {
+        let idle = fixture("vllm-0.32.0-idle.prom");
+        assert_eq!(
+            (idle.running, idle.waiting, idle.kv_usage),
+            (Some(0.0), Some(0.0), Some(0.0))
+        );
+        assert_eq!(
+            idle.kv_capacity_tokens,
+            Some(4096.0),
+            "32 blocks of 128 tokens"
+        );
+        assert_eq!(idle.models, vec!["tiny".to_string()]);
+        let busy = fixture("vllm-0.32.0-busy.prom");
+        assert!(
+            busy.running >= Some(2.0) && busy.waiting == Some(0.0),
+            "{busy:?}"
+        );
+        // Queued requests also appear in num_requests_waiting_by_reason: counting that too
+        // would double the queue.
+        let queueing = fixture("vllm-0.32.0-queueing.prom");
+        assert_eq!(queueing.running, Some(4.0), "--max-num-seqs 4");
+        assert!(queueing.waiting >= Some(2.0), "{queueing:?}");
+        let page =
+            std::fs::read_to_string(fixture_dir().join("vllm-0.32.0-queueing.prom")).unwrap();
+        let by_reason: f64 = parse(&page)
+            .unwrap()
+            .iter()
+            .filter(|x| x.name == "vllm:num_requests_waiting_by_reason")
+            .map(|x| x.value)
+            .sum();
+        assert_eq!(Some(by_reason), queueing.waiting);
+        // A full cache; the same prompt four times hit the prefix cache.
+        let full = fixture("vllm-0.32.0-kv-full.prom");
+        assert!(full.kv_usage >= Some(0.9), "{full:?}");
+        let (hits, queries) = full.prefix_cache_counts.expect("prefix counters");
+        assert!(hits > 0.0 && hits < queries, "{hits} of {queries}");
+        assert!(
+            !page.contains("gpu_cache_usage_perc"),
+            "0.32 serves kv_cache_usage_perc only"
+        );
+    }
+
+    #[test]
+    fn real_llamacpp_pages() {
+        let idle = fixture("llamacpp-b11312-idle.prom");
+        assert_eq!((idle.running, idle.waiting), (Some(0.0), Some(0.0)));
+        assert_eq!(idle.kv_usage, None, "this version exports no KV use");
+        assert!(idle.models.is_empty(), "its series have no labels");
+        let busy = fixture("llamacpp-b11312-busy.prom");
+        assert_eq!((busy.running, busy.waiting), (Some(3.0), Some(0.0)));
+        let q = fixture("llamacpp-b11312-queueing.prom");
+        assert_eq!((q.running, q.waiting), (Some(4.0), Some(2.0)));
+        assert_eq!(q.tokens_total, Some(266.0 + 2808.0));
+        assert_eq!(q.prefix_cache_counts, Some((53.0, 53.0 + 266.0)));
+        // Past a million a counter is printed in exponent form with 6 digits.
+        let big = fixture("llamacpp-b11312-bigcounter.prom");
+        assert_eq!(big.tokens_total, Some(1.00399e6 + 2150.0));
     }
 
     #[test]
