@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::netns::Netns;
-use crate::topology::Process;
+use crate::netns::{Netns, PREFIX, sweep};
+use crate::topology::{Process, Topology, TopologyOptions, backend4};
 
 /// The served model name every test server uses.
 pub const MODEL: &str = "tiny";
@@ -250,4 +250,71 @@ pub fn completion_body(prompt: &str, max_tokens: u64) -> serde_json::Value {
         "stream": true,
         "stream_options": {"include_usage": true},
     })
+}
+
+/// A server process stopped gracefully on drop (vLLM removes its shared memory on SIGTERM),
+/// hard if it takes over 30 s.
+pub struct Server(pub Process);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.0.is_running()
+            && self
+                .0
+                .signal_and_wait(libc::SIGTERM, Duration::from_secs(30))
+                .is_err()
+        {
+            eprintln!("{} ignored SIGTERM for 30 s; killing it", self.0.name);
+        }
+    }
+}
+
+/// The pair the test and the demo run: a small server (4,096 KV tokens, 4 requests at once)
+/// on core 0 and a large one (16,384 tokens, 16) on core 1.
+pub fn small_and_large() -> Vec<ServerOptions> {
+    vec![
+        ServerOptions::new("small", 32, 4, 0),
+        ServerOptions::new("large", 128, 16, 1),
+    ]
+}
+
+/// The test rack with a real vLLM server on each backend (`servers[i]` on backend `i`), all
+/// started together and ready. The servers stop before the rack is torn down.
+pub struct VllmRack {
+    pub servers: Vec<Server>,
+    pub options: Vec<ServerOptions>,
+    pub topo: Topology,
+}
+
+impl VllmRack {
+    /// How long a server may take to start (a first start on a clean machine also compiles
+    /// Python bytecode for torch and vLLM).
+    pub const START_LIMIT: Duration = Duration::from_secs(480);
+
+    pub fn start(env: &VllmEnv, tag: &str, options: Vec<ServerOptions>) -> Result<VllmRack> {
+        sweep(&format!("{PREFIX}-{tag}-"));
+        let mut opts = TopologyOptions::new(tag);
+        opts.backends = options.len();
+        let mut topo = Topology::build(opts)?;
+        topo.attach_peer_pass(balancer::config::AttachMode::Native)?;
+        let mut rack = VllmRack {
+            servers: Vec::new(),
+            options,
+            topo,
+        };
+        for (i, o) in rack.options.iter().enumerate() {
+            let p = spawn(env, &rack.topo.backends[i], o, &rack.topo.log_dir)?;
+            rack.servers.push(Server(p));
+        }
+        for (i, s) in rack.servers.iter_mut().enumerate() {
+            let addr = SocketAddr::new(backend4(i).into(), PORT);
+            wait_ready(&rack.topo.backends[i], addr, &mut s.0, Self::START_LIMIT)?;
+        }
+        Ok(rack)
+    }
+
+    /// Server `i`'s own address and port.
+    pub fn address(&self, i: usize) -> SocketAddr {
+        SocketAddr::new(backend4(i).into(), PORT)
+    }
 }

@@ -18,33 +18,13 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use balancer::api::client::{Client, Endpoint};
 use balancer::api::types::{Status, VipWeights, WeightRow};
-use balancer::config::AttachMode;
-use balancer_tests::netns::{Netns, PREFIX, sweep};
+use balancer_tests::netns::Netns;
 use balancer_tests::openai::{Completion, stream_completion};
 use balancer_tests::topology::*;
-use balancer_tests::vllm::{self, MODEL, PORT, ServerOptions, VllmEnv, completion_body, prompt};
+use balancer_tests::vllm::{self, MODEL, PORT, VllmEnv, VllmRack, completion_body, prompt};
 
 const VIP: &str = "llm";
-/// How long a server may take to start (a first start on a clean machine also compiles Python
-/// bytecode for torch and vLLM).
-const START_LIMIT: Duration = Duration::from_secs(480);
 const STREAM_TIMEOUT: Duration = Duration::from_secs(240);
-
-/// Stops a vLLM server gracefully (it removes its shared memory on SIGTERM), then hard.
-struct Server(Process);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if self.0.is_running()
-            && self
-                .0
-                .signal_and_wait(libc::SIGTERM, Duration::from_secs(30))
-                .is_err()
-        {
-            eprintln!("{} ignored SIGTERM for 30 s; killing it", self.0.name);
-        }
-    }
-}
 
 fn api(topo: &Topology) -> Client {
     Client::new(Endpoint::Unix(topo.api_socket()))
@@ -175,40 +155,25 @@ fn config(topo: &Topology) -> String {
 fn real_vllm_servers_behind_the_vip_get_weights_from_their_real_metrics() {
     let env = VllmEnv::find().unwrap_or_else(|e| panic!("{e:#}"));
     let version = env.version().expect("vLLM version");
-    let tag = "rv";
-    sweep(&format!("{PREFIX}-{tag}-"));
-    let mut opts = TopologyOptions::new(tag);
-    opts.backends = 2;
-    let mut topo = Topology::build(opts).expect("building the rack");
-    topo.attach_peer_pass(AttachMode::Native)
-        .expect("pass program");
-
-    // The servers, started together.
-    let small = ServerOptions::new("small", 32, 4, 0);
-    let large = ServerOptions::new("large", 128, 16, 1);
-    let (b_small, b_large): (IpAddr, IpAddr) = (backend4(0).into(), backend4(1).into());
     let started = Instant::now();
-    let mut servers = Vec::new();
-    for (i, o) in [&small, &large].into_iter().enumerate() {
-        let p = vllm::spawn(&env, &topo.backends[i], o, &topo.log_dir).expect("starting vLLM");
-        servers.push(Server(p));
-    }
-    for (i, s) in servers.iter_mut().enumerate() {
-        let addr = SocketAddr::new(backend4(i).into(), PORT);
-        vllm::wait_ready(&topo.backends[i], addr, &mut s.0, START_LIMIT)
-            .unwrap_or_else(|e| panic!("{e:#}"));
-    }
+    let mut rack = VllmRack::start(&env, "rv", vllm::small_and_large())
+        .unwrap_or_else(|e| panic!("starting the rack with two vLLM servers: {e:#}"));
     println!(
         "two vLLM {version} servers ready in {:.0} s",
         started.elapsed().as_secs_f64()
     );
-    topo.start_balancer(&config(&topo))
+    let (small, large) = (rack.options[0].clone(), rack.options[1].clone());
+    let (b_small, b_large): (IpAddr, IpAddr) = (backend4(0).into(), backend4(1).into());
+    let config = config(&rack.topo);
+    rack.topo
+        .start_balancer(&config)
         .expect("starting the balancer");
+    let topo = &rack.topo;
     let vip = SocketAddr::new(VIP4.into(), PORT);
 
     // 1. The daemon reads what each server really reports.
     let w = wait_weights(
-        &topo,
+        topo,
         "reports from both servers",
         Duration::from_secs(30),
         |w| {
@@ -243,7 +208,7 @@ fn real_vllm_servers_behind_the_vip_get_weights_from_their_real_metrics() {
 
     // 2. Streams through the VIP arrive intact.
     let warm: Vec<_> = (0..4)
-        .map(|i| spawn_stream(&topo, vip, 40, 100 + i, 64).0)
+        .map(|i| spawn_stream(topo, vip, 40, 100 + i, 64).0)
         .collect();
     for (i, h) in warm.into_iter().enumerate() {
         finish(h, 64, &format!("warm-up stream {i}"));
@@ -254,7 +219,7 @@ fn real_vllm_servers_behind_the_vip_get_weights_from_their_real_metrics() {
     let mut on_small = Vec::new();
     let mut elsewhere = Vec::new();
     for i in 0..40 {
-        let (h, rx) = spawn_stream(&topo, vip, 40, 200 + i, 400);
+        let (h, rx) = spawn_stream(topo, vip, 40, 200 + i, 400);
         let local = rx
             .recv_timeout(Duration::from_secs(10))
             .expect("the stream connected");
@@ -290,10 +255,10 @@ fn real_vllm_servers_behind_the_vip_get_weights_from_their_real_metrics() {
     // 4. Saturate the small server directly (not through the VIP): 8 long requests on a
     //    4-request, 4,096-token server fill its KV cache and queue the rest.
     let direct: Vec<_> = (0..8)
-        .map(|i| spawn_stream(&topo, SocketAddr::new(b_small, PORT), 40, 300 + i, 900).0)
+        .map(|i| spawn_stream(topo, SocketAddr::new(b_small, PORT), 40, 300 + i, 900).0)
         .collect();
     let w = wait_weights(
-        &topo,
+        topo,
         "the small server's weight at 0 once saturated",
         Duration::from_secs(60),
         |w| {
@@ -325,19 +290,19 @@ fn real_vllm_servers_behind_the_vip_get_weights_from_their_real_metrics() {
     // 5. New flows go to the large server while the small one is saturated.
     for i in 0..6 {
         wait_weights(
-            &topo,
+            topo,
             "the small server still saturated",
             Duration::from_secs(30),
             |w| row(w, b_small).weight == 0,
         );
-        let before = new_flows(&topo);
-        let (h, _) = spawn_stream(&topo, vip, 20, 400 + i, 16);
+        let before = new_flows(topo);
+        let (h, _) = spawn_stream(topo, vip, 20, 400 + i, 16);
         finish(
             h,
             16,
             &format!("new stream {i} while the small server is saturated"),
         );
-        let after = new_flows(&topo);
+        let after = new_flows(topo);
         assert_eq!(
             after.get(&b_small),
             before.get(&b_small),
@@ -363,7 +328,7 @@ fn real_vllm_servers_behind_the_vip_get_weights_from_their_real_metrics() {
 
     // 7. Drained, it takes new flows again.
     let w = wait_weights(
-        &topo,
+        topo,
         "the small server back in rotation once drained",
         Duration::from_secs(60),
         |w| row(w, b_small).weight > 0,
@@ -391,7 +356,7 @@ fn real_vllm_servers_behind_the_vip_get_weights_from_their_real_metrics() {
             .unwrap_or_else(|e| panic!("prefix request {round}: {e}"));
     }
     let w = wait_weights(
-        &topo,
+        topo,
         "a prefix-cache hit rate for the large server",
         Duration::from_secs(30),
         |w| {
@@ -428,5 +393,4 @@ fn real_vllm_servers_behind_the_vip_get_weights_from_their_real_metrics() {
         })
         .unwrap_or_else(|| panic!("no prefix-cache hit rate on /metrics:\n{}", metrics.1));
     println!("{line}");
-    drop(servers);
 }

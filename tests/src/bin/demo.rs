@@ -42,8 +42,9 @@ fn main() {
             on_interrupt as *const () as libc::sighandler_t,
         );
     }
-    let result = demo();
-    sweep(&format!("{PREFIX}-demo-"));
+    let real_vllm = std::env::args().skip(1).any(|a| a == "--real-vllm");
+    let result = demo(real_vllm);
+    sweep(&format!("{PREFIX}-demo"));
     match result {
         Ok(()) => println!("\ndemo finished; namespaces removed."),
         Err(e) => {
@@ -83,7 +84,7 @@ fn show(title: &str, served: &BTreeMap<String, usize>) {
     }
 }
 
-fn demo() -> Result<()> {
+fn demo(real_vllm: bool) -> Result<()> {
     if !is_root() {
         bail!("the demo creates network namespaces and loads XDP programs: run it as root");
     }
@@ -151,7 +152,127 @@ fn demo() -> Result<()> {
     }
     drop(topo);
     check_interrupt()?;
-    llm_demo()
+    if real_vllm {
+        real_llm_demo()
+    } else {
+        llm_demo()
+    }
+}
+
+/// `balancer weights llm`, indented, with the time since `started`.
+fn print_weights(topo: &Topology, started: std::time::Instant) -> Result<()> {
+    let (_, out, _) = topo.cli(&["weights", "llm"])?;
+    println!("--- t = {:>3.0} s", started.elapsed().as_secs_f64());
+    for line in out.lines().filter(|l| !l.trim().is_empty()) {
+        println!("  {line}");
+    }
+    Ok(())
+}
+
+/// Part two on real servers: two vLLM servers (CPU build, the tiny model) of two KV-cache
+/// sizes behind the balancer, weights from their real metrics.
+fn real_llm_demo() -> Result<()> {
+    use balancer::api::client::{Client, Endpoint};
+    use balancer::api::types::Status;
+    use balancer_tests::llmload::{percentile, synthetic};
+    use balancer_tests::openai::stream_completion;
+    use balancer_tests::vllm::{self, PORT, VllmEnv, VllmRack, completion_body, prompt};
+
+    let env = VllmEnv::find()?;
+    println!(
+        "\n== LLM serving on real vLLM {} (CPU build, a tiny model): a small server (4,096 KV tokens, 4 at once) and a large one (16,384, 16), composite policy from their /metrics ==",
+        env.version()?
+    );
+    println!("Starting both servers (1.5-3 minutes on 2 cores)...");
+    let t0 = std::time::Instant::now();
+    let mut rack = VllmRack::start(&env, "demovllm", vllm::small_and_large())?;
+    println!("ready in {:.0} s", t0.elapsed().as_secs_f64());
+    check_interrupt()?;
+    let config = balancer_tests::bench::llm::config(
+        &rack.topo,
+        "telemetry = { source = \"scrape\", port = 8000, interval_ms = 500, timeout_ms = 500 }\n\
+         policy = { kind = \"composite\", queue_saturation = 2, stale_after_ms = 10000 }\n",
+    );
+    rack.topo.start_balancer(&config)?;
+    let topo = &rack.topo;
+    // Requests of a heavy-tailed synthetic workload, sized for the tiny model's 2,048-token
+    // context, at 3 per second.
+    let workload: Vec<(f64, String, u64)> = synthetic(60, 3.0, 11)
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            (
+                r.at,
+                prompt((r.prompt_tokens / 8).clamp(10, 300) as usize, i as u64),
+                u64::from(r.output_tokens.clamp(16, 600)),
+            )
+        })
+        .collect();
+    println!(
+        "Streaming {} completions through the VIP at 3 per second, one connection each; `balancer weights llm` every 3 s:",
+        workload.len()
+    );
+    let vip = SocketAddr::new(VIP4.into(), PORT);
+    let started = std::time::Instant::now();
+    let handles = workload
+        .into_iter()
+        .map(|(at, text, max_tokens)| {
+            topo.client.spawn_in(move || {
+                std::thread::sleep(Duration::from_secs_f64(at));
+                let body = completion_body(&text, max_tokens);
+                stream_completion(
+                    vip,
+                    "/v1/completions",
+                    &body,
+                    Duration::from_secs(300),
+                    |_| {},
+                )
+                .and_then(|c| {
+                    c.check_intact(max_tokens).map_err(anyhow::Error::msg)?;
+                    Ok(c)
+                })
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    while !handles.iter().all(|h| h.is_finished()) {
+        std::thread::sleep(Duration::from_secs(3));
+        check_interrupt()?;
+        print_weights(topo, started)?;
+    }
+    let mut ttft = Vec::new();
+    let mut failed = 0;
+    for h in handles {
+        match h
+            .join()
+            .map_err(|_| anyhow::anyhow!("a client thread panicked"))?
+        {
+            Ok(Ok(c)) => ttft.extend(c.ttft),
+            Ok(Err(e)) | Err(e) => {
+                failed += 1;
+                eprintln!("  a request failed: {e:#}");
+            }
+        }
+    }
+    let status: Status = Client::new(Endpoint::Unix(topo.api_socket())).get("/v1/status")?;
+    let shares: Vec<String> = status
+        .vips
+        .iter()
+        .filter(|v| v.name == "llm")
+        .flat_map(|v| &v.backends)
+        .map(|b| format!("{} {} new flows", b.address, b.new_flows))
+        .collect();
+    println!(
+        "\nDone: {} streams intact, {failed} failed; TTFT p50 {:.0} ms, p99 {:.0} ms; {}",
+        ttft.len(),
+        percentile(&mut ttft, 50.0) * 1e3,
+        percentile(&mut ttft, 99.0) * 1e3,
+        shares.join(", ")
+    );
+    drop(rack);
+    if failed > 0 {
+        bail!("{failed} requests failed");
+    }
+    Ok(())
 }
 
 /// Part two: simulated GPUs of two sizes behind the balancer, weights from their metrics.
@@ -187,11 +308,7 @@ fn llm_demo() -> Result<()> {
     while !run.is_finished() {
         std::thread::sleep(Duration::from_secs(3));
         check_interrupt()?;
-        let (_, out, _) = topo.cli(&["weights", "llm"])?;
-        println!("--- t = {:>3.0} s", started.elapsed().as_secs_f64());
-        for line in out.lines().filter(|l| !l.trim().is_empty()) {
-            println!("  {line}");
-        }
+        print_weights(&topo, started)?;
     }
     let outcomes = run
         .join()
