@@ -185,8 +185,17 @@ fn test(filter: Option<&str>, unit_only: bool, fuzz_secs: u32) -> Result<()> {
     if let Some(f) = filter {
         integration.push(f);
     }
-    let vllm = real_servers::cache_dir().join("vllm");
-    cargo_with_env(&integration, &[("BALANCER_VLLM_ENV", &vllm)])?;
+    let (vllm, routers) = (
+        real_servers::cache_dir().join("vllm"),
+        real_servers::cache_dir().join("routers"),
+    );
+    cargo_with_env(
+        &integration,
+        &[
+            ("BALANCER_VLLM_ENV", &vllm),
+            ("BALANCER_ROUTERS_ENV", &routers),
+        ],
+    )?;
     if filter.is_none() {
         fuzz(fuzz_secs)?;
     }
@@ -289,18 +298,18 @@ fn capture_pages(lock: Option<PathBuf>, llamacpp: bool) -> Result<()> {
     let out = root().join("balancer-user/fixtures/metrics");
     let mut cmd = if llamacpp {
         setup::install_tools(&["cmake", "g++", "curl"])?;
-        let env = real_servers::ensure()?;
+        let env = real_servers::ensure(&real_servers::EnvSpec::vllm())?;
         let mut cmd = Command::new(root().join("tests/python/llamacpp_capture.sh"));
         cmd.arg(real_servers::cache_dir().join("llamacpp"))
             .arg(&out)
             .env("PYTHON", env.python());
         cmd
     } else {
-        let lock = match lock {
-            Some(l) => std::path::absolute(l)?,
-            None => real_servers::default_lock(),
+        let spec = match lock {
+            Some(l) => real_servers::EnvSpec::vllm_release(&std::path::absolute(l)?),
+            None => real_servers::EnvSpec::vllm(),
         };
-        let env = real_servers::ensure_lock(&lock)?;
+        let env = real_servers::ensure(&spec)?;
         let mut cmd = Command::new(env.python());
         cmd.arg(root().join("tests/python/capture_vllm_pages.py"))
             .arg("--model")

