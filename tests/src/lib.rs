@@ -4,7 +4,7 @@
 
 pub mod bench;
 pub mod fleet;
-pub mod llmload;
+pub mod load;
 pub mod netns;
 pub mod openai;
 pub mod packet;

@@ -25,6 +25,21 @@ pub const PORT: u16 = 8000;
 /// The KV-cache block size of vLLM's CPU backend (tokens).
 pub const BLOCK_TOKENS: u64 = 128;
 
+/// The project's cache directory, as `cargo xtask setup` chooses it: `BALANCER_CACHE_DIR`,
+/// else `$XDG_CACHE_HOME/balancer`, else `~/.cache/balancer`.
+pub fn cache_dir() -> PathBuf {
+    match (
+        std::env::var_os("BALANCER_CACHE_DIR"),
+        std::env::var_os("XDG_CACHE_HOME"),
+    ) {
+        (Some(d), _) => PathBuf::from(d),
+        (None, Some(x)) => PathBuf::from(x).join("balancer"),
+        (None, None) => {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/balancer")
+        }
+    }
+}
+
 /// The environment `cargo xtask setup` built.
 #[derive(Clone, Debug)]
 pub struct VllmEnv {
@@ -37,18 +52,7 @@ impl VllmEnv {
     pub fn find() -> Result<VllmEnv> {
         let dir = match std::env::var_os("BALANCER_VLLM_ENV") {
             Some(d) => PathBuf::from(d),
-            None => {
-                let cache = match (
-                    std::env::var_os("BALANCER_CACHE_DIR"),
-                    std::env::var_os("XDG_CACHE_HOME"),
-                ) {
-                    (Some(d), _) => PathBuf::from(d),
-                    (None, Some(x)) => PathBuf::from(x).join("balancer"),
-                    (None, None) => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                        .join(".cache/balancer"),
-                };
-                cache.join("vllm")
-            }
+            None => cache_dir().join("vllm"),
         };
         if !dir.join("ready").exists() {
             bail!(
@@ -226,7 +230,7 @@ pub fn prompt(words: usize, seed: u64) -> String {
         "ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "be", "do", "fu", "ga", "hi", "jo", "pe",
         "zu",
     ];
-    let mut rng = crate::llmload::Rng::new(seed);
+    let mut rng = crate::load::workload::Rng::new(seed);
     (0..words)
         .map(|_| {
             let n = 1 + (rng.next_u64() % 3) as usize;

@@ -350,14 +350,10 @@ fn bench(name: Option<&str>, args: &[String]) -> Result<()> {
     for name in names {
         println!("xtask: bench {name}");
         let mut cmd = Command::new(&bin);
-        cmd.arg(name).args(args).current_dir(root());
-        if name == "llm" && args.is_empty() {
-            // The real trace, when the shared data is there.
-            let trace = root().join("../shared/traces/AzureLLMInferenceTrace_conv.csv");
-            if trace.exists() {
-                cmd.arg("--trace").arg(trace);
-            }
-        }
+        cmd.arg(name).args(args).current_dir(root()).env(
+            "BALANCER_ROUTERS_ENV",
+            real_servers::cache_dir().join("routers"),
+        );
         let status = cmd
             .status()
             .with_context(|| format!("running {}", bin.display()))?;

@@ -337,7 +337,10 @@ pub fn ensure(spec: &EnvSpec) -> Result<PyEnv> {
                 .arg(env.model()),
             "building the tiny model",
         )?;
-        step(&format!("model built in {:.0} s", t.elapsed().as_secs_f64()));
+        step(&format!(
+            "model built in {:.0} s",
+            t.elapsed().as_secs_f64()
+        ));
     }
     std::fs::write(
         &ready,

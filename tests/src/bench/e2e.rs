@@ -230,7 +230,7 @@ fn measure(peer: Peer, opts: &Options, cpus: usize) -> Result<Round> {
                     .with_context(|| format!("reading {}", path.display()))?;
                 Ok(Some((info.run_time().as_nanos() as u64, info.run_count())))
             }
-            (None, Some(pid)) => Ok(Some((process_cpu_ns(pid)?, 0))),
+            (None, Some(pid)) => Ok(Some((super::process_cpu_ns(pid)?, 0))),
             (None, None) => Ok(None),
         }
     };
@@ -650,29 +650,11 @@ fn host_cpu() -> Result<(u64, u64)> {
     if v.len() < 8 {
         bail!("unexpected /proc/stat line {line:?}");
     }
-    let tick_ns = 1_000_000_000 / clock_ticks();
+    let tick_ns = 1_000_000_000 / super::clock_ticks();
     // user nice system idle iowait irq softirq steal
     let idle = v[3] + v[4];
     let total: u64 = v[..8].iter().sum();
     Ok(((total - idle) * tick_ns, total * tick_ns))
-}
-
-/// utime + stime of every thread of `pid`, ns.
-fn process_cpu_ns(pid: u32) -> Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .with_context(|| format!("reading /proc/{pid}/stat"))?;
-    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let f: Vec<&str> = after.split_whitespace().collect();
-    // Fields 14 and 15 (utime, stime) are the 12th and 13th after the command.
-    let ticks: u64 = f.get(11).and_then(|x| x.parse().ok()).unwrap_or(0)
-        + f.get(12).and_then(|x| x.parse().ok()).unwrap_or(0);
-    Ok(ticks * (1_000_000_000 / clock_ticks()))
-}
-
-fn clock_ticks() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 { t as u64 } else { 100 }
 }
 
 /// Packets the client namespace's eth0 sent.

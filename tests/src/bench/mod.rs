@@ -47,6 +47,24 @@ pub fn write_json(name: &str, figures: &Figures) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// utime + stime of every thread of `pid`, ns.
+pub fn process_cpu_ns(pid: u32) -> Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("reading /proc/{pid}/stat"))?;
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let f: Vec<&str> = after.split_whitespace().collect();
+    // Fields 14 and 15 (utime, stime) are the 12th and 13th after the command.
+    let ticks: u64 = f.get(11).and_then(|x| x.parse().ok()).unwrap_or(0)
+        + f.get(12).and_then(|x| x.parse().ok()).unwrap_or(0);
+    Ok(ticks * (1_000_000_000 / clock_ticks()))
+}
+
+pub fn clock_ticks() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 { t as u64 } else { 100 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,6 +2,8 @@
 
 use anyhow::Result;
 use balancer_tests::bench::{self, client, control, dataplane, e2e, llm};
+use balancer_tests::load::stats::Slo;
+use balancer_tests::load::workload::Shape;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -58,39 +60,57 @@ enum Bench {
     },
     /// Maglev build time, slots moved, balance, publish latency, daemon memory.
     Control,
-    /// Routing quality on LLM traffic: simulated GPUs of two sizes behind the balancer, one
-    /// workload replayed under each policy; TTFT/E2E percentiles, throughput, CDF picture.
+    /// Routing quality on LLM traffic: simulated GPUs of two sizes behind the balancer and
+    /// behind two L7 routers (vllm-router, sglang-router), per workload shape: the knee, then
+    /// a load sweep with repetitions; report, JSON and plots under docs/results/llm/ (default)
+    /// and target/bench/llm.json.
     Llm {
-        /// A TIMESTAMP,ContextTokens,GeneratedTokens trace (e.g.
-        /// ../shared/traces/AzureLLMInferenceTrace_conv.csv); synthetic when absent.
+        /// One shape at 3 req/s, 60 requests, once: round robin, composite, vllm:power_of_two
+        /// (a check that everything runs; `cargo xtask test` runs it).
         #[arg(long)]
-        trace: Option<std::path::PathBuf>,
-        /// Requests replayed (the trace's first ones).
-        #[arg(long, default_value_t = 300)]
-        requests: usize,
-        /// Offered load, requests per second (the trace's timing is compressed to it). The
-        /// default pool (2 large + 2 small) saturates near 7 req/s with the trace's requests.
-        #[arg(long, default_value_t = 5.0)]
-        rate: f64,
-        /// Policies compared, in order.
-        #[arg(
-            long,
-            value_delimiter = ',',
-            default_value = "round-robin,least-conn,maglev,composite"
-        )]
-        policies: Vec<String>,
+        quick: bool,
+        /// Workload shapes: conversation, prefill-heavy, mixed, multi-turn, multi-turn-nat.
+        #[arg(long, value_delimiter = ',')]
+        shapes: Option<Vec<String>>,
+        /// Requests per run.
+        #[arg(long)]
+        requests: Option<usize>,
+        /// Repetitions of each point (different seeds).
+        #[arg(long)]
+        reps: Option<usize>,
+        /// Loads of the sweep, as fractions of the knee.
+        #[arg(long, value_delimiter = ',')]
+        loads: Option<Vec<f64>>,
+        /// A shape's knee instead of searching it, e.g. conversation=4.5 (repeatable).
+        #[arg(long = "knee", value_name = "SHAPE=RATE")]
+        knees: Vec<String>,
+        /// The p99 TTFT (s) the knee keeps.
+        #[arg(long, default_value_t = 2.0)]
+        knee_ttft: f64,
+        /// Contenders of the sweep (default per shape: round-robin, least-conn, composite,
+        /// affinity for multi-turn, vllm:power_of_two, vllm:cache_aware, sglang:power_of_two,
+        /// sglang:cache_aware).
+        #[arg(long, value_delimiter = ',')]
+        sweep: Option<Vec<String>>,
+        /// Contenders at the knee (default: every one).
+        #[arg(long, value_delimiter = ',')]
+        at_knee: Option<Vec<String>>,
         /// GPU profiles of the backends.
         #[arg(long, value_delimiter = ',', default_value = "large,large,small,small")]
         gpus: Vec<String>,
-        /// Keep-alive client sessions instead of a connection per request (0).
-        #[arg(long, default_value_t = 0)]
-        sessions: usize,
-        /// Seed of the synthetic workload.
-        #[arg(long, default_value_t = 42)]
-        seed: u64,
-        /// Give up on a request after this many seconds.
-        #[arg(long, default_value_t = 300)]
-        timeout_secs: u64,
+        /// SLO: time to first token, seconds.
+        #[arg(long, default_value_t = 2.0)]
+        slo_ttft: f64,
+        /// SLO: mean inter-token latency, ms.
+        #[arg(long, default_value_t = 100.0)]
+        slo_itl_ms: f64,
+        /// The balancer's scrape interval for its telemetry policies, ms.
+        #[arg(long, default_value_t = 100)]
+        scrape_ms: u64,
+        /// Where the report and plots go (default docs/results/llm, or
+        /// target/bench/llm-quick with --quick).
+        #[arg(long)]
+        out_dir: Option<std::path::PathBuf>,
     },
     /// A maintained load generator from PyPI (inference-perf) against the simulated GPU rack
     /// through the balancer (installs it into target/pyenv-inference-perf on first use).
@@ -162,17 +182,80 @@ fn main() -> Result<()> {
             println!("wrote {}", path.display());
         }
         Bench::Llm {
-            trace,
+            quick,
+            shapes,
             requests,
-            rate,
-            policies,
+            reps,
+            loads,
+            knees,
+            knee_ttft,
+            sweep,
+            at_knee,
             gpus,
-            sessions,
-            seed,
-            timeout_secs,
+            slo_ttft,
+            slo_itl_ms,
+            scrape_ms,
+            out_dir,
         } => {
-            if !(rate > 0.0 && rate <= 1000.0) || requests == 0 {
-                anyhow::bail!("--rate must be in (0, 1000] and --requests positive");
+            let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .unwrap_or(std::path::Path::new("."))
+                .to_path_buf();
+            let mut opts = if quick {
+                llm::Options::quick(bench::results_dir().join("llm-quick"))
+            } else {
+                llm::Options::full(root.join("docs/results/llm"))
+            };
+            if let Some(d) = out_dir {
+                opts.out_dir = d;
+            }
+            if let Some(s) = shapes {
+                opts.shapes = s
+                    .iter()
+                    .map(|n| {
+                        Shape::parse(n).ok_or_else(|| {
+                            anyhow::anyhow!(
+                                "--shapes: unknown shape {n:?} (conversation, prefill-heavy, mixed, multi-turn, multi-turn-nat)"
+                            )
+                        })
+                    })
+                    .collect::<Result<_>>()?;
+            }
+            if let Some(r) = requests {
+                opts.requests = r;
+            }
+            if let Some(r) = reps {
+                opts.reps = r;
+            }
+            if let Some(l) = loads {
+                opts.loads = l;
+            }
+            for k in knees {
+                let (shape, rate) = k
+                    .split_once('=')
+                    .and_then(|(s, r)| Some((Shape::parse(s)?, r.parse::<f64>().ok()?)))
+                    .filter(|(_, r)| *r > 0.0 && *r <= 1000.0)
+                    .ok_or_else(|| {
+                        anyhow::anyhow!("--knee {k:?}: expected SHAPE=RATE, e.g. conversation=4.5")
+                    })?;
+                opts.knees.insert(shape.name().to_string(), rate);
+            }
+            if sweep.is_some() {
+                opts.sweep = sweep;
+            }
+            if at_knee.is_some() {
+                opts.at_knee = at_knee;
+            }
+            if !(1..=100_000).contains(&opts.requests)
+                || !(1..=20).contains(&opts.reps)
+                || opts.loads.is_empty()
+                || opts.loads.iter().any(|l| !(*l > 0.0 && *l <= 5.0))
+                || !(knee_ttft > 0.0 && slo_ttft > 0.0 && slo_itl_ms > 0.0)
+                || !(10..=60_000).contains(&scrape_ms)
+            {
+                anyhow::bail!(
+                    "--requests must be in 1..=100000, --reps in 1..=20, --loads in (0, 5], the SLOs and --knee-ttft positive, --scrape-ms in 10..=60000"
+                );
             }
             if let Some(g) = gpus
                 .iter()
@@ -180,19 +263,15 @@ fn main() -> Result<()> {
             {
                 anyhow::bail!("--gpus: unknown profile {g:?} (large or small)");
             }
-            let opts = llm::Options {
-                trace,
-                requests,
-                rate,
-                policies,
-                gpus,
-                sessions,
-                seed,
-                timeout: std::time::Duration::from_secs(timeout_secs),
-                out_dir: bench::results_dir().join("llm"),
+            opts.gpus = gpus;
+            opts.knee_ttft = knee_ttft;
+            opts.slo = Slo {
+                ttft: slo_ttft,
+                itl: slo_itl_ms / 1e3,
             };
-            let figures = llm::run(&opts)?;
-            let path = bench::write_json("llm", &figures)?;
+            opts.scrape_ms = scrape_ms;
+            let (_, figures) = llm::run(&opts)?;
+            let path = bench::write_json(if quick { "llm-quick" } else { "llm" }, &figures)?;
             println!("wrote {}", path.display());
         }
         Bench::Client { rate, seconds } => {

@@ -174,7 +174,8 @@ fn print_weights(topo: &Topology, started: std::time::Instant) -> Result<()> {
 fn real_llm_demo() -> Result<()> {
     use balancer::api::client::{Client, Endpoint};
     use balancer::api::types::Status;
-    use balancer_tests::llmload::{percentile, synthetic};
+    use balancer_tests::load::stats::percentile;
+    use balancer_tests::load::workload::shipped_trace;
     use balancer_tests::openai::stream_completion;
     use balancer_tests::vllm::{self, PORT, VllmEnv, VllmRack, completion_body, prompt};
 
@@ -195,14 +196,15 @@ fn real_llm_demo() -> Result<()> {
     );
     rack.topo.start_balancer(&config)?;
     let topo = &rack.topo;
-    // Requests of a heavy-tailed synthetic workload, sized for the tiny model's 2,048-token
+    // Requests of the shipped conversation trace, sized down for the tiny model's 2,048-token
     // context, at 3 per second.
-    let workload: Vec<(f64, String, u64)> = synthetic(60, 3.0, 11)
+    let workload: Vec<(f64, String, u64)> = shipped_trace()?
         .iter()
+        .take(60)
         .enumerate()
         .map(|(i, r)| {
             (
-                r.at,
+                i as f64 / 3.0,
                 prompt((r.prompt_tokens / 8).clamp(10, 300) as usize, i as u64),
                 u64::from(r.output_tokens.clamp(16, 600)),
             )
@@ -278,30 +280,45 @@ fn real_llm_demo() -> Result<()> {
 /// Part two: simulated GPUs of two sizes behind the balancer, weights from their metrics.
 fn llm_demo() -> Result<()> {
     use balancer_tests::bench::llm::{LLM_PORT, MODEL, composite_rack};
-    use balancer_tests::llmload::{Connections, percentile, replay, synthetic};
+    use balancer_tests::load::client::{self, ClientOptions, Target};
+    use balancer_tests::load::stats::percentile;
+    use balancer_tests::load::workload::{self, Shape, WorkloadOptions, shipped_trace};
 
     println!(
         "\n== LLM serving: 2 large + 2 small simulated GPUs (sim-llm), composite policy from their vLLM metrics =="
     );
     let topo = composite_rack("demollm")?;
     // Outputs capped at 300 tokens so the demo's tail stays short.
-    let mut workload = synthetic(120, 6.0, 7);
-    for r in &mut workload {
-        r.output_tokens = r.output_tokens.min(300);
+    let mut work = workload::build(
+        &WorkloadOptions {
+            shape: Shape::Conversation,
+            requests: 120,
+            rate: 6.0,
+            seed: 7,
+        },
+        &shipped_trace()?,
+    )?;
+    for t in work.iter_mut().flat_map(|c| &mut c.turns) {
+        t.output_tokens = t.output_tokens.min(300);
     }
     println!(
-        "Replaying {} synthetic requests (heavy-tailed prompts and outputs) at 6 req/s, streamed, one connection each;\n\
+        "Replaying {} requests of the Azure conversation trace at 6 req/s, streamed, one connection each;\n\
          `balancer weights llm` every 3 s:",
-        workload.len()
+        work.len()
     );
-    let vip = SocketAddr::new(VIP4.into(), LLM_PORT);
+    let target = Target {
+        addr: SocketAddr::new(VIP4.into(), LLM_PORT),
+        model: MODEL.into(),
+    };
     let run = topo.client.spawn_in(move || {
-        replay(
-            vip,
-            MODEL,
-            &workload,
-            Connections::PerRequest,
-            Duration::from_secs(120),
+        client::run(
+            &target,
+            &work,
+            ClientOptions {
+                timeout: Duration::from_secs(120),
+                keep_alive: false,
+                bind_sources: true,
+            },
         )
     })?;
     let started = std::time::Instant::now();
@@ -326,7 +343,7 @@ fn llm_demo() -> Result<()> {
         percentile(&mut ttft, 99.0) * 1e3
     );
     println!(
-        "(`cargo xtask bench llm` compares this policy with round robin, least-conn and Maglev on a real trace.)"
+        "(`cargo xtask bench llm` compares the balancer's policies with two L7 routers over load sweeps of several workload shapes.)"
     );
     Ok(())
 }

@@ -1,21 +1,31 @@
-//! The simulated GPU: an explicit, small model of how an LLM inference server spends its time,
-//! so that routing policies can be compared on something that behaves like one.
+//! The simulated GPU: an explicit, small model of how vLLM's V1 engine spends its time, so that
+//! routing policies can be compared on something that behaves like one (what it leaves out, and
+//! why that does not bias a comparison of routers: docs/results/llm/calibration.md).
 //!
-//! - **KV cache**: a capacity in tokens. A request is admitted when its prompt plus its
-//!   `max_tokens` fit in what is free (space is reserved for the whole generation, as a server
-//!   without preemption must); otherwise it waits, first come first served.
-//! - **Continuous batching**: requests join and leave the running batch between steps, up to
-//!   `max_batch` at once.
-//! - **Prefill**: a step that admits requests first processes their prompts at
-//!   `prefill_tokens_per_s`; the whole batch waits for it (no chunked prefill).
-//! - **Decode**: each step gives every running request one token and lasts `step_base +
-//!   step_per_seq x batch size`: bigger batches are more efficient per token but slower per
-//!   step.
+//! - **Paged KV cache**: `kv_blocks` blocks of `block_tokens` tokens (16, as vLLM on GPUs). A
+//!   request holds the blocks its tokens so far need, allocated as it grows (not reserved for
+//!   its whole output). KV use is the share of blocks held by requests.
+//! - **Automatic prefix caching**: every full block is named by a hash chained over the block
+//!   before it and its token ids; a block a request let go stays cached until its space is
+//!   needed (least recently freed first). A new request starts with the leading blocks of its
+//!   prompt that are cached (at least its last token is computed) and skips their prefill.
+//! - **Scheduling per step** (continuous batching with chunked prefill): a token budget of
+//!   `max_batched_tokens` per step; running requests first, in admission order (a decode takes 1
+//!   token, a prefill the rest of its prompt up to the budget), then waiting ones, first come
+//!   first served, while the batch has room (`max_num_seqs`) and their prompt's first chunk
+//!   fits in free blocks.
+//! - **Preemption**: a running request that needs a block when none is free makes the latest
+//!   admitted request give all of its blocks back and wait at the head of the queue; it is
+//!   recomputed (its prompt and what it generated so far) when it gets back in, helped by the
+//!   blocks of its own that are still cached.
+//! - **Step time**: `step_base + step_per_seq x requests in the step + prefill tokens /
+//!   prefill_tokens_per_s`. A request whose last prompt chunk (or a decode) was computed in a
+//!   step gets a token at its end.
 //!
-//! Time to first token is then queueing (waiting for KV space) + the prefill of the step that
-//! admits the request + that step's decode; a server whose KV cache is full builds a queue.
+//! Time to first token is then queueing (waiting for a seat and blocks) + its prefill (shared
+//! with the other requests of those steps); a server whose KV cache is full preempts and queues.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
 
 /// A GPU's figures.
@@ -24,11 +34,15 @@ pub struct Profile {
     pub name: &'static str,
     /// What it stands for.
     pub stands_for: &'static str,
-    pub kv_tokens: u64,
+    pub kv_blocks: u64,
+    pub block_tokens: u64,
+    /// Requests in the running batch at most (vLLM's `--max-num-seqs`).
+    pub max_num_seqs: usize,
+    /// Tokens computed per step at most (vLLM's `--max-num-batched-tokens`).
+    pub max_batched_tokens: u64,
     pub prefill_tokens_per_s: f64,
     pub step_base: Duration,
     pub step_per_seq: Duration,
-    pub max_batch: usize,
 }
 
 impl Profile {
@@ -38,11 +52,13 @@ impl Profile {
         Profile {
             name: "large",
             stands_for: "80 GB-class GPU (H100-like)",
-            kv_tokens: 65_536,
+            kv_blocks: 4096,
+            block_tokens: 16,
+            max_num_seqs: 64,
+            max_batched_tokens: 8192,
             prefill_tokens_per_s: 8_000.0,
             step_base: Duration::from_millis(30),
             step_per_seq: Duration::from_micros(200),
-            max_batch: 64,
         }
     }
 
@@ -52,11 +68,13 @@ impl Profile {
         Profile {
             name: "small",
             stands_for: "24 GB-class GPU (L4-like)",
-            kv_tokens: 16_384,
+            kv_blocks: 1024,
+            block_tokens: 16,
+            max_num_seqs: 16,
+            max_batched_tokens: 2048,
             prefill_tokens_per_s: 2_000.0,
             step_base: Duration::from_millis(60),
             step_per_seq: Duration::from_millis(1),
-            max_batch: 16,
         }
     }
 
@@ -67,78 +85,224 @@ impl Profile {
             _ => None,
         }
     }
+
+    /// KV-cache capacity in tokens.
+    pub fn kv_tokens(&self) -> u64 {
+        self.kv_blocks * self.block_tokens
+    }
+
+    /// Longest prompt + output accepted (a request must fit the whole cache).
+    pub fn max_model_len(&self) -> u64 {
+        self.kv_tokens()
+    }
 }
 
 /// A request's handle in the engine.
 pub type RequestId = u64;
+/// A token id.
+pub type Token = u32;
 
-#[derive(Clone, Debug)]
-struct Waiting {
-    id: RequestId,
-    prompt: u64,
-    max_tokens: u64,
+type BlockId = u32;
+type BlockHash = u64;
+
+/// One KV block.
+#[derive(Clone, Debug, Default)]
+struct Block {
+    /// Requests holding it.
+    refs: u32,
+    /// Its name in the prefix cache, once full and registered.
+    hash: Option<BlockHash>,
+    /// Its place in the free queue while nobody holds it.
+    free_at: Option<u64>,
 }
 
-#[derive(Clone, Debug)]
-struct Running {
+/// The block pool: free blocks in the order they were let go (evicted from the front), and the
+/// prefix cache's index of full blocks by hash.
+#[derive(Debug)]
+struct Pool {
+    blocks: Vec<Block>,
+    free: BTreeMap<u64, BlockId>,
+    next_free_seq: u64,
+    cached: HashMap<BlockHash, BlockId>,
+}
+
+impl Pool {
+    fn new(n: u64) -> Pool {
+        let mut pool = Pool {
+            blocks: vec![Block::default(); n as usize],
+            free: BTreeMap::new(),
+            next_free_seq: 0,
+            cached: HashMap::new(),
+        };
+        for id in 0..n as BlockId {
+            pool.release(id);
+        }
+        pool
+    }
+
+    fn free_count(&self) -> u64 {
+        self.free.len() as u64
+    }
+
+    /// A free block for new tokens: the least recently freed, evicted from the cache.
+    fn allocate(&mut self) -> Option<BlockId> {
+        let (_, id) = self.free.pop_first()?;
+        let b = &mut self.blocks[id as usize];
+        b.free_at = None;
+        b.refs = 1;
+        if let Some(h) = b.hash.take()
+            && self.cached.get(&h) == Some(&id)
+        {
+            self.cached.remove(&h);
+        }
+        Some(id)
+    }
+
+    /// Takes a cached block for a request (a prefix hit).
+    fn take(&mut self, id: BlockId) {
+        let b = &mut self.blocks[id as usize];
+        if let Some(seq) = b.free_at.take() {
+            self.free.remove(&seq);
+        }
+        b.refs += 1;
+    }
+
+    /// A request lets go of a block; nobody holding it, it joins the free queue (still cached).
+    fn release(&mut self, id: BlockId) {
+        let b = &mut self.blocks[id as usize];
+        b.refs = b.refs.saturating_sub(1);
+        if b.refs == 0 {
+            b.free_at = Some(self.next_free_seq);
+            self.free.insert(self.next_free_seq, id);
+            self.next_free_seq += 1;
+        }
+    }
+
+    /// Names a full block in the cache (a block whose content is already cached stays
+    /// anonymous).
+    fn register(&mut self, id: BlockId, hash: BlockHash) {
+        if let std::collections::hash_map::Entry::Vacant(e) = self.cached.entry(hash) {
+            e.insert(id);
+            self.blocks[id as usize].hash = Some(hash);
+        }
+    }
+}
+
+/// The hash of a full block, chained over the block before it.
+fn block_hash(previous: BlockHash, tokens: &[Token]) -> BlockHash {
+    // FNV-1a: deterministic, fast, and collisions are harmless here.
+    let mut h = previous ^ 0xcbf2_9ce4_8422_2325;
+    for t in tokens {
+        for b in t.to_le_bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+#[derive(Debug)]
+struct Request {
     id: RequestId,
-    prompt: u64,
+    /// Prompt and generated tokens so far.
+    tokens: Vec<Token>,
+    prompt_len: usize,
     max_tokens: u64,
     generated: u64,
+    /// Tokens whose KV is computed.
+    computed: usize,
+    blocks: Vec<BlockId>,
+    /// Hashes of its full blocks so far (chained).
+    hashes: Vec<BlockHash>,
+    /// Admitted once already (prompt and prefix counters count first admissions only).
+    admitted_before: bool,
+}
+
+impl Request {
+    /// Hashes of every full block of its tokens (extending the ones known).
+    fn extend_hashes(&mut self, block_tokens: usize) {
+        while (self.hashes.len() + 1) * block_tokens <= self.tokens.len() {
+            let i = self.hashes.len();
+            let previous = if i == 0 { 0 } else { self.hashes[i - 1] };
+            let chunk = &self.tokens[i * block_tokens..(i + 1) * block_tokens];
+            self.hashes.push(block_hash(previous, chunk));
+        }
+    }
 }
 
 /// What a step did.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Step {
-    /// How long the step takes (prefill of the admitted requests + one decode).
+    /// How long the step takes.
     pub duration: Duration,
-    /// Requests admitted at this step (their first token comes at its end).
+    /// Requests admitted at this step (not counting re-admissions after a preemption).
     pub admitted: Vec<RequestId>,
-    /// Every running request gets a token: (request, tokens generated so far).
+    /// Requests that got a token at this step: (request, tokens generated so far).
     pub tokens: Vec<(RequestId, u64)>,
     /// Requests that finished at this step.
     pub finished: Vec<RequestId>,
+    /// Requests preempted at this step.
+    pub preempted: Vec<RequestId>,
+}
+
+/// Totals for the metrics page, as vLLM counts them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Counters {
+    pub prompt_tokens: u64,
+    pub generation_tokens: u64,
+    /// Prompt tokens looked up in the prefix cache, and found.
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
+    pub preemptions: u64,
+    pub finished: u64,
 }
 
 /// The engine's state.
 #[derive(Debug)]
 pub struct Engine {
     pub profile: Profile,
-    waiting: VecDeque<Waiting>,
-    running: Vec<Running>,
-    kv_used: u64,
-    /// Totals for the metrics page.
-    pub prompt_tokens_total: u64,
-    pub generation_tokens_total: u64,
-    pub finished_total: u64,
+    pool: Pool,
+    waiting: VecDeque<Request>,
+    running: Vec<Request>,
+    pub counters: Counters,
 }
 
 impl Engine {
     pub fn new(profile: Profile) -> Engine {
         Engine {
+            pool: Pool::new(profile.kv_blocks),
             profile,
             waiting: VecDeque::new(),
             running: Vec::new(),
-            kv_used: 0,
-            prompt_tokens_total: 0,
-            generation_tokens_total: 0,
-            finished_total: 0,
+            counters: Counters::default(),
         }
     }
 
     /// Queues a request; refused if it could never fit in the KV cache.
-    pub fn submit(&mut self, id: RequestId, prompt: u64, max_tokens: u64) -> Result<(), String> {
-        let need = prompt + max_tokens;
-        if need > self.profile.kv_tokens || max_tokens == 0 {
+    pub fn submit(
+        &mut self,
+        id: RequestId,
+        prompt: Vec<Token>,
+        max_tokens: u64,
+    ) -> Result<(), String> {
+        let need = prompt.len() as u64 + max_tokens;
+        if prompt.is_empty() || max_tokens == 0 || need > self.profile.max_model_len() {
             return Err(format!(
-                "prompt ({prompt}) + max_tokens ({max_tokens}) must be between 1 and the KV cache ({} tokens)",
-                self.profile.kv_tokens
+                "prompt ({}) + max_tokens ({max_tokens}) must be between 2 and the model's length ({} tokens), with at least one of each",
+                prompt.len(),
+                self.profile.max_model_len()
             ));
         }
-        self.waiting.push_back(Waiting {
+        self.waiting.push_back(Request {
             id,
-            prompt,
+            prompt_len: prompt.len(),
+            tokens: prompt,
             max_tokens,
+            generated: 0,
+            computed: 0,
+            blocks: Vec::new(),
+            hashes: Vec::new(),
+            admitted_before: false,
         });
         Ok(())
     }
@@ -147,8 +311,8 @@ impl Engine {
     pub fn cancel(&mut self, id: RequestId) {
         self.waiting.retain(|w| w.id != id);
         if let Some(at) = self.running.iter().position(|r| r.id == id) {
-            let r = self.running.swap_remove(at);
-            self.kv_used -= r.prompt + r.max_tokens;
+            let r = self.running.remove(at);
+            self.free(r);
         }
     }
 
@@ -160,116 +324,386 @@ impl Engine {
         self.waiting.len()
     }
 
-    /// KV-cache use, 0..1.
+    /// KV-cache use, 0..1: the share of blocks requests hold (cached free blocks are free).
     pub fn kv_usage(&self) -> f64 {
-        self.kv_used as f64 / self.profile.kv_tokens as f64
+        1.0 - self.pool.free_count() as f64 / self.profile.kv_blocks as f64
+    }
+
+    /// Tokens of the requests in flight (running and waiting).
+    pub fn tokens_in_flight(&self) -> u64 {
+        self.running
+            .iter()
+            .chain(&self.waiting)
+            .map(|r| r.tokens.len() as u64)
+            .sum()
     }
 
     pub fn is_idle(&self) -> bool {
         self.running.is_empty() && self.waiting.is_empty()
     }
 
-    /// Runs one step: admits what fits, then decodes one token for every running request.
-    /// The caller waits `duration` before delivering the step's tokens.
+    fn free(&mut self, mut r: Request) -> Request {
+        // The tail first, so that a prefix outlives its continuation in the cache.
+        for id in r.blocks.drain(..).rev() {
+            self.pool.release(id);
+        }
+        r
+    }
+
+    /// Blocks needed to hold `tokens` tokens.
+    fn blocks_for(&self, tokens: usize) -> usize {
+        tokens.div_ceil(self.profile.block_tokens as usize)
+    }
+
+    /// Gives request `i` of the running batch the blocks it needs for `tokens` tokens.
+    fn grow(&mut self, i: usize, tokens: usize) -> bool {
+        let need = self
+            .blocks_for(tokens)
+            .saturating_sub(self.running[i].blocks.len());
+        if self.pool.free_count() < need as u64 {
+            return false;
+        }
+        for _ in 0..need {
+            let id = self.pool.allocate().expect("counted free");
+            self.running[i].blocks.push(id);
+        }
+        true
+    }
+
+    /// Registers a request's newly full blocks in the prefix cache.
+    fn register_full_blocks(&mut self, i: usize) {
+        let bt = self.profile.block_tokens as usize;
+        let r = &mut self.running[i];
+        r.extend_hashes(bt);
+        let full = (r.computed / bt).min(r.hashes.len()).min(r.blocks.len());
+        let pairs: Vec<(BlockId, BlockHash)> =
+            (0..full).map(|k| (r.blocks[k], r.hashes[k])).collect();
+        for (id, h) in pairs {
+            self.pool.register(id, h);
+        }
+    }
+
+    /// Runs one step; the caller waits `duration` before delivering the step's tokens.
     pub fn step(&mut self) -> Step {
         let mut step = Step::default();
-        let mut prefill = 0u64;
-        while let Some(w) = self.waiting.front() {
-            let need = w.prompt + w.max_tokens;
-            if self.running.len() >= self.profile.max_batch
-                || self.kv_used + need > self.profile.kv_tokens
-            {
+        let mut budget = self.profile.max_batched_tokens as usize;
+        // (request, tokens computed this step, whether that is a decode: the one token of a
+        // request whose other tokens are all computed)
+        let mut scheduled: Vec<(RequestId, usize, bool)> = Vec::new();
+        let mut preempted_now = false;
+
+        // 1. The running batch, in admission order.
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let r = &self.running[i];
+            let new = (r.tokens.len() - r.computed).min(budget);
+            let target = r.computed + new;
+            // Make room: the latest admitted request gives its blocks back.
+            let mut fits = self.grow(i, target);
+            while !fits {
+                let last = self.running.len() - 1;
+                let victim = self.running.remove(last);
+                let mut victim = self.free(victim);
+                victim.computed = 0;
+                step.preempted.push(victim.id);
+                self.counters.preemptions += 1;
+                preempted_now = true;
+                self.waiting.push_front(victim);
+                if last == i {
+                    break;
+                }
+                fits = self.grow(i, target);
+            }
+            if !fits {
                 break;
             }
-            let w = self.waiting.pop_front().expect("front exists");
-            self.kv_used += need;
-            prefill += w.prompt;
-            self.prompt_tokens_total += w.prompt;
-            step.admitted.push(w.id);
-            self.running.push(Running {
-                id: w.id,
-                prompt: w.prompt,
-                max_tokens: w.max_tokens,
-                generated: 0,
-            });
+            budget -= new;
+            let r = &self.running[i];
+            scheduled.push((r.id, new, r.computed + 1 == r.tokens.len()));
+            i += 1;
         }
-        if self.running.is_empty() {
+
+        // 2. Waiting requests, first come first served (none after a preemption).
+        while !preempted_now
+            && budget > 0
+            && self.running.len() < self.profile.max_num_seqs
+            && let Some(w) = self.waiting.front_mut()
+        {
+            let bt = self.profile.block_tokens as usize;
+            w.extend_hashes(bt);
+            // Leading cached blocks, leaving at least the last token to compute.
+            let max_hit = (w.tokens.len() - 1) / bt;
+            let hits: Vec<BlockId> = w
+                .hashes
+                .iter()
+                .take(max_hit)
+                .map_while(|h| self.pool.cached.get(h).copied())
+                .collect();
+            let cached = hits.len() * bt;
+            let new = (w.tokens.len() - cached).min(budget);
+            let need = (cached + new).div_ceil(bt) - hits.len();
+            // Free blocks, not counting cached free ones this request will take.
+            let hits_free = hits
+                .iter()
+                .filter(|id| self.pool.blocks[**id as usize].refs == 0)
+                .count();
+            if self.pool.free_count() < (need + hits_free) as u64 {
+                break;
+            }
+            let mut r = self.waiting.pop_front().expect("front exists");
+            for id in &hits {
+                self.pool.take(*id);
+            }
+            r.blocks = hits;
+            for _ in 0..need {
+                let id = self.pool.allocate().expect("counted free");
+                r.blocks.push(id);
+            }
+            r.computed = cached;
+            if !r.admitted_before {
+                r.admitted_before = true;
+                self.counters.prompt_tokens += r.prompt_len as u64;
+                self.counters.prefix_queries += r.prompt_len as u64;
+                self.counters.prefix_hits += cached.min(r.prompt_len) as u64;
+                step.admitted.push(r.id);
+            }
+            budget -= new;
+            scheduled.push((r.id, new, false));
+            self.running.push(r);
+        }
+        if scheduled.is_empty() {
             return step;
         }
-        step.duration = Duration::from_secs_f64(prefill as f64 / self.profile.prefill_tokens_per_s)
-            + self.profile.step_base
-            + self.profile.step_per_seq * self.running.len() as u32;
-        let mut i = 0;
-        while i < self.running.len() {
-            let r = &mut self.running[i];
-            r.generated += 1;
-            self.generation_tokens_total += 1;
-            step.tokens.push((r.id, r.generated));
-            if r.generated >= r.max_tokens {
-                let r = self.running.swap_remove(i);
-                self.kv_used -= r.prompt + r.max_tokens;
-                self.finished_total += 1;
+
+        // 3. The step's cost, then its tokens.
+        let prefill: usize = scheduled
+            .iter()
+            .filter(|(_, _, decode)| !decode)
+            .map(|(_, new, _)| new)
+            .sum();
+        step.duration = self.profile.step_base
+            + self.profile.step_per_seq * scheduled.len() as u32
+            + Duration::from_secs_f64(prefill as f64 / self.profile.prefill_tokens_per_s);
+        for (id, new, _) in scheduled {
+            let i = self
+                .running
+                .iter()
+                .position(|r| r.id == id)
+                .expect("scheduled is running");
+            self.running[i].computed += new;
+            if self.running[i].computed == self.running[i].tokens.len() {
+                // All its tokens computed: it samples the next one.
+                let r = &mut self.running[i];
+                r.generated += 1;
+                r.tokens.push(output_token(r.generated));
+                self.counters.generation_tokens += 1;
+                step.tokens.push((r.id, r.generated));
+            }
+            self.register_full_blocks(i);
+            if self.running[i].generated >= self.running[i].max_tokens {
+                let r = self.running.remove(i);
+                let r = self.free(r);
+                self.counters.finished += 1;
                 step.finished.push(r.id);
-            } else {
-                i += 1;
             }
         }
         step
     }
 }
 
+/// The id of the `n`-th generated token (1-based): the word `tok<n>`, as the server writes it,
+/// so that a client sending an answer back in its next prompt hits the blocks it left.
+pub fn output_token(n: u64) -> Token {
+    word_token(&format!("tok{n}"))
+}
+
+/// A word's token id (the simulator's tokenizer: one token per whitespace-separated word).
+pub fn word_token(word: &str) -> Token {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in word.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h
+}
+
+/// The token ids of a text.
+pub fn tokenize(text: &str) -> Vec<Token> {
+    text.split_whitespace().map(word_token).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn prompt(n: usize, seed: u32) -> Vec<Token> {
+        (0..n as u32)
+            .map(|i| i.wrapping_mul(2_654_435_761) ^ seed)
+            .collect()
+    }
+
+    /// Steps until idle; returns the steps.
+    fn run(e: &mut Engine) -> Vec<Step> {
+        let mut steps = Vec::new();
+        for _ in 0..100_000 {
+            if e.is_idle() {
+                return steps;
+            }
+            steps.push(e.step());
+        }
+        panic!("never idle");
+    }
+
     #[test]
     fn a_lone_request_gets_prefill_then_one_token_per_step() {
         let mut e = Engine::new(Profile::large());
-        e.submit(1, 4000, 3).unwrap();
+        e.submit(1, prompt(4000, 1), 3).unwrap();
         let s = e.step();
         assert_eq!(s.admitted, vec![1]);
         // 4000 / 8000 tok/s = 500 ms of prefill + 30 ms + 0.2 ms.
         assert_eq!(s.duration, Duration::from_micros(530_200));
         assert_eq!(s.tokens, vec![(1, 1)]);
         assert_eq!(e.step().duration, Duration::from_micros(30_200));
-        let last = e.step();
-        assert_eq!(last.finished, vec![1]);
+        assert_eq!(e.step().finished, vec![1]);
         assert!(e.is_idle());
-        assert_eq!(e.kv_usage(), 0.0);
         assert_eq!(
-            (e.prompt_tokens_total, e.generation_tokens_total),
+            e.kv_usage(),
+            0.0,
+            "finished: its blocks are free (and cached)"
+        );
+        assert_eq!(
+            (e.counters.prompt_tokens, e.counters.generation_tokens),
             (4000, 3)
         );
     }
 
     #[test]
-    fn a_full_kv_cache_queues_requests_in_order() {
+    fn long_prompts_are_prefilled_in_chunks_beside_running_decodes() {
         let mut e = Engine::new(Profile::small());
-        // Each needs 6,000 of 16,384 tokens: two fit.
-        for id in 1..=4 {
-            e.submit(id, 5000, 1000).unwrap();
-        }
+        e.submit(1, prompt(100, 1), 50).unwrap();
+        e.step();
+        // A 5,000-token prompt needs three steps of the 2,048-token budget; the first request
+        // keeps decoding meanwhile (its token comes out of the budget first).
+        e.submit(2, prompt(5000, 2), 5).unwrap();
         let s = e.step();
-        assert_eq!(s.admitted, vec![1, 2]);
-        assert_eq!((e.running(), e.waiting()), (2, 2));
-        assert!((e.kv_usage() - 12_000.0 / 16_384.0).abs() < 1e-9);
-        // Batch steps slow down with size.
-        assert!(e.step().duration > Profile::small().step_base);
-        for _ in 0..998 {
-            assert!(e.step().admitted.is_empty());
-        }
-        // Both finish; the next two get in.
-        assert_eq!(e.step().admitted, vec![3, 4]);
-        assert!(e.submit(9, 16_000, 1000).is_err(), "larger than the cache");
+        assert_eq!(s.admitted, vec![2]);
+        assert_eq!(
+            s.tokens,
+            vec![(1, 2)],
+            "no token for the half-prefilled one"
+        );
+        let s = e.step();
+        assert_eq!(s.tokens, vec![(1, 3)]);
+        let s = e.step();
+        assert_eq!(
+            s.tokens,
+            vec![(1, 4), (2, 1)],
+            "its last chunk, then a token"
+        );
+        // Both decoding: 60 ms + 2 x 1 ms.
+        assert_eq!(e.step().duration, Duration::from_millis(62));
     }
 
     #[test]
-    fn the_batch_is_capped() {
+    fn a_repeated_prompt_skips_the_prefill_of_its_cached_blocks() {
+        let mut e = Engine::new(Profile::large());
+        let p = prompt(1000, 7);
+        e.submit(1, p.clone(), 2).unwrap();
+        let cold = e.step().duration;
+        run(&mut e);
+        // 62 full blocks of 16 are cached (992 tokens); 8 are computed again.
+        e.submit(2, p, 2).unwrap();
+        let warm = e.step().duration;
+        assert_eq!(cold, Duration::from_micros(155_200)); // 1000 / 8000 s + 30.2 ms
+        assert_eq!(warm, Duration::from_micros(31_200)); // 8 / 8000 s + 30.2 ms
+        assert_eq!(
+            (e.counters.prefix_queries, e.counters.prefix_hits),
+            (2000, 992)
+        );
+        // A prompt that shares only its first 500 tokens hits 31 blocks.
+        let mut other = prompt(1000, 7);
+        for t in &mut other[500..] {
+            *t ^= 0xffff;
+        }
+        run(&mut e);
+        e.submit(3, other, 1).unwrap();
+        run(&mut e);
+        assert_eq!(e.counters.prefix_hits, 992 + 496);
+    }
+
+    #[test]
+    fn an_answer_sent_back_in_the_next_turn_hits_the_blocks_it_filled() {
+        let mut e = Engine::new(Profile::large());
+        let first = prompt(40, 3);
+        e.submit(1, first.clone(), 24).unwrap();
+        run(&mut e);
+        // Turn 2: turn 1's prompt and answer, then a new message.
+        let mut second = first;
+        second.extend((1..=24).map(output_token));
+        second.extend(prompt(20, 9));
+        e.submit(2, second, 1).unwrap();
+        run(&mut e);
+        // 40 + 24 = 64 tokens = 4 full blocks; the last generated token was never computed,
+        // so the fourth block was not full when turn 1 ended: 3 blocks hit.
+        assert_eq!(e.counters.prefix_hits, 48);
+    }
+
+    #[test]
+    fn cached_blocks_are_evicted_least_recently_freed_first_tail_before_prefix() {
+        // 1,024 blocks. A 600-block prompt, then a 1,000-block one: the second takes the 424
+        // blocks never used, then 576 of the first's, from its tail (freed first), so the
+        // first's leading 24 blocks are still cached when it comes again.
+        let mut e = Engine::new(Profile::small());
+        let a = prompt(16 * 600, 1);
+        e.submit(1, a.clone(), 1).unwrap();
+        run(&mut e);
+        e.submit(2, prompt(16 * 1000, 2), 1).unwrap();
+        run(&mut e);
+        e.submit(3, a, 1).unwrap();
+        run(&mut e);
+        assert_eq!(e.counters.prefix_hits, 24 * 16, "{:?}", e.counters);
+    }
+
+    #[test]
+    fn a_full_cache_preempts_the_latest_admitted_and_recomputes_it() {
+        let mut e = Engine::new(Profile::small());
+        // 16 requests of 960 prompt tokens (60 blocks each, 960 blocks in all) that each grow
+        // by 200 tokens: the cache (1,024 blocks) cannot hold them all.
+        for id in 0..16 {
+            e.submit(id, prompt(960, id as u32), 200).unwrap();
+        }
+        let steps = run(&mut e);
+        let preempted: Vec<RequestId> = steps.iter().flat_map(|s| s.preempted.clone()).collect();
+        assert!(!preempted.is_empty());
+        assert_eq!(e.counters.preemptions as usize, preempted.len());
+        // Every request finishes with all its tokens, each counted once.
+        let finished: usize = steps.iter().map(|s| s.finished.len()).sum();
+        assert_eq!(finished, 16);
+        assert_eq!(e.counters.generation_tokens, 16 * 200);
+        assert_eq!(e.counters.prompt_tokens, 16 * 960);
+        // The first admitted, at the head of the batch, is never the victim.
+        assert!(!preempted.contains(&0), "{preempted:?}");
+    }
+
+    #[test]
+    fn the_batch_is_capped_and_oversized_requests_are_refused() {
         let mut e = Engine::new(Profile::small());
         for id in 0..40 {
-            e.submit(id, 10, 10).unwrap();
+            e.submit(id, prompt(10, 1), 10).unwrap();
         }
         e.step();
-        assert_eq!(e.running(), Profile::small().max_batch);
+        assert_eq!(e.running(), Profile::small().max_num_seqs);
+        assert_eq!(e.waiting(), 40 - 16);
+        assert!(e.submit(99, prompt(16_000, 1), 1000).is_err());
+        assert!(e.submit(99, Vec::new(), 10).is_err());
+    }
+
+    #[test]
+    fn words_are_tokens() {
+        assert_eq!(
+            tokenize("a b  a"),
+            vec![word_token("a"), word_token("b"), word_token("a")]
+        );
+        assert_eq!(output_token(3), word_token("tok3"));
     }
 }

@@ -1,6 +1,15 @@
 //! The simulated inference server's HTTP side, OpenAI-compatible as vLLM serves it:
-//! `POST /v1/completions` and `/v1/chat/completions` (streamed as server-sent events, one
-//! event per token, or whole), `GET /v1/models`, `/health`, and `/metrics` in vLLM's names.
+//! `POST /v1/completions` and `/v1/chat/completions` (streamed as server-sent events, one event
+//! per token, the last one with its `finish_reason`, then a usage chunk when the request asks
+//! for one, then `[DONE]`; or whole), `POST /tokenize` (vLLM's), `GET /get_load` (SGLang's: the
+//! L7 routers' load-aware policies poll it), `/v1/models`, `/health`, `/version`, and `/metrics`
+//! with vLLM's names, labels and content type.
+//!
+//! Prompts are tokenized one token per whitespace-separated word (`engine::tokenize`); a prompt
+//! given as token ids is taken as it is. A chat's messages are tokenized as `role content` in
+//! turn. Generated tokens are the words `tok1 tok2 ...`, so a client that sends a conversation's
+//! answers back in its next prompt reuses the blocks they filled (multi-turn prefix hits).
+//!
 //! Every answer carries `x-served-by: NAME`, so load generators can tell backends apart.
 
 use std::collections::HashMap;
@@ -17,25 +26,85 @@ use axum::routing::{get, post};
 use serde_json::{Value, json};
 use tokio::sync::{Notify, mpsc};
 
-use super::engine::{Engine, Profile, RequestId};
+use super::engine::{Engine, Profile, RequestId, Token, tokenize};
 
 /// What the engine tells a request's handler.
 enum Event {
-    /// A token was generated (the count so far).
-    Token(u64),
-    Done,
+    /// A token was generated: the count so far, and whether it is the last.
+    Token(u64, bool),
 }
 
-/// Upper bounds of the time-to-first-token histogram, as vLLM's.
-const TTFT_BUCKETS: [f64; 15] = [
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
+/// A histogram as vLLM's: cumulative counts per upper bound, sum, count.
+struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            counts: vec![0; bounds.len() + 1],
+            sum: 0.0,
+            count: 0,
+        }
+    }
+
+    fn observe(&mut self, v: f64) {
+        let i = self
+            .bounds
+            .iter()
+            .position(|b| v <= *b)
+            .unwrap_or(self.bounds.len());
+        self.counts[i] += 1;
+        self.sum += v;
+        self.count += 1;
+    }
+
+    fn render(&self, page: &mut String, name: &str, help: &str, labels: &str) {
+        use std::fmt::Write as _;
+        let _ = writeln!(page, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (i, b) in self.bounds.iter().enumerate() {
+            cumulative += self.counts[i];
+            let _ = writeln!(page, "{name}_bucket{{{labels},le=\"{b}\"}} {cumulative}.0");
+        }
+        cumulative += self.counts[self.bounds.len()];
+        let _ = writeln!(
+            page,
+            "{name}_bucket{{{labels},le=\"+Inf\"}} {cumulative}.0\n{name}_count{{{labels}}} {}.0\n{name}_sum{{{labels}}} {}",
+            self.count, self.sum
+        );
+    }
+}
+
+/// vLLM's bucket bounds for time to first token, inter-token latency and end-to-end latency.
+const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+const ITL_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+];
+const E2E_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
 ];
 
-/// A request's outlet, when it arrived, and whether its first token went out.
+/// A request's outlet, when it arrived, and when its last token went out.
 struct Sink {
     tx: mpsc::UnboundedSender<Event>,
     arrived: Instant,
-    first_sent: bool,
+    last_token: Option<Instant>,
+}
+
+struct Histograms {
+    ttft: Histogram,
+    itl: Histogram,
+    e2e: Histogram,
 }
 
 struct Shared {
@@ -45,8 +114,7 @@ struct Shared {
     work: Notify,
     sinks: Mutex<HashMap<RequestId, Sink>>,
     next_id: Mutex<RequestId>,
-    /// TTFT histogram: counts per bucket (+Inf last), sum, count.
-    ttft: Mutex<(Vec<u64>, f64, u64)>,
+    histograms: Mutex<Histograms>,
 }
 
 /// Runs a simulated server on `addr` until the process ends.
@@ -63,14 +131,24 @@ pub async fn serve(
         work: Notify::new(),
         sinks: Mutex::new(HashMap::new()),
         next_id: Mutex::new(1),
-        ttft: Mutex::new((vec![0; TTFT_BUCKETS.len() + 1], 0.0, 0)),
+        histograms: Mutex::new(Histograms {
+            ttft: Histogram::new(TTFT_BUCKETS),
+            itl: Histogram::new(ITL_BUCKETS),
+            e2e: Histogram::new(E2E_BUCKETS),
+        }),
     });
     tokio::spawn(drive(shared.clone()));
     let app = axum::Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
+        .route("/tokenize", post(tokenize_route))
+        .route("/get_load", get(get_load))
         .route("/v1/models", get(models))
-        .route("/health", get(|| async { "ok" }))
+        .route(
+            "/version",
+            get(|| async { axum::Json(json!({"version": "sim-llm"})) }),
+        )
+        .route("/health", get(|| async { "" }))
         .route("/metrics", get(metrics))
         .with_state(shared);
     let listener = tokio::net::TcpListener::bind(addr).await?;
@@ -85,7 +163,7 @@ async fn drive(shared: Arc<Shared>) {
             .lock()
             .map(|mut e| e.step())
             .unwrap_or_default();
-        if step.tokens.is_empty() {
+        if step.duration.is_zero() {
             shared.work.notified().await;
             continue;
         }
@@ -94,28 +172,27 @@ async fn drive(shared: Arc<Shared>) {
         let mut gone = Vec::new();
         {
             let mut sinks = shared.sinks.lock().expect("sinks");
+            let mut h = shared.histograms.lock().expect("histograms");
             for (id, n) in &step.tokens {
-                if let Some(sink) = sinks.get_mut(id) {
-                    if !sink.first_sent {
-                        sink.first_sent = true;
-                        let ttft = now.duration_since(sink.arrived).as_secs_f64();
-                        let mut h = shared.ttft.lock().expect("ttft");
-                        let bucket = TTFT_BUCKETS
-                            .iter()
-                            .position(|b| ttft <= *b)
-                            .unwrap_or(TTFT_BUCKETS.len());
-                        h.0[bucket] += 1;
-                        h.1 += ttft;
-                        h.2 += 1;
-                    }
-                    if sink.tx.send(Event::Token(*n)).is_err() {
-                        gone.push(*id);
-                    }
+                let last = step.finished.contains(id);
+                let Some(sink) = sinks.get_mut(id) else {
+                    continue;
+                };
+                match sink.last_token {
+                    None => h
+                        .ttft
+                        .observe(now.duration_since(sink.arrived).as_secs_f64()),
+                    Some(t) => h.itl.observe(now.duration_since(t).as_secs_f64()),
+                }
+                sink.last_token = Some(now);
+                if sink.tx.send(Event::Token(*n, last)).is_err() {
+                    gone.push(*id);
                 }
             }
             for id in &step.finished {
                 if let Some(sink) = sinks.remove(id) {
-                    let _ = sink.tx.send(Event::Done);
+                    h.e2e
+                        .observe(now.duration_since(sink.arrived).as_secs_f64());
                 }
             }
             for id in &gone {
@@ -131,17 +208,41 @@ async fn drive(shared: Arc<Shared>) {
     }
 }
 
-/// Tokens of a prompt: its whitespace-separated words (a list of token ids counts each).
-fn prompt_tokens(prompt: &Value) -> u64 {
+/// A prompt's tokens: a text's words, a list of token ids, or a list of texts.
+fn prompt_tokens(prompt: &Value) -> Vec<Token> {
     match prompt {
-        Value::String(s) => s.split_whitespace().count() as u64,
+        Value::String(s) => tokenize(s),
         Value::Array(items) => items
             .iter()
-            .map(|i| if i.is_number() { 1 } else { prompt_tokens(i) })
-            .sum(),
-        _ => 0,
+            .flat_map(|i| match i.as_u64() {
+                Some(id) => vec![id as Token],
+                None => prompt_tokens(i),
+            })
+            .collect(),
+        _ => Vec::new(),
     }
-    .max(1)
+}
+
+/// A chat's tokens: each message's role, then its content (text, or a list of text parts).
+fn chat_tokens(messages: &[Value]) -> Vec<Token> {
+    let mut tokens = Vec::new();
+    for m in messages {
+        tokens.extend(tokenize(
+            m.get("role").and_then(Value::as_str).unwrap_or("user"),
+        ));
+        match m.get("content") {
+            Some(Value::Array(parts)) => {
+                for p in parts {
+                    tokens.extend(tokenize(
+                        p.get("text").and_then(Value::as_str).unwrap_or(""),
+                    ));
+                }
+            }
+            Some(c) => tokens.extend(prompt_tokens(c)),
+            None => {}
+        }
+    }
+    tokens
 }
 
 fn error(status: StatusCode, message: String) -> Response {
@@ -161,45 +262,55 @@ fn unix_now() -> u64 {
 
 /// One request's parameters, from either endpoint.
 struct Ask {
-    prompt: u64,
+    prompt: Vec<Token>,
     max_tokens: u64,
     stream: bool,
+    include_usage: bool,
     chat: bool,
 }
 
-fn parse_ask(shared: &Shared, body: &Bytes, chat: bool) -> Result<Ask, Box<Response>> {
-    let v: Value = serde_json::from_slice(body)
-        .map_err(|e| bad(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}")))?;
-    if let Some(m) = v.get("model").and_then(Value::as_str)
-        && m != shared.model
-    {
-        return Err(bad(
+fn parse_json(body: &Bytes) -> Result<Value, Box<Response>> {
+    serde_json::from_slice(body)
+        .map_err(|e| bad(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}")))
+}
+
+fn check_model(shared: &Shared, v: &Value) -> Result<(), Box<Response>> {
+    match v.get("model").and_then(Value::as_str) {
+        Some(m) if m != shared.model => Err(bad(
             StatusCode::NOT_FOUND,
             format!("The model `{m}` does not exist."),
-        ));
+        )),
+        _ => Ok(()),
     }
-    let prompt = if chat {
+}
+
+/// The tokens of a request body: its `messages` (chat) or its `prompt`.
+fn body_tokens(v: &Value, chat: bool) -> Result<Vec<Token>, Box<Response>> {
+    if chat {
         let messages = v.get("messages").and_then(Value::as_array).ok_or_else(|| {
             bad(
                 StatusCode::BAD_REQUEST,
                 "\"messages\" must be a list".into(),
             )
         })?;
-        messages
-            .iter()
-            .map(|m| m.get("content").map_or(0, prompt_tokens))
-            .sum::<u64>()
-            .max(1)
+        Ok(chat_tokens(messages))
     } else {
         let p = v
             .get("prompt")
             .ok_or_else(|| bad(StatusCode::BAD_REQUEST, "\"prompt\" is required".into()))?;
-        prompt_tokens(p)
-    };
+        Ok(prompt_tokens(p))
+    }
+}
+
+fn parse_ask(shared: &Shared, body: &Bytes, chat: bool) -> Result<Ask, Box<Response>> {
+    let v = parse_json(body)?;
+    check_model(shared, &v)?;
+    let prompt = body_tokens(&v, chat)?;
     let max_tokens = v
         .get("max_completion_tokens")
         .or_else(|| v.get("max_tokens"))
         .map_or(Some(16), Value::as_u64)
+        .filter(|n| *n > 0)
         .ok_or_else(|| {
             bad(
                 StatusCode::BAD_REQUEST,
@@ -210,20 +321,64 @@ fn parse_ask(shared: &Shared, body: &Bytes, chat: bool) -> Result<Ask, Box<Respo
         prompt,
         max_tokens,
         stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        include_usage: v
+            .pointer("/stream_options/include_usage")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
         chat,
     })
 }
 
 async fn completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
-    answer(shared, body, false).await
+    served_by(&shared, answer(&shared, body, false).await)
 }
 
 async fn chat(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
-    answer(shared, body, true).await
+    served_by(&shared, answer(&shared, body, true).await)
 }
 
-async fn answer(shared: Arc<Shared>, body: Bytes, chat: bool) -> Response {
-    let ask = match parse_ask(&shared, &body, chat) {
+fn served_by(shared: &Shared, mut response: Response) -> Response {
+    if let Ok(v) = HeaderValue::from_str(&shared.name) {
+        response.headers_mut().insert("x-served-by", v);
+    }
+    response
+}
+
+/// `POST /tokenize` as vLLM answers it: `{"count", "max_model_len", "tokens"}`.
+async fn tokenize_route(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let result = parse_json(&body).and_then(|v| {
+        check_model(&shared, &v)?;
+        body_tokens(&v, v.get("messages").is_some())
+    });
+    match result {
+        Ok(tokens) => {
+            let max_model_len = shared
+                .engine
+                .lock()
+                .expect("engine")
+                .profile
+                .max_model_len();
+            axum::Json(json!({"count": tokens.len(), "max_model_len": max_model_len, "tokens": tokens, "token_strs": null}))
+                .into_response()
+        }
+        Err(r) => *r,
+    }
+}
+
+/// `GET /get_load` as SGLang answers it (one data-parallel rank).
+async fn get_load(State(shared): State<Arc<Shared>>) -> Response {
+    let e = shared.engine.lock().expect("engine");
+    let v = json!([{
+        "dp_rank": 0,
+        "num_reqs": e.running() + e.waiting(),
+        "num_waiting_reqs": e.waiting(),
+        "num_tokens": e.tokens_in_flight(),
+    }]);
+    axum::Json(v).into_response()
+}
+
+async fn answer(shared: &Arc<Shared>, body: Bytes, chat: bool) -> Response {
+    let ask = match parse_ask(shared, &body, chat) {
         Ok(a) => a,
         Err(r) => return *r,
     };
@@ -238,9 +393,10 @@ async fn answer(shared: Arc<Shared>, body: Bytes, chat: bool) -> Response {
         Sink {
             tx,
             arrived: Instant::now(),
-            first_sent: false,
+            last_token: None,
         },
     );
+    let prompt_len = ask.prompt.len() as u64;
     if let Err(e) = shared
         .engine
         .lock()
@@ -254,57 +410,13 @@ async fn answer(shared: Arc<Shared>, body: Bytes, chat: bool) -> Response {
     let rid = format!("{}-{id}", if chat { "chatcmpl" } else { "cmpl" });
     let model = shared.model.clone();
     let created = unix_now();
-    let (prompt, max_tokens) = (ask.prompt, ask.max_tokens);
-    let usage = move |completion: u64| json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion});
-    let mut response = if ask.stream {
-        let chunk = move |n: Option<u64>, done: bool| -> Bytes {
-            let text = n.map(|n| format!(" tok{n}")).unwrap_or_default();
-            let finish = if done { json!("length") } else { Value::Null };
-            let v = if ask.chat {
-                json!({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                       "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]})
-            } else {
-                json!({"id": rid, "object": "text_completion", "created": created, "model": model,
-                       "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}]})
-            };
-            let mut v = v;
-            if done {
-                v["usage"] = usage(max_tokens);
-            }
-            Bytes::from(format!("data: {v}\n\n"))
-        };
-        let stream = futures_util::stream::unfold((rx, false), move |(mut rx, ended)| {
-            let chunk = chunk.clone();
-            async move {
-                if ended {
-                    return None;
-                }
-                match rx.recv().await {
-                    Some(Event::Token(n)) => {
-                        Some((Ok::<_, Infallible>(chunk(Some(n), false)), (rx, false)))
-                    }
-                    Some(Event::Done) | None => {
-                        let mut last = chunk(None, true).to_vec();
-                        last.extend_from_slice(b"data: [DONE]\n\n");
-                        Some((Ok(Bytes::from(last)), (rx, true)))
-                    }
-                }
-            }
-        });
-        let mut r = Response::new(Body::from_stream(stream));
-        r.headers_mut().insert(
-            "content-type",
-            HeaderValue::from_static("text/event-stream"),
-        );
-        r.headers_mut()
-            .insert("cache-control", HeaderValue::from_static("no-cache"));
-        r
-    } else {
+    let usage = move |completion: u64| json!({"prompt_tokens": prompt_len, "completion_tokens": completion, "total_tokens": prompt_len + completion});
+    if !ask.stream {
         let mut n = 0;
-        while let Some(ev) = rx.recv().await {
-            match ev {
-                Event::Token(k) => n = k,
-                Event::Done => break,
+        while let Some(Event::Token(k, last)) = rx.recv().await {
+            n = k;
+            if last {
+                break;
             }
         }
         let text: String = (1..=n).map(|k| format!(" tok{k}")).collect();
@@ -317,62 +429,303 @@ async fn answer(shared: Arc<Shared>, body: Bytes, chat: bool) -> Response {
                    "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": "length"}],
                    "usage": usage(n)})
         };
-        axum::Json(v).into_response()
-    };
-    if let Ok(v) = HeaderValue::from_str(&shared.name) {
-        response.headers_mut().insert("x-served-by", v);
+        return axum::Json(v).into_response();
     }
-    response
+    let chunk = move |n: u64, last: bool| -> String {
+        let text = format!(" tok{n}");
+        let finish = if last { json!("length") } else { Value::Null };
+        let v = if ask.chat {
+            json!({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                   "choices": [{"index": 0, "delta": {"content": text}, "logprobs": null, "finish_reason": finish}]})
+        } else {
+            json!({"id": rid, "object": "text_completion", "created": created, "model": model,
+                   "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish, "stop_reason": null}]})
+        };
+        let mut out = format!("data: {v}\n\n");
+        if last {
+            if ask.include_usage {
+                let u = json!({"id": rid, "object": v["object"], "created": created, "model": model,
+                               "choices": [], "usage": usage(n)});
+                out.push_str(&format!("data: {u}\n\n"));
+            }
+            out.push_str("data: [DONE]\n\n");
+        }
+        out
+    };
+    let stream = futures_util::stream::unfold((rx, false), move |(mut rx, ended)| {
+        let chunk = chunk.clone();
+        async move {
+            if ended {
+                return None;
+            }
+            rx.recv().await.map(|Event::Token(n, last)| {
+                (Ok::<_, Infallible>(Bytes::from(chunk(n, last))), (rx, last))
+            })
+        }
+    });
+    let mut r = Response::new(Body::from_stream(stream));
+    r.headers_mut().insert(
+        "content-type",
+        HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    r.headers_mut()
+        .insert("cache-control", HeaderValue::from_static("no-cache"));
+    r
 }
 
 async fn models(State(shared): State<Arc<Shared>>) -> Response {
-    let v = json!({"object": "list", "data": [{"id": shared.model, "object": "model", "created": unix_now(), "owned_by": "sim-llm"}]});
+    let max_model_len = shared
+        .engine
+        .lock()
+        .expect("engine")
+        .profile
+        .max_model_len();
+    let v = json!({"object": "list", "data": [{"id": shared.model, "object": "model", "created": unix_now(), "owned_by": "sim-llm", "root": shared.model, "max_model_len": max_model_len}]});
     axum::Json(v).into_response()
 }
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
-    let (running, waiting, kv, prompt_total, gen_total, kv_tokens) = {
+    use std::fmt::Write as _;
+    let (running, waiting, kv, c, profile) = {
         let e = shared.engine.lock().expect("engine");
         (
             e.running(),
             e.waiting(),
             e.kv_usage(),
-            e.prompt_tokens_total,
-            e.generation_tokens_total,
-            e.profile.kv_tokens,
+            e.counters.clone(),
+            e.profile.clone(),
         )
     };
-    let m = &shared.model;
-    let l = format!("engine=\"0\",model_name=\"{m}\"");
-    let mut page = format!(
-        "# HELP vllm:num_requests_running Number of requests in model execution batches.\n\
-         # TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{{l}}} {running}\n\
-         # HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n\
-         # TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{{l}}} {waiting}\n\
-         # HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n\
-         # TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{{l}}} {kv}\n\
-         # HELP vllm:prompt_tokens_total Number of prefill tokens processed.\n\
-         # TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{{{l}}} {prompt_total}\n\
-         # HELP vllm:generation_tokens_total Number of generation tokens processed.\n\
-         # TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{{{l}}} {gen_total}\n\
-         # HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
-         # TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{block_size=\"16\",engine=\"0\",num_gpu_blocks=\"{}\"}} 1.0\n\
-         # HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.\n\
-         # TYPE vllm:time_to_first_token_seconds histogram\n",
-        kv_tokens / 16
+    let l = format!("engine=\"0\",model_name=\"{}\"", shared.model);
+    let mut page = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, labels: &str, value: String| {
+        let _ = writeln!(
+            page,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {value}"
+        );
+    };
+    metric(
+        "vllm:num_requests_running",
+        "gauge",
+        "Number of requests in model execution batches.",
+        &l,
+        format!("{running}.0"),
     );
-    let (buckets, sum, count) = shared.ttft.lock().expect("ttft").clone();
-    let mut cumulative = 0;
-    for (i, b) in TTFT_BUCKETS.iter().enumerate() {
-        cumulative += buckets[i];
-        page.push_str(&format!(
-            "vllm:time_to_first_token_seconds_bucket{{{l},le=\"{b}\"}} {cumulative}\n"
-        ));
+    metric(
+        "vllm:num_requests_waiting",
+        "gauge",
+        "Number of requests waiting to be processed.",
+        &l,
+        format!("{waiting}.0"),
+    );
+    metric(
+        "vllm:num_requests_waiting_by_reason",
+        "gauge",
+        "Number of requests waiting to be processed, by reason.",
+        &format!("{l},reason=\"capacity\""),
+        format!("{waiting}.0"),
+    );
+    metric(
+        "vllm:kv_cache_usage_perc",
+        "gauge",
+        "KV-cache usage. 1 means 100 percent usage.",
+        &l,
+        format!("{kv}"),
+    );
+    for (name, help, value) in [
+        (
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            c.prefix_queries,
+        ),
+        (
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            c.prefix_hits,
+        ),
+        (
+            "vllm:num_preemptions",
+            "Cumulative number of preemption from the engine.",
+            c.preemptions,
+        ),
+        (
+            "vllm:prompt_tokens",
+            "Number of prefill tokens processed.",
+            c.prompt_tokens,
+        ),
+        (
+            "vllm:generation_tokens",
+            "Number of generation tokens processed.",
+            c.generation_tokens,
+        ),
+    ] {
+        metric(
+            &format!("{name}_total"),
+            "counter",
+            help,
+            &l,
+            format!("{value}.0"),
+        );
     }
-    cumulative += buckets[TTFT_BUCKETS.len()];
-    page.push_str(&format!(
-        "vllm:time_to_first_token_seconds_bucket{{{l},le=\"+Inf\"}} {cumulative}\n\
-         vllm:time_to_first_token_seconds_sum{{{l}}} {sum}\nvllm:time_to_first_token_seconds_count{{{l}}} {count}\n"
-    ));
-    ([("content-type", "text/plain; version=0.0.4")], page).into_response()
+    metric(
+        "vllm:request_success_total",
+        "counter",
+        "Count of successfully processed requests.",
+        &format!("{l},finished_reason=\"length\""),
+        format!("{}.0", c.finished),
+    );
+    // As vLLM: the cache config has the engine but no model name.
+    metric(
+        "vllm:cache_config_info",
+        "gauge",
+        "Information of the LLMEngine CacheConfig",
+        &format!(
+            "block_size=\"{}\",enable_prefix_caching=\"True\",engine=\"0\",kv_cache_size_tokens=\"{}\",num_gpu_blocks=\"{}\"",
+            profile.block_tokens,
+            profile.kv_tokens(),
+            profile.kv_blocks
+        ),
+        "1.0".into(),
+    );
+    {
+        let h = shared.histograms.lock().expect("histograms");
+        h.ttft.render(
+            &mut page,
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            &l,
+        );
+        h.itl.render(
+            &mut page,
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            &l,
+        );
+        h.e2e.render(
+            &mut page,
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            &l,
+        );
+    }
+    (
+        [("content-type", "text/plain; version=1.0.0; charset=utf-8")],
+        page,
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::openai::stream_completion;
+    use crate::traffic::http_get_status;
+    use std::time::Duration;
+
+    /// A server on a loopback port of its own runtime thread.
+    fn start(profile: Profile) -> SocketAddr {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(serve(addr, "gpu1".into(), "m".into(), profile))
+        });
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(addr).is_ok() {
+                return addr;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("the simulated server did not listen");
+    }
+
+    fn post(addr: SocketAddr, path: &str, body: &Value) -> Value {
+        use std::io::{Read, Write};
+        let body = body.to_string();
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        write!(
+            s,
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).unwrap();
+        serde_json::from_str(reply.split_once("\r\n\r\n").unwrap().1).unwrap()
+    }
+
+    #[test]
+    fn streams_tokenizes_and_reports_as_vllm_does() {
+        let addr = start(Profile::large());
+        let prompt = "w ".repeat(600);
+        let body = json!({"model": "m", "prompt": prompt, "max_tokens": 5, "stream": true,
+                          "stream_options": {"include_usage": true}});
+        let c = stream_completion(
+            addr,
+            "/v1/completions",
+            &body,
+            Duration::from_secs(10),
+            |_| {},
+        )
+        .unwrap();
+        c.check_intact(5).unwrap();
+        assert_eq!(c.text, " tok1 tok2 tok3 tok4 tok5");
+        assert_eq!(
+            c.text_chunks, 5,
+            "a chunk per token, the last with its finish reason"
+        );
+        assert_eq!(c.prompt_tokens, Some(600));
+        assert_eq!(
+            c.headers
+                .iter()
+                .find(|(k, _)| k == "x-served-by")
+                .map(|(_, v)| v.as_str()),
+            Some("gpu1")
+        );
+        // The same prompt again: its 37 full blocks (592 tokens) are cached.
+        stream_completion(
+            addr,
+            "/v1/completions",
+            &body,
+            Duration::from_secs(10),
+            |_| {},
+        )
+        .unwrap()
+        .check_intact(5)
+        .unwrap();
+        let t = post(addr, "/tokenize", &json!({"model": "m", "prompt": "a b c"}));
+        assert_eq!(t["count"], 3);
+        assert_eq!(t["tokens"].as_array().unwrap().len(), 3);
+        let (status, load) = http_get_status(addr, "/get_load", Duration::from_secs(2)).unwrap();
+        assert_eq!(status, 200);
+        let load: Value = serde_json::from_str(&load).unwrap();
+        assert_eq!(load[0]["num_reqs"], 0);
+        let (_, page) = http_get_status(addr, "/metrics", Duration::from_secs(2)).unwrap();
+        let s = balancer::telemetry::signals::extract(
+            &balancer::telemetry::exposition::parse(&page).unwrap(),
+        );
+        assert_eq!(
+            (s.running, s.waiting, s.kv_usage),
+            (Some(0.0), Some(0.0), Some(0.0))
+        );
+        assert_eq!(s.kv_capacity_tokens, Some(65_536.0));
+        assert_eq!(s.prefix_cache_counts, Some((592.0, 1200.0)));
+        assert_eq!(s.tokens_total, Some(1200.0 + 10.0));
+        assert_eq!(s.ttft_sum_count.map(|(_, n)| n), Some(2.0));
+        assert_eq!(s.models, vec!["m".to_string()]);
+        // Errors as vLLM words them.
+        let e = post(
+            addr,
+            "/v1/completions",
+            &json!({"model": "x", "prompt": "a"}),
+        );
+        assert!(
+            e["message"].as_str().unwrap().contains("does not exist"),
+            "{e}"
+        );
+    }
 }

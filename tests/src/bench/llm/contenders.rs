@@ -1,0 +1,251 @@
+//! What routes the requests in a run: the balancer with one of its policies (the VIP's config
+//! lines), or an L7 router from PyPI with one of its policies, started in the balancer's
+//! namespace in front of the same servers.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::topology::{LB4, Process, Topology, backend4};
+
+/// The port a router listens on (the balancer's VIP serves the servers' port).
+pub const ROUTER_PORT: u16 = 8100;
+/// Its Prometheus port.
+pub const ROUTER_METRICS_PORT: u16 = 8101;
+
+/// An L7 router.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Router {
+    Vllm,
+    Sglang,
+}
+
+impl Router {
+    pub const fn key(self) -> &'static str {
+        match self {
+            Router::Vllm => "vllm",
+            Router::Sglang => "sglang",
+        }
+    }
+
+    /// Its policies that work with vLLM-compatible workers.
+    pub const fn policies(self) -> &'static [&'static str] {
+        match self {
+            Router::Vllm => &[
+                "round_robin",
+                "random",
+                "power_of_two",
+                "cache_aware",
+                "consistent_hash",
+            ],
+            Router::Sglang => &["round_robin", "random", "power_of_two", "cache_aware"],
+        }
+    }
+}
+
+/// One contender.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Contender {
+    /// The balancer, with these lines in the VIP's config.
+    Balancer {
+        name: String,
+        lines: String,
+    },
+    Router {
+        router: Router,
+        policy: String,
+    },
+}
+
+/// The balancer's policies compared: name, what it is, and the VIP's config lines (the scrape
+/// interval is filled in).
+const OURS: [(&str, &str, &str); 5] = [
+    (
+        "round-robin",
+        "each backend in turn",
+        "scheduler = \"round-robin\"\n",
+    ),
+    (
+        "least-conn",
+        "fewest active connections per weight",
+        "scheduler = \"least-conn\"\n",
+    ),
+    (
+        "maglev",
+        "consistent hash of address and port, static weights",
+        "scheduler = \"maglev\"\n",
+    ),
+    (
+        "composite",
+        "Maglev with weights from the servers' metrics (composite policy)",
+        "scheduler = \"maglev\"\n\
+         telemetry = { source = \"scrape\", port = 8000, interval_ms = INTERVAL }\n\
+         policy = { kind = \"composite\" }\n",
+    ),
+    (
+        "affinity",
+        "source hash (a client's requests to one server) with bounded load 1.25, weights from the composite policy",
+        "scheduler = \"source-hash\"\nmax_load_factor = 1.25\n\
+         telemetry = { source = \"scrape\", port = 8000, interval_ms = INTERVAL }\n\
+         policy = { kind = \"composite\" }\n",
+    ),
+];
+
+impl Contender {
+    /// `round-robin`, `composite`, ... or `vllm:cache_aware`, `sglang:power_of_two`, ...
+    pub fn parse(name: &str, scrape_ms: u64) -> Result<Contender> {
+        if let Some((router, policy)) = name.split_once(':') {
+            let router = match router {
+                "vllm" => Router::Vllm,
+                "sglang" => Router::Sglang,
+                _ => bail!("unknown router {router:?} in {name:?} (vllm or sglang)"),
+            };
+            if !router.policies().contains(&policy) {
+                bail!(
+                    "{name:?}: {} has no policy {policy:?} that works with vLLM-compatible workers ({})",
+                    router.key(),
+                    router.policies().join(", ")
+                );
+            }
+            return Ok(Contender::Router {
+                router,
+                policy: policy.to_string(),
+            });
+        }
+        let (_, _, lines) = OURS.iter().find(|(n, _, _)| *n == name).with_context(|| {
+            format!(
+                "unknown contender {name:?}: one of {}, or vllm:POLICY / sglang:POLICY",
+                OURS.map(|o| o.0).join(", ")
+            )
+        })?;
+        Ok(Contender::Balancer {
+            name: name.to_string(),
+            lines: lines.replace("INTERVAL", &scrape_ms.to_string()),
+        })
+    }
+
+    pub fn name(&self) -> String {
+        match self {
+            Contender::Balancer { name, .. } => name.clone(),
+            Contender::Router { router, policy } => format!("{}:{policy}", router.key()),
+        }
+    }
+
+    pub fn is_router(&self) -> bool {
+        matches!(self, Contender::Router { .. })
+    }
+
+    /// What it is, for the report.
+    pub fn describe(name: &str) -> String {
+        match OURS.iter().find(|(n, _, _)| *n == name) {
+            Some((_, what, _)) => format!("balancer: {what}"),
+            None => match name.split_once(':') {
+                Some(("vllm", p)) => format!("vllm-router 0.1.17, policy {p}"),
+                Some(("sglang", p)) => format!("sglang-router 0.3.2, policy {p}"),
+                _ => name.to_string(),
+            },
+        }
+    }
+}
+
+/// Every contender: the balancer's policies, then each router's.
+pub fn all() -> Vec<String> {
+    let mut v: Vec<String> = OURS.iter().map(|o| o.0.to_string()).collect();
+    for r in [Router::Vllm, Router::Sglang] {
+        v.extend(r.policies().iter().map(|p| format!("{}:{p}", r.key())));
+    }
+    v
+}
+
+/// The routers' environment `cargo xtask setup` built: `BALANCER_ROUTERS_ENV`, else
+/// `<cache>/routers`.
+pub fn routers_env() -> Result<PathBuf> {
+    let dir = match std::env::var_os("BALANCER_ROUTERS_ENV") {
+        Some(d) => PathBuf::from(d),
+        None => crate::vllm::cache_dir().join("routers"),
+    };
+    if !dir.join("ready").exists() {
+        bail!(
+            "no L7 routers' environment at {} (run `cargo xtask setup`: it installs vllm-router and sglang-router from PyPI)",
+            dir.display()
+        );
+    }
+    Ok(dir)
+}
+
+/// Starts `router` with `policy` in the balancer's namespace, in front of the rack's
+/// `workers` servers on `port`; waits until it routes.
+pub fn start_router(
+    topo: &Topology,
+    router: Router,
+    policy: &str,
+    workers: usize,
+    port: u16,
+) -> Result<Process> {
+    let env = routers_env()?;
+    let bin = env.join("venv/bin");
+    let urls: Vec<String> = (0..workers)
+        .map(|i| format!("http://{}:{port}", backend4(i)))
+        .collect();
+    let host = LB4.to_string();
+    let (listen, metrics) = (ROUTER_PORT.to_string(), ROUTER_METRICS_PORT.to_string());
+    let mut argv: Vec<String> = match router {
+        Router::Vllm => vec![bin.join("vllm-router").display().to_string()],
+        Router::Sglang => vec![
+            bin.join("python").display().to_string(),
+            "-m".into(),
+            "sglang_router.launch_router".into(),
+        ],
+    };
+    argv.extend(
+        [
+            "--host",
+            &host,
+            "--port",
+            &listen,
+            "--policy",
+            policy,
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            &metrics,
+            "--worker-urls",
+        ]
+        .map(String::from),
+    );
+    argv.extend(urls);
+    if router == Router::Sglang {
+        argv.extend(["--shutdown-grace-period-secs", "1"].map(String::from));
+    }
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let mut p = Process::spawn(
+        &topo.lb,
+        &format!("router-{}-{policy}", router.key()),
+        &argv,
+        &topo.log_dir,
+    )?;
+    let ready = match router {
+        Router::Vllm => "/health",
+        Router::Sglang => "/readiness",
+    };
+    let addr = std::net::SocketAddr::new(LB4.into(), ROUTER_PORT);
+    let started = Instant::now();
+    loop {
+        let ok = topo.client.run_in(move || {
+            crate::traffic::http_get_status(addr, ready, Duration::from_secs(2))
+                .is_ok_and(|(s, _)| s == 200)
+        })?;
+        if ok {
+            return Ok(p);
+        }
+        if !p.is_running() || started.elapsed() > Duration::from_secs(60) {
+            bail!(
+                "{} did not become ready on {addr}{ready}:\n{}",
+                p.name,
+                crate::vllm::tail(&p.log_text(), 40)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

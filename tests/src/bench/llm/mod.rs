@@ -1,0 +1,730 @@
+//! `cargo xtask bench llm`: routing quality on LLM traffic. A rack of simulated GPU servers
+//! (`sim-llm`, 2 large + 2 small by default) behind the balancer, and the same servers behind two
+//! real L7 routers from PyPI (vllm-router, sglang-router) started in the balancer's namespace,
+//! so every contender has the same hops. For each workload shape (`load::workload`):
+//!
+//! 1. **The knee**: the highest offered load (requests/s) at which the best of the balancer's
+//!    load-aware policies (composite, least-conn) keeps p99 TTFT within `knee_ttft`, found by
+//!    doubling then bisecting (or given with `--knee shape=rate`).
+//! 2. **The sweep**: each load of `loads` (fractions of the knee) x `reps` repetitions (each a
+//!    different seed: other arrivals, sizes, texts and trace stretch) x the sweep's contenders;
+//!    at the knee itself every contender.
+//!
+//! Each run starts the servers afresh (empty caches, counters at 0), plays the workload from the
+//! client namespace (each conversation from its own address, a connection per request) and
+//! records TTFT, inter-token latency, E2E, throughput, goodput (requests within the SLO), the
+//! prefix-cache hit rate the servers saw, and the CPU the router used (the router's process; for
+//! the balancer its daemon plus its XDP program's run time from the kernel's BPF statistics).
+//! Before the sweep, the latency each adds on an idle pool. `report` writes the Markdown report,
+//! the JSON and the plots.
+
+pub mod contenders;
+pub mod report;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use balancer::config::AttachMode;
+
+use self::contenders::{Contender, ROUTER_PORT, start_router};
+use super::Figures;
+use crate::load::client::{self, ClientOptions, Outcome, Target};
+use crate::load::stats::{Slo, Summary, summarize};
+use crate::load::workload::{self, Shape, TraceRequest, WorkloadOptions};
+use crate::netns::{PREFIX, sweep};
+use crate::topology::{
+    LB4, Process, Topology, TopologyOptions, VIP4, backend4, binary, rack_config,
+};
+
+/// The port the simulated servers (and the VIP) listen on.
+pub const LLM_PORT: u16 = 8000;
+/// The model they serve.
+pub const MODEL: &str = "llama-3-8b";
+
+/// How to run the benchmark.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub shapes: Vec<Shape>,
+    /// Requests per run.
+    pub requests: usize,
+    pub reps: usize,
+    /// Loads of the sweep, as fractions of the knee.
+    pub loads: Vec<f64>,
+    /// Knees given instead of searched, requests/s.
+    pub knees: BTreeMap<String, f64>,
+    /// The p99 TTFT the knee keeps, seconds.
+    pub knee_ttft: f64,
+    /// Contenders of the sweep (None: `default_sweep` of each shape).
+    pub sweep: Option<Vec<String>>,
+    /// Contenders at the knee (None: every one).
+    pub at_knee: Option<Vec<String>>,
+    /// GPU profiles of the backends.
+    pub gpus: Vec<String>,
+    pub slo: Slo,
+    /// The balancer's scrape interval for the telemetry policies, ms.
+    pub scrape_ms: u64,
+    pub timeout: Duration,
+    pub out_dir: PathBuf,
+    /// One shape at one given load, one repetition: a check that everything still runs.
+    pub quick: bool,
+}
+
+impl Options {
+    /// The full benchmark's defaults.
+    pub fn full(out_dir: PathBuf) -> Options {
+        Options {
+            shapes: Shape::ALL.to_vec(),
+            requests: 150,
+            reps: 3,
+            loads: vec![0.3, 0.5, 0.7, 0.9, 1.0, 1.1],
+            knees: BTreeMap::new(),
+            knee_ttft: 2.0,
+            sweep: None,
+            at_knee: None,
+            gpus: ["large", "large", "small", "small"]
+                .map(String::from)
+                .to_vec(),
+            slo: Slo::default(),
+            scrape_ms: 100,
+            timeout: Duration::from_secs(300),
+            out_dir,
+            quick: false,
+        }
+    }
+
+    /// `--quick`: the conversation shape at 3 requests/s, 60 requests, once, for round robin,
+    /// the composite policy and one router.
+    pub fn quick(out_dir: PathBuf) -> Options {
+        let mut knees = BTreeMap::new();
+        knees.insert(Shape::Conversation.name().to_string(), 3.0);
+        Options {
+            shapes: vec![Shape::Conversation],
+            requests: 60,
+            reps: 1,
+            loads: vec![1.0],
+            knees,
+            sweep: Some(
+                ["round-robin", "composite", "vllm:power_of_two"]
+                    .map(String::from)
+                    .to_vec(),
+            ),
+            at_knee: Some(Vec::new()),
+            quick: true,
+            ..Options::full(out_dir)
+        }
+    }
+}
+
+/// The sweep's contenders for a shape: round robin (the baseline), the balancer's load-aware
+/// policies (and, for multi-turn, its affinity policy), and the two load-aware policies of each
+/// router.
+pub fn default_sweep(shape: Shape) -> Vec<String> {
+    let mut v = vec!["round-robin", "least-conn", "composite"];
+    if shape.multi_turn() {
+        v.push("affinity");
+    }
+    v.extend([
+        "vllm:power_of_two",
+        "vllm:cache_aware",
+        "sglang:power_of_two",
+        "sglang:cache_aware",
+    ]);
+    v.into_iter().map(String::from).collect()
+}
+
+/// One run's results.
+#[derive(Clone, Debug)]
+pub struct Run {
+    pub shape: Shape,
+    pub contender: String,
+    /// Fraction of the knee (0 for the knee search's probes).
+    pub load: f64,
+    /// Offered requests per second.
+    pub rate: f64,
+    pub rep: usize,
+    pub summary: Summary,
+    /// CPU seconds of the router per 1,000 requests.
+    pub cpu_per_1k: Option<f64>,
+    /// Prompt tokens found in the servers' prefix caches, of those looked up.
+    pub prefix_hit_rate: Option<f64>,
+    /// Every completed request's TTFT (for CDFs).
+    pub ttfts: Vec<f64>,
+    pub wall: f64,
+}
+
+/// What one shape gave.
+#[derive(Clone, Debug)]
+pub struct ShapeResult {
+    pub shape: Shape,
+    pub knee: f64,
+    /// "searched (N probes)" or "given".
+    pub knee_how: String,
+    pub probes: Vec<Run>,
+    pub runs: Vec<Run>,
+}
+
+/// Everything the benchmark measured.
+#[derive(Clone, Debug)]
+pub struct Results {
+    pub opts: Options,
+    /// Median TTFT added on an idle pool, seconds, per contender (against the servers
+    /// reached directly).
+    pub idle_added: BTreeMap<String, f64>,
+    pub idle_direct: f64,
+    pub shapes: Vec<ShapeResult>,
+    pub wall: f64,
+}
+
+/// The rack: a simulated server per backend, the client with 150 addresses, the balancer.
+pub struct LlmRack {
+    pub topo: Topology,
+    gpus: Vec<String>,
+    /// The balancer's config without the LLM VIP's policy lines.
+    router: Option<Process>,
+}
+
+impl LlmRack {
+    pub fn build(tag: &str, gpus: &[String]) -> Result<LlmRack> {
+        sweep(&format!("{PREFIX}-{tag}-"));
+        let mut opts = TopologyOptions::new(tag);
+        opts.backends = gpus.len();
+        let mut topo = Topology::build(opts)?;
+        topo.attach_peer_pass(AttachMode::Native)?;
+        let addresses = workload::client_addresses(150);
+        let script: String = addresses
+            .iter()
+            .map(|a| {
+                format!(
+                    "ip addr add {a}/24 dev eth0 nodad 2>/dev/null || ip addr add {a}/24 dev eth0; "
+                )
+            })
+            .collect();
+        topo.client.sh(&script)?;
+        let mut rack = LlmRack {
+            topo,
+            gpus: gpus.to_vec(),
+            router: None,
+        };
+        rack.start_sims()?;
+        let first = config(&rack.topo, "scheduler = \"round-robin\"\n");
+        rack.topo.start_balancer(&first)?;
+        Ok(rack)
+    }
+
+    /// (Re)starts every simulated server: empty caches, counters at 0.
+    pub fn start_sims(&mut self) -> Result<()> {
+        let sim = binary("sim-llm")?.to_string_lossy().to_string();
+        for (i, profile) in self.gpus.iter().enumerate() {
+            let name = format!("sim-{}", i + 1);
+            self.topo.processes.retain(|p| p.name != name);
+            let served_by = format!("gpu{}-{profile}", i + 1);
+            let listen = format!("0.0.0.0:{LLM_PORT}");
+            let argv = [
+                sim.as_str(),
+                "--listen",
+                &listen,
+                "--name",
+                &served_by,
+                "--profile",
+                profile,
+                "--model",
+                MODEL,
+            ];
+            let mut p = Process::spawn(&self.topo.backends[i], &name, &argv, &self.topo.log_dir)?;
+            p.wait_for_log("listening", Duration::from_secs(10))?;
+            self.topo.processes.push(p);
+        }
+        Ok(())
+    }
+
+    /// Puts `c` in front of the servers; the address the client sends to.
+    fn prepare(&mut self, c: &Contender) -> Result<SocketAddr> {
+        self.router = None;
+        match c {
+            Contender::Balancer { lines, .. } => {
+                let text = config(&self.topo, lines);
+                self.topo.reload_balancer(&text)?;
+                Ok(SocketAddr::new(VIP4.into(), LLM_PORT))
+            }
+            Contender::Router { router, policy } => {
+                self.router = Some(start_router(
+                    &self.topo,
+                    *router,
+                    policy,
+                    self.gpus.len(),
+                    LLM_PORT,
+                )?);
+                Ok(SocketAddr::new(LB4.into(), ROUTER_PORT))
+            }
+        }
+    }
+
+    /// CPU nanoseconds the contender has used so far: the router's processes, or the
+    /// balancer's daemon and XDP program.
+    fn contender_cpu_ns(&mut self, c: &Contender) -> Result<u64> {
+        if c.is_router() {
+            let pid = self.router.as_ref().context("no router running")?.pid();
+            return tree_cpu_ns(pid);
+        }
+        let pid = self
+            .topo
+            .process("balancer")
+            .context("no balancer running")?
+            .pid();
+        let info = aya::programs::ProgramInfo::from_pin(
+            balancer::pinning::Pins::new(self.topo.pin_dir()).program(),
+        )
+        .context("reading the XDP program's statistics")?;
+        Ok(super::process_cpu_ns(pid)? + info.run_time().as_nanos() as u64)
+    }
+
+    /// Prompt tokens the servers found in their prefix caches, and looked up, since they
+    /// started.
+    fn prefix_counts(&self) -> Result<(f64, f64)> {
+        let servers: Vec<SocketAddr> = (0..self.gpus.len())
+            .map(|i| SocketAddr::new(IpAddr::V4(backend4(i)), LLM_PORT))
+            .collect();
+        let pages = self.topo.client.run_in(move || {
+            servers
+                .iter()
+                .map(|s| crate::traffic::http_get_path(*s, "/metrics", Duration::from_secs(5)))
+                .collect::<Result<Vec<String>>>()
+        })??;
+        let mut total = (0.0, 0.0);
+        for page in pages {
+            let samples = balancer::telemetry::exposition::parse(&page)?;
+            if let Some((h, q)) =
+                balancer::telemetry::signals::extract(&samples).prefix_cache_counts
+            {
+                total.0 += h;
+                total.1 += q;
+            }
+        }
+        Ok(total)
+    }
+
+    /// One run of `work` through `c`.
+    fn run(
+        &mut self,
+        c: &Contender,
+        work: &[workload::Conversation],
+        opts: &Options,
+    ) -> Result<RunOutput> {
+        self.start_sims()?;
+        let addr = self.prepare(c)?;
+        if !c.is_router() {
+            // The first scrapes and weight rounds.
+            std::thread::sleep(Duration::from_millis(3 * opts.scrape_ms));
+        }
+        let cpu0 = self.contender_cpu_ns(c)?;
+        let target = Target {
+            addr,
+            model: MODEL.into(),
+        };
+        let w = work.to_vec();
+        let copts = ClientOptions {
+            timeout: opts.timeout,
+            keep_alive: false,
+            bind_sources: true,
+        };
+        let t0 = Instant::now();
+        let outcomes = self
+            .topo
+            .client
+            .run_in(move || client::run(&target, &w, copts))?;
+        let wall = t0.elapsed().as_secs_f64();
+        let cpu = self.contender_cpu_ns(c)?.saturating_sub(cpu0);
+        let (hits, queries) = self.prefix_counts()?;
+        self.router = None;
+        Ok(RunOutput {
+            cpu_per_1k: cpu as f64 / 1e9 / outcomes.len().max(1) as f64 * 1000.0,
+            outcomes,
+            prefix_hit_rate: (queries > 0.0).then(|| hits / queries),
+            wall,
+        })
+    }
+}
+
+/// What a run gave, before it is summed up.
+struct RunOutput {
+    outcomes: Vec<Outcome>,
+    cpu_per_1k: f64,
+    prefix_hit_rate: Option<f64>,
+    wall: f64,
+}
+
+/// Where a run stands in the benchmark.
+#[derive(Clone, Copy, Debug)]
+struct Point<'a> {
+    shape: Shape,
+    contender: &'a str,
+    rate: f64,
+    /// Fraction of the knee (0 for the knee search's probes).
+    load: f64,
+    rep: usize,
+}
+
+/// utime + stime of a process and its children still running (a router's launcher may run
+/// it as a child), ns.
+fn tree_cpu_ns(pid: u32) -> Result<u64> {
+    let mut total = super::process_cpu_ns(pid)?;
+    if let Ok(children) = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")) {
+        for c in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+            total += tree_cpu_ns(c).unwrap_or(0);
+        }
+    }
+    Ok(total)
+}
+
+/// The balancer config: the rack's usual VIPs plus the LLM VIP with `policy_lines`.
+pub fn config(topo: &Topology, policy_lines: &str) -> String {
+    let base = rack_config(
+        topo,
+        "l2-dsr",
+        AttachMode::Native,
+        "[metrics]\nlisten = \"127.0.0.1:9190\"\n",
+    );
+    let mut text = format!(
+        "{base}[[vip]]\nname = \"llm\"\naddress = \"{VIP4}\"\nport = {LLM_PORT}\n{policy_lines}"
+    );
+    for i in 0..topo.backends.len() {
+        let _ = write!(text, "  [[vip.backend]]\n  address = \"{}\"\n", backend4(i));
+    }
+    text
+}
+
+/// A rack of 2 large and 2 small simulated GPUs with the balancer running the composite
+/// policy (the demo's and the real client's setup).
+pub fn composite_rack(tag: &str) -> Result<Topology> {
+    let gpus: Vec<String> = ["large", "large", "small", "small"]
+        .map(String::from)
+        .to_vec();
+    let mut rack = LlmRack::build(tag, &gpus)?;
+    let Contender::Balancer { lines, .. } = Contender::parse("composite", 100)? else {
+        bail!("composite is the balancer's");
+    };
+    let text = config(&rack.topo, &lines);
+    rack.topo.reload_balancer(&text)?;
+    let LlmRack { topo, .. } = rack;
+    Ok(topo)
+}
+
+/// Plays one run and sums it up.
+fn measured_run(
+    rack: &mut LlmRack,
+    point: Point<'_>,
+    trace: &[TraceRequest],
+    opts: &Options,
+) -> Result<Run> {
+    let Point {
+        shape,
+        contender: name,
+        rate,
+        load,
+        rep,
+    } = point;
+    let c = Contender::parse(name, opts.scrape_ms)?;
+    let work = workload::build(
+        &WorkloadOptions {
+            shape,
+            requests: opts.requests,
+            rate,
+            seed: rep as u64 + 1,
+        },
+        trace,
+    )?;
+    let RunOutput {
+        outcomes,
+        cpu_per_1k,
+        prefix_hit_rate,
+        wall,
+    } = rack.run(&c, &work, opts)?;
+    let summary = summarize(&outcomes, opts.slo);
+    let mut ttfts: Vec<f64> = outcomes
+        .iter()
+        .filter(|o| o.ok())
+        .filter_map(|o| o.ttft)
+        .collect();
+    ttfts.sort_by(f64::total_cmp);
+    let errors: BTreeMap<String, usize> =
+        outcomes
+            .iter()
+            .filter_map(|o| o.error.clone())
+            .fold(BTreeMap::new(), |mut m, e| {
+                *m.entry(e.chars().take(60).collect()).or_default() += 1;
+                m
+            });
+    println!(
+        "  {:<7} {:<20} {rate:>5.2} req/s  rep {rep}: p99 TTFT {:>7.2} s, goodput {:>5.2}/s, {}/{} ok{}  ({wall:.0} s)",
+        shape.name(),
+        name,
+        summary.ttft_p99,
+        summary.goodput,
+        summary.completed,
+        summary.requests,
+        if errors.is_empty() {
+            String::new()
+        } else {
+            format!(", errors {errors:?}")
+        }
+    );
+    Ok(Run {
+        shape,
+        contender: name.to_string(),
+        load,
+        rate,
+        rep,
+        summary,
+        cpu_per_1k: Some(cpu_per_1k),
+        prefix_hit_rate,
+        ttfts,
+        wall,
+    })
+}
+
+/// The knee of a shape: doubling from 1 request/s while the best of composite and least-conn
+/// keeps p99 TTFT within `knee_ttft` with nothing failed, then 3 bisections.
+fn find_knee(
+    rack: &mut LlmRack,
+    shape: Shape,
+    trace: &[TraceRequest],
+    opts: &Options,
+) -> Result<(f64, Vec<Run>)> {
+    let mut probes = Vec::new();
+    let passes = |rack: &mut LlmRack, rate: f64, probes: &mut Vec<Run>| -> Result<bool> {
+        let mut ok = false;
+        for name in ["composite", "least-conn"] {
+            let r = measured_run(
+                rack,
+                Point {
+                    shape,
+                    contender: name,
+                    rate,
+                    load: 0.0,
+                    rep: 0,
+                },
+                trace,
+                opts,
+            )?;
+            ok |= r.summary.failed == 0 && r.summary.ttft_p99 <= opts.knee_ttft;
+            probes.push(r);
+            if ok {
+                break;
+            }
+        }
+        Ok(ok)
+    };
+    let (mut good, mut bad) = (0.0f64, None::<f64>);
+    let mut rate = 1.0;
+    while bad.is_none() {
+        if passes(rack, rate, &mut probes)? {
+            good = rate;
+            rate *= 2.0;
+            if rate > 64.0 {
+                bail!("{}: no knee below 64 requests/s", shape.name());
+            }
+        } else {
+            bad = Some(rate);
+        }
+    }
+    let mut bad = bad.expect("set");
+    if good == 0.0 {
+        bail!(
+            "{}: even 1 request/s misses a p99 TTFT of {} s",
+            shape.name(),
+            opts.knee_ttft
+        );
+    }
+    for _ in 0..3 {
+        let mid = (good + bad) / 2.0;
+        if passes(rack, mid, &mut probes)? {
+            good = mid;
+        } else {
+            bad = mid;
+        }
+    }
+    Ok((good, probes))
+}
+
+/// 30 one-token requests, one at a time, to `addr` from the client: their outcomes.
+fn idle_probe(rack: &LlmRack, addr: SocketAddr) -> Result<Vec<Outcome>> {
+    let target = Target {
+        addr,
+        model: MODEL.into(),
+    };
+    let work: Vec<workload::Conversation> = (0..30)
+        .map(|i| workload::Conversation {
+            id: i,
+            start: i as f64 * 0.25,
+            source: workload::client_addresses(1)[0],
+            turns: vec![workload::Turn {
+                message: format!("idle probe {i}"),
+                output_tokens: 1,
+                think: 0.0,
+            }],
+        })
+        .collect();
+    let outcomes = rack.topo.client.run_in(move || {
+        client::run(
+            &target,
+            &work,
+            ClientOptions {
+                timeout: Duration::from_secs(10),
+                keep_alive: false,
+                bind_sources: true,
+            },
+        )
+    })?;
+    if let Some(e) = outcomes.iter().find_map(|o| o.error.clone()) {
+        bail!("an idle probe to {addr} failed: {e}");
+    }
+    Ok(outcomes)
+}
+
+/// The TTFT each contender adds on an idle pool: each request's TTFT against the median TTFT
+/// of the same server reached directly (servers of two sizes answer in different times).
+fn idle_latency(
+    rack: &mut LlmRack,
+    names: &[String],
+    opts: &Options,
+) -> Result<(f64, BTreeMap<String, f64>)> {
+    rack.start_sims()?;
+    let mut direct: BTreeMap<String, f64> = BTreeMap::new();
+    for i in 0..rack.gpus.len() {
+        let o = idle_probe(rack, SocketAddr::new(backend4(i).into(), LLM_PORT))?;
+        let t: Vec<f64> = o.iter().filter_map(|o| o.ttft).collect();
+        let name = o
+            .iter()
+            .find_map(|o| o.backend.clone())
+            .context("no x-served-by")?;
+        direct.insert(name, crate::load::stats::median(&t));
+    }
+    let mut added = BTreeMap::new();
+    // One balancer policy stands for all (the data path is the same), and each router once.
+    for name in names {
+        let c = Contender::parse(name, opts.scrape_ms)?;
+        let key = match &c {
+            Contender::Balancer { .. } => "balancer".to_string(),
+            Contender::Router { router, .. } => router.key().to_string(),
+        };
+        if added.contains_key(&key) {
+            continue;
+        }
+        rack.start_sims()?;
+        let addr = rack.prepare(&c)?;
+        let outcomes = idle_probe(rack, addr)?;
+        rack.router = None;
+        let extra: Vec<f64> = outcomes
+            .iter()
+            .filter_map(|o| Some(o.ttft? - direct.get(o.backend.as_ref()?)?))
+            .collect();
+        added.insert(key, crate::load::stats::median(&extra));
+    }
+    let base = crate::load::stats::median(&direct.values().copied().collect::<Vec<_>>());
+    Ok((base, added))
+}
+
+/// Runs the benchmark; prints as it goes, then writes the report.
+pub fn run(opts: &Options) -> Result<(Results, Figures)> {
+    let started = Instant::now();
+    let trace = workload::shipped_trace()?;
+    println!(
+        "LLM routing benchmark: GPUs {}; {} requests per run, {} repetition(s), loads {:?} of each shape's knee; SLO TTFT <= {} s and ITL <= {} ms",
+        opts.gpus.join(", "),
+        opts.requests,
+        opts.reps,
+        opts.loads,
+        opts.slo.ttft,
+        opts.slo.itl * 1e3
+    );
+    let mut rack = LlmRack::build("llm", &opts.gpus)?;
+    let mut everyone: Vec<String> = Vec::new();
+    for s in &opts.shapes {
+        for n in opts
+            .sweep
+            .clone()
+            .unwrap_or_else(|| default_sweep(*s))
+            .into_iter()
+            .chain(opts.at_knee.clone().unwrap_or_else(contenders::all))
+        {
+            if !everyone.contains(&n) {
+                everyone.push(n);
+            }
+        }
+    }
+    for n in &everyone {
+        Contender::parse(n, opts.scrape_ms)?;
+    }
+    let (idle_direct, idle_added) = idle_latency(&mut rack, &everyone, opts)?;
+    println!(
+        "idle pool: TTFT {:.1} ms reaching a server directly; added: {}",
+        idle_direct * 1e3,
+        idle_added
+            .iter()
+            .map(|(k, v)| format!("{k} {:+.2} ms", v * 1e3))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let mut shapes = Vec::new();
+    for &shape in &opts.shapes {
+        let (knee, knee_how, probes) = match opts.knees.get(shape.name()) {
+            Some(k) => (*k, "given".to_string(), Vec::new()),
+            None => {
+                println!("{}: searching the knee", shape.name());
+                let (k, probes) = find_knee(&mut rack, shape, &trace, opts)?;
+                (k, format!("searched ({} probes)", probes.len()), probes)
+            }
+        };
+        println!("{}: knee {knee:.2} requests/s ({knee_how})", shape.name());
+        let sweep_set = opts.sweep.clone().unwrap_or_else(|| default_sweep(shape));
+        let knee_set = opts.at_knee.clone().unwrap_or_else(contenders::all);
+        let mut runs = Vec::new();
+        for &load in &opts.loads {
+            let mut names = sweep_set.clone();
+            if (load - 1.0).abs() < 1e-9 {
+                for n in &knee_set {
+                    if !names.contains(n) {
+                        names.push(n.clone());
+                    }
+                }
+            }
+            for rep in 0..opts.reps {
+                for name in &names {
+                    runs.push(measured_run(
+                        &mut rack,
+                        Point {
+                            shape,
+                            contender: name,
+                            rate: knee * load,
+                            load,
+                            rep,
+                        },
+                        &trace,
+                        opts,
+                    )?);
+                }
+            }
+        }
+        shapes.push(ShapeResult {
+            shape,
+            knee,
+            knee_how,
+            probes,
+            runs,
+        });
+    }
+    drop(rack);
+    let results = Results {
+        opts: opts.clone(),
+        idle_added,
+        idle_direct,
+        shapes,
+        wall: started.elapsed().as_secs_f64(),
+    };
+    let figures = report::write(&results)?;
+    Ok((results, figures))
+}

@@ -1,0 +1,611 @@
+//! The benchmark's outputs: a Markdown report (`report.md`), flat JSON figures (returned, and
+//! written by the caller to `target/bench/llm.json`), and SVG plots per shape — p99 TTFT and
+//! goodput against load, one line per contender, and the TTFT CDFs at the knee.
+//!
+//! JSON keys: `<shape>/<contender>/<load>/r<rep>/<metric>` for each run,
+//! `<shape>/<contender>/<load>/median/<metric>` (and `min`, `max`) over repetitions,
+//! `<shape>/knee_rps`, `idle/<contender>/added_ttft_ms`, and the targets under
+//! `<shape>/target/...`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::Result;
+
+use super::contenders::Contender;
+use super::{Results, Run, ShapeResult};
+use crate::bench::Figures;
+use crate::load::stats::median;
+
+/// A run's figures by name (seconds, requests/s, shares).
+fn metrics(r: &Run) -> Vec<(&'static str, f64)> {
+    let s = &r.summary;
+    let mut v = vec![
+        ("ttft_p50_s", s.ttft_p50),
+        ("ttft_p90_s", s.ttft_p90),
+        ("ttft_p99_s", s.ttft_p99),
+        ("ttft_mean_s", s.ttft_mean),
+        ("itl_p50_ms", s.itl_p50 * 1e3),
+        ("itl_p99_ms", s.itl_p99 * 1e3),
+        ("e2e_p50_s", s.e2e_p50),
+        ("e2e_p99_s", s.e2e_p99),
+        ("throughput_rps", s.throughput),
+        ("tokens_per_s", s.tokens_per_s),
+        ("goodput_rps", s.goodput),
+        ("slo_share", s.slo_share),
+        ("failed", s.failed as f64),
+        ("rate_rps", r.rate),
+    ];
+    if let Some(c) = r.cpu_per_1k {
+        v.push(("cpu_s_per_1k_requests", c));
+    }
+    if let Some(h) = r.prefix_hit_rate {
+        v.push(("prefix_hit_rate", h));
+    }
+    v
+}
+
+/// (median, min, max) of a metric over the repetitions of (contender, load).
+fn stat(runs: &[&Run], metric: &str) -> Option<(f64, f64, f64)> {
+    let v: Vec<f64> = runs
+        .iter()
+        .filter_map(|r| {
+            metrics(r)
+                .into_iter()
+                .find(|(k, _)| *k == metric)
+                .map(|x| x.1)
+        })
+        .filter(|x| !x.is_nan())
+        .collect();
+    if v.is_empty() {
+        return None;
+    }
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    Some((median(&v), lo, hi))
+}
+
+fn load_key(load: f64) -> String {
+    format!("{load:.2}")
+}
+
+/// Runs by (contender, load key).
+type ByPoint<'a> = BTreeMap<(String, String), Vec<&'a Run>>;
+
+/// Runs grouped by (contender, load), contenders in first-seen order, loads sorted.
+fn groups(s: &ShapeResult) -> (Vec<String>, Vec<f64>, ByPoint<'_>) {
+    let mut names: Vec<String> = Vec::new();
+    let mut loads: Vec<f64> = Vec::new();
+    let mut g: ByPoint<'_> = BTreeMap::new();
+    for r in &s.runs {
+        if !names.contains(&r.contender) {
+            names.push(r.contender.clone());
+        }
+        if !loads.iter().any(|l| (l - r.load).abs() < 1e-9) {
+            loads.push(r.load);
+        }
+        g.entry((r.contender.clone(), load_key(r.load)))
+            .or_default()
+            .push(r);
+    }
+    loads.sort_by(f64::total_cmp);
+    (names, loads, g)
+}
+
+fn cell(v: Option<(f64, f64, f64)>, scale: f64, digits: usize) -> String {
+    match v {
+        Some((m, lo, hi)) if (hi - lo).abs() > 1e-12 => format!(
+            "{:.*} ({:.*}–{:.*})",
+            digits,
+            m * scale,
+            digits,
+            lo * scale,
+            digits,
+            hi * scale
+        ),
+        Some((m, _, _)) => format!("{:.*}", digits, m * scale),
+        None => "–".into(),
+    }
+}
+
+/// The balancer's contenders that choose by load (round robin and static Maglev are not).
+fn is_load_aware_ours(name: &str) -> bool {
+    matches!(name, "least-conn" | "composite" | "affinity")
+}
+
+/// Writes the report and plots under `out_dir`; the figures.
+pub fn write(res: &Results) -> Result<Figures> {
+    let out = &res.opts.out_dir;
+    std::fs::create_dir_all(out)?;
+    let mut f = Figures::new();
+    let mut md = String::new();
+    let o = &res.opts;
+    let _ = writeln!(
+        md,
+        "# LLM routing benchmark\n\n`cargo xtask bench llm{}` on this machine ({} cores), wall time {:.0} min.\n\n\
+         Pool: {} simulated GPUs (`sim-llm`: {}). Each run: {} requests, each conversation from its own client \
+         address (4 addresses behind a NAT for `multi-turn-nat`), a connection per request, streamed completions; \
+         the servers restarted before each run (empty caches). {} repetition(s) per point (other seeds: arrivals, \
+         sizes, texts, trace stretch); cells show the median and, in brackets, the range. SLO for goodput: TTFT <= \
+         {} s and mean inter-token latency <= {} ms. The knee: the highest load at which the best of the balancer's \
+         composite and least-conn policies keeps p99 TTFT <= {} s with nothing failed.\n",
+        if o.quick { " --quick" } else { "" },
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        res.wall / 60.0,
+        o.gpus.len(),
+        o.gpus.join(", "),
+        o.requests,
+        o.reps,
+        o.slo.ttft,
+        o.slo.itl * 1e3,
+        o.knee_ttft,
+    );
+    let _ = writeln!(
+        md,
+        "## Latency added on an idle pool\n\nMedian TTFT of 30 one-token requests over the same server reached \
+         directly ({:.1} ms):\n\n| contender | added |\n| --- | ---: |",
+        res.idle_direct * 1e3
+    );
+    for (k, v) in &res.idle_added {
+        let _ = writeln!(md, "| {k} | {:+.2} ms |", v * 1e3);
+        f.insert(format!("idle/{k}/added_ttft_ms"), v * 1e3);
+    }
+    f.insert("idle/direct_ttft_ms".into(), res.idle_direct * 1e3);
+
+    for s in &res.shapes {
+        shape_section(s, res, &mut md, &mut f, out)?;
+    }
+    let _ = writeln!(md, "## Contenders\n\n| name | what |\n| --- | --- |");
+    let mut names: Vec<&String> = res
+        .shapes
+        .iter()
+        .flat_map(|s| s.runs.iter().map(|r| &r.contender))
+        .collect();
+    names.sort();
+    names.dedup();
+    for n in names {
+        let _ = writeln!(md, "| `{n}` | {} |", Contender::describe(n));
+    }
+    f.insert("wall_s".into(), res.wall);
+    let path = out.join("report.md");
+    std::fs::write(&path, &md)?;
+    println!("\n{md}\nwrote {}", path.display());
+    Ok(f)
+}
+
+fn shape_section(
+    s: &ShapeResult,
+    res: &Results,
+    md: &mut String,
+    f: &mut Figures,
+    out: &Path,
+) -> Result<()> {
+    let shape = s.shape.name();
+    let (names, loads, g) = groups(s);
+    f.insert(format!("{shape}/knee_rps"), s.knee);
+    for r in &s.runs {
+        for (k, v) in metrics(r) {
+            f.insert(
+                format!(
+                    "{shape}/{}/{}/r{}/{k}",
+                    r.contender,
+                    load_key(r.load),
+                    r.rep
+                ),
+                v,
+            );
+        }
+    }
+    for ((name, load), runs) in &g {
+        for (k, _) in metrics(runs[0]) {
+            if let Some((m, lo, hi)) = stat(runs, k) {
+                f.insert(format!("{shape}/{name}/{load}/median/{k}"), m);
+                f.insert(format!("{shape}/{name}/{load}/min/{k}"), lo);
+                f.insert(format!("{shape}/{name}/{load}/max/{k}"), hi);
+            }
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\n## {shape}\n\nKnee: **{:.2} requests/s** ({}).\n",
+        s.knee, s.knee_how
+    );
+    // Tables by load: p99 TTFT and goodput.
+    for (title, metric, scale, digits) in [
+        ("p99 TTFT, s", "ttft_p99_s", 1.0, 2),
+        ("Goodput, requests/s within the SLO", "goodput_rps", 1.0, 2),
+    ] {
+        let _ = write!(md, "### {title}\n\n| contender |");
+        for l in &loads {
+            let _ = write!(md, " {:.0}% ({:.2}/s) |", l * 100.0, l * s.knee);
+        }
+        let _ = write!(md, "\n| --- |");
+        for _ in &loads {
+            md.push_str(" ---: |");
+        }
+        md.push('\n');
+        for n in &names {
+            let _ = write!(md, "| `{n}` |");
+            for l in &loads {
+                let cellv = g
+                    .get(&(n.clone(), load_key(*l)))
+                    .and_then(|runs| stat(runs, metric));
+                let _ = write!(md, " {} |", cell(cellv, scale, digits));
+            }
+            md.push('\n');
+        }
+        md.push('\n');
+    }
+    // Everything at the knee.
+    let knee = load_key(1.0);
+    let _ = writeln!(
+        md,
+        "### At the knee ({:.2} requests/s)\n\n| contender | TTFT p50 s | p90 s | p99 s | mean s | ITL p50 ms | p99 ms | E2E p50 s | p99 s | throughput /s | goodput /s | failed | prefix hits | CPU s / 1k req |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        s.knee
+    );
+    for n in &names {
+        let Some(runs) = g.get(&(n.clone(), knee.clone())) else {
+            continue;
+        };
+        let c = |m: &str, scale: f64, d: usize| cell(stat(runs, m), scale, d);
+        let _ = writeln!(
+            md,
+            "| `{n}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            c("ttft_p50_s", 1.0, 2),
+            c("ttft_p90_s", 1.0, 2),
+            c("ttft_p99_s", 1.0, 2),
+            c("ttft_mean_s", 1.0, 2),
+            c("itl_p50_ms", 1.0, 0),
+            c("itl_p99_ms", 1.0, 0),
+            c("e2e_p50_s", 1.0, 1),
+            c("e2e_p99_s", 1.0, 1),
+            c("throughput_rps", 1.0, 2),
+            c("goodput_rps", 1.0, 2),
+            c("failed", 1.0, 0),
+            c("prefix_hit_rate", 100.0, 0) + "%",
+            c("cpu_s_per_1k_requests", 1.0, 3),
+        );
+    }
+    targets(s, res, &names, &loads, &g, md, f);
+    plots(s, &names, &loads, &g, out, md)?;
+    Ok(())
+}
+
+/// The issue's targets, computed from the medians.
+fn targets(
+    s: &ShapeResult,
+    _res: &Results,
+    names: &[String],
+    loads: &[f64],
+    g: &ByPoint<'_>,
+    md: &mut String,
+    f: &mut Figures,
+) {
+    let shape = s.shape.name();
+    let med = |n: &str, l: f64, m: &str| -> Option<f64> {
+        stat(g.get(&(n.to_string(), load_key(l)))?, m).map(|x| x.0)
+    };
+    let mid: Vec<f64> = loads
+        .iter()
+        .copied()
+        .filter(|l| (0.5 - 1e-9..=1.0 + 1e-9).contains(l))
+        .collect();
+    let _ = writeln!(md, "\n### Targets\n");
+    // The best L4 policy: the lowest geometric mean of p99 TTFT over 50-100% of the knee.
+    let score = |n: &str| -> Option<f64> {
+        let v: Option<Vec<f64>> = mid.iter().map(|l| med(n, *l, "ttft_p99_s")).collect();
+        let v = v?;
+        (!v.is_empty())
+            .then(|| (v.iter().map(|x| x.max(1e-6).ln()).sum::<f64>() / v.len() as f64).exp())
+    };
+    let best_ours = names
+        .iter()
+        .filter(|n| is_load_aware_ours(n))
+        .filter_map(|n| Some((n.clone(), score(n)?)))
+        .min_by(|a, b| a.1.total_cmp(&b.1));
+    if let Some((best, _)) = &best_ours
+        && names.iter().any(|n| n == "round-robin")
+    {
+        let mut ok = true;
+        let _ = writeln!(
+            md,
+            "- Best balancer policy (over 50–100% of the knee): `{best}`. p99 TTFT / round robin's, goodput and throughput / round robin's, per load:"
+        );
+        for l in &mid {
+            let (Some(a), Some(b)) = (
+                med(best, *l, "ttft_p99_s"),
+                med("round-robin", *l, "ttft_p99_s"),
+            ) else {
+                continue;
+            };
+            let gp = med(best, *l, "goodput_rps").zip(med("round-robin", *l, "goodput_rps"));
+            let tp = med(best, *l, "throughput_rps").zip(med("round-robin", *l, "throughput_rps"));
+            let ratio = a / b;
+            let gr = gp.map(|(x, y)| x / y.max(1e-9));
+            let tr = tp.map(|(x, y)| x / y.max(1e-9));
+            ok &= ratio <= 0.5 && gr.is_none_or(|r| r >= 0.98) && tr.is_none_or(|r| r >= 0.98);
+            let _ = writeln!(
+                md,
+                "  - {:.0}%: p99 {ratio:.2}x, goodput {}, throughput {}",
+                l * 100.0,
+                gr.map_or("–".into(), |r| format!("{r:.2}x")),
+                tr.map_or("–".into(), |r| format!("{r:.2}x"))
+            );
+            f.insert(
+                format!("{shape}/target/best_over_rr_p99/{}", load_key(*l)),
+                ratio,
+            );
+        }
+        let _ = writeln!(
+            md,
+            "  - target (p99 <= 0.5x, goodput and throughput no lower, at every load): **{}**",
+            if ok { "met" } else { "missed" }
+        );
+        f.insert(
+            format!("{shape}/target/best_over_rr_met"),
+            f64::from(u8::from(ok)),
+        );
+    }
+    // Against the best L7 router policy at the knee.
+    let at = |n: &str, m: &str| med(n, 1.0, m);
+    let best_router = names
+        .iter()
+        .filter(|n| n.contains(':'))
+        .filter_map(|n| Some((n.clone(), at(n, "ttft_p99_s")?)))
+        .min_by(|a, b| a.1.total_cmp(&b.1));
+    let best_ours_knee = names
+        .iter()
+        .filter(|n| is_load_aware_ours(n))
+        .filter_map(|n| Some((n.clone(), at(n, "ttft_p99_s")?)))
+        .min_by(|a, b| a.1.total_cmp(&b.1));
+    if let (Some((r, rp)), Some((b, bp))) = (&best_router, &best_ours_knee) {
+        let ratio = bp / rp;
+        let cpu = at(b, "cpu_s_per_1k_requests").zip(at(r, "cpu_s_per_1k_requests"));
+        let cpu_ratio = cpu.map(|(x, y)| x / y.max(1e-12));
+        let _ = writeln!(
+            md,
+            "- At the knee, best balancer policy `{b}` against the best router policy `{r}`: p99 TTFT {bp:.2} s vs {rp:.2} s = **{ratio:.2}x** (target <= 1.2x); CPU per request {} (target <= 1/20 = 0.05x)",
+            cpu_ratio.map_or("–".into(), |c| format!("**{c:.3}x**"))
+        );
+        f.insert(format!("{shape}/target/ours_over_best_router_p99"), ratio);
+        if let Some(c) = cpu_ratio {
+            f.insert(format!("{shape}/target/ours_over_best_router_cpu"), c);
+        }
+    }
+    // Multi-turn: affinity against the load-only composite.
+    if s.shape.multi_turn()
+        && let (Some(a), Some(c)) = (
+            at("affinity", "ttft_mean_s"),
+            at("composite", "ttft_mean_s"),
+        )
+    {
+        let p99 = at("affinity", "ttft_p99_s").zip(at("composite", "ttft_p99_s"));
+        let _ = writeln!(
+            md,
+            "- Session affinity (`affinity`) against load only (`composite`) at the knee: mean TTFT {:.2} s vs {c:.2} s = **{:.2}x lower** (target >= 1.5x), p99 {}; prefix-cache hit rates: {}",
+            a,
+            c / a,
+            p99.map_or("–".into(), |(x, y)| format!("{x:.2} s vs {y:.2} s")),
+            names
+                .iter()
+                .filter_map(|n| Some(format!("`{n}` {:.0}%", at(n, "prefix_hit_rate")? * 100.0)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        f.insert(
+            format!("{shape}/target/composite_over_affinity_mean_ttft"),
+            c / a,
+        );
+    }
+}
+
+fn plots(
+    s: &ShapeResult,
+    names: &[String],
+    loads: &[f64],
+    g: &ByPoint<'_>,
+    out: &Path,
+    md: &mut String,
+) -> Result<()> {
+    let shape = s.shape.name();
+    let swept: Vec<&String> = names
+        .iter()
+        .filter(|n| {
+            loads
+                .iter()
+                .filter(|l| g.contains_key(&((*n).clone(), load_key(**l))))
+                .count()
+                > 1
+        })
+        .collect();
+    for (metric, file, title, log) in [
+        ("ttft_p99_s", "p99-ttft", "p99 TTFT (s) against load", true),
+        (
+            "goodput_rps",
+            "goodput",
+            "goodput (requests/s within the SLO) against load",
+            false,
+        ),
+    ] {
+        let curves: Vec<(String, Vec<(f64, f64)>)> = swept
+            .iter()
+            .map(|n| {
+                let pts = loads
+                    .iter()
+                    .filter_map(|l| {
+                        let runs = g.get(&((*n).clone(), load_key(*l)))?;
+                        Some((l * s.knee, stat(runs, metric)?.0))
+                    })
+                    .collect();
+                ((*n).clone(), pts)
+            })
+            .collect();
+        let path = out.join(format!("{shape}-{file}.svg"));
+        line_plot(
+            &path,
+            &format!("{shape}: {title}"),
+            "offered load (requests/s)",
+            &curves,
+            log,
+        )?;
+        let _ = writeln!(md, "\n![{shape} {title}]({shape}-{file}.svg)");
+    }
+    let curves: Vec<(String, Vec<(f64, f64)>)> = names
+        .iter()
+        .filter_map(|n| {
+            let runs = g.get(&(n.clone(), load_key(1.0)))?;
+            let mut t: Vec<f64> = runs.iter().flat_map(|r| r.ttfts.iter().copied()).collect();
+            t.sort_by(f64::total_cmp);
+            let k = t.len().max(1) as f64;
+            Some((
+                n.clone(),
+                t.iter()
+                    .enumerate()
+                    .map(|(i, x)| (x.max(1e-3), (i + 1) as f64 / k))
+                    .collect(),
+            ))
+        })
+        .collect();
+    if !curves.is_empty() {
+        let path = out.join(format!("{shape}-cdf-knee.svg"));
+        cdf_plot(&path, &format!("{shape}: TTFT CDF at the knee"), &curves)?;
+        let _ = writeln!(
+            md,
+            "\n![{shape} TTFT CDF at the knee]({shape}-cdf-knee.svg)"
+        );
+    }
+    Ok(())
+}
+
+const COLORS: [plotters::style::RGBColor; 10] = [
+    plotters::style::RGBColor(214, 39, 40),
+    plotters::style::RGBColor(31, 119, 180),
+    plotters::style::RGBColor(44, 160, 44),
+    plotters::style::RGBColor(148, 103, 189),
+    plotters::style::RGBColor(255, 127, 14),
+    plotters::style::RGBColor(140, 86, 75),
+    plotters::style::RGBColor(227, 119, 194),
+    plotters::style::RGBColor(127, 127, 127),
+    plotters::style::RGBColor(188, 189, 34),
+    plotters::style::RGBColor(23, 190, 207),
+];
+
+fn err(e: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!("{e}")
+}
+
+fn line_plot(
+    path: &Path,
+    title: &str,
+    x_desc: &str,
+    curves: &[(String, Vec<(f64, f64)>)],
+    log_y: bool,
+) -> Result<()> {
+    use plotters::prelude::*;
+    let xs = curves.iter().flat_map(|(_, p)| p.iter().map(|x| x.0));
+    let ys: Vec<f64> = curves
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|x| x.1))
+        .filter(|y| y.is_finite())
+        .collect();
+    let (x0, x1) = xs.fold((f64::INFINITY, 0.0f64), |(a, b), x| (a.min(x), b.max(x)));
+    if !x0.is_finite() || ys.is_empty() {
+        return Ok(());
+    }
+    let (x0, x1) = (x0 * 0.9, x1 * 1.05);
+    let y1 = ys.iter().copied().fold(0.0, f64::max) * 1.3;
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let mut chart = ChartBuilder::on(&root);
+    chart
+        .caption(title, ("sans-serif", 20))
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(60);
+    // The same series on either y axis.
+    macro_rules! series {
+        ($c:expr) => {{
+            let c = &mut $c;
+            c.configure_mesh().x_desc(x_desc).draw().map_err(err)?;
+            for (i, (name, pts)) in curves.iter().enumerate() {
+                let color = COLORS[i % COLORS.len()];
+                c.draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+                    .map_err(err)?
+                    .label(name.clone())
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                    });
+                c.draw_series(pts.iter().map(|p| Circle::new(*p, 3, color.filled())))
+                    .map_err(err)?;
+            }
+            c.configure_series_labels()
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .position(SeriesLabelPosition::UpperLeft)
+                .draw()
+                .map_err(err)?;
+        }};
+    }
+    if log_y {
+        let y0 = ys.iter().copied().filter(|y| *y > 0.0).fold(y1, f64::min) * 0.7;
+        let mut c = chart
+            .build_cartesian_2d(x0..x1, (y0.max(1e-3)..y1.max(1e-2)).log_scale())
+            .map_err(err)?;
+        series!(c);
+    } else {
+        let mut c = chart
+            .build_cartesian_2d(x0..x1, 0.0..y1.max(1e-2))
+            .map_err(err)?;
+        series!(c);
+    }
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+fn cdf_plot(path: &Path, title: &str, curves: &[(String, Vec<(f64, f64)>)]) -> Result<()> {
+    use plotters::prelude::*;
+    let max = curves
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|x| x.0))
+        .fold(0.1f64, f64::max)
+        * 1.2;
+    let min = curves
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|x| x.0))
+        .fold(max, f64::min)
+        .max(0.005)
+        * 0.8;
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let mut c = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(56)
+        .build_cartesian_2d((min..max).log_scale(), 0.0f64..1.0f64)
+        .map_err(err)?;
+    c.configure_mesh()
+        .x_desc("TTFT (s, log scale)")
+        .y_desc("fraction of requests")
+        .draw()
+        .map_err(err)?;
+    for (i, (name, pts)) in curves.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        c.draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+            .map_err(err)?
+            .label(name.clone())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+    }
+    c.configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::LowerRight)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}

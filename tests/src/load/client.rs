@@ -1,0 +1,268 @@
+//! The load generator: plays a workload's conversations against an OpenAI-compatible address
+//! (the balancer's VIP, an L7 router, or a server) as streamed completions over real TCP, each
+//! request from its conversation's client address, and records per request its time to first
+//! token, inter-token latency, end-to-end latency, tokens and the backend that served it
+//! (`x-served-by`). A multi-turn conversation sends each turn a think time after the answer to
+//! the one before, with the whole conversation so far (earlier messages and the answers as they
+//! came) before the new message. Call it from inside the client's network namespace.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+use super::workload::Conversation;
+use crate::openai::{Event, ResponseDecoder};
+
+/// Where requests go.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub addr: SocketAddr,
+    pub model: String,
+}
+
+/// How requests travel.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientOptions {
+    /// Give up on a request after this long.
+    pub timeout: Duration,
+    /// Keep a conversation's connection open between its turns (else a connection per
+    /// request, each balanced on its own).
+    pub keep_alive: bool,
+    /// Send from each conversation's address (the rack gives the client those addresses).
+    pub bind_sources: bool,
+}
+
+/// What happened to one request.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Outcome {
+    pub conversation: usize,
+    pub turn: usize,
+    /// Sent at, seconds after the start.
+    pub sent: f64,
+    pub ttft: Option<f64>,
+    pub e2e: Option<f64>,
+    /// Mean gap between its tokens after the first, seconds.
+    pub itl: Option<f64>,
+    pub tokens: u32,
+    /// Words of the prompt sent.
+    pub prompt_words: usize,
+    pub backend: Option<String>,
+    /// Why it failed: refused, timed out, HTTP error, a broken stream.
+    pub error: Option<String>,
+}
+
+impl Outcome {
+    pub fn ok(&self) -> bool {
+        self.error.is_none() && self.e2e.is_some()
+    }
+}
+
+/// Plays `workload` against `target`; the outcome of every request, by conversation and turn.
+pub fn run(target: &Target, workload: &[Conversation], opts: ClientOptions) -> Vec<Outcome> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let target = target.clone();
+    let workload = workload.to_vec();
+    runtime.block_on(async move {
+        let start = Instant::now();
+        let tasks: Vec<_> = workload
+            .into_iter()
+            .map(|c| tokio::spawn(conversation(target.clone(), c, opts, start)))
+            .collect();
+        let mut out = Vec::new();
+        for t in tasks {
+            out.extend(t.await.unwrap_or_default());
+        }
+        out
+    })
+}
+
+async fn conversation(
+    target: Target,
+    c: Conversation,
+    opts: ClientOptions,
+    start: Instant,
+) -> Vec<Outcome> {
+    tokio::time::sleep_until((start + Duration::from_secs_f64(c.start)).into()).await;
+    let mut history = String::new();
+    let mut stream: Option<TcpStream> = None;
+    let mut outcomes = Vec::with_capacity(c.turns.len());
+    for (i, turn) in c.turns.iter().enumerate() {
+        if turn.think > 0.0 {
+            tokio::time::sleep(Duration::from_secs_f64(turn.think)).await;
+        }
+        if !history.is_empty() {
+            history.push(' ');
+        }
+        history.push_str(&turn.message);
+        let prompt = history.clone();
+        let sent = start.elapsed().as_secs_f64();
+        let source = opts.bind_sources.then_some(c.source);
+        let attempt = tokio::time::timeout(
+            opts.timeout,
+            request(
+                &target,
+                &mut stream,
+                source,
+                &prompt,
+                turn.output_tokens,
+                opts.keep_alive,
+            ),
+        )
+        .await;
+        let mut o = match attempt {
+            Ok(Ok((o, answer))) => {
+                history.push_str(&answer);
+                o
+            }
+            Ok(Err(e)) => Outcome {
+                error: Some(e),
+                ..Outcome::default()
+            },
+            Err(_) => Outcome {
+                error: Some("timed out".into()),
+                ..Outcome::default()
+            },
+        };
+        if !o.ok() || !opts.keep_alive {
+            stream = None;
+        }
+        o.conversation = c.id;
+        o.turn = i;
+        o.sent = sent;
+        o.prompt_words = prompt.split_whitespace().count();
+        outcomes.push(o);
+    }
+    outcomes
+}
+
+async fn connect(addr: SocketAddr, source: Option<IpAddr>) -> Result<TcpStream, String> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()
+    } else {
+        TcpSocket::new_v6()
+    }
+    .map_err(|e| format!("socket: {e}"))?;
+    if let Some(src) = source {
+        socket
+            .bind(SocketAddr::new(src, 0))
+            .map_err(|e| format!("bind {src}: {e}"))?;
+    }
+    let s = socket
+        .connect(addr)
+        .await
+        .map_err(|e| format!("refused: {e}"))?;
+    let _ = s.set_nodelay(true);
+    Ok(s)
+}
+
+/// Sends one streamed completion and reads it to its end: the outcome and the answer's text.
+async fn request(
+    target: &Target,
+    stream: &mut Option<TcpStream>,
+    source: Option<IpAddr>,
+    prompt: &str,
+    max_tokens: u32,
+    keep_alive: bool,
+) -> Result<(Outcome, String), String> {
+    let t0 = Instant::now();
+    if stream.is_none() {
+        *stream = Some(connect(target.addr, source).await?);
+    }
+    let s = stream.as_mut().expect("connected");
+    let body = serde_json::json!({
+        "model": target.model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": true,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    })
+    .to_string();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\nContent-Length: {}\r\nConnection: {}\r\n\r\n",
+        target.addr,
+        body.len(),
+        if keep_alive { "keep-alive" } else { "close" }
+    );
+    s.write_all(head.as_bytes())
+        .await
+        .map_err(|e| format!("send: {e}"))?;
+    s.write_all(body.as_bytes())
+        .await
+        .map_err(|e| format!("send: {e}"))?;
+    let mut decoder = ResponseDecoder::default();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut out = Outcome::default();
+    let mut answer = String::new();
+    let (mut first, mut last) = (None::<f64>, 0.0f64);
+    let mut chunks = 0u32;
+    let mut usage_tokens = None;
+    let mut done = false;
+    loop {
+        let n = s.read(&mut buf).await.map_err(|e| format!("read: {e}"))?;
+        let events = if n == 0 {
+            decoder.close()?
+        } else {
+            decoder.feed(&buf[..n])?
+        };
+        let now = t0.elapsed().as_secs_f64();
+        for e in events {
+            match e {
+                Event::Done => done = true,
+                Event::Chunk(c) => {
+                    if let Some(u) = c.get("usage").filter(|u| !u.is_null()) {
+                        usage_tokens = u.get("completion_tokens").and_then(|v| v.as_u64());
+                    }
+                    let text = c
+                        .pointer("/choices/0/text")
+                        .or_else(|| c.pointer("/choices/0/delta/content"))
+                        .and_then(|t| t.as_str())
+                        .unwrap_or_default();
+                    if !text.is_empty() {
+                        first.get_or_insert(now);
+                        last = now;
+                        chunks += 1;
+                        answer.push_str(text);
+                    }
+                }
+            }
+        }
+        if decoder.status != 0 && decoder.status != 200 && (decoder.ended() || n == 0) {
+            return Err(format!(
+                "HTTP {}: {}",
+                decoder.status,
+                decoder.body_text().chars().take(200).collect::<String>()
+            ));
+        }
+        if decoder.ended() || n == 0 {
+            break;
+        }
+    }
+    if !done {
+        return Err(format!(
+            "the stream ended without [DONE] after {chunks} chunks"
+        ));
+    }
+    out.backend = decoder.header("x-served-by").map(str::to_string);
+    out.tokens = usage_tokens.map_or(chunks, |t| t as u32);
+    out.ttft = first;
+    out.e2e = Some(t0.elapsed().as_secs_f64());
+    if let Some(f) = first
+        && out.tokens > 1
+    {
+        out.itl = Some((last - f) / f64::from(out.tokens - 1));
+    }
+    let closing = decoder
+        .header("connection")
+        .is_some_and(|v| v.eq_ignore_ascii_case("close"));
+    if !decoder.ended() || closing {
+        // Closed (or closing) on the server's side: this connection is done.
+        *stream = None;
+    }
+    Ok((out, answer))
+}

@@ -1,0 +1,7 @@
+//! LLM load for the routing benchmark, the demo and the real-server tests: workload shapes
+//! ([`workload`]), the load generator that plays them over TCP ([`client`]), and the figures of
+//! a run ([`stats`]).
+
+pub mod client;
+pub mod stats;
+pub mod workload;

@@ -1,0 +1,504 @@
+//! Workload shapes for the routing benchmark, as conversations of one or more turns, each with
+//! its client address and its own prompt text (so prompts differ per request and per
+//! conversation, and repeat exactly where a conversation repeats its context).
+//!
+//! | shape | arrivals | prompt | output |
+//! | --- | --- | --- | --- |
+//! | `conversation` (decode-heavy) | the Azure conversation trace excerpt, time-compressed to the rate | the trace's context tokens | the trace's generated tokens |
+//! | `prefill-heavy` | Poisson | log-normal, median 1,800 tokens (mean about 2,100), 200-8,000 | log-normal, median 20 (mean about 24), 4-128 |
+//! | `mixed` | bursty: 3x the rate for a quarter of the time, a third of it otherwise (mean: the rate) | half decode-heavy (the trace's sizes), half prefill-heavy | as its half |
+//! | `multi-turn` | conversations Poisson; a turn sent a think time (exponential, mean 2 s) after the answer to the one before | turn n: the whole conversation so far (its earlier messages and answers) + a new message (log-normal, median 120) | log-normal, median 150, 16-500 |
+//!
+//! `multi-turn-nat` is `multi-turn` with every conversation behind one of 4 addresses (a NAT),
+//! instead of one address each.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::Path;
+
+use anyhow::{Context as _, Result, bail};
+
+/// One turn: the new message, and how many tokens to generate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Turn {
+    /// Words of the new message (one token each for the simulator; a real tokenizer makes a
+    /// few of each).
+    pub message: String,
+    pub output_tokens: u32,
+    /// Seconds after the previous turn's answer (0 for the first).
+    pub think: f64,
+}
+
+/// A conversation: when it starts, from where, and its turns.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Conversation {
+    pub id: usize,
+    /// Seconds after the workload's start.
+    pub start: f64,
+    pub source: IpAddr,
+    pub turns: Vec<Turn>,
+}
+
+impl Conversation {
+    /// Words of a message.
+    pub fn message_words(&self, turn: usize) -> usize {
+        self.turns[turn].message.split_whitespace().count()
+    }
+}
+
+/// A named workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    Conversation,
+    PrefillHeavy,
+    Mixed,
+    MultiTurn,
+    MultiTurnNat,
+}
+
+impl Shape {
+    pub const ALL: [Shape; 5] = [
+        Shape::Conversation,
+        Shape::PrefillHeavy,
+        Shape::Mixed,
+        Shape::MultiTurn,
+        Shape::MultiTurnNat,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Shape::Conversation => "conversation",
+            Shape::PrefillHeavy => "prefill-heavy",
+            Shape::Mixed => "mixed",
+            Shape::MultiTurn => "multi-turn",
+            Shape::MultiTurnNat => "multi-turn-nat",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Shape> {
+        Shape::ALL.into_iter().find(|w| w.name() == s)
+    }
+
+    /// Whether its turns depend on earlier answers (closed loop per conversation).
+    pub const fn multi_turn(self) -> bool {
+        matches!(self, Shape::MultiTurn | Shape::MultiTurnNat)
+    }
+}
+
+/// One request of a trace.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TraceRequest {
+    /// Seconds after the first request.
+    pub at: f64,
+    pub prompt_tokens: u32,
+    pub output_tokens: u32,
+}
+
+/// The trace excerpt that ships with the project (tests/data; licence and attribution there).
+pub fn shipped_trace() -> Result<Vec<TraceRequest>> {
+    read_trace(&Path::new(env!("CARGO_MANIFEST_DIR")).join("data/azure-llm-conv-excerpt.csv"))
+}
+
+/// Reads a trace in the Azure LLM inference trace format.
+pub fn read_trace(path: &Path) -> Result<Vec<TraceRequest>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut out = Vec::new();
+    let mut first: Option<(i64, f64)> = None;
+    for (n, line) in text.lines().enumerate().skip(1) {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let fields: Vec<&str> = line.split(',').collect();
+        let [ts, ctx, gen_tokens] = fields[..] else {
+            bail!(
+                "{}:{}: expected TIMESTAMP,ContextTokens,GeneratedTokens",
+                path.display(),
+                n + 1
+            );
+        };
+        let t = parse_timestamp(ts)
+            .with_context(|| format!("{}:{}: timestamp {ts:?}", path.display(), n + 1))?;
+        let base = *first.get_or_insert(t);
+        out.push(TraceRequest {
+            at: (t.0 - base.0) as f64 * 86_400.0 + (t.1 - base.1),
+            prompt_tokens: ctx
+                .trim()
+                .parse()
+                .with_context(|| format!("{}:{}: context tokens", path.display(), n + 1))?,
+            output_tokens: gen_tokens
+                .trim()
+                .parse()
+                .with_context(|| format!("{}:{}: generated tokens", path.display(), n + 1))?,
+        });
+    }
+    out.sort_by(|a, b| a.at.total_cmp(&b.at));
+    Ok(out)
+}
+
+/// A `YYYY-MM-DD HH:MM:SS.fffffff` timestamp as (days since an arbitrary epoch, seconds of the
+/// day): only differences matter, kept apart for precision.
+fn parse_timestamp(ts: &str) -> Result<(i64, f64)> {
+    let (date, time) = ts
+        .trim()
+        .split_once(' ')
+        .context("no space between date and time")?;
+    let d: Vec<u32> = date.split('-').map(str::parse).collect::<Result<_, _>>()?;
+    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
+    let t: Vec<u32> = hms.split(':').map(str::parse).collect::<Result<_, _>>()?;
+    if d.len() != 3 || t.len() != 3 {
+        bail!("not YYYY-MM-DD HH:MM:SS");
+    }
+    // Days from a civil date (proleptic Gregorian), enough for differences within a trace.
+    let (y, m) = if d[1] <= 2 {
+        (d[0] as i64 - 1, d[1] + 9)
+    } else {
+        (d[0] as i64, d[1] - 3)
+    };
+    let days = 365 * y + y / 4 - y / 100 + y / 400 + (153 * m as i64 + 2) / 5 + d[2] as i64;
+    let frac: f64 = format!("0.{frac}").parse()?;
+    Ok((days, f64::from(t[0] * 3600 + t[1] * 60 + t[2]) + frac))
+}
+
+/// A small deterministic generator (splitmix64), so workloads repeat exactly.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in (0, 1).
+    pub fn unit(&mut self) -> f64 {
+        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+    /// Exponential with the given mean.
+    pub fn exponential(&mut self, mean: f64) -> f64 {
+        -self.unit().ln() * mean
+    }
+    /// Log-normal with the given median and shape.
+    pub fn log_normal(&mut self, median: f64, sigma: f64) -> f64 {
+        let (u1, u2) = (self.unit(), self.unit());
+        let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
+        median * (sigma * z).exp()
+    }
+    /// A log-normal sample rounded and clamped to `lo..=hi`.
+    fn size(&mut self, median: f64, sigma: f64, lo: u32, hi: u32) -> u32 {
+        (self.log_normal(median, sigma).round() as u32).clamp(lo, hi)
+    }
+}
+
+/// `n` words of text, different for every seed (a vocabulary of 50,000 words).
+pub fn words(n: usize, rng: &mut Rng) -> String {
+    let mut s = String::with_capacity(n * 6);
+    for i in 0..n {
+        if i > 0 {
+            s.push(' ');
+        }
+        s.push('w');
+        s.push_str(&(rng.next_u64() % 50_000).to_string());
+    }
+    s
+}
+
+/// The client addresses conversations come from: `count` addresses of the client's subnet
+/// (10.111.0.100 and up; the rack gives them to the client's interface).
+pub fn client_addresses(count: usize) -> Vec<IpAddr> {
+    (0..count.clamp(1, 150))
+        .map(|i| IpAddr::V4(Ipv4Addr::new(10, 111, 0, 100 + i as u8)))
+        .collect()
+}
+
+/// How many addresses a shape's conversations come from.
+pub fn addresses_of(shape: Shape) -> usize {
+    match shape {
+        Shape::MultiTurnNat => 4,
+        _ => 100,
+    }
+}
+
+/// How to make a workload.
+#[derive(Clone, Debug)]
+pub struct WorkloadOptions {
+    pub shape: Shape,
+    /// Requests (turns, for multi-turn shapes).
+    pub requests: usize,
+    /// Offered load, requests per second.
+    pub rate: f64,
+    /// Varies arrivals, sizes and texts; for the trace, the offset into it.
+    pub seed: u64,
+}
+
+/// Mean turns of a multi-turn conversation.
+pub const MEAN_TURNS: f64 = 4.0;
+/// Mean think time between turns, seconds.
+pub const MEAN_THINK: f64 = 2.0;
+
+/// Builds the workload.
+pub fn build(o: &WorkloadOptions, trace: &[TraceRequest]) -> Result<Vec<Conversation>> {
+    if o.requests == 0 || o.rate.is_nan() || o.rate <= 0.0 {
+        bail!("a workload needs requests and a positive rate");
+    }
+    let addresses = client_addresses(addresses_of(o.shape));
+    let mut rng = Rng::new(o.seed.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0x5eed);
+    let single = |id: usize, start: f64, prompt: u32, output: u32, rng: &mut Rng| Conversation {
+        id,
+        start,
+        source: addresses[id % addresses.len()],
+        turns: vec![Turn {
+            message: words(prompt.max(1) as usize, rng),
+            output_tokens: output.max(1),
+            think: 0.0,
+        }],
+    };
+    Ok(match o.shape {
+        Shape::Conversation => {
+            let slice = trace_slice(trace, o.requests, o.seed)?;
+            let span = slice.last().map_or(0.0, |r| r.at).max(1e-9);
+            let scale = (slice.len() as f64 / span) / o.rate;
+            let t0 = slice[0].at;
+            slice
+                .iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    single(
+                        i,
+                        (r.at - t0) * scale,
+                        r.prompt_tokens,
+                        r.output_tokens,
+                        &mut rng,
+                    )
+                })
+                .collect()
+        }
+        Shape::PrefillHeavy => {
+            let mut at = 0.0;
+            (0..o.requests)
+                .map(|i| {
+                    at += rng.exponential(1.0 / o.rate);
+                    let prompt = rng.size(1800.0, 0.55, 200, 8000);
+                    let output = rng.size(20.0, 0.5, 4, 128);
+                    single(i, at, prompt, output, &mut rng)
+                })
+                .collect()
+        }
+        Shape::Mixed => {
+            // Bursts at 3x the rate a quarter of the time, calm at a third of it otherwise.
+            let mut at = 0.0;
+            let mut burst = false;
+            let mut phase_end = rng.exponential(3.0);
+            (0..o.requests)
+                .map(|i| {
+                    loop {
+                        let rate = if burst { 3.0 * o.rate } else { o.rate / 3.0 };
+                        let next = at + rng.exponential(1.0 / rate);
+                        if next <= phase_end {
+                            at = next;
+                            break;
+                        }
+                        at = phase_end;
+                        burst = !burst;
+                        phase_end = at + rng.exponential(if burst { 3.0 } else { 9.0 });
+                    }
+                    let (prompt, output) = if rng.unit() < 0.5 {
+                        let r = trace[(rng.next_u64() % trace.len() as u64) as usize];
+                        (r.prompt_tokens, r.output_tokens)
+                    } else {
+                        (
+                            rng.size(1800.0, 0.55, 200, 8000),
+                            rng.size(20.0, 0.5, 4, 128),
+                        )
+                    };
+                    single(i, at, prompt, output, &mut rng)
+                })
+                .collect()
+        }
+        Shape::MultiTurn | Shape::MultiTurnNat => {
+            // Conversations arrive so that their turns offer `rate` requests per second.
+            let conversation_rate = o.rate / MEAN_TURNS;
+            let mut at = 0.0;
+            let mut out = Vec::new();
+            let mut left = o.requests;
+            while left > 0 {
+                at += rng.exponential(1.0 / conversation_rate);
+                // 1 + geometric: mean MEAN_TURNS.
+                let mut turns = 1;
+                while rng.unit() > 1.0 / MEAN_TURNS && turns < 12 {
+                    turns += 1;
+                }
+                let turns = turns.min(left);
+                left -= turns;
+                let id = out.len();
+                out.push(Conversation {
+                    id,
+                    start: at,
+                    source: addresses[id % addresses.len()],
+                    turns: (0..turns)
+                        .map(|t| Turn {
+                            message: {
+                                let n = rng.size(120.0, 0.6, 10, 1000) as usize;
+                                words(n, &mut rng)
+                            },
+                            output_tokens: rng.size(150.0, 0.5, 16, 500),
+                            think: if t == 0 {
+                                0.0
+                            } else {
+                                rng.exponential(MEAN_THINK)
+                            },
+                        })
+                        .collect(),
+                });
+            }
+            out
+        }
+    })
+}
+
+/// `n` consecutive requests of the trace from an offset chosen by `seed` (repetitions replay
+/// different stretches).
+fn trace_slice(trace: &[TraceRequest], n: usize, seed: u64) -> Result<&[TraceRequest]> {
+    if trace.len() < n {
+        bail!(
+            "the trace has {} requests, fewer than the {n} asked for",
+            trace.len()
+        );
+    }
+    let offsets = trace.len() - n + 1;
+    let offset = ((seed as usize).wrapping_mul(n)) % offsets;
+    Ok(&trace[offset..offset + n])
+}
+
+/// Requests of a workload.
+pub fn request_count(w: &[Conversation]) -> usize {
+    w.iter().map(|c| c.turns.len()).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
+        v.sort_by(f64::total_cmp);
+        v[((p / 100.0) * v.len() as f64).ceil().max(1.0) as usize - 1]
+    }
+
+    fn opts(shape: Shape, requests: usize, rate: f64, seed: u64) -> WorkloadOptions {
+        WorkloadOptions {
+            shape,
+            requests,
+            rate,
+            seed,
+        }
+    }
+
+    #[test]
+    fn the_shipped_trace_parses_and_workloads_repeat() {
+        let trace = shipped_trace().unwrap();
+        assert_eq!(trace.len(), 2400);
+        for shape in Shape::ALL {
+            let a = build(&opts(shape, 200, 4.0, 7), &trace).unwrap();
+            assert_eq!(
+                a,
+                build(&opts(shape, 200, 4.0, 7), &trace).unwrap(),
+                "{shape:?}"
+            );
+            assert_ne!(
+                a,
+                build(&opts(shape, 200, 4.0, 8), &trace).unwrap(),
+                "{shape:?}"
+            );
+            assert_eq!(request_count(&a), 200, "{shape:?}");
+        }
+    }
+
+    #[test]
+    fn shapes_have_their_sizes_and_rates() {
+        let trace = shipped_trace().unwrap();
+        let sizes = |w: &[Conversation]| -> (f64, f64) {
+            let turns: Vec<&Turn> = w.iter().flat_map(|c| &c.turns).collect();
+            let n = turns.len() as f64;
+            (
+                turns
+                    .iter()
+                    .map(|t| t.message.split_whitespace().count() as f64)
+                    .sum::<f64>()
+                    / n,
+                turns
+                    .iter()
+                    .map(|t| f64::from(t.output_tokens))
+                    .sum::<f64>()
+                    / n,
+            )
+        };
+        let rate = |w: &[Conversation]| w.len() as f64 / w.last().unwrap().start;
+        let p = build(&opts(Shape::PrefillHeavy, 3000, 5.0, 1), &trace).unwrap();
+        let (prompt, output) = sizes(&p);
+        assert!((1900.0..2300.0).contains(&prompt), "{prompt}");
+        assert!((20.0..28.0).contains(&output), "{output}");
+        assert!((4.6..5.4).contains(&rate(&p)), "{}", rate(&p));
+        let c = build(&opts(Shape::Conversation, 1000, 3.0, 0), &trace).unwrap();
+        assert!((2.9..3.1).contains(&rate(&c)), "{}", rate(&c));
+        assert!(sizes(&c).1 > 200.0, "decode-heavy: {:?}", sizes(&c));
+        // Bursty: the same mean rate, but gaps far more variable than Poisson's (CV 1).
+        let m = build(&opts(Shape::Mixed, 3000, 5.0, 1), &trace).unwrap();
+        assert!((4.0..6.0).contains(&rate(&m)), "{}", rate(&m));
+        let gaps: Vec<f64> = m.windows(2).map(|w| w[1].start - w[0].start).collect();
+        let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
+        let sd = (gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64).sqrt();
+        assert!(sd / mean > 1.3, "CV {}", sd / mean);
+        // Multi-turn: about 4 turns each, later turns wait for their think time.
+        let t = build(&opts(Shape::MultiTurn, 2000, 4.0, 1), &trace).unwrap();
+        let mean_turns = 2000.0 / t.len() as f64;
+        assert!((3.2..4.8).contains(&mean_turns), "{mean_turns}");
+        assert!(t.iter().flat_map(|c| &c.turns[1..]).all(|x| x.think > 0.0));
+        assert!(percentile(t.iter().map(|c| c.turns.len() as f64).collect(), 99.0) >= 8.0);
+    }
+
+    #[test]
+    fn conversations_come_from_their_own_addresses_or_a_nat() {
+        let trace = shipped_trace().unwrap();
+        let distinct = |w: &[Conversation]| {
+            let mut a: Vec<IpAddr> = w.iter().map(|c| c.source).collect();
+            a.sort();
+            a.dedup();
+            a.len()
+        };
+        let own = build(&opts(Shape::MultiTurn, 400, 4.0, 1), &trace).unwrap();
+        assert_eq!(distinct(&own), 100.min(own.len()));
+        let nat = build(&opts(Shape::MultiTurnNat, 400, 4.0, 1), &trace).unwrap();
+        assert_eq!(distinct(&nat), 4);
+        // Texts differ per conversation.
+        assert_ne!(own[0].turns[0].message, own[1].turns[0].message);
+    }
+
+    #[test]
+    fn traces_parse_and_bad_rows_are_errors() {
+        let dir = std::env::temp_dir().join("balancer-trace-test.csv");
+        std::fs::write(
+            &dir,
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,396,109\n",
+        )
+        .unwrap();
+        let t = read_trace(&dir).unwrap();
+        assert!((t[1].at - 4.314579).abs() < 1e-6);
+        assert_eq!((t[0].prompt_tokens, t[0].output_tokens), (374, 44));
+        std::fs::write(
+            &dir,
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6,x,1\n",
+        )
+        .unwrap();
+        assert!(
+            read_trace(&dir)
+                .unwrap_err()
+                .to_string()
+                .contains("context tokens")
+        );
+        let _ = std::fs::remove_file(dir);
+    }
+}
