@@ -676,6 +676,8 @@ pub struct RawPolicy {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub delay_factor: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_factor: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu_memory_factor: Option<f64>,
@@ -1762,6 +1764,7 @@ fn validate_policy(raw: Option<RawPolicy>, label: &str) -> Result<PolicyConfig, 
             .map(|v| v.unwrap_or(default))
     };
     let factors = Factors {
+        delay: factor(raw.delay_factor, d.factors.delay, "delay_factor")?,
         kv: factor(raw.kv_factor, d.factors.kv, "kv_factor")?,
         gpu_memory: factor(
             raw.gpu_memory_factor,
@@ -1824,6 +1827,7 @@ fn validate_policy(raw: Option<RawPolicy>, label: &str) -> Result<PolicyConfig, 
 fn policy_to_raw(p: &PolicyConfig) -> RawPolicy {
     RawPolicy {
         kind: Some(p.kind.name().into()),
+        delay_factor: Some(p.factors.delay),
         kv_factor: Some(p.factors.kv),
         gpu_memory_factor: Some(p.factors.gpu_memory),
         queue_factor: Some(p.factors.queue),

@@ -8,8 +8,11 @@
 //! 2. **Saturation**: KV-cache use at or above `kv_saturation`, a queue of `queue_saturation`
 //!    waiting requests or more, or free GPU memory below `min_free_gpu_memory`, gives weight 0
 //!    at once: no new flows, established ones continue.
-//! 3. **Score** by policy, times the backend's capacity (its configured weight, scaled by its
-//!    KV capacity against the pool's mean when backends report one, so a bigger GPU takes more):
+//! 3. **Score** by policy, times the backend's capacity: its configured weight, scaled — for
+//!    `composite`, when backends report prefill times — by exp(`delay` x (1 - d / best)), where
+//!    d is its expected delay for a new request (mean prefill time x (waiting + 1)) and best the
+//!    pool's smallest, so a slow GPU takes work only once the fast ones queue; otherwise by its
+//!    KV capacity against the pool's mean when backends report one, so a bigger GPU takes more.
 //!    `least-conn` 1/(1 + flows); `least-latency` 1/TTFT; `gpu` free GPU-memory fraction (or
 //!    KV headroom); `tokens` free KV tokens; `composite` (1 - pressure)^2, where pressure is the
 //!    factor-weighted mean of KV use, GPU-memory use, queue share `waiting/(waiting+running+1)`,
@@ -90,6 +93,9 @@ pub enum StaleMode {
 /// Factors of the composite policy (0 leaves a signal out).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Factors {
+    /// How strongly the expected prefill delay steers (0: off, and capacity comes from the KV
+    /// capacity instead).
+    pub delay: f64,
     pub kv: f64,
     pub gpu_memory: f64,
     pub queue: f64,
@@ -101,6 +107,7 @@ pub struct Factors {
 impl Default for Factors {
     fn default() -> Self {
         Factors {
+            delay: 3.0,
             kv: 1.0,
             gpu_memory: 0.5,
             queue: 2.0,
@@ -141,7 +148,7 @@ impl Default for PolicyConfig {
             factors: Factors::default(),
             ewma_alpha: 0.5,
             hysteresis: 0.05,
-            floor: 0.05,
+            floor: 0.01,
             kv_saturation: 0.95,
             queue_saturation: 0,
             min_free_gpu_memory_bytes: 0.0,
@@ -228,6 +235,7 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
         .iter()
         .filter_map(|i| i.signals.as_ref()?.ttft_seconds)
         .fold(0.0f64, f64::max);
+    let delays = expected_delays(cfg, inputs, &fresh);
 
     let verdicts: Vec<Verdict> = inputs
         .iter()
@@ -272,12 +280,31 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
                     cfg.min_free_gpu_memory_bytes / 1048576.0
                 ));
             }
-            let capacity = f64::from(i.configured)
-                * match (s.kv_capacity_tokens, mean_capacity) {
-                    (Some(c), Some(m)) if c > 0.0 => c / m,
-                    _ => 1.0,
-                };
             let (score, why) = score(cfg, i, &s, max_flows, max_ttft);
+            // Capacity: what the backend is measured to serve (its expected delay against the
+            // pool's best), else its KV capacity against the pool's mean.
+            let (capacity, why) = match (&delays, delays.as_ref().and_then(|d| d.of(i))) {
+                (Some(d), Some(delay)) => {
+                    let best = d.best.max(1e-3);
+                    (
+                        f64::from(i.configured)
+                            * (cfg.factors.delay * (1.0 - delay.max(best) / best)).exp(),
+                        format!(
+                            "{why}; expected delay {:.0} ms, pool's best {:.0} ms",
+                            delay * 1e3,
+                            best * 1e3
+                        ),
+                    )
+                }
+                _ => (
+                    f64::from(i.configured)
+                        * match (s.kv_capacity_tokens, mean_capacity) {
+                            (Some(c), Some(m)) if c > 0.0 => c / m,
+                            _ => 1.0,
+                        },
+                    why,
+                ),
+            };
             Verdict::Score(capacity * score, why)
         })
         .collect();
@@ -360,6 +387,59 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
         state.published.insert(d.address, d.weight);
     }
     decisions
+}
+
+/// Each backend's expected delay for a new request under the composite policy: its measured
+/// prefill time per request (vLLM's `request_prefill_time_seconds`, the pool's median for a
+/// backend not measured yet) times the requests ahead of it and itself (`waiting + 1`).
+struct Delays {
+    by_address: BTreeMap<IpAddr, f64>,
+    /// The smallest expected delay of a usable backend.
+    best: f64,
+}
+
+impl Delays {
+    fn of(&self, i: &Input) -> Option<f64> {
+        self.by_address.get(&i.address).copied()
+    }
+}
+
+fn expected_delays(
+    cfg: &PolicyConfig,
+    inputs: &[Input],
+    fresh: &dyn Fn(&Input) -> bool,
+) -> Option<Delays> {
+    if cfg.kind != PolicyKind::Composite || cfg.factors.delay <= 0.0 {
+        return None;
+    }
+    let usable: Vec<&Input> = inputs
+        .iter()
+        .filter(|i| i.configured > 0 && fresh(i))
+        .collect();
+    let mut known: Vec<f64> = usable
+        .iter()
+        .filter_map(|i| i.signals.as_ref()?.prefill_seconds)
+        .filter(|p| p.is_finite() && *p > 0.0)
+        .collect();
+    if known.is_empty() {
+        return None;
+    }
+    known.sort_by(f64::total_cmp);
+    let median = known[known.len() / 2];
+    let by_address: BTreeMap<IpAddr, f64> = usable
+        .iter()
+        .map(|i| {
+            let s = i.signals.as_ref();
+            let prefill = s
+                .and_then(|s| s.prefill_seconds)
+                .filter(|p| p.is_finite() && *p > 0.0)
+                .unwrap_or(median);
+            let waiting = s.and_then(|s| s.waiting).unwrap_or(0.0).max(0.0);
+            (i.address, prefill * (1.0 + waiting))
+        })
+        .collect();
+    let best = by_address.values().copied().fold(f64::INFINITY, f64::min);
+    Some(Delays { by_address, best })
 }
 
 fn quantize(weight: f64, quantum: u32) -> u32 {
@@ -523,6 +603,75 @@ mod tests {
         assert_eq!(d[0].weight, 0);
         assert_eq!(d[0].reason, "saturated: 6 requests waiting >= 6");
         assert!(d[1].weight > 0, "{d:?}");
+    }
+
+    #[test]
+    fn composite_weights_follow_the_expected_delay_of_each_backend() {
+        // Two fast servers (a prompt's prefill 0.25 s) and a slow one (1 s), idle: the slow
+        // one gets the floor, the fast ones the top.
+        let prefill = |p: f64, waiting: f64| Signals {
+            kv_usage: Some(0.1),
+            running: Some(2.0),
+            waiting: Some(waiting),
+            prefill_seconds: Some(p),
+            ..Signals::default()
+        };
+        let c = cfg(PolicyKind::Composite);
+        let idle = decide(
+            &c,
+            &[
+                input(1, prefill(0.25, 0.0)),
+                input(2, prefill(0.25, 0.0)),
+                input(3, prefill(1.0, 0.0)),
+            ],
+            &mut PolicyState::default(),
+        );
+        // exp(3 x (1 - 1 s / 0.25 s)): far below the floor (1% of the top).
+        assert_eq!(weights(&idle), vec![1000, 1000, 10], "{idle:?}");
+        assert!(
+            idle[2]
+                .reason
+                .contains("expected delay 1000 ms, pool's best 250 ms"),
+            "{}",
+            idle[2].reason
+        );
+        // The fast ones queue 5 requests each (1.5 s ahead): the slow idle one is now the best.
+        let busy = decide(
+            &c,
+            &[
+                input(1, prefill(0.25, 5.0)),
+                input(2, prefill(0.25, 5.0)),
+                input(3, prefill(1.0, 0.0)),
+            ],
+            &mut PolicyState::default(),
+        );
+        assert_eq!(busy[2].weight, 1000, "{busy:?}");
+        assert!(busy[0].weight < 600, "{busy:?}");
+        // A server not measured yet counts as the pool's median; with the factor at 0 the KV
+        // capacity decides, as before.
+        let d = decide(
+            &c,
+            &[
+                input(1, prefill(0.25, 0.0)),
+                input(
+                    2,
+                    Signals {
+                        prefill_seconds: None,
+                        ..prefill(0.25, 0.0)
+                    },
+                ),
+            ],
+            &mut PolicyState::default(),
+        );
+        assert_eq!(weights(&d), vec![1000, 1000]);
+        let mut off = cfg(PolicyKind::Composite);
+        off.factors.delay = 0.0;
+        let d = decide(
+            &off,
+            &[input(1, prefill(0.25, 0.0)), input(3, prefill(1.0, 0.0))],
+            &mut PolicyState::default(),
+        );
+        assert_eq!(d[0].weight, d[1].weight, "{d:?}");
     }
 
     #[test]

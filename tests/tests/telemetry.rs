@@ -540,10 +540,10 @@ fn reporters_push_and_serve_gpu_figures() {
     // b2's GPU fills up: both its served page and its pushes say so.
     write_atomically(&gpu_file(1), &smi(79));
     wait_for_weights(&topo, "http6", "b2 at the floor", |m| {
-        m.get("fd00:111::12") == Some(&50)
+        m.get("fd00:111::12") == Some(&10)
     });
     wait_for_weights(&topo, "udp4", "b2 at the floor", |m| {
-        m.get("10.111.0.12") == Some(&50)
+        m.get("10.111.0.12") == Some(&10)
     });
 
     // Reports are checked and authenticated.

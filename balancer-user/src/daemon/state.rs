@@ -1105,6 +1105,11 @@ impl Daemon {
                         s.ttft_seconds,
                     ),
                     (
+                        "balancer_backend_prefill_seconds",
+                        "Mean prefill time of the requests a backend finished over the last report interval.",
+                        s.prefill_seconds,
+                    ),
+                    (
                         "balancer_backend_prefix_cache_hit_rate",
                         "Share of a backend's prompt tokens found in its prefix cache over the last report interval (0..1).",
                         s.prefix_cache_hit_rate,
@@ -1164,6 +1169,7 @@ fn check_report(s: &Signals) -> Result<(), ChangeError> {
         ("waiting", s.waiting, None),
         ("tokens_per_second", s.tokens_per_second, None),
         ("ttft_seconds", s.ttft_seconds, None),
+        ("prefill_seconds", s.prefill_seconds, None),
         ("prefix_cache_hit_rate", s.prefix_cache_hit_rate, Some(1.0)),
     ];
     for (name, value, max) in fields {

@@ -3,7 +3,7 @@
 //!
 //! | server | metrics read |
 //! | --- | --- |
-//! | vLLM | `vllm:num_requests_running`, `vllm:num_requests_waiting` (not `..._waiting_by_reason`, a breakdown of the same queue), `vllm:kv_cache_usage_perc` (before 0.12 also `vllm:gpu_cache_usage_perc`), `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`, `vllm:cache_config_info` (`num_gpu_blocks` x `block_size`), `vllm:time_to_first_token_seconds`, `vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total` (before 0.11 `vllm:gpu_prefix_cache_*`), label `model_name`; per-`engine` series are summed |
+//! | vLLM | `vllm:num_requests_running`, `vllm:num_requests_waiting` (not `..._waiting_by_reason`, a breakdown of the same queue), `vllm:kv_cache_usage_perc` (before 0.12 also `vllm:gpu_cache_usage_perc`), `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`, `vllm:cache_config_info` (`num_gpu_blocks` x `block_size`), `vllm:time_to_first_token_seconds`, `vllm:request_prefill_time_seconds` (interval means), `vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total` (before 0.11 `vllm:gpu_prefix_cache_*`), label `model_name`; per-`engine` series are summed |
 //! | SGLang | `sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:token_usage`, `sglang:gen_throughput`, `sglang:cache_hit_rate`, `sglang:prompt_tokens_total`, `sglang:generation_tokens_total` |
 //! | llama.cpp (`llama-server --metrics`) | `llamacpp:requests_processing`, `llamacpp:requests_deferred`, `llamacpp:prompt_tokens_total`, `llamacpp:prompt_tokens_cached_total`, `llamacpp:tokens_predicted_total` (moves when a request ends), and where a version exports them `llamacpp:kv_cache_usage_ratio`, `llamacpp:kv_cache_tokens` (b11312 does not) |
 //! | TGI | `tgi_queue_size`, `tgi_batch_current_size`, `tgi_batch_current_max_tokens`, `tgi_batch_max_total_tokens` |
@@ -51,6 +51,11 @@ pub struct Signals {
     /// Mean time to first token over the last interval, seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttft_seconds: Option<f64>,
+    /// Mean prefill time of the requests a server finished over the last interval, seconds
+    /// (vLLM's `request_prefill_time_seconds`): how fast it turns a prompt into a first token,
+    /// queueing apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_seconds: Option<f64>,
     /// Share of prompt tokens found in the prefix cache over the last interval, 0..1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix_cache_hit_rate: Option<f64>,
@@ -63,6 +68,9 @@ pub struct Signals {
     /// TTFT histogram sum and count, for the interval mean; not reported by push.
     #[serde(skip)]
     pub ttft_sum_count: Option<(f64, f64)>,
+    /// Prefill-time histogram sum and count, for the interval mean; not reported by push.
+    #[serde(skip)]
+    pub prefill_sum_count: Option<(f64, f64)>,
     /// Prefix-cache hit and query counters (tokens), for the interval hit rate; not reported
     /// by push.
     #[serde(skip)]
@@ -91,9 +99,11 @@ impl Signals {
             waiting,
             tokens_per_second,
             ttft_seconds,
+            prefill_seconds,
             prefix_cache_hit_rate,
             tokens_total,
             ttft_sum_count,
+            prefill_sum_count,
             prefix_cache_counts
         );
         for m in other.models {
@@ -263,6 +273,12 @@ pub fn extract(samples: &[Sample]) -> Signals {
         sum(samples, "vllm:time_to_first_token_seconds_count"),
     ) {
         s.ttft_sum_count = Some((total, count));
+    }
+    if let (Some(total), Some(count)) = (
+        sum(samples, "vllm:request_prefill_time_seconds_sum"),
+        sum(samples, "vllm:request_prefill_time_seconds_count"),
+    ) {
+        s.prefill_sum_count = Some((total, count));
     }
 
     // Prefix caching: vLLM counts prompt tokens looked up and found, for an interval rate.
@@ -582,6 +598,11 @@ DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-2"} 70
         // A full cache; the same prompt four times hit the prefix cache.
         let full = fixture("vllm-0.32.0-kv-full.prom");
         assert!(full.kv_usage >= Some(0.9), "{full:?}");
+        assert_eq!(
+            full.prefill_sum_count,
+            Some((0.23179337399960787, 8.0)),
+            "request_prefill_time_seconds"
+        );
         let (hits, queries) = full.prefix_cache_counts.expect("prefix counters");
         assert!(hits > 0.0 && hits < queries, "{hits} of {queries}");
         assert!(

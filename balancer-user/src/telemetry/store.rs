@@ -22,6 +22,7 @@ pub struct BackendTelemetry {
     /// Counter readings of the previous report, for rates.
     previous_tokens: Option<(f64, Instant)>,
     previous_ttft: Option<(f64, f64)>,
+    previous_prefill: Option<(f64, f64)>,
     previous_prefix: Option<(f64, f64)>,
 }
 
@@ -46,6 +47,14 @@ impl BackendTelemetry {
                     .or_else(|| last.and_then(|s| s.ttft_seconds));
             }
             self.previous_ttft = Some(reading);
+        }
+        if let Some(reading) = signals.prefill_sum_count {
+            // Mean prefill time of the requests finished this interval.
+            if signals.prefill_seconds.is_none() {
+                signals.prefill_seconds = interval_ratio(self.previous_prefill, reading)
+                    .or_else(|| last.and_then(|s| s.prefill_seconds));
+            }
+            self.previous_prefill = Some(reading);
         }
         if let Some(reading) = signals.prefix_cache_counts {
             // Share of this interval's prompt tokens found in the cache.
@@ -112,6 +121,7 @@ mod tests {
         let report = |tokens: f64, sum: f64, count: f64| Signals {
             tokens_total: Some(tokens),
             ttft_sum_count: Some((sum, count)),
+            prefill_sum_count: Some((sum / 10.0, count)),
             ..Signals::default()
         };
         t.record(report(1000.0, 1.0, 10.0), t0);
@@ -121,10 +131,12 @@ mod tests {
         let s = &t.latest.as_ref().unwrap().0;
         assert_eq!(s.tokens_per_second, Some(4000.0));
         assert_eq!(s.ttft_seconds, Some(0.3));
+        assert!((s.prefill_seconds.unwrap() - 0.03).abs() < 1e-12);
         // No new first tokens: the last TTFT stands; a counter reset gives no rate.
         t.record(report(10.0, 4.0, 20.0), t0 + Duration::from_millis(1000));
         let s = &t.latest.as_ref().unwrap().0;
         assert_eq!(s.ttft_seconds, Some(0.3));
+        assert!((s.prefill_seconds.unwrap() - 0.03).abs() < 1e-12, "kept");
         assert_eq!(s.tokens_per_second, None);
         assert_eq!(
             t.age(t0 + Duration::from_millis(1500)),

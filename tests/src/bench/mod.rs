@@ -1,6 +1,7 @@
 //! Benchmarks run by `cargo xtask bench <name>`: each prints a table and writes its figures as
 //! flat JSON (units in the key names) to `target/bench/<name>.json`.
 
+pub mod calibrate;
 pub mod client;
 pub mod control;
 pub mod dataplane;

@@ -72,9 +72,12 @@ enum Bench {
         /// Workload shapes: conversation, prefill-heavy, mixed, multi-turn, multi-turn-nat.
         #[arg(long, value_delimiter = ',')]
         shapes: Option<Vec<String>>,
-        /// Requests per run.
+        /// Requests per run (default: those of --duration seconds at the run's load).
         #[arg(long)]
         requests: Option<usize>,
+        /// Seconds of arrivals per run.
+        #[arg(long, default_value_t = 30.0)]
+        duration: f64,
         /// Repetitions of each point (different seeds).
         #[arg(long)]
         reps: Option<usize>,
@@ -85,11 +88,11 @@ enum Bench {
         #[arg(long = "knee", value_name = "SHAPE=RATE")]
         knees: Vec<String>,
         /// The p99 TTFT (s) the knee keeps.
-        #[arg(long, default_value_t = 2.0)]
+        #[arg(long, default_value_t = 5.0)]
         knee_ttft: f64,
         /// Contenders of the sweep (default per shape: round-robin, least-conn, composite,
-        /// affinity for multi-turn, vllm:power_of_two, vllm:cache_aware, sglang:power_of_two,
-        /// sglang:cache_aware).
+        /// affinity for multi-turn, vllm:cache_aware, sglang:cache_aware; none for
+        /// multi-turn-nat, which runs at the knee only).
         #[arg(long, value_delimiter = ',')]
         sweep: Option<Vec<String>>,
         /// Contenders at the knee (default: every one).
@@ -112,6 +115,9 @@ enum Bench {
         #[arg(long)]
         out_dir: Option<std::path::PathBuf>,
     },
+    /// The simulator against the real vLLM (CPU build) under the same burst: timelines of
+    /// running, waiting, KV use and counters; docs/results/llm/calibration.md.
+    Calibrate,
     /// A maintained load generator from PyPI (inference-perf) against the simulated GPU rack
     /// through the balancer (installs it into target/pyenv-inference-perf on first use).
     Client {
@@ -185,6 +191,7 @@ fn main() -> Result<()> {
             quick,
             shapes,
             requests,
+            duration,
             reps,
             loads,
             knees,
@@ -221,8 +228,11 @@ fn main() -> Result<()> {
                     })
                     .collect::<Result<_>>()?;
             }
-            if let Some(r) = requests {
-                opts.requests = r;
+            if requests.is_some() {
+                opts.requests = requests;
+            }
+            if !quick {
+                opts.duration = duration;
             }
             if let Some(r) = reps {
                 opts.reps = r;
@@ -246,7 +256,8 @@ fn main() -> Result<()> {
             if at_knee.is_some() {
                 opts.at_knee = at_knee;
             }
-            if !(1..=100_000).contains(&opts.requests)
+            if opts.requests.is_some_and(|r| !(1..=100_000).contains(&r))
+                || !(1.0..=3600.0).contains(&opts.duration)
                 || !(1..=20).contains(&opts.reps)
                 || opts.loads.is_empty()
                 || opts.loads.iter().any(|l| !(*l > 0.0 && *l <= 5.0))
@@ -254,7 +265,7 @@ fn main() -> Result<()> {
                 || !(10..=60_000).contains(&scrape_ms)
             {
                 anyhow::bail!(
-                    "--requests must be in 1..=100000, --reps in 1..=20, --loads in (0, 5], the SLOs and --knee-ttft positive, --scrape-ms in 10..=60000"
+                    "--requests must be in 1..=100000, --duration in [1, 3600], --reps in 1..=20, --loads in (0, 5], the SLOs and --knee-ttft positive, --scrape-ms in 10..=60000"
                 );
             }
             if let Some(g) = gpus
@@ -272,6 +283,15 @@ fn main() -> Result<()> {
             opts.scrape_ms = scrape_ms;
             let (_, figures) = llm::run(&opts)?;
             let path = bench::write_json(if quick { "llm-quick" } else { "llm" }, &figures)?;
+            println!("wrote {}", path.display());
+        }
+        Bench::Calibrate => {
+            let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .unwrap_or(std::path::Path::new("."))
+                .to_path_buf();
+            let figures = bench::calibrate::run(&root.join("docs/results/llm"))?;
+            let path = bench::write_json("calibrate", &figures)?;
             println!("wrote {}", path.display());
         }
         Bench::Client { rate, seconds } => {

@@ -10,8 +10,9 @@ use clap::Parser;
 #[command(
     about = "Simulated LLM inference server: OpenAI-compatible /v1/completions and /v1/chat/completions \
              (streamed or not), /v1/models, /health, and vLLM's /metrics, over a modelled GPU",
-    after_help = "Profiles:\n  large  80 GB-class GPU: 65,536 KV tokens, prefill 8k tok/s, decode step 30 ms + 0.2 ms/seq, batch 64\n  \
-                  small  24 GB-class GPU: 16,384 KV tokens, prefill 2k tok/s, decode step 60 ms + 1 ms/seq, batch 16\n\n\
+    after_help = "Profiles (blocks of 16 tokens, prefix caching on):\n  \
+                  large  80 GB-class GPU: 4,096 blocks (65,536 KV tokens), prefill 8k tok/s, step 30 ms + 0.2 ms/seq, 64 seqs, 8,192 tokens/step\n  \
+                  small  24 GB-class GPU: 1,024 blocks (16,384 KV tokens), prefill 2k tok/s, step 60 ms + 1 ms/seq, 16 seqs, 2,048 tokens/step\n\n\
                   Example:\n  sim-llm --listen 0.0.0.0:8000 --name gpu1 --profile large --model llama-3-8b"
 )]
 struct Args {
@@ -27,11 +28,53 @@ struct Args {
     /// The model served (its `model_name` label and `/v1/models` entry).
     #[arg(long, default_value = "llama-3-8b")]
     model: String,
+    /// KV-cache blocks (instead of the profile's).
+    #[arg(long)]
+    kv_blocks: Option<u64>,
+    /// Tokens per KV block.
+    #[arg(long)]
+    block_tokens: Option<u64>,
+    /// Requests in the running batch at most.
+    #[arg(long)]
+    max_num_seqs: Option<usize>,
+    /// Tokens computed per step at most.
+    #[arg(long)]
+    max_batched_tokens: Option<u64>,
+    /// Prefill speed, tokens per second.
+    #[arg(long)]
+    prefill_tps: Option<f64>,
+    /// Fixed time of a step, ms.
+    #[arg(long)]
+    step_base_ms: Option<f64>,
+    /// Time a step spends per request in it, ms.
+    #[arg(long)]
+    step_per_seq_ms: Option<f64>,
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let profile = Profile::by_name(&args.profile).expect("clap checked the name");
+    let mut profile = Profile::by_name(&args.profile).expect("clap checked the name");
+    let ms = |v: f64| std::time::Duration::from_secs_f64(v / 1e3);
+    if args.kv_blocks == Some(0)
+        || args.block_tokens == Some(0)
+        || args.max_num_seqs == Some(0)
+        || args.max_batched_tokens == Some(0)
+        || [args.prefill_tps, args.step_base_ms, args.step_per_seq_ms]
+            .iter()
+            .flatten()
+            .any(|v| !(*v > 0.0 && v.is_finite()))
+    {
+        anyhow::bail!("profile overrides must be positive");
+    }
+    profile.kv_blocks = args.kv_blocks.unwrap_or(profile.kv_blocks);
+    profile.block_tokens = args.block_tokens.unwrap_or(profile.block_tokens);
+    profile.max_num_seqs = args.max_num_seqs.unwrap_or(profile.max_num_seqs);
+    profile.max_batched_tokens = args
+        .max_batched_tokens
+        .unwrap_or(profile.max_batched_tokens);
+    profile.prefill_tokens_per_s = args.prefill_tps.unwrap_or(profile.prefill_tokens_per_s);
+    profile.step_base = args.step_base_ms.map_or(profile.step_base, ms);
+    profile.step_per_seq = args.step_per_seq_ms.map_or(profile.step_per_seq, ms);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

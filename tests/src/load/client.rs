@@ -4,7 +4,9 @@
 //! token, inter-token latency, end-to-end latency, tokens and the backend that served it
 //! (`x-served-by`). A multi-turn conversation sends each turn a think time after the answer to
 //! the one before, with the whole conversation so far (earlier messages and the answers as they
-//! came) before the new message. Call it from inside the client's network namespace.
+//! came) before the new message. Every request carries `x-session-id: conversation-<id>`, what L7
+//! routers' session-affinity policies key on (an L4 balancer cannot read it). Call it from
+//! inside the client's network namespace.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -108,6 +110,7 @@ async fn conversation(
                 &target,
                 &mut stream,
                 source,
+                c.id,
                 &prompt,
                 turn.output_tokens,
                 opts.keep_alive,
@@ -165,6 +168,7 @@ async fn request(
     target: &Target,
     stream: &mut Option<TcpStream>,
     source: Option<IpAddr>,
+    session: usize,
     prompt: &str,
     max_tokens: u32,
     keep_alive: bool,
@@ -184,7 +188,7 @@ async fn request(
     })
     .to_string();
     let head = format!(
-        "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\nContent-Length: {}\r\nConnection: {}\r\n\r\n",
+        "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\nx-session-id: conversation-{session}\r\nContent-Length: {}\r\nConnection: {}\r\n\r\n",
         target.addr,
         body.len(),
         if keep_alive { "keep-alive" } else { "close" }

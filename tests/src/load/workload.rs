@@ -260,9 +260,10 @@ pub fn build(o: &WorkloadOptions, trace: &[TraceRequest]) -> Result<Vec<Conversa
     Ok(match o.shape {
         Shape::Conversation => {
             let slice = trace_slice(trace, o.requests, o.seed)?;
-            let span = slice.last().map_or(0.0, |r| r.at).max(1e-9);
-            let scale = (slice.len() as f64 / span) / o.rate;
             let t0 = slice[0].at;
+            // n arrivals over the stretch's span make n - 1 gaps.
+            let span = (slice[slice.len() - 1].at - t0).max(1e-9);
+            let scale = ((slice.len() - 1).max(1) as f64 / span) / o.rate;
             slice
                 .iter()
                 .enumerate()
@@ -436,14 +437,19 @@ mod tests {
                     / n,
             )
         };
-        let rate = |w: &[Conversation]| w.len() as f64 / w.last().unwrap().start;
+        let rate =
+            |w: &[Conversation]| (w.len() - 1) as f64 / (w.last().unwrap().start - w[0].start);
         let p = build(&opts(Shape::PrefillHeavy, 3000, 5.0, 1), &trace).unwrap();
         let (prompt, output) = sizes(&p);
         assert!((1900.0..2300.0).contains(&prompt), "{prompt}");
         assert!((20.0..28.0).contains(&output), "{output}");
         assert!((4.6..5.4).contains(&rate(&p)), "{}", rate(&p));
+        for seed in [0, 1, 2] {
+            let c = build(&opts(Shape::Conversation, 600, 3.0, seed), &trace).unwrap();
+            assert!((2.99..3.01).contains(&rate(&c)), "{}", rate(&c));
+            assert_eq!(c[0].start, 0.0);
+        }
         let c = build(&opts(Shape::Conversation, 1000, 3.0, 0), &trace).unwrap();
-        assert!((2.9..3.1).contains(&rate(&c)), "{}", rate(&c));
         assert!(sizes(&c).1 > 200.0, "decode-heavy: {:?}", sizes(&c));
         // Bursty: the same mean rate, but gaps far more variable than Poisson's (CV 1).
         let m = build(&opts(Shape::Mixed, 3000, 5.0, 1), &trace).unwrap();

@@ -1,8 +1,9 @@
 //! The simulated inference server's HTTP side, OpenAI-compatible as vLLM serves it:
 //! `POST /v1/completions` and `/v1/chat/completions` (streamed as server-sent events, one event
 //! per token, the last one with its `finish_reason`, then a usage chunk when the request asks
-//! for one, then `[DONE]`; or whole), `POST /tokenize` (vLLM's), `GET /get_load` (SGLang's: the
-//! L7 routers' load-aware policies poll it), `/v1/models`, `/health`, `/version`, and `/metrics`
+//! for one, then `[DONE]`; or whole), `POST /tokenize` and `/v1/completions/render`,
+//! `/v1/chat/completions/render` (vLLM's: vllm-router's cache_aware policy routes on their token
+//! ids), `GET /get_load` (SGLang's: the L7 routers' power-of-two policies poll it), `/v1/models`, `/health`, `/version`, and `/metrics`
 //! with vLLM's names, labels and content type.
 //!
 //! Prompts are tokenized one token per whitespace-separated word (`engine::tokenize`); a prompt
@@ -89,22 +90,33 @@ const ITL_BUCKETS: &[f64] = &[
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
     40.0, 80.0,
 ];
+/// vLLM's bounds for the request phase times (queue, prefill).
+const PHASE_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
 const E2E_BUCKETS: &[f64] = &[
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
     480.0, 960.0, 1920.0, 7680.0,
 ];
 
-/// A request's outlet, when it arrived, and when its last token went out.
+/// A request's outlet, when it arrived, was first scheduled, got its first token and its last.
 struct Sink {
     tx: mpsc::UnboundedSender<Event>,
     arrived: Instant,
+    admitted: Option<Instant>,
+    first_token: Option<Instant>,
     last_token: Option<Instant>,
 }
 
+/// vLLM's request histograms: TTFT and inter-token latency as tokens go out; queue, prefill
+/// and end-to-end times when a request finishes.
 struct Histograms {
     ttft: Histogram,
     itl: Histogram,
     e2e: Histogram,
+    queue: Histogram,
+    prefill: Histogram,
 }
 
 struct Shared {
@@ -135,6 +147,8 @@ pub async fn serve(
             ttft: Histogram::new(TTFT_BUCKETS),
             itl: Histogram::new(ITL_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
+            queue: Histogram::new(PHASE_BUCKETS),
+            prefill: Histogram::new(PHASE_BUCKETS),
         }),
     });
     tokio::spawn(drive(shared.clone()));
@@ -142,6 +156,8 @@ pub async fn serve(
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
         .route("/tokenize", post(tokenize_route))
+        .route("/v1/completions/render", post(render_completion))
+        .route("/v1/chat/completions/render", post(render_chat))
         .route("/get_load", get(get_load))
         .route("/v1/models", get(models))
         .route(
@@ -167,6 +183,15 @@ async fn drive(shared: Arc<Shared>) {
             shared.work.notified().await;
             continue;
         }
+        let began = Instant::now();
+        if !step.admitted.is_empty() {
+            let mut sinks = shared.sinks.lock().expect("sinks");
+            for id in &step.admitted {
+                if let Some(s) = sinks.get_mut(id) {
+                    s.admitted = Some(began);
+                }
+            }
+        }
         tokio::time::sleep(step.duration).await;
         let now = Instant::now();
         let mut gone = Vec::new();
@@ -179,9 +204,11 @@ async fn drive(shared: Arc<Shared>) {
                     continue;
                 };
                 match sink.last_token {
-                    None => h
-                        .ttft
-                        .observe(now.duration_since(sink.arrived).as_secs_f64()),
+                    None => {
+                        h.ttft
+                            .observe(now.duration_since(sink.arrived).as_secs_f64());
+                        sink.first_token = Some(now);
+                    }
                     Some(t) => h.itl.observe(now.duration_since(t).as_secs_f64()),
                 }
                 sink.last_token = Some(now);
@@ -193,6 +220,13 @@ async fn drive(shared: Arc<Shared>) {
                 if let Some(sink) = sinks.remove(id) {
                     h.e2e
                         .observe(now.duration_since(sink.arrived).as_secs_f64());
+                    let admitted = sink.admitted.unwrap_or(sink.arrived);
+                    h.queue
+                        .observe(admitted.duration_since(sink.arrived).as_secs_f64());
+                    if let Some(first) = sink.first_token {
+                        h.prefill
+                            .observe(first.duration_since(admitted).as_secs_f64());
+                    }
                 }
             }
             for id in &gone {
@@ -365,6 +399,30 @@ async fn tokenize_route(State(shared): State<Arc<Shared>>, body: Bytes) -> Respo
     }
 }
 
+/// The token ids of a request body (vLLM's render endpoints, which vllm-router's cache_aware
+/// policy asks of every worker before it routes a request).
+fn render(shared: &Shared, body: &Bytes, chat: bool) -> Result<Vec<Token>, Box<Response>> {
+    let v = parse_json(body)?;
+    check_model(shared, &v)?;
+    body_tokens(&v, chat)
+}
+
+/// `POST /v1/completions/render`: a list with one `{"token_ids"}` per prompt, as vLLM answers.
+async fn render_completion(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    match render(&shared, &body, false) {
+        Ok(t) => axum::Json(json!([{"token_ids": t}])).into_response(),
+        Err(r) => *r,
+    }
+}
+
+/// `POST /v1/chat/completions/render`: `{"token_ids"}`.
+async fn render_chat(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    match render(&shared, &body, true) {
+        Ok(t) => axum::Json(json!({"token_ids": t})).into_response(),
+        Err(r) => *r,
+    }
+}
+
 /// `GET /get_load` as SGLang answers it (one data-parallel rank).
 async fn get_load(State(shared): State<Arc<Shared>>) -> Response {
     let e = shared.engine.lock().expect("engine");
@@ -393,6 +451,8 @@ async fn answer(shared: &Arc<Shared>, body: Bytes, chat: bool) -> Response {
         Sink {
             tx,
             arrived: Instant::now(),
+            admitted: None,
+            first_token: None,
             last_token: None,
         },
     );
@@ -607,6 +667,18 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
             "Histogram of e2e request latency in seconds.",
             &l,
         );
+        h.queue.render(
+            &mut page,
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            &l,
+        );
+        h.prefill.render(
+            &mut page,
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            &l,
+        );
     }
     (
         [("content-type", "text/plain; version=1.0.0; charset=utf-8")],
@@ -716,6 +788,9 @@ mod tests {
         assert_eq!(s.prefix_cache_counts, Some((592.0, 1200.0)));
         assert_eq!(s.tokens_total, Some(1200.0 + 10.0));
         assert_eq!(s.ttft_sum_count.map(|(_, n)| n), Some(2.0));
+        let (prefill, finished) = s.prefill_sum_count.expect("prefill histogram");
+        assert_eq!(finished, 2.0);
+        assert!(prefill > 0.0 && prefill < s.ttft_sum_count.unwrap().0 + 1e-9);
         assert_eq!(s.models, vec!["m".to_string()]);
         // Errors as vLLM words them.
         let e = post(

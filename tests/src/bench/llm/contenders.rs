@@ -38,6 +38,7 @@ impl Router {
                 "power_of_two",
                 "cache_aware",
                 "consistent_hash",
+                "sticky_least_loaded",
             ],
             Router::Sglang => &["round_robin", "random", "power_of_two", "cache_aware"],
         }
@@ -215,8 +216,13 @@ pub fn start_router(
         .map(String::from),
     );
     argv.extend(urls);
-    if router == Router::Sglang {
-        argv.extend(["--shutdown-grace-period-secs", "1"].map(String::from));
+    // Load polled every second (the default, 30 s, would leave the power-of-two policies
+    // blind), logs at warnings only (sglang-router logs two lines per request at info).
+    argv.extend(["--worker-startup-check-interval", "1"].map(String::from));
+    match router {
+        Router::Vllm => argv.extend(["--log-level", "warning"].map(String::from)),
+        Router::Sglang => argv
+            .extend(["--log-level", "warn", "--shutdown-grace-period-secs", "1"].map(String::from)),
     }
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
     let mut p = Process::spawn(

@@ -49,8 +49,11 @@ pub const MODEL: &str = "llama-3-8b";
 #[derive(Clone, Debug)]
 pub struct Options {
     pub shapes: Vec<Shape>,
-    /// Requests per run.
-    pub requests: usize,
+    /// Requests per run; None: as many as arrive in `duration` seconds at the run's rate (at
+    /// least 40).
+    pub requests: Option<usize>,
+    /// Seconds of arrivals per run, when `requests` is None.
+    pub duration: f64,
     pub reps: usize,
     /// Loads of the sweep, as fractions of the knee.
     pub loads: Vec<f64>,
@@ -78,11 +81,12 @@ impl Options {
     pub fn full(out_dir: PathBuf) -> Options {
         Options {
             shapes: Shape::ALL.to_vec(),
-            requests: 150,
+            requests: None,
+            duration: 30.0,
             reps: 3,
-            loads: vec![0.3, 0.5, 0.7, 0.9, 1.0, 1.1],
+            loads: vec![0.3, 0.5, 0.75, 1.0, 1.1],
             knees: BTreeMap::new(),
-            knee_ttft: 2.0,
+            knee_ttft: 5.0,
             sweep: None,
             at_knee: None,
             gpus: ["large", "large", "small", "small"]
@@ -103,7 +107,7 @@ impl Options {
         knees.insert(Shape::Conversation.name().to_string(), 3.0);
         Options {
             shapes: vec![Shape::Conversation],
-            requests: 60,
+            requests: Some(60),
             reps: 1,
             loads: vec![1.0],
             knees,
@@ -120,20 +124,25 @@ impl Options {
 }
 
 /// The sweep's contenders for a shape: round robin (the baseline), the balancer's load-aware
-/// policies (and, for multi-turn, its affinity policy), and the two load-aware policies of each
-/// router.
+/// policies (and, for multi-turn, its affinity policy), and each router's default policy
+/// (cache_aware, their best in earlier measurements). Every other policy runs at the knee. The
+/// NAT variant of multi-turn runs at the knee only.
 pub fn default_sweep(shape: Shape) -> Vec<String> {
+    if shape == Shape::MultiTurnNat {
+        return Vec::new();
+    }
     let mut v = vec!["round-robin", "least-conn", "composite"];
     if shape.multi_turn() {
         v.push("affinity");
     }
-    v.extend([
-        "vllm:power_of_two",
-        "vllm:cache_aware",
-        "sglang:power_of_two",
-        "sglang:cache_aware",
-    ]);
+    v.extend(["vllm:cache_aware", "sglang:cache_aware"]);
     v.into_iter().map(String::from).collect()
+}
+
+/// Requests of a run at `rate`.
+fn requests_at(opts: &Options, rate: f64) -> usize {
+    opts.requests
+        .unwrap_or_else(|| ((rate * opts.duration).round() as usize).max(40))
 }
 
 /// One run's results.
@@ -282,6 +291,31 @@ impl LlmRack {
         Ok(super::process_cpu_ns(pid)? + info.run_time().as_nanos() as u64)
     }
 
+    /// Fails if vllm-router's prefix policy routed without the prompt's tokens (the servers'
+    /// render/tokenize answers did not reach it: the comparison would flatter the balancer).
+    fn check_router_inputs(&self, c: &Contender) -> Result<()> {
+        let addr = SocketAddr::new([127, 0, 0, 1].into(), contenders::ROUTER_METRICS_PORT);
+        let page = self.topo.lb.run_in(move || {
+            crate::traffic::http_get_path(addr, "/metrics", Duration::from_secs(5))
+        })??;
+        let samples = balancer::telemetry::exposition::parse(&page)?;
+        let missing: f64 = samples
+            .iter()
+            .filter(|s| {
+                s.name == "vllm_router_prefix_routing_decisions_total"
+                    && s.label("outcome") == Some("missing_tokens")
+            })
+            .map(|s| s.value)
+            .sum();
+        if missing > 0.0 {
+            bail!(
+                "{}: {missing} requests were routed without their tokens (the servers' render answers did not reach the router)",
+                c.name()
+            );
+        }
+        Ok(())
+    }
+
     /// Prompt tokens the servers found in their prefix caches, and looked up, since they
     /// started.
     fn prefix_counts(&self) -> Result<(f64, f64)> {
@@ -339,6 +373,9 @@ impl LlmRack {
         let wall = t0.elapsed().as_secs_f64();
         let cpu = self.contender_cpu_ns(c)?.saturating_sub(cpu0);
         let (hits, queries) = self.prefix_counts()?;
+        if c.is_router() {
+            self.check_router_inputs(c)?;
+        }
         self.router = None;
         Ok(RunOutput {
             cpu_per_1k: cpu as f64 / 1e9 / outcomes.len().max(1) as f64 * 1000.0,
@@ -431,7 +468,7 @@ fn measured_run(
     let work = workload::build(
         &WorkloadOptions {
             shape,
-            requests: opts.requests,
+            requests: requests_at(opts, rate),
             rate,
             seed: rep as u64 + 1,
         },
@@ -486,8 +523,9 @@ fn measured_run(
     })
 }
 
-/// The knee of a shape: doubling from 1 request/s while the best of composite and least-conn
-/// keeps p99 TTFT within `knee_ttft` with nothing failed, then 3 bisections.
+/// The knee of a shape: the highest rate at which the best of composite and least-conn keeps
+/// p99 TTFT within `knee_ttft` with nothing failed, bracketed by doubling or halving from 2
+/// requests/s, then 3 bisections.
 fn find_knee(
     rack: &mut LlmRack,
     shape: Shape,
@@ -518,26 +556,37 @@ fn find_knee(
         }
         Ok(ok)
     };
-    let (mut good, mut bad) = (0.0f64, None::<f64>);
-    let mut rate = 1.0;
-    while bad.is_none() {
-        if passes(rack, rate, &mut probes)? {
+    // Bracket the knee by doubling (or halving) from 2 requests/s.
+    let (mut good, mut bad);
+    let mut rate = 2.0;
+    if passes(rack, rate, &mut probes)? {
+        loop {
             good = rate;
             rate *= 2.0;
             if rate > 64.0 {
                 bail!("{}: no knee below 64 requests/s", shape.name());
             }
-        } else {
-            bad = Some(rate);
+            if !passes(rack, rate, &mut probes)? {
+                bad = rate;
+                break;
+            }
         }
-    }
-    let mut bad = bad.expect("set");
-    if good == 0.0 {
-        bail!(
-            "{}: even 1 request/s misses a p99 TTFT of {} s",
-            shape.name(),
-            opts.knee_ttft
-        );
+    } else {
+        loop {
+            bad = rate;
+            rate /= 2.0;
+            if rate < 0.1 {
+                bail!(
+                    "{}: even 0.1 requests/s miss a p99 TTFT of {} s",
+                    shape.name(),
+                    opts.knee_ttft
+                );
+            }
+            if passes(rack, rate, &mut probes)? {
+                good = rate;
+                break;
+            }
+        }
     }
     for _ in 0..3 {
         let mid = (good + bad) / 2.0;
@@ -604,12 +653,13 @@ fn idle_latency(
         direct.insert(name, crate::load::stats::median(&t));
     }
     let mut added = BTreeMap::new();
-    // One balancer policy stands for all (the data path is the same), and each router once.
+    // One balancer policy stands for all (the data path is the same); each router policy on
+    // its own (some ask every server before they route).
     for name in names {
         let c = Contender::parse(name, opts.scrape_ms)?;
         let key = match &c {
             Contender::Balancer { .. } => "balancer".to_string(),
-            Contender::Router { router, .. } => router.key().to_string(),
+            Contender::Router { .. } => c.name(),
         };
         if added.contains_key(&key) {
             continue;
@@ -633,9 +683,12 @@ pub fn run(opts: &Options) -> Result<(Results, Figures)> {
     let started = Instant::now();
     let trace = workload::shipped_trace()?;
     println!(
-        "LLM routing benchmark: GPUs {}; {} requests per run, {} repetition(s), loads {:?} of each shape's knee; SLO TTFT <= {} s and ITL <= {} ms",
+        "LLM routing benchmark: GPUs {}; {} per run, {} repetition(s), loads {:?} of each shape's knee; SLO TTFT <= {} s and ITL <= {} ms",
         opts.gpus.join(", "),
-        opts.requests,
+        opts.requests.map_or(
+            format!("the requests of {} s (at least 40)", opts.duration),
+            |n| format!("{n} requests")
+        ),
         opts.reps,
         opts.loads,
         opts.slo.ttft,
@@ -684,6 +737,9 @@ pub fn run(opts: &Options) -> Result<(Results, Figures)> {
         let knee_set = opts.at_knee.clone().unwrap_or_else(contenders::all);
         let mut runs = Vec::new();
         for &load in &opts.loads {
+            if sweep_set.is_empty() && (load - 1.0).abs() > 1e-9 {
+                continue;
+            }
             let mut names = sweep_set.clone();
             if (load - 1.0).abs() < 1e-9 {
                 for n in &knee_set {

@@ -124,7 +124,7 @@ pub fn write(res: &Results) -> Result<Figures> {
     let _ = writeln!(
         md,
         "# LLM routing benchmark\n\n`cargo xtask bench llm{}` on this machine ({} cores), wall time {:.0} min.\n\n\
-         Pool: {} simulated GPUs (`sim-llm`: {}). Each run: {} requests, each conversation from its own client \
+         Pool: {} simulated GPUs (`sim-llm`: {}). Each run: {}, each conversation from its own client \
          address (4 addresses behind a NAT for `multi-turn-nat`), a connection per request, streamed completions; \
          the servers restarted before each run (empty caches). {} repetition(s) per point (other seeds: arrivals, \
          sizes, texts, trace stretch); cells show the median and, in brackets, the range. SLO for goodput: TTFT <= \
@@ -135,7 +135,13 @@ pub fn write(res: &Results) -> Result<Figures> {
         res.wall / 60.0,
         o.gpus.len(),
         o.gpus.join(", "),
-        o.requests,
+        o.requests.map_or(
+            format!(
+                "the requests that arrive in {} s at its load (at least 40)",
+                o.duration
+            ),
+            |n| format!("{n} requests")
+        ),
         o.reps,
         o.slo.ttft,
         o.slo.itl * 1e3,
