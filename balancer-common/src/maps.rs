@@ -219,12 +219,14 @@ const _: () = assert!(core::mem::size_of::<VipMeta>() == 16);
 
 impl VipMeta {
     /// Whether the data plane counts the VIP's active flows (atomic adds on every new, ended
-    /// and evicted flow): only for the schedulers that read them and for bounded load.
+    /// and evicted flow): only for the schedulers that read them, for bounded load, and for the
+    /// VIPs whose weight policy reads them ([`VIP_F_COUNT`]).
     pub const fn counts_active(&self) -> bool {
         matches!(
             Scheduler::from_u8(self.scheduler),
             Some(Scheduler::LeastConn | Scheduler::PowerOfTwo)
         ) || self.load_bound != 0
+            || self.flags & VIP_F_COUNT != 0
     }
 }
 
@@ -240,6 +242,8 @@ const _: () = assert!(core::mem::size_of::<VipSlot>() == 40);
 
 /// The VIP has backends dedicated to priority tiers: new flows look up the client's tier.
 pub const VIP_F_TIERS: u8 = 1;
+/// [`VipMeta::flags`]: count the VIP's active flows for its weight policy.
+pub const VIP_F_COUNT: u8 = 2;
 
 /// A backend slot is in use and may receive packets.
 pub const BACKEND_F_ACTIVE: u8 = 1;

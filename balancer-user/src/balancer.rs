@@ -20,7 +20,7 @@ use balancer_common::addr::raw_from_ip;
 use balancer_common::maglev::{self, MaglevBackend, MaglevError};
 use balancer_common::maps::{
     BACKEND_F_ACTIVE, Backend, ForwardMode, GlobalConfig, LAYOUT, MAX_BACKENDS, MAX_VIPS,
-    VIP_F_TIERS, VipKey, VipMeta,
+    VIP_F_COUNT, VIP_F_TIERS, VipKey, VipMeta,
 };
 use balancer_common::schedule;
 use balancer_common::stats::{GlobalStats, TrafficStats};
@@ -307,6 +307,10 @@ fn vip_meta(id: u32, config: &VipConfig) -> VipMeta {
         mode: forward_mode(config.forwarding) as u8,
         flags: if config.backends.iter().any(|b| b.tier.is_some()) {
             VIP_F_TIERS
+        } else {
+            0
+        } | if config.policy.reads_flows() {
+            VIP_F_COUNT
         } else {
             0
         },

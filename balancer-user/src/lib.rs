@@ -13,6 +13,7 @@ pub mod ebpf;
 pub mod fleet;
 pub mod health;
 pub mod http;
+pub mod http_client;
 pub mod metrics;
 pub mod netinfo;
 pub mod pinning;

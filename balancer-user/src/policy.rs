@@ -159,6 +159,17 @@ impl Default for PolicyConfig {
     }
 }
 
+impl PolicyConfig {
+    /// Whether the policy reads each backend's active flows (the data plane then counts them).
+    pub fn reads_flows(&self) -> bool {
+        match self.kind {
+            PolicyKind::LeastConn => true,
+            PolicyKind::Composite => self.factors.connections > 0.0,
+            _ => false,
+        }
+    }
+}
+
 /// One backend's inputs for a round.
 #[derive(Clone, Debug)]
 pub struct Input {

@@ -357,21 +357,25 @@ impl Daemon {
         let Some(vip) = self.config.vip(name).cloned() else {
             return Ok(());
         };
-        // Connection-aware policies count flows at their own pace (the daemon's count is
-        // once a second).
-        if round::uses_flows(&vip)
-            && self
-                .flows_at
-                .is_none_or(|t| started.duration_since(t) >= vip.telemetry.interval)
-        {
-            self.count_flows();
-        }
+        // Connection-aware policies read the data plane's active-flow counts (kept for their
+        // VIPs: a read of one small array, not a scan of the connection table).
+        let active = if vip.policy.reads_flows() {
+            match crate::dataplane::Dataplane::active_flows(self.balancer.dataplane()) {
+                Ok(a) => Some(a),
+                Err(e) => {
+                    tracing::warn!("reading the active-flow counts: {e}");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let policy = self.policies.entry(name.to_string()).or_default();
         let outcome = round::weight_round(
             &vip,
             &mut self.balancer,
             &self.telemetry,
-            &self.flows,
+            active.as_ref().unwrap_or(&self.flows),
             policy,
             started,
         )

@@ -20,15 +20,6 @@ pub struct RoundOutcome {
     pub report: ApplyReport,
 }
 
-/// Whether the VIP's policy looks at active flows.
-pub fn uses_flows(vip: &VipConfig) -> bool {
-    match vip.policy.kind {
-        PolicyKind::LeastConn => true,
-        PolicyKind::Composite => vip.policy.factors.connections > 0.0,
-        _ => false,
-    }
-}
-
 /// Runs one round for `vip` at `now`. `flows` holds active flows per backend id.
 pub fn weight_round<D: Dataplane>(
     vip: &VipConfig,

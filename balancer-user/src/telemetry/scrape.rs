@@ -1,4 +1,5 @@
-//! Scraping a backend's metrics pages: HTTP/1.1 GET with a timeout and a cap on the page size.
+//! Scraping a backend's metrics pages: HTTP/1.1 GET (kept alive between intervals) with a
+//! timeout and a cap on the page size.
 //! A failure (no answer, bad status, oversized or malformed page) is an error for the caller to
 //! count, never a crash.
 
@@ -7,41 +8,23 @@ use std::time::Duration;
 
 use super::exposition;
 use super::signals::{Signals, extract};
+use crate::http_client::HttpClient;
 
-/// `GET path` from `addr`; the body, at most `max_body` bytes.
+/// `GET path` from `addr`; the body, at most `max_body` bytes, on the process's pooled client
+/// (one keep-alive connection per backend page between intervals, per thread).
 pub async fn http_get(
     addr: SocketAddr,
     path: &str,
     timeout: Duration,
     max_body: usize,
 ) -> Result<String, String> {
-    let host = match addr {
-        SocketAddr::V4(a) => a.ip().to_string(),
-        SocketAddr::V6(a) => format!("[{}]", a.ip()),
-    };
-    let request = format!(
-        "GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: balancer-telemetry\r\nAccept: text/plain\r\nConnection: close\r\n\r\n"
-    );
-    let attempt = async {
-        let (status, body) = crate::http::exchange(addr, &request, max_body + 16 * 1024)
-            .await
-            .map_err(|e| format!("{addr}{path}: {e}"))?;
-        if status != 200 {
-            return Err(format!("{addr}{path} answered status {status}"));
-        }
-        if body.len() > max_body {
-            return Err(format!(
-                "page from {addr}{path} larger than {max_body} bytes"
-            ));
-        }
-        String::from_utf8(body).map_err(|_| format!("page from {addr}{path} is not UTF-8"))
-    };
-    tokio::time::timeout(timeout, attempt).await.map_err(|_| {
-        format!(
-            "{addr}{path}: no complete answer within {} ms",
-            timeout.as_millis()
-        )
-    })?
+    // One client per thread: a pooled connection belongs to the runtime that opened it, and
+    // tests run one runtime per thread; the daemon's few worker threads share its runtime.
+    thread_local! {
+        static CLIENT: Result<HttpClient, String> = HttpClient::new();
+    }
+    let client = CLIENT.with(|c| c.clone())?;
+    client.get(addr, path, timeout, max_body).await
 }
 
 /// Scrapes every page of a backend and merges their signals (the first page wins a conflict).
