@@ -33,16 +33,7 @@ fn get_name(mut stream: TcpStream, addr: SocketAddr, timeout: Duration) -> Resul
 
 /// `GET path` on a fresh connection; the body, whatever the status.
 pub fn http_get_path(addr: SocketAddr, path: &str, timeout: Duration) -> Result<String> {
-    let mut stream = connect(addr, timeout)?;
-    stream.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-    )?;
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply)?;
-    Ok(reply
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default())
+    http_get_status(addr, path, timeout).map(|(_, body)| body)
 }
 
 /// `GET path` on a fresh connection; the status code and the body.

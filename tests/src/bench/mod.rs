@@ -16,17 +16,8 @@ use anyhow::{Context as _, Result};
 /// A benchmark's figures: flat keys with units in their names.
 pub type Figures = BTreeMap<String, f64>;
 
-/// The median of `samples` (which must not be empty).
-pub fn median(samples: &[f64]) -> f64 {
-    let mut s = samples.to_vec();
-    s.sort_by(f64::total_cmp);
-    let n = s.len();
-    if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        (s[n / 2 - 1] + s[n / 2]) / 2.0
-    }
-}
+/// The median of `samples` (NaN when empty).
+pub use crate::load::stats::median;
 
 /// Where benchmark results go: `$BALANCER_BENCH_DIR`, or `target/bench` in the workspace.
 pub fn results_dir() -> PathBuf {

@@ -386,13 +386,7 @@ async fn tokenize_route(State(shared): State<Arc<Shared>>, body: Bytes) -> Respo
     });
     match result {
         Ok(tokens) => {
-            let max_model_len = shared
-                .engine
-                .lock()
-                .expect("engine")
-                .profile
-                .max_model_len();
-            axum::Json(json!({"count": tokens.len(), "max_model_len": max_model_len, "tokens": tokens, "token_strs": null}))
+            axum::Json(json!({"count": tokens.len(), "max_model_len": max_model_len(&shared), "tokens": tokens, "token_strs": null}))
                 .into_response()
         }
         Err(r) => *r,
@@ -533,14 +527,18 @@ async fn answer(shared: &Arc<Shared>, body: Bytes, chat: bool) -> Response {
     r
 }
 
-async fn models(State(shared): State<Arc<Shared>>) -> Response {
-    let max_model_len = shared
+/// The longest context the server's profile takes, tokens.
+fn max_model_len(shared: &Shared) -> u64 {
+    shared
         .engine
         .lock()
         .expect("engine")
         .profile
-        .max_model_len();
-    let v = json!({"object": "list", "data": [{"id": shared.model, "object": "model", "created": unix_now(), "owned_by": "sim-llm", "root": shared.model, "max_model_len": max_model_len}]});
+        .max_model_len()
+}
+
+async fn models(State(shared): State<Arc<Shared>>) -> Response {
+    let v = json!({"object": "list", "data": [{"id": shared.model, "object": "model", "created": unix_now(), "owned_by": "sim-llm", "root": shared.model, "max_model_len": max_model_len(&shared)}]});
     axum::Json(v).into_response()
 }
 

@@ -114,6 +114,47 @@ fn is_load_aware_ours(name: &str) -> bool {
     matches!(name, "least-conn" | "composite" | "affinity")
 }
 
+/// What this run covered, as the options that chose it.
+fn options_line(o: &super::Options) -> String {
+    let list = |v: &Option<Vec<String>>, default: &str| match v {
+        Some(v) if v.is_empty() => "none".to_string(),
+        Some(v) => v
+            .iter()
+            .map(|n| format!("`{n}`"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        None => default.to_string(),
+    };
+    format!(
+        "Covered: shapes {}; loads {} of the knee; knees {}; swept: {}; also at the knee: {}; the balancer scraped every {} ms.",
+        o.shapes
+            .iter()
+            .map(|s| format!("`{}`", s.name()))
+            .collect::<Vec<_>>()
+            .join(", "),
+        o.loads
+            .iter()
+            .map(|l| format!("{l}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        if o.knees.is_empty() {
+            "searched".to_string()
+        } else {
+            format!(
+                "given for {} (the others searched)",
+                o.knees
+                    .iter()
+                    .map(|(s, r)| format!("{s} = {r} requests/s"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        },
+        list(&o.sweep, "each shape's default set"),
+        list(&o.at_knee, "every contender"),
+        o.scrape_ms
+    )
+}
+
 /// Writes the report and plots under `out_dir`; the figures.
 pub fn write(res: &Results) -> Result<Figures> {
     let out = &res.opts.out_dir;
@@ -129,7 +170,7 @@ pub fn write(res: &Results) -> Result<Figures> {
          the servers restarted before each run (empty caches). {} repetition(s) per point (other seeds: arrivals, \
          sizes, texts, trace stretch); cells show the median and, in brackets, the range. SLO for goodput: TTFT <= \
          {} s and mean inter-token latency <= {} ms. The knee: the highest load at which the best of the balancer's \
-         composite and least-conn policies keeps p99 TTFT <= {} s with nothing failed.\n",
+         composite and least-conn policies keeps p99 TTFT <= {} s with nothing failed.\n\n{}\n",
         if o.quick { " --quick" } else { "" },
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         res.wall / 60.0,
@@ -146,6 +187,7 @@ pub fn write(res: &Results) -> Result<Figures> {
         o.slo.ttft,
         o.slo.itl * 1e3,
         o.knee_ttft,
+        options_line(o),
     );
     let _ = writeln!(
         md,
