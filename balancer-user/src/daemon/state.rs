@@ -104,7 +104,6 @@ pub struct Daemon {
     rates_at: Option<Instant>,
     /// Connection-table entries per backend id (refreshed by `count_flows`).
     flows: HashMap<u32, u64>,
-    flows_at: Option<Instant>,
     /// Backends under health checks: latest verdict known to the checker.
     pub checked: HashMap<(Endpoint, IpAddr), bool>,
     /// Backend reports (scraped or pushed).
@@ -146,7 +145,6 @@ impl Daemon {
             backend_traffic: HashMap::new(),
             rates_at: None,
             flows: HashMap::new(),
-            flows_at: None,
             checked: HashMap::new(),
             telemetry: TelemetryStore::default(),
             policies: HashMap::new(),
@@ -725,7 +723,6 @@ impl Daemon {
         match self.balancer.dataplane().flow_counts() {
             Ok(counts) => {
                 self.flows = counts;
-                self.flows_at = Some(Instant::now());
             }
             Err(e) => tracing::warn!("counting flows: {e}"),
         }
