@@ -10,9 +10,10 @@
 //!    at once: no new flows, established ones continue.
 //! 3. **Score** by policy, times the backend's capacity: its configured weight, scaled — for
 //!    `composite`, when backends report prefill times — by exp(`delay` x (1 - d / best)), where
-//!    d is its expected delay for a new request (mean prefill time x (waiting + 1)) and best the
-//!    pool's smallest, so a slow GPU takes work only once the fast ones queue; otherwise by its
-//!    KV capacity against the pool's mean when backends report one, so a bigger GPU takes more.
+//!    d is its expected delay for a new request (its prefill time for a prompt of the pool's
+//!    mean size, from its prefill seconds per prompt token, x (waiting + 1)) and best the pool's
+//!    smallest, so a slow GPU takes work only once the fast ones queue; otherwise by its KV
+//!    capacity against the pool's mean when backends report one, so a bigger GPU takes more.
 //!    `least-conn` 1/(1 + flows); `least-latency` 1/TTFT; `gpu` free GPU-memory fraction (or
 //!    KV headroom); `tokens` free KV tokens; `composite` (1 - pressure)^2, where pressure is the
 //!    factor-weighted mean of KV use, GPU-memory use, queue share `waiting/(waiting+running+1)`,
@@ -400,9 +401,15 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
     decisions
 }
 
-/// Each backend's expected delay for a new request under the composite policy: its measured
-/// prefill time per request (vLLM's `request_prefill_time_seconds`, the pool's median for a
-/// backend not measured yet) times the requests ahead of it and itself (`waiting + 1`).
+/// Each backend's expected delay for a new request under the composite policy: the time it
+/// takes to prefill a prompt of the pool's mean size, times the requests ahead of it and
+/// itself (`waiting + 1`).
+///
+/// The prefill time is the backend's measured prefill seconds per prompt token (vLLM's
+/// `request_prefill_time_seconds` over `request_prompt_tokens`) times the pool's mean prompt
+/// size, so two equal GPUs score alike whatever prompt sizes each happened to get; a backend
+/// that reports only a mean prefill time per request is taken at that; one not measured yet
+/// counts as the pool's median.
 struct Delays {
     by_address: BTreeMap<IpAddr, f64>,
     /// The smallest expected delay of a usable backend.
@@ -413,6 +420,15 @@ impl Delays {
     fn of(&self, i: &Input) -> Option<f64> {
         self.by_address.get(&i.address).copied()
     }
+}
+
+fn positive(v: Option<f64>) -> Option<f64> {
+    v.filter(|v| v.is_finite() && *v > 0.0)
+}
+
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied()
 }
 
 fn expected_delays(
@@ -427,26 +443,34 @@ fn expected_delays(
         .iter()
         .filter(|i| i.configured > 0 && fresh(i))
         .collect();
-    let mut known: Vec<f64> = usable
-        .iter()
-        .filter_map(|i| i.signals.as_ref()?.prefill_seconds)
-        .filter(|p| p.is_finite() && *p > 0.0)
-        .collect();
-    if known.is_empty() {
-        return None;
-    }
-    known.sort_by(f64::total_cmp);
-    let median = known[known.len() / 2];
+    let pool_prompt = median(
+        usable
+            .iter()
+            .filter_map(|i| positive(i.signals.as_ref()?.prompt_tokens_mean))
+            .collect(),
+    );
+    // Prefill seconds of one prompt of the pool's mean size, per backend that was measured.
+    let service = |i: &Input| -> Option<f64> {
+        let s = i.signals.as_ref()?;
+        positive(s.prefill_seconds_per_token)
+            .zip(pool_prompt)
+            .map(|(per_token, tokens)| per_token * tokens)
+            .or_else(|| positive(s.prefill_seconds))
+    };
+    let median_service = median(usable.iter().filter_map(|i| service(i)).collect())?;
     let by_address: BTreeMap<IpAddr, f64> = usable
         .iter()
         .map(|i| {
-            let s = i.signals.as_ref();
-            let prefill = s
-                .and_then(|s| s.prefill_seconds)
-                .filter(|p| p.is_finite() && *p > 0.0)
-                .unwrap_or(median);
-            let waiting = s.and_then(|s| s.waiting).unwrap_or(0.0).max(0.0);
-            (i.address, prefill * (1.0 + waiting))
+            let waiting = i
+                .signals
+                .as_ref()
+                .and_then(|s| s.waiting)
+                .unwrap_or(0.0)
+                .max(0.0);
+            (
+                i.address,
+                service(i).unwrap_or(median_service) * (1.0 + waiting),
+            )
         })
         .collect();
     let best = by_address.values().copied().fold(f64::INFINITY, f64::min);
@@ -683,6 +707,39 @@ mod tests {
             &mut PolicyState::default(),
         );
         assert_eq!(d[0].weight, d[1].weight, "{d:?}");
+    }
+
+    #[test]
+    fn composite_delays_compare_prefill_speed_not_the_prompts_each_backend_got() {
+        // Two equal GPUs (0.1 ms of prefill per prompt token): one happened to get short
+        // prompts (a mean prefill 158 ms), the other long ones (374 ms); a GPU 4x slower
+        // per token got mid-sized ones.
+        let measured = |per_token: f64, prompt: f64| Signals {
+            kv_usage: Some(0.1),
+            running: Some(1.0),
+            waiting: Some(0.0),
+            prefill_seconds: Some(per_token * prompt),
+            prefill_seconds_per_token: Some(per_token),
+            prompt_tokens_mean: Some(prompt),
+            ..Signals::default()
+        };
+        let d = decide(
+            &cfg(PolicyKind::Composite),
+            &[
+                input(1, measured(1e-4, 1580.0)),
+                input(2, measured(1e-4, 3740.0)),
+                input(3, measured(4e-4, 2000.0)),
+            ],
+            &mut PolicyState::default(),
+        );
+        assert_eq!(weights(&d), vec![1000, 1000, 10], "{d:?}");
+        // The pool's median prompt (2,000 tokens) at each backend's speed.
+        assert!(
+            d[2].reason
+                .contains("expected delay 800 ms, pool's best 200 ms"),
+            "{}",
+            d[2].reason
+        );
     }
 
     #[test]

@@ -37,8 +37,8 @@ pub async fn scrape(
     let mut merged: Option<Signals> = None;
     for (port, path) in pages {
         let page = http_get(SocketAddr::new(address, *port), path, timeout, max_body).await?;
-        let samples =
-            exposition::parse(&page).map_err(|e| format!("{address}:{port}{path}: {e}"))?;
+        let samples = exposition::parse(&page)
+            .map_err(|e| format!("{}{path}: {e}", SocketAddr::new(address, *port)))?;
         let signals = extract(&samples);
         match &mut merged {
             Some(m) => m.merge(signals),

@@ -3,7 +3,7 @@
 //!
 //! | server | metrics read |
 //! | --- | --- |
-//! | vLLM | `vllm:num_requests_running`, `vllm:num_requests_waiting` (not `..._waiting_by_reason`, a breakdown of the same queue), `vllm:kv_cache_usage_perc` (before 0.12 also `vllm:gpu_cache_usage_perc`), `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`, `vllm:cache_config_info` (`num_gpu_blocks` x `block_size`), `vllm:time_to_first_token_seconds`, `vllm:request_prefill_time_seconds` (interval means), `vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total` (before 0.11 `vllm:gpu_prefix_cache_*`), label `model_name`; per-`engine` series are summed |
+//! | vLLM | `vllm:num_requests_running`, `vllm:num_requests_waiting` (not `..._waiting_by_reason`, a breakdown of the same queue), `vllm:kv_cache_usage_perc` (before 0.12 also `vllm:gpu_cache_usage_perc`), `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`, `vllm:cache_config_info` (`num_gpu_blocks` x `block_size`), `vllm:time_to_first_token_seconds`, `vllm:request_prefill_time_seconds` and `vllm:request_prompt_tokens` (interval means, and prefill time per prompt token), `vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total` (before 0.11 `vllm:gpu_prefix_cache_*`), label `model_name`; per-`engine` series are summed |
 //! | SGLang | `sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:token_usage`, `sglang:gen_throughput`, `sglang:cache_hit_rate`, `sglang:prompt_tokens_total`, `sglang:generation_tokens_total` |
 //! | llama.cpp (`llama-server --metrics`) | `llamacpp:requests_processing`, `llamacpp:requests_deferred`, `llamacpp:prompt_tokens_total`, `llamacpp:prompt_tokens_cached_total`, `llamacpp:tokens_predicted_total` (moves when a request ends), and where a version exports them `llamacpp:kv_cache_usage_ratio`, `llamacpp:kv_cache_tokens` (b11312 does not) |
 //! | TGI | `tgi_queue_size`, `tgi_batch_current_size`, `tgi_batch_current_max_tokens`, `tgi_batch_max_total_tokens` |
@@ -56,6 +56,14 @@ pub struct Signals {
     /// queueing apart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_seconds: Option<f64>,
+    /// Prefill time per prompt token of the requests a server finished over the last interval,
+    /// seconds (`request_prefill_time_seconds` over `request_prompt_tokens`): its prefill speed
+    /// whatever the prompt sizes it happened to get.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_seconds_per_token: Option<f64>,
+    /// Mean prompt size of the requests a server finished over the last interval, tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_mean: Option<f64>,
     /// Share of prompt tokens found in the prefix cache over the last interval, 0..1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix_cache_hit_rate: Option<f64>,
@@ -71,6 +79,10 @@ pub struct Signals {
     /// Prefill-time histogram sum and count, for the interval mean; not reported by push.
     #[serde(skip)]
     pub prefill_sum_count: Option<(f64, f64)>,
+    /// Prompt-size histogram sum and count (`request_prompt_tokens`, observed as requests
+    /// finish, like the prefill time), for the per-token prefill rate; not reported by push.
+    #[serde(skip)]
+    pub prompt_sum_count: Option<(f64, f64)>,
     /// Prefix-cache hit and query counters (tokens), for the interval hit rate; not reported
     /// by push.
     #[serde(skip)]
@@ -100,10 +112,13 @@ impl Signals {
             tokens_per_second,
             ttft_seconds,
             prefill_seconds,
+            prefill_seconds_per_token,
+            prompt_tokens_mean,
             prefix_cache_hit_rate,
             tokens_total,
             ttft_sum_count,
             prefill_sum_count,
+            prompt_sum_count,
             prefix_cache_counts
         );
         for m in other.models {
@@ -279,6 +294,12 @@ pub fn extract(samples: &[Sample]) -> Signals {
         sum(samples, "vllm:request_prefill_time_seconds_count"),
     ) {
         s.prefill_sum_count = Some((total, count));
+    }
+    if let (Some(total), Some(count)) = (
+        sum(samples, "vllm:request_prompt_tokens_sum"),
+        sum(samples, "vllm:request_prompt_tokens_count"),
+    ) {
+        s.prompt_sum_count = Some((total, count));
     }
 
     // Prefix caching: vLLM counts prompt tokens looked up and found, for an interval rate.
@@ -602,6 +623,11 @@ DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-2"} 70
             full.prefill_sum_count,
             Some((0.23179337399960787, 8.0)),
             "request_prefill_time_seconds"
+        );
+        assert_eq!(
+            full.prompt_sum_count,
+            Some((943.0, 8.0)),
+            "request_prompt_tokens, finished with the same requests"
         );
         let (hits, queries) = full.prefix_cache_counts.expect("prefix counters");
         assert!(hits > 0.0 && hits < queries, "{hits} of {queries}");

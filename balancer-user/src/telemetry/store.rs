@@ -23,6 +23,7 @@ pub struct BackendTelemetry {
     previous_tokens: Option<(f64, Instant)>,
     previous_ttft: Option<(f64, f64)>,
     previous_prefill: Option<(f64, f64)>,
+    previous_prompt: Option<(f64, f64)>,
     previous_prefix: Option<(f64, f64)>,
 }
 
@@ -53,6 +54,24 @@ impl BackendTelemetry {
             if signals.prefill_seconds.is_none() {
                 signals.prefill_seconds = interval_ratio(self.previous_prefill, reading)
                     .or_else(|| last.and_then(|s| s.prefill_seconds));
+            }
+            // Per prompt token: the same requests' prefill seconds over their prompt tokens
+            // (both histograms are observed as a request finishes).
+            if let Some(prompt) = signals.prompt_sum_count {
+                if signals.prompt_tokens_mean.is_none() {
+                    signals.prompt_tokens_mean = interval_ratio(self.previous_prompt, prompt)
+                        .or_else(|| last.and_then(|s| s.prompt_tokens_mean));
+                }
+                if signals.prefill_seconds_per_token.is_none() {
+                    signals.prefill_seconds_per_token = self
+                        .previous_prefill
+                        .zip(self.previous_prompt)
+                        .and_then(|((s0, _), (t0, _))| {
+                            interval_ratio(Some((s0, t0)), (reading.0, prompt.0))
+                        })
+                        .or_else(|| last.and_then(|s| s.prefill_seconds_per_token));
+                }
+                self.previous_prompt = Some(prompt);
             }
             self.previous_prefill = Some(reading);
         }
@@ -122,6 +141,7 @@ mod tests {
             tokens_total: Some(tokens),
             ttft_sum_count: Some((sum, count)),
             prefill_sum_count: Some((sum / 10.0, count)),
+            prompt_sum_count: Some((count * 100.0, count)),
             ..Signals::default()
         };
         t.record(report(1000.0, 1.0, 10.0), t0);
@@ -132,11 +152,15 @@ mod tests {
         assert_eq!(s.tokens_per_second, Some(4000.0));
         assert_eq!(s.ttft_seconds, Some(0.3));
         assert!((s.prefill_seconds.unwrap() - 0.03).abs() < 1e-12);
+        // 0.3 s of prefill over 1,000 prompt tokens.
+        assert!((s.prefill_seconds_per_token.unwrap() - 0.0003).abs() < 1e-12);
+        assert_eq!(s.prompt_tokens_mean, Some(100.0));
         // No new first tokens: the last TTFT stands; a counter reset gives no rate.
         t.record(report(10.0, 4.0, 20.0), t0 + Duration::from_millis(1000));
         let s = &t.latest.as_ref().unwrap().0;
         assert_eq!(s.ttft_seconds, Some(0.3));
         assert!((s.prefill_seconds.unwrap() - 0.03).abs() < 1e-12, "kept");
+        assert!((s.prefill_seconds_per_token.unwrap() - 0.0003).abs() < 1e-12);
         assert_eq!(s.tokens_per_second, None);
         assert_eq!(
             t.age(t0 + Duration::from_millis(1500)),

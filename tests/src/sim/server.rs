@@ -37,16 +37,16 @@ enum Event {
 
 /// A histogram as vLLM's: cumulative counts per upper bound, sum, count.
 struct Histogram {
-    bounds: &'static [f64],
+    bounds: Vec<f64>,
     counts: Vec<u64>,
     sum: f64,
     count: u64,
 }
 
 impl Histogram {
-    fn new(bounds: &'static [f64]) -> Histogram {
+    fn new(bounds: &[f64]) -> Histogram {
         Histogram {
-            bounds,
+            bounds: bounds.to_vec(),
             counts: vec![0; bounds.len() + 1],
             sum: 0.0,
             count: 0,
@@ -100,6 +100,22 @@ const E2E_BUCKETS: &[f64] = &[
     480.0, 960.0, 1920.0, 7680.0,
 ];
 
+/// vLLM's bounds for token counts: 1, 2, 5, 10, 20, 50, ... up to the model's length.
+fn token_buckets(max: usize) -> Vec<f64> {
+    let mut bounds = Vec::new();
+    let mut decade = 1.0;
+    loop {
+        for m in [1.0, 2.0, 5.0] {
+            let b = m * decade;
+            if b > max as f64 {
+                return bounds;
+            }
+            bounds.push(b);
+        }
+        decade *= 10.0;
+    }
+}
+
 /// A request's outlet, when it arrived, was first scheduled, got its first token and its last.
 struct Sink {
     tx: mpsc::UnboundedSender<Event>,
@@ -107,6 +123,7 @@ struct Sink {
     admitted: Option<Instant>,
     first_token: Option<Instant>,
     last_token: Option<Instant>,
+    prompt_tokens: usize,
 }
 
 /// vLLM's request histograms: TTFT and inter-token latency as tokens go out; queue, prefill
@@ -117,6 +134,7 @@ struct Histograms {
     e2e: Histogram,
     queue: Histogram,
     prefill: Histogram,
+    prompt_tokens: Histogram,
 }
 
 struct Shared {
@@ -136,6 +154,7 @@ pub async fn serve(
     model: String,
     profile: Profile,
 ) -> std::io::Result<()> {
+    let prompt_buckets = token_buckets(profile.max_model_len() as usize);
     let shared = Arc::new(Shared {
         name,
         model,
@@ -149,6 +168,7 @@ pub async fn serve(
             e2e: Histogram::new(E2E_BUCKETS),
             queue: Histogram::new(PHASE_BUCKETS),
             prefill: Histogram::new(PHASE_BUCKETS),
+            prompt_tokens: Histogram::new(&prompt_buckets),
         }),
     });
     tokio::spawn(drive(shared.clone()));
@@ -227,6 +247,7 @@ async fn drive(shared: Arc<Shared>) {
                         h.prefill
                             .observe(first.duration_since(admitted).as_secs_f64());
                     }
+                    h.prompt_tokens.observe(sink.prompt_tokens as f64);
                 }
             }
             for id in &gone {
@@ -448,6 +469,7 @@ async fn answer(shared: &Arc<Shared>, body: Bytes, chat: bool) -> Response {
             admitted: None,
             first_token: None,
             last_token: None,
+            prompt_tokens: ask.prompt.len(),
         },
     );
     let prompt_len = ask.prompt.len() as u64;
@@ -677,6 +699,12 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
             "Histogram of time spent in PREFILL phase for request.",
             &l,
         );
+        h.prompt_tokens.render(
+            &mut page,
+            "vllm:request_prompt_tokens",
+            "Number of prefill tokens processed.",
+            &l,
+        );
     }
     (
         [("content-type", "text/plain; version=1.0.0; charset=utf-8")],
@@ -789,6 +817,11 @@ mod tests {
         let (prefill, finished) = s.prefill_sum_count.expect("prefill histogram");
         assert_eq!(finished, 2.0);
         assert!(prefill > 0.0 && prefill < s.ttft_sum_count.unwrap().0 + 1e-9);
+        assert_eq!(
+            s.prompt_sum_count,
+            Some((1200.0, 2.0)),
+            "two prompts of 600"
+        );
         assert_eq!(s.models, vec!["m".to_string()]);
         // Errors as vLLM words them.
         let e = post(
