@@ -25,8 +25,9 @@ use balancer_common::maps::{
 use balancer_common::schedule;
 use balancer_common::stats::{GlobalStats, TrafficStats};
 
-use crate::config::{BackendConfig, Forwarding, MacAddr, Protocol, VipConfig};
+use crate::config::{BackendConfig, Forwarding, VipConfig};
 use crate::dataplane::{Dataplane, DataplaneError};
+use crate::net::{MacAddr, Protocol};
 
 /// Why a change was refused or failed.
 #[derive(Debug, thiserror::Error)]
@@ -736,7 +737,7 @@ impl<D: Dataplane> Balancer<D> {
         self.retiring = kept;
         for r in &expired {
             self.retire_backend(&r.state)?;
-            tracing::info!(backend = %r.state.address, vip = %format!("{}:{}/{}", r.vip.0, r.vip.1, r.vip.2), "removed backend's grace period over; its remaining flows are re-hashed");
+            tracing::info!(backend = %r.state.address, vip = %format!("{}/{}", std::net::SocketAddr::new(r.vip.0, r.vip.1), r.vip.2), "removed backend's grace period over; its remaining flows are re-hashed");
         }
         Ok(expired.len())
     }
@@ -1175,7 +1176,7 @@ impl<D: Dataplane> Balancer<D> {
             if s.is_new {
                 tracing::info!(
                     vip = %c.name,
-                    endpoint = %format!("{}:{}/{}", c.address, c.port, c.protocol),
+                    endpoint = %format!("{}/{}", std::net::SocketAddr::new(c.address, c.port), c.protocol),
                     backends = s.state.backends.len(),
                     forwarding = %c.forwarding,
                     "VIP added"

@@ -62,11 +62,13 @@ pub async fn discover(
         Discovery::None => Ok(Vec::new()),
         Discovery::Models { port, path } => {
             let body = http_get(SocketAddr::new(backend, *port), path, timeout, MAX_BODY).await?;
-            parse_models(&body).map_err(|e| format!("{backend}:{port}{path}: {e}"))
+            parse_models(&body)
+                .map_err(|e| format!("{}{path}: {e}", SocketAddr::new(backend, *port)))
         }
         Discovery::Metrics { port, path } => {
             let body = http_get(SocketAddr::new(backend, *port), path, timeout, MAX_BODY).await?;
-            models_of_page(&body).map_err(|e| format!("{backend}:{port}{path}: {e}"))
+            models_of_page(&body)
+                .map_err(|e| format!("{}{path}: {e}", SocketAddr::new(backend, *port)))
         }
     }
 }

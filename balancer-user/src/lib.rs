@@ -15,6 +15,7 @@ pub mod health;
 pub mod http;
 pub mod http_client;
 pub mod metrics;
+pub mod net;
 pub mod netinfo;
 pub mod pinning;
 pub mod policy;

@@ -8,7 +8,7 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
-use crate::config::MacAddr;
+use crate::net::MacAddr;
 
 /// A network interface.
 #[derive(Clone, Debug)]
@@ -229,7 +229,7 @@ mod netlink {
     use std::io;
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-    use crate::config::MacAddr;
+    use crate::net::MacAddr;
 
     const NLMSG_ERROR: u16 = 2;
     const NLMSG_DONE: u16 = 3;

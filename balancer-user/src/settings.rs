@@ -6,8 +6,9 @@ use balancer_common::addr::raw_from_ip;
 use balancer_common::flow_cache::TICK_NS;
 use balancer_common::maps::GlobalConfig;
 
-use crate::config::{Config, Forwarding, entropy_mask, network_v4, network_v6};
+use crate::config::{Config, Forwarding};
 use crate::ebpf::flow_buckets;
+use crate::net::{entropy_mask, network_v4, network_v6};
 use crate::netinfo::Interface;
 
 #[derive(Debug, thiserror::Error)]
@@ -84,7 +85,7 @@ pub fn data_plane_settings(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::MacAddr;
+    use crate::net::MacAddr;
 
     fn iface(addresses: Vec<(IpAddr, u8)>) -> Interface {
         Interface {

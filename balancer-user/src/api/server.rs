@@ -232,8 +232,10 @@ async fn add_vip(
             .find(|v| v.endpoint() == vip.endpoint())
         {
             return Err(ChangeError::Conflict(format!(
-                "VIP {:?} already serves {}:{}/{}",
-                other.name, vip.address, vip.port, vip.protocol
+                "VIP {:?} already serves {}/{}",
+                other.name,
+                std::net::SocketAddr::new(vip.address, vip.port),
+                vip.protocol
             )));
         }
         let name = vip.name.clone();

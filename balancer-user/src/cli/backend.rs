@@ -19,8 +19,6 @@ use super::client_args::{ClientArgs, fail, print_json};
 pub struct BackendArgs {
     #[command(subcommand)]
     command: BackendCommand,
-    #[command(flatten)]
-    client: ClientArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -58,14 +56,14 @@ enum BackendCommand {
     Undrain { vip: String, address: IpAddr },
 }
 
-pub fn run(args: BackendArgs) -> anyhow::Result<ExitCode> {
-    let client = args.client.client()?;
+pub fn run(args: BackendArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
+    let client = opts.client()?;
     let path =
         |vip: &str, addr: &IpAddr, action: &str| format!("/v1/vips/{vip}/backends/{addr}{action}");
     Ok(match args.command {
         BackendCommand::List { vip } => {
             match client.get::<Vec<RawBackend>>(&format!("/v1/vips/{vip}/backends")) {
-                Ok(list) if args.client.json => {
+                Ok(list) if opts.json => {
                     print_json(&list);
                     ExitCode::SUCCESS
                 }
@@ -108,7 +106,7 @@ pub fn run(args: BackendArgs) -> anyhow::Result<ExitCode> {
                 tier,
             };
             report(
-                &args.client,
+                opts,
                 client.call::<_, ChangeResult>(
                     "POST",
                     &format!("/v1/vips/{vip}/backends"),
@@ -117,7 +115,7 @@ pub fn run(args: BackendArgs) -> anyhow::Result<ExitCode> {
             )
         }
         BackendCommand::Del { vip, address } => report(
-            &args.client,
+            opts,
             client.call::<(), ChangeResult>("DELETE", &path(&vip, &address, ""), None),
         ),
         BackendCommand::SetWeight {
@@ -125,7 +123,7 @@ pub fn run(args: BackendArgs) -> anyhow::Result<ExitCode> {
             address,
             weight,
         } => report(
-            &args.client,
+            opts,
             client.call::<_, ChangeResult>(
                 "PUT",
                 &path(&vip, &address, "/weight"),
@@ -133,11 +131,11 @@ pub fn run(args: BackendArgs) -> anyhow::Result<ExitCode> {
             ),
         ),
         BackendCommand::Drain { vip, address } => report(
-            &args.client,
+            opts,
             client.call::<(), ChangeResult>("POST", &path(&vip, &address, "/drain"), None),
         ),
         BackendCommand::Undrain { vip, address } => report(
-            &args.client,
+            opts,
             client.call::<(), ChangeResult>("POST", &path(&vip, &address, "/undrain"), None),
         ),
     })

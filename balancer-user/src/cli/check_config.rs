@@ -33,10 +33,9 @@ pub fn run(args: CheckConfigArgs) -> anyhow::Result<ExitCode> {
     );
     for vip in &config.vips {
         println!(
-            "  {:<20} {}:{}/{} {} table {} backends {}",
+            "  {:<20} {}/{} {} table {} backends {}",
             vip.name,
-            vip.address,
-            vip.port,
+            std::net::SocketAddr::new(vip.address, vip.port),
             vip.protocol,
             vip.forwarding,
             vip.table_size,

@@ -8,14 +8,15 @@ use balancer::config::DEFAULT_API_SOCKET;
 
 use super::{EXIT_CONFLICT, EXIT_FAILURE, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_UNAUTHORIZED};
 
-/// Options shared by the commands that talk to the daemon.
+/// Options of the commands that talk to the daemon, accepted before or after the subcommand
+/// (`run` takes its socket from its config, `decap` and `check-config` talk to no daemon).
 #[derive(Debug, Clone, clap::Args)]
 pub struct ClientArgs {
     /// The daemon's control socket.
     #[arg(long, global = true, env = "BALANCER_SOCKET", default_value = DEFAULT_API_SOCKET)]
     pub socket: PathBuf,
     /// Talk to the daemon's TCP listener (host:port) instead of the socket; needs --token-file.
-    #[arg(long, global = true, requires = "token_file")]
+    #[arg(long, global = true)]
     pub connect: Option<String>,
     /// File holding the bearer token for --connect.
     #[arg(long, global = true)]
@@ -27,13 +28,26 @@ pub struct ClientArgs {
 
 impl ClientArgs {
     pub fn client(&self) -> anyhow::Result<Client> {
+        // Checked here rather than by clap, whose `requires` does not see a global option
+        // given after the subcommand.
         Ok(Client::new(match (&self.connect, &self.token_file) {
             (Some(addr), Some(file)) => Endpoint::Tcp {
                 addr: addr.clone(),
                 token: balancer::api::server::read_token(file)?,
             },
+            (Some(_), None) => anyhow::bail!(self.check().unwrap_err()),
             _ => Endpoint::Unix(self.socket.clone()),
         }))
+    }
+
+    /// Refuses options that do not go together (`--connect` without `--token-file`).
+    pub fn check(&self) -> Result<(), String> {
+        match (&self.connect, &self.token_file) {
+            (Some(addr), None) => Err(format!(
+                "--connect {addr} needs --token-file (the API's bearer token)"
+            )),
+            _ => Ok(()),
+        }
     }
 }
 

@@ -51,6 +51,10 @@ pub struct Cli {
     /// Log filter (tracing env-filter syntax), e.g. `info` or `balancer=debug`.
     #[arg(long, global = true, env = "BALANCER_LOG", default_value = "info")]
     pub log: String,
+    /// How the commands that talk to the daemon reach it, and how they print (before or
+    /// after the subcommand).
+    #[command(flatten)]
+    pub client: client_args::ClientArgs,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -82,19 +86,23 @@ pub fn init_logging(filter: &str) {
 }
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    if let Err(e) = cli.client.check() {
+        eprintln!("error: {e}");
+        return Ok(ExitCode::from(EXIT_INVALID));
+    }
     match cli.command {
         Command::Run(args) => run::run(args),
-        Command::Status(args) => status::status(args),
-        Command::Stats(args) => status::stats(args),
-        Command::Vip(args) => vip::run(args),
-        Command::Backend(args) => backend::run(args),
-        Command::Table(args) => table::run(args),
-        Command::Weights(args) => weights::run(args),
-        Command::Reload(args) => reload::reload(args),
-        Command::Stop(args) => reload::stop(args),
+        Command::Status(_) => status::status(&cli.client),
+        Command::Stats(_) => status::stats(&cli.client),
+        Command::Vip(args) => vip::run(args, &cli.client),
+        Command::Backend(args) => backend::run(args, &cli.client),
+        Command::Table(args) => table::run(args, &cli.client),
+        Command::Weights(args) => weights::run(args, &cli.client),
+        Command::Reload(_) => reload::reload(&cli.client),
+        Command::Stop(args) => reload::stop(args, &cli.client),
         Command::CheckConfig(args) => check_config::run(args),
         Command::Decap(args) => decap::run(args),
-        Command::Report(args) => report::run(args),
+        Command::Report(args) => report::run(args, &cli.client),
     }
 }
 
@@ -104,4 +112,61 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .worker_threads(2)
         .enable_all()
         .build()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn client_options_go_before_or_after_the_subcommand() {
+        let parse = |args: &[&str]| {
+            let cli = Cli::try_parse_from(std::iter::once("balancer").chain(args.iter().copied()))
+                .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            (cli.client.socket, cli.client.json, cli.client.connect)
+        };
+        let expected = (std::path::PathBuf::from("/tmp/b.sock"), true, None);
+        assert_eq!(
+            parse(&["--socket", "/tmp/b.sock", "--json", "status"]),
+            expected
+        );
+        assert_eq!(
+            parse(&["status", "--socket", "/tmp/b.sock", "--json"]),
+            expected
+        );
+        assert_eq!(
+            parse(&[
+                "--json",
+                "backend",
+                "--socket",
+                "/tmp/b.sock",
+                "list",
+                "web"
+            ]),
+            expected
+        );
+        let (_, _, connect) = parse(&[
+            "--connect",
+            "10.0.0.1:9090",
+            "weights",
+            "--token-file",
+            "/etc/t",
+        ]);
+        assert_eq!(connect.as_deref(), Some("10.0.0.1:9090"));
+        // --connect without a token file is refused wherever it is written.
+        for args in [
+            &["balancer", "--connect", "h:1", "status"][..],
+            &["balancer", "status", "--connect", "h:1"],
+        ] {
+            let cli = Cli::try_parse_from(args).unwrap();
+            let err = cli.client.check().unwrap_err();
+            assert!(err.contains("needs --token-file"), "{args:?}: {err}");
+        }
+    }
 }

@@ -13,15 +13,12 @@ use super::client_args::ClientArgs;
 /// the running config stays).
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Example:\n  sudoedit /etc/balancer/balancer.toml && balancer reload")]
-pub struct ReloadArgs {
-    #[command(flatten)]
-    client: ClientArgs,
-}
+pub struct ReloadArgs {}
 
-pub fn reload(args: ReloadArgs) -> anyhow::Result<ExitCode> {
-    let client = args.client.client()?;
+pub fn reload(opts: &ClientArgs) -> anyhow::Result<ExitCode> {
+    let client = opts.client()?;
     Ok(report(
-        &args.client,
+        opts,
         client.call::<(), ChangeResult>("POST", "/v1/reload", None),
     ))
 }
@@ -41,12 +38,10 @@ pub struct StopArgs {
     /// The daemon's config (to find its pinned state when it is not running).
     #[arg(long, short)]
     config: Option<PathBuf>,
-    #[command(flatten)]
-    client: ClientArgs,
 }
 
-pub fn stop(args: StopArgs) -> anyhow::Result<ExitCode> {
-    let client = args.client.client()?;
+pub fn stop(args: StopArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
+    let client = opts.client()?;
     let result = client.call::<_, ChangeResult>(
         "POST",
         "/v1/stop",
@@ -70,6 +65,6 @@ pub fn stop(args: StopArgs) -> anyhow::Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        _ => Ok(report(&args.client, result)),
+        _ => Ok(report(opts, result)),
     }
 }

@@ -60,11 +60,9 @@ pub struct ReportArgs {
     /// Timeout of each local page read, milliseconds.
     #[arg(long, default_value_t = 1000)]
     timeout_ms: u64,
-    #[command(flatten)]
-    client: ClientArgs,
 }
 
-pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
+pub fn run(args: ReportArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
     if !(50..=60_000).contains(&args.interval_ms) {
         eprintln!(
             "error: --interval-ms {} is out of range (50-60000)",
@@ -92,13 +90,14 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
         Duration::from_millis(args.timeout_ms),
         4 << 20,
     );
+    let client = opts.client()?;
     runtime()?.block_on(async move {
         if args.once {
             once(reporter).await
         } else if let Some(addr) = args.serve {
             serve(reporter, addr).await
         } else {
-            push(reporter, &args).await
+            push(reporter, &args, client).await
         }
     })
 }
@@ -187,8 +186,12 @@ async fn serve(reporter: Reporter, addr: SocketAddr) -> anyhow::Result<ExitCode>
     Ok(ExitCode::SUCCESS)
 }
 
-async fn push(mut reporter: Reporter, args: &ReportArgs) -> anyhow::Result<ExitCode> {
-    let client = Arc::new(args.client.client()?);
+async fn push(
+    mut reporter: Reporter,
+    args: &ReportArgs,
+    client: balancer::api::client::Client,
+) -> anyhow::Result<ExitCode> {
+    let client = Arc::new(client);
     let backend = args.backend.context("--push needs --backend")?;
     let path = format!("/v1/backends/{backend}/report");
     let mut tick = tokio::time::interval(Duration::from_millis(args.interval_ms));

@@ -11,27 +11,17 @@ use super::client_args::{ClientArgs, fail, print_json, si};
 #[command(
     after_help = "Examples:\n  balancer status\n  balancer status --json | jq '.vips[].backends[].flows'"
 )]
-pub struct StatusArgs {
-    #[command(flatten)]
-    client: ClientArgs,
-}
+pub struct StatusArgs {}
 
 /// Show the data plane's counters (verdicts, connection table, drops by reason) and the traffic
 /// per VIP and backend.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Examples:\n  balancer stats\n  balancer stats --json")]
-pub struct StatsArgs {
-    #[command(flatten)]
-    client: ClientArgs,
-}
+pub struct StatsArgs {}
 
 fn print_vips(vips: &[VipStatus]) {
     for v in vips {
-        let endpoint = if v.address.is_ipv6() {
-            format!("[{}]:{}", v.address, v.port)
-        } else {
-            format!("{}:{}", v.address, v.port)
-        };
+        let endpoint = std::net::SocketAddr::new(v.address, v.port);
         println!(
             "VIP {} {endpoint}/{} {}  scheduler {}  table {} ({})  health {}  {}pps {}bps  {} flows",
             v.name,
@@ -75,9 +65,9 @@ fn print_vips(vips: &[VipStatus]) {
     }
 }
 
-pub fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
-    Ok(match args.client.client()?.get::<Status>("/v1/status") {
-        Ok(s) if args.client.json => {
+pub fn status(opts: &ClientArgs) -> anyhow::Result<ExitCode> {
+    Ok(match opts.client()?.get::<Status>("/v1/status") {
+        Ok(s) if opts.json => {
             print_json(&s);
             ExitCode::SUCCESS
         }
@@ -126,9 +116,9 @@ pub fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-pub fn stats(args: StatsArgs) -> anyhow::Result<ExitCode> {
-    Ok(match args.client.client()?.get::<Stats>("/v1/stats") {
-        Ok(s) if args.client.json => {
+pub fn stats(opts: &ClientArgs) -> anyhow::Result<ExitCode> {
+    Ok(match opts.client()?.get::<Stats>("/v1/stats") {
+        Ok(s) if opts.json => {
             print_json(&s);
             ExitCode::SUCCESS
         }

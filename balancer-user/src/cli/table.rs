@@ -11,18 +11,15 @@ use super::client_args::{ClientArgs, fail, print_json};
 pub struct TableArgs {
     /// The VIP's name.
     vip: String,
-    #[command(flatten)]
-    client: ClientArgs,
 }
 
-pub fn run(args: TableArgs) -> anyhow::Result<ExitCode> {
+pub fn run(args: TableArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
     Ok(
-        match args
-            .client
+        match opts
             .client()?
             .get::<Table>(&format!("/v1/vips/{}/table", args.vip))
         {
-            Ok(t) if args.client.json => {
+            Ok(t) if opts.json => {
                 print_json(&t);
                 ExitCode::SUCCESS
             }

@@ -23,8 +23,6 @@ use super::client_args::{ClientArgs, fail, print_json};
 pub struct VipArgs {
     #[command(subcommand)]
     command: VipCommand,
-    #[command(flatten)]
-    client: ClientArgs,
 }
 
 // Parsed once per command line: the size of its largest variant does not matter.
@@ -115,11 +113,11 @@ enum VipCommand {
     Undrain { name: String },
 }
 
-pub fn run(args: VipArgs) -> anyhow::Result<ExitCode> {
-    let client = args.client.client()?;
+pub fn run(args: VipArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
+    let client = opts.client()?;
     Ok(match args.command {
         VipCommand::List => match client.get::<Vec<RawVip>>("/v1/vips") {
-            Ok(vips) if args.client.json => {
+            Ok(vips) if opts.json => {
                 print_json(&vips);
                 ExitCode::SUCCESS
             }
@@ -212,7 +210,7 @@ pub fn run(args: VipArgs) -> anyhow::Result<ExitCode> {
                 backend: Vec::new(),
             };
             report(
-                &args.client,
+                opts,
                 client.call::<_, ChangeResult>("POST", "/v1/vips", Some(&body)),
             )
         }
@@ -228,7 +226,7 @@ pub fn run(args: VipArgs) -> anyhow::Result<ExitCode> {
                 max_load_factor,
             };
             report(
-                &args.client,
+                opts,
                 client.call::<_, ChangeResult>(
                     "PUT",
                     &format!("/v1/vips/{name}/scheduler"),
@@ -237,15 +235,15 @@ pub fn run(args: VipArgs) -> anyhow::Result<ExitCode> {
             )
         }
         VipCommand::Del { name } => report(
-            &args.client,
+            opts,
             client.call::<(), ChangeResult>("DELETE", &format!("/v1/vips/{name}"), None),
         ),
         VipCommand::Drain { name } => report(
-            &args.client,
+            opts,
             client.call::<(), ChangeResult>("POST", &format!("/v1/vips/{name}/drain"), None),
         ),
         VipCommand::Undrain { name } => report(
-            &args.client,
+            opts,
             client.call::<(), ChangeResult>("POST", &format!("/v1/vips/{name}/undrain"), None),
         ),
     })

@@ -12,12 +12,10 @@ use super::client_args::{ClientArgs, fail, print_json};
 pub struct WeightsArgs {
     /// Only this VIP.
     vip: Option<String>,
-    #[command(flatten)]
-    client: ClientArgs,
 }
 
-pub fn run(args: WeightsArgs) -> anyhow::Result<ExitCode> {
-    let all = match args.client.client()?.get::<Vec<VipWeights>>("/v1/weights") {
+pub fn run(args: WeightsArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
+    let all = match opts.client()?.get::<Vec<VipWeights>>("/v1/weights") {
         Ok(all) => all,
         Err(e) => return Ok(fail(&e)),
     };
@@ -31,7 +29,7 @@ pub fn run(args: WeightsArgs) -> anyhow::Result<ExitCode> {
         eprintln!("error: no VIP named {name:?}");
         return Ok(ExitCode::from(EXIT_NOT_FOUND));
     }
-    if args.client.json {
+    if opts.json {
         print_json(&shown);
         return Ok(ExitCode::SUCCESS);
     }

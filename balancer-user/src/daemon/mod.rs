@@ -28,12 +28,13 @@ use tokio::sync::watch;
 
 use crate::api::server::{ApiState, read_token, router, router_with_token};
 use crate::balancer::{Balancer, Snapshot};
-use crate::config::{AttachMode, Config, MacAddr};
+use crate::config::{AttachMode, Config};
 use crate::dataplane::kernel::KernelDataplane;
 use crate::discovery::DiscoveryLoops;
 use crate::ebpf;
 use crate::health::HealthChecks;
 use crate::metrics::Metrics;
+use crate::net::MacAddr;
 use crate::netinfo::{Interface, resolve_next_hops};
 use crate::pinning::Pins;
 use crate::settings::data_plane_settings;
@@ -221,11 +222,19 @@ fn start(opts: &RunOptions) -> Result<Daemon> {
     Ok(daemon)
 }
 
-/// Binds the API's Unix socket: a fresh socket file, mode 0600, in a 0700 directory.
+/// Binds the API's Unix socket: a fresh socket file, mode 0600. A missing directory is created
+/// with mode 0700; an existing one is left as it is (the socket may live in /run or /tmp, whose
+/// modes are not the daemon's to change).
 fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+        && !dir.exists()
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
     }
     match std::fs::remove_file(path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -451,5 +460,37 @@ pub fn spawn_ebpf_logger<T: log::Log + Send + 'static>(logger: aya_log::EbpfLogg
             });
         }
         Err(e) => tracing::warn!("cannot poll the eBPF log channel: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[tokio::test]
+    async fn the_socket_never_changes_the_mode_of_a_directory_it_did_not_make() {
+        let base =
+            std::env::temp_dir().join(format!("balancer-socket-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir(&base).unwrap();
+        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        // An existing, shared directory (as /tmp): its mode stays, the socket is 0600.
+        let socket = base.join("b.sock");
+        let listener = bind_socket(&socket).unwrap();
+        assert_eq!(mode(&base), 0o1777);
+        assert_eq!(mode(&socket), 0o600);
+        drop(listener);
+        // A missing directory is the daemon's own: made 0700.
+        let own = base.join("run/balancer");
+        let socket = own.join("balancer.sock");
+        let _listener = bind_socket(&socket).unwrap();
+        assert_eq!(mode(&own), 0o700);
+        assert_eq!(mode(&socket), 0o600);
+        std::fs::remove_dir_all(&base).unwrap();
     }
 }

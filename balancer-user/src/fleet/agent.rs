@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::config::FleetConfig;
 use super::etcd::{Etcd, EtcdError, Held};
 use super::{FleetState, FleetStatus, FleetWeights, local_weights, same_vips, vip_config};
+use crate::config::FleetConfig;
 use crate::daemon::state::Daemon;
 
 /// Longest an etcd call may take.

@@ -12,7 +12,7 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::config::BgpConfig;
+use crate::config::BgpConfig;
 use crate::pinning::write_atomically;
 
 /// How often a failed reconfiguration is retried.

@@ -16,7 +16,6 @@
 pub mod agent;
 pub mod base64;
 pub mod bgp;
-pub mod config;
 pub mod etcd;
 
 use std::collections::BTreeMap;

@@ -10,7 +10,8 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use balancer::config::{Config, MacAddr};
+use balancer::config::Config;
+use balancer::net::MacAddr;
 use balancer_common::maglev::{MaglevBackend, build_table, slot_counts, slots_changed};
 
 use super::{Figures, median};

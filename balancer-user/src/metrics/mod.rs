@@ -3,6 +3,8 @@
 //! into metric families at scrape time ([`Families`]), so a scrape always sees the kernel's
 //! current values.
 
+pub mod exposition;
+
 use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
 use prometheus::{Encoder, Histogram, HistogramOpts, IntCounterVec, Opts, Registry, TextEncoder};
 

@@ -1,0 +1,121 @@
+//! `[[vip.pool]]`: model pools, each a share of a VIP's backends that serves some models.
+
+use std::time::Duration;
+
+use super::error::{ConfigError, invalid};
+use super::fields::{int_in, required};
+use super::raw::RawPool;
+use super::vip::{BackendConfig, Discovery, valid_name, validate_backend};
+
+/// Backends grouped for model routing: a VIP with `pool` and `model` gets the pool's backends
+/// that serve the model (a backend serving several models joins several VIPs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolConfig {
+    pub name: String,
+    pub discovery: Discovery,
+    /// Between discovery rounds.
+    pub interval: Duration,
+    pub backends: Vec<BackendConfig>,
+}
+
+/// Validates the `[[pool]]` tables (model routing).
+pub(super) fn validate_pools(raw: Vec<RawPool>) -> Result<Vec<PoolConfig>, ConfigError> {
+    let mut pools: Vec<PoolConfig> = Vec::new();
+    for (i, p) in raw.into_iter().enumerate() {
+        let key = |k: &str| format!("pool[{i}].{k}");
+        let name = required(p.name, &key("name"))?;
+        if !valid_name(&name) || pools.iter().any(|x| x.name == name) {
+            return Err(invalid(
+                key("name"),
+                format!("{name:?}"),
+                "a unique name of 1-64 letters, digits, '-', '_' or '.'",
+            ));
+        }
+        let port = |default: u16| -> Result<u16, ConfigError> {
+            p.port
+                .map_or(Ok(default), |v| int_in(v, 1, 65_535, &key("port")))
+        };
+        let path = |default: &str| -> Result<String, ConfigError> {
+            let path = p.path.clone().unwrap_or_else(|| default.to_string());
+            if !path.starts_with('/') || path.contains(char::is_whitespace) {
+                return Err(invalid(
+                    key("path"),
+                    format!("{path:?}"),
+                    "an HTTP path starts with '/' and has no spaces",
+                ));
+            }
+            Ok(path)
+        };
+        let discovery = match p.discover.as_deref().unwrap_or("none") {
+            "none" => Discovery::None,
+            "models" => Discovery::Models {
+                port: port(8000)?,
+                path: path("/v1/models")?,
+            },
+            "metrics" => Discovery::Metrics {
+                port: port(8000)?,
+                path: path("/metrics")?,
+            },
+            other => {
+                return Err(invalid(
+                    key("discover"),
+                    format!("{other:?}"),
+                    "expected \"none\", \"models\" or \"metrics\"",
+                ));
+            }
+        };
+        let interval = Duration::from_millis(match p.interval_ms {
+            Some(v) => int_in(v, 100, 3_600_000, &key("interval_ms"))?,
+            None => 2000,
+        });
+        let mut backends: Vec<BackendConfig> = Vec::new();
+        for (j, b) in p.backend.into_iter().enumerate() {
+            let label = format!("pool[{i}].backend[{j}]");
+            let b = validate_backend(b, &label)?;
+            if b.tier.is_some() {
+                return Err(invalid(
+                    format!("{label}.tier"),
+                    "(set)",
+                    "tiers are set on a VIP's own backends, not in pools",
+                ));
+            }
+            if backends.iter().any(|x| x.address == b.address) {
+                return Err(invalid(
+                    format!("{label}.address"),
+                    format!("{:?}", b.address.to_string()),
+                    "listed twice in the pool",
+                ));
+            }
+            backends.push(b);
+        }
+        pools.push(PoolConfig {
+            name,
+            discovery,
+            interval,
+            backends,
+        });
+    }
+    Ok(pools)
+}
+
+impl PoolConfig {
+    pub(super) fn to_raw(&self) -> RawPool {
+        let (discover, port, path) = match &self.discovery {
+            Discovery::None => ("none", None, None),
+            Discovery::Models { port, path } => {
+                ("models", Some(i64::from(*port)), Some(path.clone()))
+            }
+            Discovery::Metrics { port, path } => {
+                ("metrics", Some(i64::from(*port)), Some(path.clone()))
+            }
+        };
+        RawPool {
+            name: Some(self.name.clone()),
+            discover: Some(discover.into()),
+            port,
+            path,
+            interval_ms: Some(self.interval.as_millis() as i64),
+            backend: self.backends.iter().map(BackendConfig::to_raw).collect(),
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! The config file as serde reads it: every key optional, unknown keys refused. Validation
+//! turns these into the typed sections of [`super::Config`].
+
+use serde::{Deserialize, Serialize};
+
+use super::fleet::{RawBgp, RawFleet};
+
+/// The config file's shape, as serde reads and writes it. Validation turns it into [`Config`];
+/// [`Config::to_raw`] turns a [`Config`] back into it.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interface: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attach_mode: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pin_dir: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_file: Option<String>,
+    #[serde(default)]
+    pub conntrack: RawConntrack,
+    #[serde(default)]
+    pub encap: RawEncap,
+    #[serde(default)]
+    pub api: RawApi,
+    #[serde(default)]
+    pub metrics: RawMetrics,
+    #[serde(default)]
+    pub fleet: RawFleet,
+    #[serde(default)]
+    pub bgp: RawBgp,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tier: Vec<RawTier>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pool: Vec<RawPool>,
+    #[serde(default)]
+    pub vip: Vec<RawVip>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConntrack {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_flows: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub udp_idle_timeout_secs: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flood_threshold: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub removal_grace_secs: Option<i64>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawEncap {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_v4: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_v6: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<i64>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawApi {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub socket: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMetrics {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHealth {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub check: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expect_status: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interval_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rise: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fall: Option<i64>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawVip {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forwarding: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gue_port: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub table_size: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health: Option<RawHealth>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub telemetry: Option<RawTelemetry>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<RawPolicy>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scheduler: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub persistence_secs: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_load_factor: Option<f64>,
+    /// Model routing: take backends from this `[[pool]]`...
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    /// ...those serving this model (all of the pool's when absent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub backend: Vec<RawBackend>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPool {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// none | models | metrics
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub discover: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interval_ms: Option<i64>,
+    #[serde(default)]
+    pub backend: Vec<RawBackend>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTelemetry {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// More pages, as "port/path" (e.g. "9400/metrics" for a DCGM exporter).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interval_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_body_kib: Option<i64>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPolicy {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delay_factor: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_factor: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_factor: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_factor: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_factor: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connections_factor: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttft_factor: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ewma_alpha: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hysteresis: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub floor: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_saturation: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_saturation: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_free_gpu_memory_mib: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stale_after_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stale: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quantum: Option<i64>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBackend {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weight: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drained: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTier {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prefixes: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dscp: Vec<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spillover: Option<bool>,
+}

@@ -1,0 +1,251 @@
+//! A VIP's `telemetry` (where backend reports come from) and `policy` (how they become
+//! weights) tables.
+
+use std::time::Duration;
+
+use crate::policy::{
+    Factors, MAX_WEIGHT as MAX_POLICY_WEIGHT, PolicyConfig, PolicyKind, StaleMode,
+};
+
+use super::error::{ConfigError, invalid};
+use super::fields::{float_in, int_in, required};
+use super::raw::{RawPolicy, RawTelemetry};
+
+/// Where a VIP's backends report their load.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TelemetrySource {
+    /// No reports.
+    None,
+    /// Metrics pages scraped from each backend: `(port, path)` pairs (an inference server's
+    /// page, a GPU exporter's).
+    Scrape(Vec<(u16, String)>),
+    /// Reports pushed to the API (`balancer report --push`).
+    Push,
+}
+
+/// Telemetry of a VIP's backends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TelemetryConfig {
+    pub source: TelemetrySource,
+    /// Scrape (and weight) interval.
+    pub interval: Duration,
+    /// Per scrape.
+    pub timeout: Duration,
+    /// Largest page accepted.
+    pub max_body: usize,
+}
+
+pub(super) fn validate_telemetry(
+    raw: Option<RawTelemetry>,
+    label: &str,
+) -> Result<TelemetryConfig, ConfigError> {
+    let raw = raw.unwrap_or_default();
+    let key = |k: &str| format!("{label}.telemetry.{k}");
+    let interval: u64 = match raw.interval_ms {
+        Some(v) => int_in(v, 10, 60_000, &key("interval_ms"))?,
+        None => 100,
+    };
+    let timeout: u64 = match raw.timeout_ms {
+        Some(v) => int_in(v, 1, 60_000, &key("timeout_ms"))?,
+        None => (interval * 8 / 10).max(1),
+    };
+    if timeout > interval {
+        return Err(invalid(
+            key("timeout_ms"),
+            timeout,
+            format!("must not exceed interval_ms ({interval})"),
+        ));
+    }
+    let max_body = match raw.max_body_kib {
+        Some(v) => int_in::<usize>(v, 1, 64 * 1024, &key("max_body_kib"))? * 1024,
+        None => 4 * 1024 * 1024,
+    };
+    let source = match raw.source.as_deref().unwrap_or("none") {
+        "none" => TelemetrySource::None,
+        "push" => TelemetrySource::Push,
+        "scrape" => {
+            let port: u16 = int_in(required(raw.port, &key("port"))?, 1, 65_535, &key("port"))?;
+            let path = raw.path.clone().unwrap_or_else(|| "/metrics".into());
+            if !path.starts_with('/') || path.contains(char::is_whitespace) {
+                return Err(invalid(
+                    key("path"),
+                    format!("{path:?}"),
+                    "an HTTP path starts with '/' and has no spaces",
+                ));
+            }
+            let mut pages = vec![(port, path)];
+            for (i, e) in raw.extra.iter().enumerate() {
+                let k = format!("{}[{i}]", key("extra"));
+                let (p, path) = e.split_once('/').ok_or_else(|| {
+                    invalid(
+                        &k,
+                        format!("{e:?}"),
+                        "expected \"port/path\", e.g. \"9400/metrics\"",
+                    )
+                })?;
+                let p: u16 = p
+                    .parse()
+                    .ok()
+                    .filter(|p| *p > 0)
+                    .ok_or_else(|| invalid(&k, format!("{e:?}"), "the port is not 1-65535"))?;
+                pages.push((p, format!("/{path}")));
+            }
+            TelemetrySource::Scrape(pages)
+        }
+        other => {
+            return Err(invalid(
+                key("source"),
+                format!("{other:?}"),
+                "expected \"none\", \"scrape\" or \"push\"",
+            ));
+        }
+    };
+    if !matches!(source, TelemetrySource::Scrape(_))
+        && (raw.port.is_some() || !raw.extra.is_empty())
+    {
+        return Err(invalid(
+            key("port"),
+            format!("{:?}", raw.port),
+            "port and extra apply to source = \"scrape\" only",
+        ));
+    }
+    Ok(TelemetryConfig {
+        source,
+        interval: Duration::from_millis(interval),
+        timeout: Duration::from_millis(timeout),
+        max_body,
+    })
+}
+
+pub(super) fn telemetry_to_raw(t: &TelemetryConfig) -> RawTelemetry {
+    let (source, port, path, extra) = match &t.source {
+        TelemetrySource::None => ("none", None, None, Vec::new()),
+        TelemetrySource::Push => ("push", None, None, Vec::new()),
+        TelemetrySource::Scrape(pages) => (
+            "scrape",
+            Some(i64::from(pages[0].0)),
+            Some(pages[0].1.clone()),
+            pages[1..]
+                .iter()
+                .map(|(p, path)| format!("{p}{path}"))
+                .collect(),
+        ),
+    };
+    RawTelemetry {
+        source: Some(source.into()),
+        port,
+        path,
+        extra,
+        interval_ms: Some(t.interval.as_millis() as i64),
+        timeout_ms: Some(t.timeout.as_millis() as i64),
+        max_body_kib: Some((t.max_body / 1024) as i64),
+    }
+}
+
+pub(super) fn validate_policy(
+    raw: Option<RawPolicy>,
+    label: &str,
+) -> Result<PolicyConfig, ConfigError> {
+    let raw = raw.unwrap_or_default();
+    let key = |k: &str| format!("{label}.policy.{k}");
+    let d = PolicyConfig::default();
+    let kind = match raw.kind.as_deref() {
+        None => PolicyKind::Static,
+        Some(k) => PolicyKind::parse(k).ok_or_else(|| {
+            invalid(
+                key("kind"),
+                format!("{k:?}"),
+                "expected static, least-conn, least-latency, gpu, tokens or composite",
+            )
+        })?,
+    };
+    let factor = |v: Option<f64>, default: f64, k: &str| -> Result<f64, ConfigError> {
+        v.map(|v| float_in(v, 0.0, 1000.0, &key(k)))
+            .transpose()
+            .map(|v| v.unwrap_or(default))
+    };
+    let factors = Factors {
+        delay: factor(raw.delay_factor, d.factors.delay, "delay_factor")?,
+        kv: factor(raw.kv_factor, d.factors.kv, "kv_factor")?,
+        gpu_memory: factor(
+            raw.gpu_memory_factor,
+            d.factors.gpu_memory,
+            "gpu_memory_factor",
+        )?,
+        queue: factor(raw.queue_factor, d.factors.queue, "queue_factor")?,
+        tokens: factor(raw.tokens_factor, d.factors.tokens, "tokens_factor")?,
+        connections: factor(
+            raw.connections_factor,
+            d.factors.connections,
+            "connections_factor",
+        )?,
+        ttft: factor(raw.ttft_factor, d.factors.ttft, "ttft_factor")?,
+    };
+    let unit = |v: Option<f64>, default: f64, min: f64, k: &str| -> Result<f64, ConfigError> {
+        v.map(|v| float_in(v, min, 1.0, &key(k)))
+            .transpose()
+            .map(|v| v.unwrap_or(default))
+    };
+    Ok(PolicyConfig {
+        kind,
+        factors,
+        ewma_alpha: unit(raw.ewma_alpha, d.ewma_alpha, 0.01, "ewma_alpha")?,
+        hysteresis: unit(raw.hysteresis, d.hysteresis, 0.0, "hysteresis")?,
+        floor: unit(raw.floor, d.floor, 0.0, "floor")?,
+        kv_saturation: unit(raw.kv_saturation, d.kv_saturation, 0.01, "kv_saturation")?,
+        queue_saturation: match raw.queue_saturation {
+            Some(v) => int_in(v, 0, 1_000_000, &key("queue_saturation"))?,
+            None => d.queue_saturation,
+        },
+        min_free_gpu_memory_bytes: match raw.min_free_gpu_memory_mib {
+            Some(v) => {
+                int_in::<i64>(v, 0, 1 << 30, &key("min_free_gpu_memory_mib"))? as f64 * 1048576.0
+            }
+            None => d.min_free_gpu_memory_bytes,
+        },
+        stale_after: match raw.stale_after_ms {
+            Some(v) => Duration::from_millis(int_in(v, 1, 3_600_000, &key("stale_after_ms"))?),
+            None => d.stale_after,
+        },
+        stale: match raw.stale.as_deref() {
+            None | Some("saturated") => StaleMode::Saturated,
+            Some("keep") => StaleMode::Keep,
+            Some(other) => {
+                return Err(invalid(
+                    key("stale"),
+                    format!("{other:?}"),
+                    "expected \"saturated\" or \"keep\"",
+                ));
+            }
+        },
+        quantum: match raw.quantum {
+            Some(v) => int_in(v, 1, i64::from(MAX_POLICY_WEIGHT), &key("quantum"))?,
+            None => d.quantum,
+        },
+    })
+}
+
+pub(super) fn policy_to_raw(p: &PolicyConfig) -> RawPolicy {
+    RawPolicy {
+        kind: Some(p.kind.name().into()),
+        delay_factor: Some(p.factors.delay),
+        kv_factor: Some(p.factors.kv),
+        gpu_memory_factor: Some(p.factors.gpu_memory),
+        queue_factor: Some(p.factors.queue),
+        tokens_factor: Some(p.factors.tokens),
+        connections_factor: Some(p.factors.connections),
+        ttft_factor: Some(p.factors.ttft),
+        ewma_alpha: Some(p.ewma_alpha),
+        hysteresis: Some(p.hysteresis),
+        floor: Some(p.floor),
+        kv_saturation: Some(p.kv_saturation),
+        queue_saturation: Some(i64::from(p.queue_saturation)),
+        min_free_gpu_memory_mib: Some((p.min_free_gpu_memory_bytes / 1048576.0) as i64),
+        stale_after_ms: Some(p.stale_after.as_millis() as i64),
+        stale: Some(match p.stale {
+            StaleMode::Saturated => "saturated".into(),
+            StaleMode::Keep => "keep".into(),
+        }),
+        quantum: Some(i64::from(p.quantum)),
+    }
+}

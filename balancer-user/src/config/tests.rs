@@ -1,0 +1,405 @@
+//! Config parsing and validation, from whole files down to single keys.
+
+use balancer_common::maps::DEFAULT_TABLE_SIZE;
+
+use crate::net::{MacAddr, Protocol};
+use crate::policy::{PolicyKind, StaleMode};
+
+use super::*;
+
+const GOOD: &str = r#"
+interface = "eth0"
+attach_mode = "skb"
+
+[conntrack]
+max_flows = 65536
+udp_idle_timeout_secs = 10
+flood_threshold = 0
+
+[encap]
+source_v4 = "172.16.0.0/16"
+mtu = 1500
+
+[[vip]]
+name = "web"
+address = "10.100.0.1"
+port = 80
+forwarding = "ipip"
+
+  [[vip.backend]]
+  address = "10.0.0.11"
+  weight = 2
+
+  [[vip.backend]]
+  address = "10.0.0.12"
+  mac = "02:00:00:00:00:12"
+
+[[vip]]
+address = "2001:db8::1"
+port = 53
+protocol = "udp"
+table_size = 655373
+"#;
+
+#[test]
+fn parses_a_full_config() {
+    let c = Config::parse(GOOD).unwrap();
+    assert_eq!(c.interface, "eth0");
+    assert_eq!(c.attach_mode, AttachMode::Skb);
+    assert_eq!(c.conntrack.max_flows, 65_536);
+    assert_eq!(c.conntrack.udp_idle_timeout, Duration::from_secs(10));
+    assert_eq!(c.encap.source_v4, Some("172.16.0.0/16".parse().unwrap()));
+    assert_eq!(c.vips.len(), 2);
+    let web = c.vip("web").unwrap();
+    assert_eq!(web.forwarding, Forwarding::Ipip);
+    assert_eq!(web.table_size, DEFAULT_TABLE_SIZE);
+    assert_eq!(web.backends[0].weight, 2);
+    assert_eq!(web.backends[1].weight, 1);
+    assert_eq!(web.backends[1].mac, Some(MacAddr([2, 0, 0, 0, 0, 0x12])));
+    let dns = &c.vips[1];
+    assert_eq!(dns.name, "udp-2001:db8::1-53");
+    assert_eq!(dns.protocol, Protocol::Udp);
+    assert_eq!(dns.table_size, 655_373);
+    assert!(dns.backends.is_empty());
+}
+
+#[test]
+fn defaults_apply() {
+    let c = Config::parse("interface = \"lo0\"").unwrap();
+    assert_eq!(c.attach_mode, AttachMode::Native);
+    assert_eq!(c.conntrack.max_flows, DEFAULT_MAX_FLOWS);
+    assert_eq!(c.conntrack.flood_threshold, DEFAULT_FLOOD_THRESHOLD);
+    assert!(c.vips.is_empty());
+}
+
+fn error_of(text: &str) -> String {
+    Config::parse(text).unwrap_err().to_string()
+}
+
+fn with_vip(vip_body: &str) -> String {
+    format!("interface = \"eth0\"\n[[vip]]\n{vip_body}\n")
+}
+
+#[test]
+fn pools_give_vips_the_backends_serving_their_model() {
+    let text = "interface = \"eth0\"\n\
+        [[pool]]\nname = \"gpus\"\ndiscover = \"models\"\n\
+        [[pool.backend]]\naddress = \"10.0.0.1\"\n[[pool.backend]]\naddress = \"10.0.0.2\"\nweight = 3\n\
+        [[pool]]\nname = \"all\"\n[[pool.backend]]\naddress = \"10.0.0.9\"\n\
+        [[vip]]\nname = \"llama\"\naddress = \"10.1.0.1\"\nport = 80\npool = \"gpus\"\nmodel = \"llama\"\n\
+        [[vip.backend]]\naddress = \"10.0.0.5\"\n\
+        [[vip]]\nname = \"any\"\naddress = \"10.1.0.2\"\nport = 80\npool = \"all\"\nmodel = \"whatever\"\n";
+    let mut c = Config::parse(text).unwrap();
+    let addrs = |c: &Config, vip: &str| -> Vec<String> {
+        c.vip(vip)
+            .unwrap()
+            .backends
+            .iter()
+            .map(|b| b.address.to_string())
+            .collect()
+    };
+    // Nothing discovered yet: only the VIP's own backend; a pool without discovery gives all.
+    assert_eq!(addrs(&c, "llama"), vec!["10.0.0.5"]);
+    assert_eq!(addrs(&c, "any"), vec!["10.0.0.9"]);
+    let mut served = std::collections::HashMap::new();
+    served.insert(
+        "gpus".to_string(),
+        [
+            ("10.0.0.1".parse().unwrap(), vec!["mistral".to_string()]),
+            (
+                "10.0.0.2".parse().unwrap(),
+                vec!["llama".to_string(), "mistral".to_string()],
+            ),
+        ]
+        .into_iter()
+        .collect(),
+    );
+    c.place_pool_backends(&served);
+    assert_eq!(addrs(&c, "llama"), vec!["10.0.0.5", "10.0.0.2"]);
+    assert_eq!(
+        c.vip("llama").unwrap().backends[1].weight,
+        3,
+        "the pool's settings come along"
+    );
+    // The file form keeps pool members in the pool.
+    let raw = c.to_raw();
+    assert_eq!(raw.vip[0].backend.len(), 1);
+    assert_eq!(raw.pool[0].backend.len(), 2);
+    for (bad, want) in [
+        (
+            text.replace("pool = \"gpus\"", "pool = \"gpu\""),
+            "vip[0].pool = \"gpu\": no [[pool]] has this name",
+        ),
+        (
+            text.replace("discover = \"models\"", "discover = \"dns\""),
+            "pool[0].discover = \"dns\"",
+        ),
+        (
+            text.replace("pool = \"all\"\n", ""),
+            "vip[1].model = \"whatever\": model routing needs a pool",
+        ),
+    ] {
+        let err = Config::parse(&bad).unwrap_err().to_string();
+        assert!(err.contains(want), "{err}");
+    }
+}
+
+#[test]
+fn schedulers_and_tiers_are_checked() {
+    let tier = "interface = \"eth0\"\n[[tier]]\nname = \"premium\"\nprefixes = [\"10.9.0.0/16\"]\ndscp = [46]\n";
+    let ok = format!(
+        "{tier}[[vip]]\naddress = \"10.0.0.1\"\nport = 80\nscheduler = \"source-hash\"\nmax_load_factor = 1.25\npersistence_secs = 600\n[[vip.backend]]\naddress = \"10.0.0.2\"\ntier = \"premium\"\n"
+    );
+    let c = Config::parse(&ok).unwrap();
+    assert_eq!(c.tiers[0].id, 1);
+    assert!(c.tiers[0].spillover);
+    assert_eq!(c.vips[0].scheduler, Scheduler::SourceHash);
+    assert_eq!(c.vips[0].load_bound_pct, 25);
+    assert_eq!(
+        c.vips[0].persistence_ticks(),
+        559,
+        "600 s in 1.07 s ticks, rounded up"
+    );
+    // Round trip through the file form.
+    assert_eq!(Config::parse(&c.to_toml()).unwrap(), c);
+    let cases: &[(String, &str)] = &[
+        (
+            with_vip("address = \"10.0.0.1\"\nport = 80\nscheduler = \"fastest\""),
+            "vip[0].scheduler = \"fastest\": expected one of maglev, source-hash",
+        ),
+        (
+            with_vip(
+                "address = \"10.0.0.1\"\nport = 80\nscheduler = \"round-robin\"\nmax_load_factor = 1.5",
+            ),
+            "vip[0].max_load_factor = 1.5: bounds the load of the hashing schedulers",
+        ),
+        (
+            with_vip("address = \"10.0.0.1\"\nport = 80\nmax_load_factor = 0.9"),
+            "vip[0].max_load_factor = 0.9: must be between 1.01 and 3.55",
+        ),
+        (
+            with_vip(
+                "address = \"10.0.0.1\"\nport = 80\n[[vip.backend]]\naddress = \"10.0.0.2\"\ntier = \"gold\"",
+            ),
+            "vip[0].backend[0].tier = \"gold\": no [[tier]] has this name",
+        ),
+        (
+            format!("{tier}[[tier]]\nname = \"premium\"\ndscp = [10]\n"),
+            "tier[1].name = \"premium\": another tier has this name",
+        ),
+        (
+            format!("{tier}[[tier]]\nname = \"gold\"\nprefixes = [\"10.9.0.0/16\"]\n"),
+            "tier[1].prefixes[0] = \"10.9.0.0/16\": another tier has this prefix",
+        ),
+        (
+            "interface = \"eth0\"\n[[tier]]\nname = \"x\"\ndscp = [64]\n".into(),
+            "tier[0].dscp[0] = 64: must be between 0 and 63",
+        ),
+        (
+            "interface = \"eth0\"\n[[tier]]\nname = \"x\"\n".into(),
+            "tier[0].prefixes = (none): a tier needs client prefixes or DSCP values",
+        ),
+    ];
+    for (text, want) in cases {
+        let err = Config::parse(text).unwrap_err().to_string();
+        assert!(err.contains(want), "{text}\n=> {err}\nwanted {want}");
+    }
+}
+
+#[test]
+fn errors_name_the_key_and_the_value() {
+    let cases: &[(String, &str)] = &[
+        ("attach_mode = \"x\"".into(), "interface = (missing)"),
+        (
+            "interface = \"eth0\"\nattach_mode = \"fast\"".into(),
+            "attach_mode = \"fast\": expected \"native\" or \"skb\"",
+        ),
+        (
+            with_vip("address = \"10.0.0.300\"\nport = 80"),
+            "vip[0].address = \"10.0.0.300\": not an IPv4 or IPv6 address",
+        ),
+        (
+            with_vip("address = \"10.0.0.1\"\nport = 0"),
+            "vip[0].port = 0: must be between 1 and 65535",
+        ),
+        (
+            with_vip("address = \"10.0.0.1\"\nport = 80\nprotocol = \"sctp\""),
+            "vip[0].protocol = \"sctp\"",
+        ),
+        (
+            with_vip("address = \"10.0.0.1\"\nport = 80\ntable_size = 65536"),
+            "vip[0].table_size = 65536: must be a prime number",
+        ),
+        (
+            with_vip(
+                "address = \"10.0.0.1\"\nport = 80\n[[vip.backend]]\naddress = \"10.0.0.2\"\nweight = -1",
+            ),
+            "vip[0].backend[0].weight = -1: must be between 0 and 65535",
+        ),
+        (
+            with_vip(
+                "address = \"10.0.0.1\"\nport = 80\n[[vip.backend]]\naddress = \"10.0.0.2\"\n[[vip.backend]]\naddress = \"10.0.0.2\"",
+            ),
+            "vip[0].backend[1].address = \"10.0.0.2\": this backend is listed twice",
+        ),
+        (
+            with_vip(
+                "address = \"10.0.0.1\"\nport = 80\n[[vip.backend]]\naddress = \"10.0.0.2\"\nmac = \"02:00:00\"",
+            ),
+            "vip[0].backend[0].mac = \"02:00:00\"",
+        ),
+        (
+            format!(
+                "{}[[vip]]\naddress = \"10.0.0.1\"\nport = 80\n",
+                with_vip("address = \"10.0.0.1\"\nport = 80")
+            ),
+            "vip[1] = 10.0.0.1:80/tcp: the same address, port and protocol",
+        ),
+        (
+            "interface = \"eth0\"\n[encap]\nsource_v6 = \"fd00::/64\"".into(),
+            "encap.source_v6 = \"fd00::/64\"",
+        ),
+        (
+            "interface = \"eth0\"\nbogus = 1".into(),
+            "unknown field `bogus`",
+        ),
+        (
+            "interface = \"eth0\"\n[conntrack]\nmax_flows = 10".into(),
+            "conntrack.max_flows = 10: must be between 1024",
+        ),
+        (
+            "interface = \"eth0\"\n[api]\nlisten = \"0.0.0.0:9180\"".into(),
+            "api.listen = \"0.0.0.0:9180\": a TCP listener needs api.token_file",
+        ),
+        (
+            "interface = \"eth0\"\n[metrics]\nlisten = \"localhost\"".into(),
+            "metrics.listen = \"localhost\": not an address and port",
+        ),
+        (
+            with_vip("address = \"10.0.0.1\"\nport = 80\n[vip.health]\ncheck = \"icmp\""),
+            "vip[0].health.check = \"icmp\"",
+        ),
+        (
+            with_vip(
+                "address = \"10.0.0.1\"\nport = 80\n[vip.health]\ncheck = \"tcp\"\ninterval_ms = 100\ntimeout_ms = 200",
+            ),
+            "vip[0].health.timeout_ms = 200: must not exceed interval_ms (100)",
+        ),
+        (
+            with_vip("address = \"10.0.0.1\"\nport = 80\nname = \"a b\""),
+            "vip[0].name = \"a b\"",
+        ),
+        (
+            "interface = \"eth0\"\npin_dir = \"relative/dir\"".into(),
+            "pin_dir = \"relative/dir\": must be an absolute path",
+        ),
+        (
+            with_vip("address = \"10.0.0.1\"\nport = 80\n[vip.policy]\nkind = \"gpu\""),
+            "vip[0].policy.kind = \"gpu\": this policy needs backend reports",
+        ),
+        (
+            with_vip("address = \"10.0.0.1\"\nport = 80\n[vip.policy]\nkind = \"fastest\""),
+            "vip[0].policy.kind = \"fastest\"",
+        ),
+        (
+            with_vip("address = \"10.0.0.1\"\nport = 80\n[vip.telemetry]\nsource = \"scrape\""),
+            "vip[0].telemetry.port = (missing)",
+        ),
+        (
+            with_vip(
+                "address = \"10.0.0.1\"\nport = 80\n[vip.telemetry]\nsource = \"scrape\"\nport = 8000\nextra = [\"dcgm\"]",
+            ),
+            "vip[0].telemetry.extra[0] = \"dcgm\": expected \"port/path\"",
+        ),
+        (
+            with_vip(
+                "address = \"10.0.0.1\"\nport = 80\n[vip.telemetry]\nsource = \"push\"\n[vip.policy]\nkind = \"composite\"\nfloor = 1.5",
+            ),
+            "vip[0].policy.floor = 1.5: must be between 0 and 1",
+        ),
+    ];
+    for (text, want) in cases {
+        let got = error_of(text);
+        assert!(
+            got.contains(want),
+            "config:\n{text}\nexpected an error containing {want:?}, got {got:?}"
+        );
+    }
+}
+
+#[test]
+fn the_example_config_is_valid() {
+    let text = include_str!("../../../config/balancer.example.toml");
+    let c = Config::parse(text).unwrap();
+    assert_eq!(
+        c.vips[0].health.kind,
+        HealthCheckKind::Http {
+            path: "/health".into(),
+            expect_status: 200
+        }
+    );
+    assert_eq!(c.metrics.listen, Some("127.0.0.1:9181".parse().unwrap()));
+}
+
+#[test]
+fn a_config_survives_its_own_toml() {
+    let mut c = Config::parse(GOOD).unwrap();
+    c.vips[0].backends[1].drained = true;
+    c.vips[0].health = HealthConfig {
+        kind: HealthCheckKind::Http {
+            path: "/health".into(),
+            expect_status: 204,
+        },
+        port: 8080,
+        interval: Duration::from_millis(200),
+        timeout: Duration::from_millis(100),
+        rise: 1,
+        fall: 2,
+    };
+    let text = c.to_toml();
+    assert_eq!(
+        Config::parse(&text).unwrap(),
+        c,
+        "round trip through:\n{text}"
+    );
+}
+
+#[test]
+fn telemetry_and_policy_settings() {
+    let c = Config::parse(&with_vip(
+        "address = \"10.0.0.1\"\nport = 80\n[vip.telemetry]\nsource = \"scrape\"\nport = 8000\nextra = [\"9400/metrics\"]\ninterval_ms = 200\n[vip.policy]\nkind = \"composite\"\nqueue_factor = 3\nstale = \"keep\"",
+    ))
+    .unwrap();
+    let v = &c.vips[0];
+    assert_eq!(
+        v.telemetry.source,
+        TelemetrySource::Scrape(vec![(8000, "/metrics".into()), (9400, "/metrics".into())])
+    );
+    assert_eq!(
+        (v.telemetry.interval, v.telemetry.timeout),
+        (Duration::from_millis(200), Duration::from_millis(160))
+    );
+    assert_eq!(v.policy.kind, PolicyKind::Composite);
+    assert_eq!(v.policy.factors.queue, 3.0);
+    assert_eq!(v.policy.stale, StaleMode::Keep);
+    assert_eq!(Config::parse(&c.to_toml()).unwrap(), c);
+}
+
+#[test]
+fn api_and_health_settings() {
+    let c = Config::parse(
+        "interface = \"eth0\"\n[api]\nlisten = \"127.0.0.1:9180\"\ntoken_file = \"/etc/balancer/token\"\n[metrics]\nlisten = \"[::1]:9181\"\n[[vip]]\naddress = \"10.0.0.1\"\nport = 80\n[vip.health]\ncheck = \"tcp\"\ninterval_ms = 100",
+    )
+    .unwrap();
+    assert_eq!(c.api.listen, Some("127.0.0.1:9180".parse().unwrap()));
+    assert_eq!(c.api.socket, PathBuf::from(DEFAULT_API_SOCKET));
+    assert_eq!(c.metrics.listen, Some("[::1]:9181".parse().unwrap()));
+    assert_eq!(c.pin_dir, PathBuf::from("/sys/fs/bpf/balancer/eth0"));
+    let h = &c.vips[0].health;
+    assert_eq!((h.kind.clone(), h.port), (HealthCheckKind::Tcp, 80));
+    assert_eq!(
+        (h.interval, h.timeout),
+        (Duration::from_millis(100), Duration::from_millis(50))
+    );
+    assert_eq!((h.rise, h.fall), (2, 3));
+}

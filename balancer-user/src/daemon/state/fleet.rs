@@ -1,0 +1,79 @@
+//! The fleet's side of the daemon: adopting the weights a leader published, and the VIPs
+//! announced over BGP.
+
+use std::net::IpAddr;
+
+use super::Daemon;
+
+impl Daemon {
+    /// Builds the tables from the weights a fleet's leader published, or (`None`) from this
+    /// balancer's own view again. Whether it worked.
+    pub fn apply_fleet(&mut self, weights: Option<&crate::fleet::FleetWeights>) -> bool {
+        match self.balancer.set_fleet_weights(weights) {
+            Ok(report) => {
+                if report.tables_published > 0 {
+                    self.record(&report);
+                    self.persist_state();
+                }
+                true
+            }
+            Err(e) => {
+                tracing::error!("applying the fleet's weights: {e}");
+                false
+            }
+        }
+    }
+
+    /// Takes a state the fleet's leader published: its VIPs and backends (rewriting this
+    /// balancer's config file to match), then its weights. Whether it was applied.
+    pub fn adopt_fleet(&mut self, state: &crate::fleet::FleetState) -> bool {
+        let ours = crate::fleet::vip_config(&self.config);
+        if !state.vip_config.is_empty() && !crate::fleet::same_vips(&ours, &state.vip_config) {
+            let theirs = state.vip_config.clone();
+            match self.edit("fleet state", move |raw| {
+                raw.vip = theirs;
+                Ok(())
+            }) {
+                Ok(r) => tracing::info!(
+                    epoch = state.epoch,
+                    added = r.vips_added,
+                    removed = r.vips_removed,
+                    updated = r.vips_updated,
+                    "fleet: took the leader's VIPs"
+                ),
+                // The weights still apply to the VIPs both have; the error repeats each epoch.
+                Err(e) => tracing::error!(
+                    epoch = state.epoch,
+                    "fleet: the leader's VIPs do not apply here: {e}"
+                ),
+            }
+        }
+        self.apply_fleet(Some(&state.vips))
+    }
+
+    /// The addresses of the VIPs this balancer can serve: a backend in the table, not
+    /// drained from announcement.
+    pub fn announceable(&self) -> std::collections::BTreeSet<IpAddr> {
+        self.balancer
+            .vips()
+            .filter(|v| !self.drained_vips.contains(&v.config.name))
+            .filter(|v| v.backends.values().any(|b| b.table_weight() > 0))
+            .map(|v| v.config.address)
+            .collect()
+    }
+
+    /// Tells BIRD the VIPs to announce, when `[bgp]` is set (cheap when nothing changed).
+    pub fn announce(&mut self) {
+        if let Some(bgp) = self.config.bgp.clone() {
+            let addresses = self.announceable();
+            self.announcer.announce(&bgp, &addresses);
+        }
+    }
+
+    /// Withdraws every route (shutdown).
+    pub fn withdraw_all(&mut self) {
+        if let Some(bgp) = self.config.bgp.clone() {
+            self.announcer.announce(&bgp, &Default::default());
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! Traffic counters and their rates, and the connection-table flow counts.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use balancer_common::stats::TrafficStats;
+
+use super::Daemon;
+
+/// Traffic counters of one VIP or backend at the last reading, and the rates over the last
+/// rate interval (which started at `rate_base`).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Sampled {
+    pub(super) totals: TrafficStats,
+    pub(super) rate_base: TrafficStats,
+    pub(super) pps: f64,
+    pub(super) bps: f64,
+}
+
+/// The shortest interval rates are computed over (shorter ones are mostly noise); counters
+/// themselves are read afresh on every request.
+const RATE_INTERVAL: Duration = Duration::from_millis(100);
+
+impl Sampled {
+    /// A reading inside the rate interval: new totals, the last rates.
+    pub(super) fn with_totals(self, totals: TrafficStats) -> Sampled {
+        Sampled { totals, ..self }
+    }
+
+    /// A reading that ends a rate interval of `seconds` (`None`: the first reading, rates 0)
+    /// and starts the next one.
+    pub(super) fn with_rates(self, totals: TrafficStats, seconds: Option<f64>) -> Sampled {
+        let base = self.rate_base;
+        let (pps, bps) = match seconds {
+            Some(s) if totals.packets >= base.packets && totals.bytes >= base.bytes => (
+                (totals.packets - base.packets) as f64 / s,
+                (totals.bytes - base.bytes) as f64 * 8.0 / s,
+            ),
+            _ => (0.0, 0.0),
+        };
+        Sampled {
+            totals,
+            rate_base: totals,
+            pps,
+            bps,
+        }
+    }
+}
+
+impl Daemon {
+    /// Retires removed backends whose grace period is over.
+    pub fn tick(&mut self) {
+        match self.balancer.expire_retired(Instant::now()) {
+            Ok(0) => {}
+            Ok(_) => self.persist_state(),
+            Err(e) => tracing::error!("retiring removed backends: {e}"),
+        }
+    }
+
+    /// Reads the traffic counters, and updates the rates when the last rate interval is at
+    /// least [`RATE_INTERVAL`] old (else the last rates stand).
+    pub fn sample(&mut self) {
+        let now = Instant::now();
+        let elapsed = self.rates_at.map(|t| now.duration_since(t));
+        let new_rates = elapsed.is_none_or(|e| e >= RATE_INTERVAL);
+        let seconds = elapsed.map(|e| e.as_secs_f64()).filter(|s| *s > 0.0);
+        let update = |map: &mut HashMap<u32, Sampled>, id: u32, totals: TrafficStats| {
+            let previous = map.get(&id).copied().unwrap_or_default();
+            let sampled = if new_rates {
+                previous.with_rates(totals, seconds)
+            } else {
+                previous.with_totals(totals)
+            };
+            map.insert(id, sampled);
+        };
+        let vips: Vec<(u32, Vec<u32>)> = self
+            .balancer
+            .vips()
+            .map(|v| (v.id, v.backends.values().map(|b| b.id).collect()))
+            .collect();
+        let retiring: Vec<u32> = self
+            .balancer
+            .retiring()
+            .iter()
+            .map(|r| r.state.id)
+            .collect();
+        let dataplane = self.balancer.dataplane();
+        let mut vip_traffic = std::mem::take(&mut self.vip_traffic);
+        let mut backend_traffic = std::mem::take(&mut self.backend_traffic);
+        for (vip, backends) in &vips {
+            if let Ok(t) = crate::dataplane::Dataplane::vip_stats(dataplane, *vip) {
+                update(&mut vip_traffic, *vip, t);
+            }
+            for id in backends.iter().chain(&retiring) {
+                if let Ok(t) = crate::dataplane::Dataplane::backend_stats(dataplane, *id) {
+                    update(&mut backend_traffic, *id, t);
+                }
+            }
+        }
+        self.vip_traffic = vip_traffic;
+        self.backend_traffic = backend_traffic;
+        if new_rates {
+            self.rates_at = Some(now);
+        }
+    }
+
+    /// Fresh counters and flow counts for an answer.
+    pub fn refresh(&mut self) {
+        self.sample();
+        self.count_flows();
+    }
+
+    /// Counts the active flows per backend: connection-table entries not ended by the client
+    /// (FIN/RST). (The data plane's own counters exist only for the VIPs whose scheduler reads
+    /// them; this count covers every VIP.)
+    pub fn count_flows(&mut self) {
+        match self.balancer.dataplane().flow_counts() {
+            Ok(counts) => {
+                self.flows = counts;
+            }
+            Err(e) => tracing::warn!("counting flows: {e}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn traffic(packets: u64, bytes: u64, new_flows: u64) -> TrafficStats {
+        TrafficStats {
+            packets,
+            bytes,
+            new_flows,
+        }
+    }
+
+    #[test]
+    fn counters_are_always_fresh_and_rates_move_only_at_a_new_interval() {
+        // First reading: totals, no rate yet.
+        let first = Sampled::default().with_rates(traffic(10, 1000, 2), None);
+        assert_eq!(first.totals, traffic(10, 1000, 2));
+        assert_eq!((first.pps, first.bps), (0.0, 0.0));
+        // Half a second later: rates over the interval.
+        let second = first.with_rates(traffic(60, 6000, 7), Some(0.5));
+        assert_eq!((second.pps, second.bps), (100.0, 80_000.0));
+        // A reading inside the rate interval: new totals (what a status right after
+        // traffic must show), the last rates, the same rate base.
+        let third = second.with_totals(traffic(80, 8000, 9));
+        assert_eq!(third.totals.new_flows, 9);
+        assert_eq!((third.pps, third.bps), (100.0, 80_000.0));
+        assert_eq!(third.rate_base, traffic(60, 6000, 7));
+        // The next interval counts from the rate base, not from the reading in between.
+        let fourth = third.with_rates(traffic(110, 11_000, 9), Some(1.0));
+        assert_eq!((fourth.pps, fourth.bps), (50.0, 40_000.0));
+        // Counters that went backwards (a map recreated): no negative rate.
+        let fifth = fourth.with_rates(traffic(5, 500, 1), Some(1.0));
+        assert_eq!((fifth.pps, fifth.bps), (0.0, 0.0));
+    }
+}

@@ -1,0 +1,264 @@
+//! The families read at scrape time from the data plane's counters and the daemon's views
+//! (VIP and backend status, weights and the reports behind them), in Prometheus form.
+
+use balancer_common::stats::{Counter, GlobalStats};
+
+use super::Families;
+use crate::api::types::{VipStatus, VipWeights};
+
+/// The scrape-time families: global counters (when the data plane could be read), per VIP and
+/// per backend traffic, health and table share, and per backend weights and telemetry.
+pub fn families(
+    global: Option<&GlobalStats>,
+    vips: &[VipStatus],
+    weights: &[VipWeights],
+) -> Families {
+    let mut f = Families::default();
+    if let Some(global) = global {
+        // Labels come from the counters' own names: `xdp_pass` is action "pass", `drop_fragment`
+        // reason "fragment"; the connection-table results keep their historical labels.
+        for counter in Counter::ALL {
+            if let Some(action) = counter.name().strip_prefix("xdp_") {
+                f.counter(
+                    "balancer_xdp_actions_total",
+                    "Packets by XDP verdict.",
+                    &[("action", action)],
+                    global.get(counter) as f64,
+                );
+            }
+            if let Some(reason) = counter.name().strip_prefix("drop_") {
+                f.counter(
+                    "balancer_drops_total",
+                    "Packets for a VIP dropped, by reason.",
+                    &[("reason", reason)],
+                    global.get(counter) as f64,
+                );
+            }
+        }
+        for (counter, result) in [
+            (Counter::ConntrackHit, "hit"),
+            (Counter::ConntrackMiss, "miss"),
+            (Counter::FlowRehashed, "rehashed"),
+            (Counter::UdpFlowExpired, "udp_expired"),
+        ] {
+            f.counter(
+                "balancer_conntrack_lookups_total",
+                "Connection-table lookups by result (a TCP SYN always counts as a miss).",
+                &[("result", result)],
+                global.get(counter) as f64,
+            );
+        }
+        f.counter(
+            "balancer_flood_activations_total",
+            "Times a CPU entered flood mode.",
+            &[],
+            global.get(Counter::FloodActivations) as f64,
+        );
+        f.counter(
+            "balancer_flood_inserts_skipped_total",
+            "New flows not recorded because of flood mode.",
+            &[],
+            global.get(Counter::FloodInsertsSkipped) as f64,
+        );
+        f.counter(
+            "balancer_icmp_errors_forwarded_total",
+            "ICMP errors about VIP flows forwarded to their backend.",
+            &[],
+            global.get(Counter::IcmpErrorForwarded) as f64,
+        );
+        f.counter(
+            "balancer_icmp_too_big_sent_total",
+            "ICMP fragmentation-needed / packet-too-big answers sent.",
+            &[],
+            global.get(Counter::IcmpTooBigSent) as f64,
+        );
+    }
+    for vip in vips {
+        let v = vip.name.as_str();
+        f.counter(
+            "balancer_vip_packets_total",
+            "Packets to a VIP.",
+            &[("vip", v)],
+            vip.packets as f64,
+        );
+        f.counter(
+            "balancer_vip_bytes_total",
+            "Bytes to a VIP.",
+            &[("vip", v)],
+            vip.bytes as f64,
+        );
+        f.counter(
+            "balancer_vip_new_flows_total",
+            "Flows chosen from a VIP's Maglev table.",
+            &[("vip", v)],
+            vip.new_flows as f64,
+        );
+        f.gauge(
+            "balancer_vip_flows",
+            "Active flows of a VIP.",
+            &[("vip", v)],
+            vip.flows as f64,
+        );
+        for b in &vip.backends {
+            let addr = b.address.to_string();
+            let l = [("vip", v), ("backend", addr.as_str())];
+            f.counter(
+                "balancer_backend_packets_total",
+                "Packets sent to a backend.",
+                &l,
+                b.packets as f64,
+            );
+            f.counter(
+                "balancer_backend_bytes_total",
+                "Bytes sent to a backend.",
+                &l,
+                b.bytes as f64,
+            );
+            f.counter(
+                "balancer_backend_new_flows_total",
+                "Flows a backend took from the Maglev table.",
+                &l,
+                b.new_flows as f64,
+            );
+            f.gauge(
+                "balancer_backend_flows",
+                "Active flows of a backend: recorded, not yet ended by the client (FIN/RST) or evicted.",
+                &l,
+                b.flows as f64,
+            );
+            f.gauge(
+                "balancer_backend_weight",
+                "A backend's configured weight.",
+                &l,
+                f64::from(b.weight),
+            );
+            f.gauge(
+                "balancer_backend_table_share",
+                "A backend's share of its VIP's Maglev table (0..1).",
+                &l,
+                b.table_share,
+            );
+            f.gauge(
+                "balancer_backend_healthy",
+                "1 if the backend passes its health checks (or is unchecked).",
+                &l,
+                if b.healthy { 1.0 } else { 0.0 },
+            );
+            f.gauge(
+                "balancer_backend_drained",
+                "1 if the backend is drained or being removed.",
+                &l,
+                if b.drained { 1.0 } else { 0.0 },
+            );
+        }
+    }
+    for v in weights {
+        for b in &v.backends {
+            let addr = b.address.to_string();
+            let l = [("vip", v.vip.as_str()), ("backend", addr.as_str())];
+            f.gauge(
+                "balancer_backend_effective_weight",
+                "The weight in force: the policy's, or the configured one for static VIPs.",
+                &l,
+                f64::from(b.weight),
+            );
+            let Some(s) = &b.signals else { continue };
+            let inputs = [
+                (
+                    "balancer_backend_kv_cache_usage",
+                    "KV-cache use a backend reported (0..1).",
+                    s.kv_usage,
+                ),
+                (
+                    "balancer_backend_requests_running",
+                    "Requests a backend reported running.",
+                    s.running,
+                ),
+                (
+                    "balancer_backend_requests_waiting",
+                    "Requests a backend reported queued.",
+                    s.waiting,
+                ),
+                (
+                    "balancer_backend_gpu_memory_free_bytes",
+                    "Free GPU memory a backend reported.",
+                    s.gpu_memory_free_bytes(),
+                ),
+                (
+                    "balancer_backend_tokens_per_second",
+                    "Token throughput of a backend.",
+                    s.tokens_per_second,
+                ),
+                (
+                    "balancer_backend_ttft_seconds",
+                    "Mean time to first token of a backend.",
+                    s.ttft_seconds,
+                ),
+                (
+                    "balancer_backend_prefill_seconds",
+                    "Mean prefill time of the requests a backend finished over the last report interval.",
+                    s.prefill_seconds,
+                ),
+                (
+                    "balancer_backend_prefill_seconds_per_token",
+                    "Prefill time per prompt token of the requests a backend finished over the last report interval.",
+                    s.prefill_seconds_per_token,
+                ),
+                (
+                    "balancer_backend_prefix_cache_hit_rate",
+                    "Share of a backend's prompt tokens found in its prefix cache over the last report interval (0..1).",
+                    s.prefix_cache_hit_rate,
+                ),
+                (
+                    "balancer_backend_report_age_seconds",
+                    "Age of a backend's latest report.",
+                    b.report_age_ms.map(|a| a as f64 / 1000.0),
+                ),
+            ];
+            for (name, help, value) in inputs {
+                if let Some(value) = value {
+                    f.gauge(name, help, &l, value);
+                }
+            }
+        }
+    }
+    f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+
+    #[test]
+    fn every_data_plane_counter_is_exposed_once() {
+        let mut global = GlobalStats::default();
+        for (i, c) in global.counters.iter_mut().enumerate() {
+            *c = 7_000_001 + i as u64;
+        }
+        let text = Metrics::new()
+            .unwrap()
+            .render(families(Some(&global), &[], &[]));
+        for counter in Counter::ALL {
+            let value = format!(" {}\n", global.get(counter));
+            assert_eq!(
+                text.matches(&value).count(),
+                1,
+                "{} ({value:?}) in\n{text}",
+                counter.name()
+            );
+        }
+        for line in [
+            "balancer_xdp_actions_total{action=\"pass\"} 7000001",
+            "balancer_drops_total{reason=\"no_backend\"}",
+            "balancer_drops_total{reason=\"encap_failed\"}",
+            "balancer_conntrack_lookups_total{result=\"udp_expired\"}",
+            "balancer_flood_activations_total ",
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
+        // Without the data plane, no global families at all (not zeros).
+        let text = Metrics::new().unwrap().render(families(None, &[], &[]));
+        assert!(!text.contains("balancer_drops_total"), "{text}");
+    }
+}
