@@ -151,6 +151,62 @@ pub enum NeighbourError {
     },
 }
 
+/// How the daemon learns the next-hop MAC of a backend its config gives none for: from the
+/// host's routing and neighbour tables ([`KernelNextHops`]), or by a fixed rule where there is
+/// no kernel to ask (tests, [`DerivedNextHops`]).
+pub trait NextHops: Send {
+    fn resolve(
+        &self,
+        iface: &Interface,
+        addresses: &[IpAddr],
+        timeout: Duration,
+    ) -> Result<HashMap<IpAddr, MacAddr>, NeighbourError>;
+}
+
+/// [`resolve_next_hops`] on the host's tables.
+pub struct KernelNextHops;
+
+impl NextHops for KernelNextHops {
+    fn resolve(
+        &self,
+        iface: &Interface,
+        addresses: &[IpAddr],
+        timeout: Duration,
+    ) -> Result<HashMap<IpAddr, MacAddr>, NeighbourError> {
+        resolve_next_hops(iface, addresses, timeout)
+    }
+}
+
+/// Every backend is its own next hop, its MAC `02:00` + the last four bytes of its address:
+/// for a daemon on the in-memory data plane, which sends no frames.
+pub struct DerivedNextHops;
+
+impl NextHops for DerivedNextHops {
+    fn resolve(
+        &self,
+        _iface: &Interface,
+        addresses: &[IpAddr],
+        _timeout: Duration,
+    ) -> Result<HashMap<IpAddr, MacAddr>, NeighbourError> {
+        Ok(addresses
+            .iter()
+            .map(|a| {
+                let last: [u8; 4] = match a {
+                    IpAddr::V4(v4) => v4.octets(),
+                    IpAddr::V6(v6) => {
+                        let o = v6.octets();
+                        [o[12], o[13], o[14], o[15]]
+                    }
+                };
+                (
+                    *a,
+                    MacAddr([0x02, 0x00, last[0], last[1], last[2], last[3]]),
+                )
+            })
+            .collect())
+    }
+}
+
 /// Finds the next-hop MAC of each address on `iface`: the address's own MAC when it is on the
 /// link, otherwise its gateway's. Unknown neighbours are probed (one UDP datagram to the
 /// discard port makes the kernel resolve them) until `timeout`.

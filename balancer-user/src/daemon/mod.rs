@@ -29,17 +29,17 @@ use tokio::sync::watch;
 use crate::api::server::{ApiState, read_token, router, router_with_token};
 use crate::balancer::{Balancer, Snapshot};
 use crate::config::{AttachMode, Config};
+use crate::dataplane::DynDataplane;
 use crate::dataplane::kernel::KernelDataplane;
 use crate::discovery::DiscoveryLoops;
 use crate::ebpf;
 use crate::health::HealthChecks;
 use crate::metrics::Metrics;
 use crate::net::MacAddr;
-use crate::netinfo::{Interface, resolve_next_hops};
+use crate::netinfo::{Interface, KernelNextHops, resolve_next_hops};
 use crate::pinning::Pins;
-use crate::settings::data_plane_settings;
 use crate::telemetry::loops::TelemetryLoops;
-use state::Daemon;
+use state::{Daemon, Host};
 
 /// Options of `balancer run`.
 #[derive(Clone, Debug)]
@@ -123,34 +123,31 @@ fn start(opts: &RunOptions) -> Result<Daemon> {
 
     let mut object = ebpf::load_balancer_pinned(config.conntrack.max_flows, &pins)
         .context("loading the XDP program")?;
-    let (dataplane, mut balancer, seed) = match &snapshot {
+    let (mut balancer, buckets, seed): (Balancer<DynDataplane>, u32, u64) = match &snapshot {
         Some(snap) => {
             let dataplane = KernelDataplane::adopt(&mut object)?;
-            let seed = snap.flow_seed;
-            (None, Some(Balancer::restore(dataplane, snap)?), seed)
+            let buckets = dataplane.flow_buckets();
+            let dataplane: DynDataplane = Box::new(dataplane);
+            (Balancer::restore(dataplane, snap)?, buckets, snap.flow_seed)
         }
-        None => (
-            Some(KernelDataplane::from_ebpf(&mut object)?),
-            None,
-            crate::dataplane::sys::random_u64(),
-        ),
+        None => {
+            let dataplane = KernelDataplane::from_ebpf(&mut object)?;
+            let buckets = dataplane.flow_buckets();
+            let dataplane: DynDataplane = Box::new(dataplane);
+            (
+                Balancer::new(dataplane),
+                buckets,
+                crate::dataplane::sys::random_u64(),
+            )
+        }
     };
-    let mut balancer = balancer
-        .take()
-        .unwrap_or_else(|| Balancer::new(dataplane.expect("fresh dataplane")));
-    let buckets = balancer.dataplane().flow_buckets();
     if buckets != ebpf::flow_buckets(config.conntrack.max_flows) {
         tracing::warn!(
             pinned_buckets = buckets,
             "the pinned connection table keeps its size; a new conntrack.max_flows takes effect after `balancer stop --detach`"
         );
     }
-    let mut settings = data_plane_settings(&config, &iface, seed)?;
-    settings.flow_bucket_mask = buckets - 1;
-    balancer.set_settings(&settings)?;
-    balancer.set_removal_grace(config.conntrack.removal_grace);
-    balancer.set_tiers(&config.tiers)?;
-    let report = balancer.apply(&config.vips, &macs)?;
+    let report = state::configure(&mut balancer, &config, &iface, seed, buckets, &macs)?;
     tracing::info!(
         vips = balancer.vips().count(),
         published = report.tables_published,
@@ -208,14 +205,18 @@ fn start(opts: &RunOptions) -> Result<Daemon> {
             Err(e) => tracing::debug!("no eBPF log channel: {e}"),
         }
     }
+    let host = Host {
+        iface,
+        pins,
+        next_hops: Box::new(KernelNextHops),
+        neighbour_timeout: opts.neighbour_timeout,
+    };
     let daemon = Daemon::new(
         config,
         opts.config_path.clone(),
-        iface,
+        host,
         balancer,
-        pins,
         Metrics::new()?,
-        opts.neighbour_timeout,
     );
     daemon.record(&report);
     daemon.persist_state();

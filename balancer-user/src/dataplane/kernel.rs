@@ -103,28 +103,6 @@ impl KernelDataplane {
         &self.vips
     }
 
-    /// Connection-table entries per backend id whose flow the client has not ended (tag set,
-    /// value intact, not closed by FIN/RST).
-    pub fn flow_counts(&self) -> Result<HashMap<u32, u64>, DataplaneError> {
-        let buckets = self.flows_buckets as usize;
-        let all: Vec<FlowBucket> = sys::read_mmapable(self.flows.fd().as_fd(), buckets)
-            .map_err(|e| DataplaneError::VipIndex(format!("reading the connection table: {e}")))?;
-        let mut counts = HashMap::new();
-        for bucket in &all {
-            for way in &bucket.ways {
-                if way.tag == 0 {
-                    continue;
-                }
-                if let Some(v) = FlowValue::unpack(way.value, way.tag)
-                    && !v.closed
-                {
-                    *counts.entry(u32::from(v.backend_id)).or_insert(0) += 1;
-                }
-            }
-        }
-        Ok(counts)
-    }
-
     /// Buckets of the connection table (fixed when its map was created).
     pub fn flow_buckets(&self) -> u32 {
         self.flows_buckets
@@ -201,6 +179,28 @@ impl KernelDataplane {
 }
 
 impl Dataplane for KernelDataplane {
+    /// Connection-table entries per backend id whose flow the client has not ended (tag set,
+    /// value intact, not closed by FIN/RST).
+    fn flow_counts(&self) -> Result<HashMap<u32, u64>, DataplaneError> {
+        let buckets = self.flows_buckets as usize;
+        let all: Vec<FlowBucket> = sys::read_mmapable(self.flows.fd().as_fd(), buckets)
+            .map_err(|e| DataplaneError::VipIndex(format!("reading the connection table: {e}")))?;
+        let mut counts = HashMap::new();
+        for bucket in &all {
+            for way in &bucket.ways {
+                if way.tag == 0 {
+                    continue;
+                }
+                if let Some(v) = FlowValue::unpack(way.value, way.tag)
+                    && !v.closed
+                {
+                    *counts.entry(u32::from(v.backend_id)).or_insert(0) += 1;
+                }
+            }
+        }
+        Ok(counts)
+    }
+
     fn set_config(&mut self, config: &GlobalConfig) -> Result<(), DataplaneError> {
         self.config
             .set(0, config, 0)

@@ -61,6 +61,9 @@ pub trait Dataplane {
     fn reset_active(&mut self, id: u32) -> Result<(), DataplaneError>;
     /// Active flows per backend id (ids with none are left out).
     fn active_flows(&self) -> Result<std::collections::HashMap<u32, u64>, DataplaneError>;
+    /// Connection-table entries per backend id whose flow the client has not ended (every
+    /// VIP's, whatever its scheduler).
+    fn flow_counts(&self) -> Result<std::collections::HashMap<u32, u64>, DataplaneError>;
     /// Makes each `(vip_id, table)` that VIP's Maglev table, each in one step (a packet sees a
     /// VIP's old table or its new one, never a mix).
     fn publish_tables(&mut self, tables: &[(u32, &[u32])]) -> Result<(), DataplaneError>;
@@ -84,4 +87,57 @@ pub fn add_traffic(a: &mut TrafficStats, b: &TrafficStats) {
     a.packets += b.packets;
     a.bytes += b.bytes;
     a.new_flows += b.new_flows;
+}
+
+/// A data plane chosen at run time: the kernel's in the daemon, the in-memory one in tests.
+pub type DynDataplane = Box<dyn Dataplane + Send>;
+
+impl<T: Dataplane + ?Sized> Dataplane for Box<T> {
+    fn set_config(&mut self, config: &GlobalConfig) -> Result<(), DataplaneError> {
+        (**self).set_config(config)
+    }
+    fn set_vips(
+        &mut self,
+        upserts: &[(VipKey, VipMeta)],
+        removals: &[VipKey],
+    ) -> Result<(), DataplaneError> {
+        (**self).set_vips(upserts, removals)
+    }
+    fn set_backend(&mut self, id: u32, backend: &Backend) -> Result<(), DataplaneError> {
+        (**self).set_backend(id, backend)
+    }
+    fn set_tiers(
+        &mut self,
+        prefixes: &[(std::net::IpAddr, u8, u8)],
+        dscp: &[u8; 64],
+    ) -> Result<(), DataplaneError> {
+        (**self).set_tiers(prefixes, dscp)
+    }
+    fn reset_active(&mut self, id: u32) -> Result<(), DataplaneError> {
+        (**self).reset_active(id)
+    }
+    fn active_flows(&self) -> Result<std::collections::HashMap<u32, u64>, DataplaneError> {
+        (**self).active_flows()
+    }
+    fn flow_counts(&self) -> Result<std::collections::HashMap<u32, u64>, DataplaneError> {
+        (**self).flow_counts()
+    }
+    fn publish_tables(&mut self, tables: &[(u32, &[u32])]) -> Result<(), DataplaneError> {
+        (**self).publish_tables(tables)
+    }
+    fn swap_started(&self) -> Option<std::time::Instant> {
+        (**self).swap_started()
+    }
+    fn clear_tables(&mut self, vip_ids: &[u32]) -> Result<(), DataplaneError> {
+        (**self).clear_tables(vip_ids)
+    }
+    fn global_stats(&self) -> Result<GlobalStats, DataplaneError> {
+        (**self).global_stats()
+    }
+    fn vip_stats(&self, vip_id: u32) -> Result<TrafficStats, DataplaneError> {
+        (**self).vip_stats(vip_id)
+    }
+    fn backend_stats(&self, id: u32) -> Result<TrafficStats, DataplaneError> {
+        (**self).backend_stats(id)
+    }
 }

@@ -8,7 +8,6 @@ use crate::api::types::ChangeResult;
 use crate::balancer::ApplyReport;
 use crate::config::{Config, RawConfig};
 use crate::net::MacAddr;
-use crate::netinfo::resolve_next_hops;
 use crate::pinning::write_atomically;
 use crate::settings::data_plane_settings;
 
@@ -124,9 +123,11 @@ impl Daemon {
         let macs: HashMap<IpAddr, MacAddr> = if unknown.is_empty() {
             HashMap::new()
         } else {
-            resolve_next_hops(&self.iface, &unknown, self.neighbour_timeout).map_err(|e| {
-                ChangeError::Invalid(format!("resolving backend MAC addresses: {e}"))
-            })?
+            self.next_hops
+                .resolve(&self.iface, &unknown, self.neighbour_timeout)
+                .map_err(|e| {
+                    ChangeError::Invalid(format!("resolving backend MAC addresses: {e}"))
+                })?
         };
         let mut settings =
             data_plane_settings(&new, &self.iface, self.balancer.settings().flow_seed)

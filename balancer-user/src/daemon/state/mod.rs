@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 
 use crate::balancer::{Balancer, Endpoint};
 use crate::config::{Config, ConfigError};
-use crate::dataplane::kernel::KernelDataplane;
+use crate::dataplane::DynDataplane;
 use crate::metrics::Metrics;
-use crate::netinfo::Interface;
+use crate::netinfo::{Interface, NextHops};
 use crate::pinning::Pins;
 use crate::policy::{Decision, PolicyState};
 use crate::telemetry::store::TelemetryStore;
@@ -53,8 +53,10 @@ pub struct Daemon {
     pub config: Config,
     pub config_path: PathBuf,
     pub iface: Interface,
-    pub balancer: Balancer<KernelDataplane>,
+    pub balancer: Balancer<DynDataplane>,
     pub pins: Pins,
+    /// Where next-hop MACs come from for backends added later.
+    next_hops: Box<dyn NextHops>,
     pub metrics: Metrics,
     pub neighbour_timeout: Duration,
     pub started: Instant,
@@ -82,22 +84,38 @@ pub struct Daemon {
     announcer: crate::fleet::bgp::Announcer,
 }
 
+/// What the daemon knows of its host, apart from the data plane: the interface it serves,
+/// where its maps are pinned, and how it resolves next hops.
+pub struct Host {
+    pub iface: Interface,
+    pub pins: Pins,
+    pub next_hops: Box<dyn NextHops>,
+    pub neighbour_timeout: Duration,
+}
+
 impl Daemon {
+    /// A daemon over `balancer`, whose data plane already holds `config` (see
+    /// [`Daemon::publish`] for a fresh one).
     pub fn new(
         config: Config,
         config_path: PathBuf,
-        iface: Interface,
-        balancer: Balancer<KernelDataplane>,
-        pins: Pins,
+        host: Host,
+        balancer: Balancer<DynDataplane>,
         metrics: Metrics,
-        neighbour_timeout: Duration,
     ) -> Daemon {
+        let Host {
+            iface,
+            pins,
+            next_hops,
+            neighbour_timeout,
+        } = host;
         Daemon {
             config,
             config_path,
             iface,
             balancer,
             pins,
+            next_hops,
             metrics,
             neighbour_timeout,
             started: Instant::now(),
@@ -115,5 +133,59 @@ impl Daemon {
             drained_vips: Default::default(),
             announcer: Default::default(),
         }
+    }
+}
+
+/// Writes the settings, tiers and VIPs of `config` into `balancer` (`macs`: the next hops of
+/// backends that give none). `flow_buckets`: the connection table's size, fixed when its map
+/// was made.
+pub fn configure(
+    balancer: &mut Balancer<DynDataplane>,
+    config: &Config,
+    iface: &Interface,
+    flow_seed: u64,
+    flow_buckets: u32,
+    macs: &HashMap<IpAddr, crate::net::MacAddr>,
+) -> Result<crate::balancer::ApplyReport, ChangeError> {
+    let mut settings = crate::settings::data_plane_settings(config, iface, flow_seed)
+        .map_err(|e| ChangeError::Invalid(e.to_string()))?;
+    settings.flow_bucket_mask = flow_buckets - 1;
+    let failed = |e: crate::balancer::BalancerError| ChangeError::Failed(e.to_string());
+    balancer.set_settings(&settings).map_err(failed)?;
+    balancer.set_removal_grace(config.conntrack.removal_grace);
+    balancer.set_tiers(&config.tiers).map_err(failed)?;
+    balancer.apply(&config.vips, macs).map_err(failed)
+}
+
+impl Daemon {
+    /// A daemon on a fresh data plane (the in-memory one in tests): `config` validated, its
+    /// next hops resolved through the host's [`NextHops`], and published.
+    pub fn publish(
+        config: Config,
+        config_path: PathBuf,
+        host: Host,
+        dataplane: DynDataplane,
+        metrics: Metrics,
+    ) -> Result<Daemon, ChangeError> {
+        let mut wanted: Vec<IpAddr> = config
+            .vips
+            .iter()
+            .flat_map(|v| v.backends.iter())
+            .filter(|b| b.mac.is_none())
+            .map(|b| b.address)
+            .collect();
+        wanted.sort();
+        wanted.dedup();
+        let macs = host
+            .next_hops
+            .resolve(&host.iface, &wanted, host.neighbour_timeout)
+            .map_err(|e| ChangeError::Invalid(format!("resolving backend MAC addresses: {e}")))?;
+        let mut balancer = Balancer::new(dataplane);
+        let buckets = crate::ebpf::flow_buckets(config.conntrack.max_flows);
+        let report = configure(&mut balancer, &config, &host.iface, 1, buckets, &macs)?;
+        let daemon = Daemon::new(config, config_path, host, balancer, metrics);
+        daemon.record(&report);
+        daemon.persist_state();
+        Ok(daemon)
     }
 }

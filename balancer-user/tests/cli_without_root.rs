@@ -1,0 +1,599 @@
+//! The whole daemon on the in-memory data plane, driven through its API by the real `balancer`
+//! binary over a Unix socket: every CLI command and API route, error paths included, in a plain
+//! `cargo test` (no root, no kernel). The root tests in `tests/` cover what needs the kernel.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use balancer::api::client::{Client, Endpoint};
+use balancer::api::server::{ApiState, router};
+use balancer::api::types::{Status, Table, VipWeights};
+use balancer::config::Config;
+use balancer::daemon::state::{Daemon, Host};
+use balancer::dataplane::memory::MemoryDataplane;
+use balancer::metrics::Metrics;
+use balancer::net::MacAddr;
+use balancer::netinfo::{DerivedNextHops, Interface};
+use balancer::pinning::Pins;
+
+/// A daemon serving its API on `<dir>/api.sock`, on its own runtime thread.
+struct Rig {
+    dir: PathBuf,
+    socket: PathBuf,
+    config_path: PathBuf,
+    daemon: Arc<Mutex<Daemon>>,
+    stop: tokio::sync::watch::Receiver<Option<bool>>,
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn config_text(dir: &Path) -> String {
+    format!(
+        r#"
+interface = "lb0"
+pin_dir = "{dir}/pins"
+state_file = "{dir}/state.json"
+
+[api]
+socket = "{dir}/api.sock"
+
+[[vip]]
+name = "http4"
+address = "10.111.0.100"
+port = 80
+
+  [[vip.backend]]
+  address = "10.111.0.11"
+  [[vip.backend]]
+  address = "10.111.0.12"
+  [[vip.backend]]
+  address = "10.111.0.13"
+
+[[vip]]
+name = "llm"
+address = "10.111.0.101"
+port = 8000
+telemetry = {{ source = "push" }}
+policy = {{ kind = "composite" }}
+
+  [[vip.backend]]
+  address = "10.111.0.21"
+  [[vip.backend]]
+  address = "10.111.0.22"
+
+[[vip]]
+name = "echo6"
+address = "fd00:111::100"
+port = 7
+protocol = "udp"
+
+  [[vip.backend]]
+  address = "fd00:111::11"
+"#,
+        dir = dir.display()
+    )
+}
+
+fn rig(tag: &str) -> Rig {
+    let dir = std::env::temp_dir().join(format!("balancer-cli-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config_path = dir.join("balancer.toml");
+    std::fs::write(&config_path, config_text(&dir)).unwrap();
+    let config = Config::load(&config_path).unwrap();
+    let host = Host {
+        iface: Interface {
+            name: "lb0".into(),
+            index: 7,
+            mac: MacAddr([2, 0, 0, 0, 0, 1]),
+            mtu: 1500,
+            addresses: vec![("10.111.0.1".parse().unwrap(), 24)],
+        },
+        pins: Pins::new(dir.join("pins")),
+        next_hops: Box::new(DerivedNextHops),
+        neighbour_timeout: Duration::from_secs(1),
+    };
+    let daemon = Daemon::publish(
+        config,
+        config_path.clone(),
+        host,
+        Box::new(MemoryDataplane::default()),
+        Metrics::new().unwrap(),
+    )
+    .unwrap();
+    let daemon = Arc::new(Mutex::new(daemon));
+    let (stop_tx, stop) = tokio::sync::watch::channel(None);
+    let socket = dir.join("api.sock");
+    let state = ApiState {
+        daemon: daemon.clone(),
+        stop: stop_tx,
+    };
+    let path = socket.clone();
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async move {
+                let listener = tokio::net::UnixListener::bind(&path).unwrap();
+                axum::serve(listener, router(state)).await.unwrap();
+            })
+    });
+    for _ in 0..200 {
+        if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Rig {
+        dir,
+        socket,
+        config_path,
+        daemon,
+        stop,
+    }
+}
+
+impl Rig {
+    /// Runs `balancer <args>` against the daemon: (exit code, stdout, stderr).
+    fn cli(&self, args: &[&str]) -> (i32, String, String) {
+        let out = Command::new(env!("CARGO_BIN_EXE_balancer"))
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .env_remove("BALANCER_SOCKET")
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let (code, out, err) = self.cli(args);
+        assert_eq!(code, 0, "{args:?}: stdout {out:?}, stderr {err:?}");
+        out
+    }
+
+    fn json<T: serde::de::DeserializeOwned>(&self, args: &[&str]) -> T {
+        let mut all = args.to_vec();
+        all.push("--json");
+        let out = self.ok(&all);
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}\n{out}"))
+    }
+
+    fn client(&self) -> Client {
+        Client::new(Endpoint::Unix(self.socket.clone()))
+    }
+}
+
+fn backend_weight(s: &Status, vip: &str, addr: &str) -> (u32, bool, f64) {
+    let v = s.vips.iter().find(|v| v.name == vip).expect("VIP");
+    let b = v
+        .backends
+        .iter()
+        .find(|b| b.address.to_string() == addr)
+        .unwrap_or_else(|| panic!("{vip} has no {addr}: {:?}", v.backends));
+    (b.weight, b.drained, b.table_share)
+}
+
+#[test]
+fn every_command_round_trips_and_errors_change_nothing() {
+    let rig = rig("commands");
+
+    // Reads.
+    let out = rig.ok(&["status"]);
+    assert!(
+        out.contains("VIP http4 10.111.0.100:80/tcp") && out.contains("[fd00:111::100]:7/udp"),
+        "{out}"
+    );
+    let s: Status = rig.json(&["status"]);
+    assert_eq!(s.vips.len(), 3);
+    let out = rig.ok(&["vip", "list"]);
+    assert!(
+        out.contains("http4") && out.contains("[fd00:111::100]:7"),
+        "{out}"
+    );
+    let out = rig.ok(&["backend", "list", "http4"]);
+    assert!(out.contains("10.111.0.12"), "{out}");
+    let out = rig.ok(&["table", "http4"]);
+    assert!(out.contains("33.33%"), "equal shares expected:\n{out}");
+    let out = rig.ok(&["stats"]);
+    assert!(out.contains("conntrack_hit"), "{out}");
+    let out = rig.ok(&["weights"]);
+    assert!(out.contains("llm") && out.contains("10.111.0.21"), "{out}");
+
+    // Changes, each visible in status, in the data plane and in the config file.
+    rig.ok(&[
+        "vip",
+        "add",
+        "web",
+        "--address",
+        "10.111.1.1",
+        "--port",
+        "8080",
+    ]);
+    rig.ok(&["backend", "add", "web", "10.111.0.11", "--weight", "3"]);
+    rig.ok(&["backend", "add", "web", "10.111.0.12"]);
+    rig.ok(&["backend", "set-weight", "web", "10.111.0.12", "2"]);
+    rig.ok(&["backend", "drain", "web", "10.111.0.11"]);
+    let s: Status = rig.json(&["status"]);
+    assert_eq!(backend_weight(&s, "web", "10.111.0.11"), (3, true, 0.0));
+    assert_eq!(backend_weight(&s, "web", "10.111.0.12"), (2, false, 1.0));
+    rig.ok(&["backend", "undrain", "web", "10.111.0.11"]);
+    let table: Table = rig.json(&["table", "web"]);
+    let share = |a: &str| {
+        table
+            .backends
+            .iter()
+            .find(|b| b.address.to_string() == a)
+            .unwrap()
+            .slot_share
+    };
+    assert!((share("10.111.0.11") - 0.6).abs() < 0.001, "{table:?}");
+    assert!((share("10.111.0.12") - 0.4).abs() < 0.001, "{table:?}");
+    let out = rig.ok(&["vip", "set-scheduler", "web", "least-conn"]);
+    assert!(out.contains("web"), "{out}");
+    let listed: Vec<serde_json::Value> = rig.json(&["vip", "list"]);
+    let web = listed.iter().find(|v| v["name"] == "web").unwrap();
+    assert_eq!(web["scheduler"], "least-conn", "{web}");
+    rig.ok(&["vip", "drain", "web"]);
+    assert!(rig.daemon.lock().unwrap().drained_vips.contains("web"));
+    rig.ok(&["vip", "undrain", "web"]);
+    assert!(!rig.daemon.lock().unwrap().drained_vips.contains("web"));
+    let file = std::fs::read_to_string(&rig.config_path).unwrap();
+    assert!(
+        file.contains("name = \"web\"")
+            && file.contains("weight = 3")
+            && file.contains("least-conn"),
+        "config file not written back:\n{file}"
+    );
+    assert!(
+        rig.dir.join("state.json").exists(),
+        "the state file goes with every change"
+    );
+
+    // Errors: a clear message, a meaningful exit code, and no change anywhere.
+    let before = std::fs::read_to_string(&rig.config_path).unwrap();
+    let before_status = serde_json::to_string(&rig.json::<Status>(&["status"]).vips).unwrap();
+    let cases: &[(&[&str], i32, &str)] = &[
+        (&["backend", "list", "nosuch"], 3, "no VIP named \"nosuch\""),
+        (&["vip", "del", "nosuch"], 3, "no VIP named"),
+        (&["table", "nosuch"], 3, "no VIP named"),
+        (&["weights", "nosuch"], 3, "nosuch"),
+        (
+            &["backend", "add", "web", "10.111.0.11"],
+            4,
+            "already in VIP",
+        ),
+        (
+            &[
+                "vip",
+                "add",
+                "web",
+                "--address",
+                "10.111.1.1",
+                "--port",
+                "8081",
+            ],
+            4,
+            "a VIP named \"web\" exists",
+        ),
+        (
+            &[
+                "vip",
+                "add",
+                "dup",
+                "--address",
+                "10.111.1.1",
+                "--port",
+                "8080",
+            ],
+            4,
+            "already serves 10.111.1.1:8080/tcp",
+        ),
+        (
+            &[
+                "vip",
+                "add",
+                "dup6",
+                "--address",
+                "fd00:111::100",
+                "--port",
+                "7",
+                "--protocol",
+                "udp",
+            ],
+            4,
+            "already serves [fd00:111::100]:7/udp",
+        ),
+        (
+            &["backend", "set-weight", "web", "10.111.0.11", "70000"],
+            2,
+            "weight = 70000: must be between 0 and 65535",
+        ),
+        (
+            &["backend", "set-weight", "web", "10.111.0.11", "-1"],
+            2,
+            "must be between 0 and 65535",
+        ),
+        (
+            &["backend", "drain", "web", "10.111.0.99"],
+            3,
+            "has no backend 10.111.0.99",
+        ),
+        (
+            &[
+                "vip",
+                "add",
+                "bad",
+                "--address",
+                "10.111.1.1",
+                "--port",
+                "81",
+                "--protocol",
+                "sctp",
+            ],
+            2,
+            "vip.protocol = \"sctp\"",
+        ),
+        (
+            &[
+                "vip",
+                "add",
+                "bad",
+                "--address",
+                "10.111.1.1",
+                "--port",
+                "81",
+                "--table-size",
+                "1000",
+            ],
+            2,
+            "must be a prime",
+        ),
+        (&["vip", "set-scheduler", "web", "fastest"], 2, "fastest"),
+        (
+            &["--connect", "127.0.0.1:1", "status"],
+            2,
+            "needs --token-file",
+        ),
+    ];
+    for (args, want_code, want_msg) in cases {
+        let (code, out, err) = rig.cli(args);
+        assert_eq!(
+            code, *want_code,
+            "{args:?}: exit {code}, stdout {out:?}, stderr {err:?}"
+        );
+        assert!(
+            err.contains(want_msg),
+            "{args:?}: expected {want_msg:?} in {err:?}"
+        );
+    }
+    // Raw HTTP: malformed JSON, wrong shapes, oversized bodies, unknown endpoints, bad reports.
+    let client = rig.client();
+    let raw = |method: &str, path: &str, body: &[u8]| {
+        let (status, body) = client.raw(method, path, Some(body)).expect("request");
+        (status, String::from_utf8_lossy(&body).into_owned())
+    };
+    let (status, body) = raw("POST", "/v1/vips", b"{not json");
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("invalid request body"), "{body}");
+    let (status, body) = raw("POST", "/v1/vips", br#"{"address": 5}"#);
+    assert!(status == 422 || status == 400, "{status} {body}");
+    let (status, _) = raw(
+        "POST",
+        "/v1/vips",
+        br#"{"address": "10.111.1.1", "port": 1, "bogus": true}"#,
+    );
+    assert!(status == 422 || status == 400);
+    let huge = vec![b' '; 2 * 1024 * 1024];
+    let (status, body) = raw("POST", "/v1/vips", &huge);
+    assert_eq!(status, 413, "{body}");
+    let (status, _) = raw("GET", "/v1/nothing", b"");
+    assert_eq!(status, 404);
+    let (status, body) = raw(
+        "POST",
+        "/v1/backends/10.111.0.21/report",
+        br#"{"kv_usage": 1.5}"#,
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("kv_usage"), "{body}");
+    let (status, body) = raw(
+        "POST",
+        "/v1/backends/10.111.0.11/report",
+        br#"{"kv_usage": 0.5}"#,
+    );
+    assert_eq!(status, 404, "no VIP takes pushed reports from it: {body}");
+    let (status, body) = raw(
+        "POST",
+        "/v1/backends/not-an-address/report",
+        br#"{"kv_usage": 0.5}"#,
+    );
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = raw("PUT", "/v1/vips/web/backends/10.111.0.11/weight", b"{}");
+    assert!(status == 422 || status == 400, "{status} {body}");
+    assert_eq!(
+        std::fs::read_to_string(&rig.config_path).unwrap(),
+        before,
+        "an error changed the config file"
+    );
+    assert_eq!(
+        serde_json::to_string(&rig.json::<Status>(&["status"]).vips).unwrap(),
+        before_status,
+        "an error changed the state"
+    );
+
+    // Removal, reload of a hand edit, and a refused reload.
+    rig.ok(&["backend", "del", "web", "10.111.0.12"]);
+    rig.ok(&["vip", "del", "web"]);
+    let edited = std::fs::read_to_string(&rig.config_path)
+        .unwrap()
+        .replace("name = \"echo6\"", "name = \"dns6\"");
+    std::fs::write(&rig.config_path, &edited).unwrap();
+    rig.ok(&["reload"]);
+    let s: Status = rig.json(&["status"]);
+    assert!(s.vips.iter().any(|v| v.name == "dns6"), "{:?}", s.vips);
+    std::fs::write(
+        &rig.config_path,
+        edited.replace("table_size = 65537", "table_size = 65536"),
+    )
+    .unwrap();
+    let (code, _, err) = rig.cli(&["reload"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("must be a prime"), "{err}");
+    let s: Status = rig.json(&["status"]);
+    assert!(
+        s.vips.iter().any(|v| v.name == "dns6"),
+        "a refused reload changed the state"
+    );
+}
+
+#[test]
+fn pushed_reports_move_the_weights_and_stop_reaches_the_main_loop() {
+    let mut rig = rig("push");
+    let client = rig.client();
+    // One backend full, one idle: after a weight round the idle one takes the new flows.
+    for (addr, kv, waiting) in [("10.111.0.21", 0.99, 8.0), ("10.111.0.22", 0.1, 0.0)] {
+        let body = serde_json::json!({"kv_usage": kv, "running": 4.0, "waiting": waiting});
+        let (status, reply) = client
+            .raw(
+                "POST",
+                &format!("/v1/backends/{addr}/report"),
+                Some(body.to_string().as_bytes()),
+            )
+            .unwrap();
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&reply));
+    }
+    rig.daemon.lock().unwrap().weight_round("llm").unwrap();
+    let weights: Vec<VipWeights> = rig.json(&["weights"]);
+    let llm = weights.iter().find(|v| v.vip == "llm").unwrap();
+    let weight = |a: &str| {
+        llm.backends
+            .iter()
+            .find(|b| b.address == a.parse::<IpAddr>().unwrap())
+            .unwrap()
+            .weight
+    };
+    assert_eq!(weight("10.111.0.21"), 0, "saturated: {llm:?}");
+    assert!(weight("10.111.0.22") > 0, "{llm:?}");
+    let table: Table = rig.json(&["table", "llm"]);
+    let share = |a: &str| {
+        table
+            .backends
+            .iter()
+            .find(|b| b.address.to_string() == a)
+            .map_or(0.0, |b| b.slot_share)
+    };
+    assert_eq!(share("10.111.0.21"), 0.0, "{table:?}");
+    assert_eq!(share("10.111.0.22"), 1.0, "{table:?}");
+    let metrics = rig.daemon.lock().unwrap().render_metrics();
+    assert!(
+        metrics
+            .contains("balancer_backend_kv_cache_usage{vip=\"llm\",backend=\"10.111.0.21\"} 0.99"),
+        "{metrics}"
+    );
+
+    let out = rig.ok(&["stop", "--detach"]);
+    assert!(out.contains("detached"), "{out}");
+    assert_eq!(*rig.stop.borrow_and_update(), Some(true));
+}
+
+#[test]
+fn check_config_and_report_run_without_the_kernel() {
+    let rig = rig("report");
+    // check-config: the rig's file, then a broken copy (refused, naming the key).
+    let path = rig.config_path.to_str().unwrap();
+    let out = rig.ok(&["check-config", path]);
+    assert!(
+        out.contains("http4") && out.contains("[fd00:111::100]:7/udp"),
+        "{out}"
+    );
+    let bad = rig.dir.join("bad.toml");
+    std::fs::write(
+        &bad,
+        config_text(&rig.dir).replace("port = 80", "port = 80000"),
+    )
+    .unwrap();
+    let (code, _, err) = rig.cli(&["check-config", bad.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("vip[0].port = 80000"), "{err}");
+
+    // report --once from a GPU stats file, then --push of the same to the daemon.
+    let gpus = rig.dir.join("gpus.csv");
+    std::fs::write(&gpus, "0, NVIDIA H100, 20480, 81920, 37\n").unwrap();
+    let out = rig.ok(&[
+        "report",
+        "--once",
+        "--gpu-stats-file",
+        gpus.to_str().unwrap(),
+    ]);
+    let once: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        once["signals"]["gpu_memory_used_bytes"],
+        20480.0 * 1024.0 * 1024.0,
+        "{once}"
+    );
+    let mut push = Command::new(env!("CARGO_BIN_EXE_balancer"))
+        .args([
+            "report",
+            "--push",
+            "--backend",
+            "10.111.0.22",
+            "--interval-ms",
+            "50",
+        ])
+        .arg("--gpu-stats-file")
+        .arg(&gpus)
+        .arg("--socket")
+        .arg(&rig.socket)
+        .spawn()
+        .unwrap();
+    let endpoint = rig
+        .daemon
+        .lock()
+        .unwrap()
+        .config
+        .vip("llm")
+        .unwrap()
+        .endpoint();
+    let backend: IpAddr = "10.111.0.22".parse().unwrap();
+    let mut reports = 0;
+    for _ in 0..100 {
+        std::thread::sleep(Duration::from_millis(50));
+        reports = rig
+            .daemon
+            .lock()
+            .unwrap()
+            .telemetry
+            .get(&endpoint, backend)
+            .map_or(0, |t| t.reports);
+        if reports >= 2 {
+            break;
+        }
+    }
+    let _ = push.kill();
+    let _ = push.wait();
+    assert!(reports >= 2, "pushed reports arrived: {reports}");
+    let d = rig.daemon.lock().unwrap();
+    let (signals, _) = d
+        .telemetry
+        .get(&endpoint, backend)
+        .unwrap()
+        .latest
+        .clone()
+        .unwrap();
+    assert_eq!(
+        signals.gpu_memory_total_bytes,
+        Some(81920.0 * 1024.0 * 1024.0)
+    );
+}
