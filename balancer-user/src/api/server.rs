@@ -41,11 +41,15 @@ impl IntoResponse for ApiError {
 
 impl From<ChangeError> for ApiError {
     fn from(e: ChangeError) -> Self {
-        let status = match e {
-            ChangeError::Invalid(_) => StatusCode::BAD_REQUEST,
+        // The one place a refusal becomes a status code (and, in the CLI, an exit code).
+        let status = match &e {
+            ChangeError::Invalid(_)
+            | ChangeError::Config(_)
+            | ChangeError::Settings(_)
+            | ChangeError::NextHops(_) => StatusCode::BAD_REQUEST,
             ChangeError::NotFound(_) => StatusCode::NOT_FOUND,
             ChangeError::Conflict(_) => StatusCode::CONFLICT,
-            ChangeError::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ChangeError::Failed(_) | ChangeError::Dataplane(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError(status, e.to_string())
     }

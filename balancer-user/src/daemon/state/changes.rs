@@ -124,28 +124,17 @@ impl Daemon {
             HashMap::new()
         } else {
             self.next_hops
-                .resolve(&self.iface, &unknown, self.neighbour_timeout)
-                .map_err(|e| {
-                    ChangeError::Invalid(format!("resolving backend MAC addresses: {e}"))
-                })?
+                .resolve(&self.iface, &unknown, self.neighbour_timeout)?
         };
         let mut settings =
-            data_plane_settings(&new, &self.iface, self.balancer.settings().flow_seed)
-                .map_err(|e| ChangeError::Invalid(e.to_string()))?;
+            data_plane_settings(&new, &self.iface, self.balancer.settings().flow_seed)?;
         settings.flow_bucket_mask = self.balancer.settings().flow_bucket_mask;
         if settings != *self.balancer.settings() {
-            self.balancer
-                .set_settings(&settings)
-                .map_err(|e| ChangeError::Failed(e.to_string()))?;
+            self.balancer.set_settings(&settings)?;
         }
         self.balancer.set_removal_grace(new.conntrack.removal_grace);
-        self.balancer
-            .set_tiers(&new.tiers)
-            .map_err(|e| ChangeError::Failed(e.to_string()))?;
-        let report = self
-            .balancer
-            .apply(&new.vips, &macs)
-            .map_err(|e| ChangeError::Failed(e.to_string()));
+        self.balancer.set_tiers(&new.tiers)?;
+        let report = self.balancer.apply(&new.vips, &macs);
         // Whatever happened, the kernel state is what the bookkeeping says: save it.
         self.persist_state();
         let report = report?;

@@ -40,12 +40,18 @@ pub enum ChangeError {
     /// The change was valid but applying it failed (500).
     #[error("{0}")]
     Failed(String),
-}
-
-impl From<ConfigError> for ChangeError {
-    fn from(e: ConfigError) -> Self {
-        ChangeError::Invalid(e.to_string())
-    }
+    /// The resulting config is invalid (400).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The resulting data-plane settings are impossible on this host (400).
+    #[error(transparent)]
+    Settings(#[from] crate::settings::SettingsError),
+    /// A backend's next hop did not resolve (400).
+    #[error("resolving backend MAC addresses: {0}")]
+    NextHops(#[from] crate::netinfo::NeighbourError),
+    /// Writing the tables or reading the data plane failed (500).
+    #[error(transparent)]
+    Dataplane(#[from] crate::balancer::BalancerError),
 }
 
 /// The daemon.
@@ -147,14 +153,12 @@ pub fn configure(
     flow_buckets: u32,
     macs: &HashMap<IpAddr, crate::net::MacAddr>,
 ) -> Result<crate::balancer::ApplyReport, ChangeError> {
-    let mut settings = crate::settings::data_plane_settings(config, iface, flow_seed)
-        .map_err(|e| ChangeError::Invalid(e.to_string()))?;
+    let mut settings = crate::settings::data_plane_settings(config, iface, flow_seed)?;
     settings.flow_bucket_mask = flow_buckets - 1;
-    let failed = |e: crate::balancer::BalancerError| ChangeError::Failed(e.to_string());
-    balancer.set_settings(&settings).map_err(failed)?;
+    balancer.set_settings(&settings)?;
     balancer.set_removal_grace(config.conntrack.removal_grace);
-    balancer.set_tiers(&config.tiers).map_err(failed)?;
-    balancer.apply(&config.vips, macs).map_err(failed)
+    balancer.set_tiers(&config.tiers)?;
+    Ok(balancer.apply(&config.vips, macs)?)
 }
 
 impl Daemon {
@@ -178,8 +182,7 @@ impl Daemon {
         wanted.dedup();
         let macs = host
             .next_hops
-            .resolve(&host.iface, &wanted, host.neighbour_timeout)
-            .map_err(|e| ChangeError::Invalid(format!("resolving backend MAC addresses: {e}")))?;
+            .resolve(&host.iface, &wanted, host.neighbour_timeout)?;
         let mut balancer = Balancer::new(dataplane);
         let buckets = crate::ebpf::flow_buckets(config.conntrack.max_flows);
         let report = configure(&mut balancer, &config, &host.iface, 1, buckets, &macs)?;

@@ -196,10 +196,7 @@ impl Daemon {
     }
 
     pub fn stats(&self) -> Result<Stats, ChangeError> {
-        let global = self
-            .balancer
-            .global_stats()
-            .map_err(|e| ChangeError::Failed(e.to_string()))?;
+        let global = self.balancer.global_stats()?;
         Ok(Stats {
             counters: Counter::ALL
                 .iter()

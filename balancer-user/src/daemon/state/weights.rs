@@ -131,8 +131,7 @@ impl Daemon {
             active.as_ref().unwrap_or(&self.flows),
             policy,
             started,
-        )
-        .map_err(|e| ChangeError::Failed(e.to_string()))?;
+        )?;
         self.decisions.insert(name.to_string(), outcome.decisions);
         let report = outcome.report;
         if report.tables_published > 0 {
