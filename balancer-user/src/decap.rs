@@ -13,8 +13,8 @@ use std::net::IpAddr;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::config::AttachMode;
-use crate::daemon::xdp_mode;
 use crate::ebpf;
+use crate::ebpf::xdp_mode;
 use crate::netinfo::Interface;
 
 /// Options of `balancer decap`.

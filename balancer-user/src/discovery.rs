@@ -4,13 +4,12 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinSet;
 
 use crate::config::Discovery;
-use crate::daemon::state::Daemon;
 use crate::telemetry::{exposition, scrape::http_get};
 
 /// Largest answer read.
@@ -75,6 +74,14 @@ pub async fn discover(
 
 type Key = (Vec<IpAddr>, Discovery, Duration);
 
+/// The daemon as model discovery reaches it. (Implemented by the daemon.)
+pub trait DiscoveryPort: Send + Sync + 'static {
+    /// The pools that discover their models: (pool name, backends, how, interval).
+    fn discovery_targets(&self) -> Vec<(String, Vec<IpAddr>, Discovery, Duration)>;
+    /// Records one round's results; blocking (it may rebuild tables).
+    fn record_models(&self, pool: &str, results: Vec<(IpAddr, Result<Vec<String>, String>)>);
+}
+
 /// The running discovery tasks, by pool name.
 #[derive(Default)]
 pub struct DiscoveryLoops {
@@ -83,20 +90,12 @@ pub struct DiscoveryLoops {
 
 impl DiscoveryLoops {
     /// Brings the tasks in line with the daemon's pools.
-    pub fn reconcile(&mut self, daemon: &Arc<Mutex<Daemon>>) {
-        let targets: HashMap<String, Key> = match daemon.lock() {
-            Ok(d) => d
-                .config
-                .pools
-                .iter()
-                .filter(|p| p.discovery != Discovery::None)
-                .map(|p| {
-                    let backends = p.backends.iter().map(|b| b.address).collect();
-                    (p.name.clone(), (backends, p.discovery.clone(), p.interval))
-                })
-                .collect(),
-            Err(_) => return,
-        };
+    pub fn reconcile<P: DiscoveryPort>(&mut self, daemon: &Arc<P>) {
+        let targets: HashMap<String, Key> = daemon
+            .discovery_targets()
+            .into_iter()
+            .map(|(pool, backends, how, interval)| (pool, (backends, how, interval)))
+            .collect();
         self.tasks.reconcile(targets, |name, key| {
             tokio::spawn(run(daemon.clone(), name.clone(), key.clone()))
         });
@@ -107,7 +106,7 @@ impl DiscoveryLoops {
     }
 }
 
-async fn run(daemon: Arc<Mutex<Daemon>>, pool: String, (backends, how, interval): Key) {
+async fn run<P: DiscoveryPort>(daemon: Arc<P>, pool: String, (backends, how, interval): Key) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let timeout = interval.min(Duration::from_secs(2));
@@ -126,12 +125,7 @@ async fn run(daemon: Arc<Mutex<Daemon>>, pool: String, (backends, how, interval)
         }
         let d = daemon.clone();
         let pool = pool.clone();
-        let _ = tokio::task::spawn_blocking(move || {
-            if let Ok(mut d) = d.lock() {
-                d.record_models(&pool, results);
-            }
-        })
-        .await;
+        let _ = tokio::task::spawn_blocking(move || d.record_models(&pool, results)).await;
     }
 }
 

@@ -1,8 +1,10 @@
 //! The XDP objects built by `build.rs`, embedded in the binary, and loading them.
 
-use aya::programs::{ProgramError, Xdp};
+use aya::programs::{ProgramError, Xdp, XdpMode};
 use aya::{Ebpf, EbpfLoader};
 use balancer_common::maps::{FLOW_WAYS, FLOWS};
+
+use crate::config::AttachMode;
 
 /// The balancer object (program `balancer` and its maps).
 pub static BALANCER_OBJECT: &[u8] =
@@ -104,4 +106,12 @@ pub fn program<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Xdp
         .ok_or(LoadError::NoProgram(name))?
         .try_into()
         .map_err(|source| LoadError::Program { name, source })
+}
+
+/// The XDP attach mode for a config value.
+pub fn xdp_mode(mode: AttachMode) -> XdpMode {
+    match mode {
+        AttachMode::Native => XdpMode::Driver,
+        AttachMode::Skb => XdpMode::Skb,
+    }
 }

@@ -4,14 +4,13 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::balancer::Endpoint;
 use crate::config::{HealthCheckKind, HealthConfig};
-use crate::daemon::state::Daemon;
 
 /// One probe of `addr`; `Err` says why it failed.
 pub async fn probe(addr: SocketAddr, check: &HealthConfig) -> Result<(), String> {
@@ -67,6 +66,20 @@ pub async fn probe(addr: SocketAddr, check: &HealthConfig) -> Result<(), String>
         .map_err(|_| format!("no answer within {:?}", check.timeout))?
 }
 
+/// The daemon as the health checks reach it: the checks to run, what it believes of a
+/// backend, and where probe counts and verdicts go. (Implemented by the daemon; the checks
+/// know nothing else of it.)
+pub trait HealthPort: Send + Sync + 'static {
+    /// Backends to check: (VIP endpoint, VIP name, backend, check settings).
+    fn health_targets(&self) -> Vec<(Endpoint, String, IpAddr, HealthConfig)>;
+    /// The verdict the balancer holds for a backend, if it has the backend.
+    fn believed_healthy(&self, vip_name: &str, backend: IpAddr) -> Option<bool>;
+    /// Counts one probe (`outcome`: success or failure).
+    fn count_probe(&self, vip_name: &str, backend: IpAddr, outcome: &str);
+    /// Records a verdict; blocking (it may rebuild a table).
+    fn set_health(&self, vip: &Endpoint, vip_name: &str, backend: IpAddr, healthy: bool);
+}
+
 /// What one checker task checks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Target {
@@ -83,15 +96,12 @@ pub struct HealthChecks {
 impl HealthChecks {
     /// Brings the tasks in line with the daemon's config: stops checks of backends gone or
     /// changed, starts new ones.
-    pub fn reconcile(&mut self, daemon: &Arc<Mutex<Daemon>>) {
-        let targets: HashMap<(Endpoint, IpAddr), Target> = match daemon.lock() {
-            Ok(d) => d
-                .health_targets()
-                .into_iter()
-                .map(|(vip, vip_name, backend, check)| ((vip, backend), Target { vip_name, check }))
-                .collect(),
-            Err(_) => return,
-        };
+    pub fn reconcile<P: HealthPort>(&mut self, daemon: &Arc<P>) {
+        let targets: HashMap<(Endpoint, IpAddr), Target> = daemon
+            .health_targets()
+            .into_iter()
+            .map(|(vip, vip_name, backend, check)| ((vip, backend), Target { vip_name, check }))
+            .collect();
         self.tasks.reconcile(targets, |key, target| {
             tokio::spawn(check_loop(daemon.clone(), key.0, key.1, target.clone()))
         });
@@ -102,19 +112,12 @@ impl HealthChecks {
     }
 }
 
-async fn check_loop(daemon: Arc<Mutex<Daemon>>, vip: Endpoint, backend: IpAddr, target: Target) {
+async fn check_loop<P: HealthPort>(daemon: Arc<P>, vip: Endpoint, backend: IpAddr, target: Target) {
     let check = target.check;
     let addr = SocketAddr::new(backend, check.port);
-    let label = backend.to_string();
     // Start from what the balancer believes (a restarted daemon keeps its verdicts).
     let mut healthy = daemon
-        .lock()
-        .ok()
-        .and_then(|d| {
-            d.balancer
-                .vip(&target.vip_name)
-                .and_then(|v| v.backends.get(&backend).map(|b| b.healthy))
-        })
+        .believed_healthy(&target.vip_name, backend)
         .unwrap_or(true);
     let (mut successes, mut failures) = (0u32, 0u32);
     let mut reported = false;
@@ -129,12 +132,7 @@ async fn check_loop(daemon: Arc<Mutex<Daemon>>, vip: Endpoint, backend: IpAddr, 
     loop {
         let result = probe(addr, &check).await;
         let outcome = if result.is_ok() { "success" } else { "failure" };
-        if let Ok(d) = daemon.lock() {
-            d.metrics
-                .health_checks
-                .with_label_values(&[&target.vip_name, &label, outcome])
-                .inc();
-        }
+        daemon.count_probe(&target.vip_name, backend, outcome);
         match &result {
             Ok(()) => {
                 successes += 1;
@@ -165,9 +163,7 @@ async fn check_loop(daemon: Arc<Mutex<Daemon>>, vip: Endpoint, backend: IpAddr, 
             let daemon = daemon.clone();
             let name = target.vip_name.clone();
             let _ = tokio::task::spawn_blocking(move || {
-                if let Ok(mut d) = daemon.lock() {
-                    d.set_health(&vip, &name, backend, now_healthy);
-                }
+                daemon.set_health(&vip, &name, backend, now_healthy);
             })
             .await;
         }

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use balancer::config::AttachMode;
-use balancer::daemon::xdp_mode;
+use balancer::ebpf::xdp_mode;
 
 use crate::netns::{Netns, PREFIX, run};
 

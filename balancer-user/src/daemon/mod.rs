@@ -19,7 +19,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use aya::programs::XdpMode;
 use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::xdp::XdpLink;
 use balancer_common::stats::Counter;
@@ -28,11 +27,11 @@ use tokio::sync::watch;
 
 use crate::api::server::{ApiState, read_token, router, router_with_token};
 use crate::balancer::{Balancer, Snapshot};
-use crate::config::{AttachMode, Config};
+use crate::config::Config;
 use crate::dataplane::DynDataplane;
 use crate::dataplane::kernel::KernelDataplane;
 use crate::discovery::DiscoveryLoops;
-use crate::ebpf;
+use crate::ebpf::{self, xdp_mode};
 use crate::health::HealthChecks;
 use crate::metrics::Metrics;
 use crate::net::MacAddr;
@@ -49,14 +48,6 @@ pub struct RunOptions {
     pub neighbour_timeout: Duration,
     /// Replace a pinned program by this binary's, atomically, keeping the maps.
     pub replace: bool,
-}
-
-/// The XDP attach mode for a config value.
-pub fn xdp_mode(mode: AttachMode) -> XdpMode {
-    match mode {
-        AttachMode::Native => XdpMode::Driver,
-        AttachMode::Skb => XdpMode::Skb,
-    }
 }
 
 /// Next-hop MACs for the backends of `config` that do not name one.

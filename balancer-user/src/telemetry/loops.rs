@@ -4,16 +4,31 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tokio::task::JoinSet;
 
 use super::scrape::scrape;
+use super::signals::Signals;
 use crate::balancer::Endpoint;
 use crate::config::{TelemetryConfig, TelemetrySource};
-use crate::daemon::state::Daemon;
 
 type Key = (Endpoint, Vec<IpAddr>, TelemetryConfig);
+
+/// The daemon as the telemetry loops reach it. (Implemented by the daemon; the loops know
+/// nothing else of it.)
+pub trait TelemetryPort: Send + Sync + 'static {
+    /// The VIPs whose backends report: (endpoint, VIP name, backends, telemetry settings).
+    fn scrape_targets(&self) -> Vec<(Endpoint, String, Vec<IpAddr>, TelemetryConfig)>;
+    /// Records one round's results (an empty list for pushed reports) and runs the VIP's
+    /// weight round; blocking.
+    fn record_round(
+        &self,
+        vip: &Endpoint,
+        name: &str,
+        results: Vec<(IpAddr, Result<Signals, String>)>,
+    );
+}
 
 /// The running loops, by VIP name.
 #[derive(Default)]
@@ -23,15 +38,12 @@ pub struct TelemetryLoops {
 
 impl TelemetryLoops {
     /// Brings the loops in line with the daemon's config.
-    pub fn reconcile(&mut self, daemon: &Arc<Mutex<Daemon>>) {
-        let targets: HashMap<String, Key> = match daemon.lock() {
-            Ok(d) => d
-                .scrape_targets()
-                .into_iter()
-                .map(|(vip, name, backends, cfg)| (name, (vip, backends, cfg)))
-                .collect(),
-            Err(_) => return,
-        };
+    pub fn reconcile<P: TelemetryPort>(&mut self, daemon: &Arc<P>) {
+        let targets: HashMap<String, Key> = daemon
+            .scrape_targets()
+            .into_iter()
+            .map(|(vip, name, backends, cfg)| (name, (vip, backends, cfg)))
+            .collect();
         self.tasks.reconcile(targets, |name, key| {
             tokio::spawn(run(daemon.clone(), name.clone(), key.clone()))
         });
@@ -42,7 +54,7 @@ impl TelemetryLoops {
     }
 }
 
-async fn run(daemon: Arc<Mutex<Daemon>>, name: String, (vip, backends, cfg): Key) {
+async fn run<P: TelemetryPort>(daemon: Arc<P>, name: String, (vip, backends, cfg): Key) {
     let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -65,17 +77,6 @@ async fn run(daemon: Arc<Mutex<Daemon>>, name: String, (vip, backends, cfg): Key
         }
         let d = daemon.clone();
         let name = name.clone();
-        let _ = tokio::task::spawn_blocking(move || {
-            let Ok(mut d) = d.lock() else {
-                return;
-            };
-            for (backend, result) in results {
-                d.record_scrape(&vip, &name, backend, result);
-            }
-            if let Err(e) = d.weight_round(&name) {
-                tracing::error!(vip = %name, "weight round: {e}");
-            }
-        })
-        .await;
+        let _ = tokio::task::spawn_blocking(move || d.record_round(&vip, &name, results)).await;
     }
 }

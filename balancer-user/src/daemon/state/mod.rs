@@ -1,11 +1,13 @@
 //! The running daemon's state, and every operation on it, one module per concern:
 //! configuration changes ([`changes`]), health ([`health`]), backend reports and weights
-//! ([`weights`]), the fleet ([`fleet`]), traffic rates ([`traffic`]) and what the API and
-//! the metrics page show ([`views`]).
+//! ([`weights`]), the fleet ([`fleet`]), traffic rates ([`traffic`]), what the API and the
+//! metrics page show ([`views`]), and the narrow ports the workers reach it through
+//! ([`ports`]).
 
 mod changes;
 mod fleet;
 mod health;
+mod ports;
 mod traffic;
 mod views;
 mod weights;

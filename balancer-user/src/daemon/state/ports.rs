@@ -1,0 +1,89 @@
+//! The daemon as its workers reach it: each worker (health checks, telemetry loops, model
+//! discovery) names what it needs as a trait of its own, and the shared daemon implements them
+//! here, so no worker imports the daemon.
+
+use std::net::IpAddr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use super::Daemon;
+use crate::balancer::Endpoint;
+use crate::config::{Discovery, HealthConfig, TelemetryConfig};
+use crate::discovery::DiscoveryPort;
+use crate::health::HealthPort;
+use crate::telemetry::loops::TelemetryPort;
+use crate::telemetry::signals::Signals;
+
+impl HealthPort for Mutex<Daemon> {
+    fn health_targets(&self) -> Vec<(Endpoint, String, IpAddr, HealthConfig)> {
+        self.lock().map(|d| d.health_targets()).unwrap_or_default()
+    }
+
+    fn believed_healthy(&self, vip_name: &str, backend: IpAddr) -> Option<bool> {
+        let d = self.lock().ok()?;
+        d.balancer
+            .vip(vip_name)
+            .and_then(|v| v.backends.get(&backend).map(|b| b.healthy))
+    }
+
+    fn count_probe(&self, vip_name: &str, backend: IpAddr, outcome: &str) {
+        if let Ok(d) = self.lock() {
+            d.metrics
+                .health_checks
+                .with_label_values(&[vip_name, &backend.to_string(), outcome])
+                .inc();
+        }
+    }
+
+    fn set_health(&self, vip: &Endpoint, vip_name: &str, backend: IpAddr, healthy: bool) {
+        if let Ok(mut d) = self.lock() {
+            d.set_health(vip, vip_name, backend, healthy);
+        }
+    }
+}
+
+impl TelemetryPort for Mutex<Daemon> {
+    fn scrape_targets(&self) -> Vec<(Endpoint, String, Vec<IpAddr>, TelemetryConfig)> {
+        self.lock().map(|d| d.scrape_targets()).unwrap_or_default()
+    }
+
+    fn record_round(
+        &self,
+        vip: &Endpoint,
+        name: &str,
+        results: Vec<(IpAddr, Result<Signals, String>)>,
+    ) {
+        let Ok(mut d) = self.lock() else {
+            return;
+        };
+        for (backend, result) in results {
+            d.record_scrape(vip, name, backend, result);
+        }
+        if let Err(e) = d.weight_round(name) {
+            tracing::error!(vip = %name, "weight round: {e}");
+        }
+    }
+}
+
+impl DiscoveryPort for Mutex<Daemon> {
+    fn discovery_targets(&self) -> Vec<(String, Vec<IpAddr>, Discovery, Duration)> {
+        let Ok(d) = self.lock() else {
+            return Vec::new();
+        };
+        d.config
+            .pools
+            .iter()
+            .filter(|p| p.discovery != Discovery::None)
+            .map(|p| {
+                let backends = p.backends.iter().map(|b| b.address).collect();
+                (p.name.clone(), backends, p.discovery.clone(), p.interval)
+            })
+            .collect()
+    }
+
+    fn record_models(&self, pool: &str, results: Vec<(IpAddr, Result<Vec<String>, String>)>) {
+        if let Ok(mut d) = self.lock() {
+            d.record_models(pool, results);
+        }
+    }
+}
