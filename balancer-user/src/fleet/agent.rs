@@ -4,16 +4,15 @@
 //! in time steps down before etcd expires it, and a leader whose fenced write fails knows it
 //! was replaced: at no time do two instances publish.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::etcd::{Etcd, EtcdError, Held};
-use super::{FleetState, FleetStatus, FleetWeights, local_weights, same_vips, vip_config};
-use crate::config::FleetConfig;
-use crate::daemon::state::Daemon;
+use super::{FleetState, FleetStatus, FleetWeights, same_vips};
+use crate::config::{FleetConfig, RawVip};
 
 /// Longest an etcd call may take.
 const CALL_TIMEOUT: Duration = Duration::from_millis(1000);
@@ -30,6 +29,21 @@ enum Role {
     },
 }
 
+/// The daemon as the fleet agent reaches it. (Implemented by the daemon; the agent knows
+/// nothing else of it.) The changes are blocking: they rebuild tables.
+pub trait FleetPort: Send + Sync + 'static {
+    /// The `[fleet]` of the config in force.
+    fn fleet_config(&self) -> Option<FleetConfig>;
+    /// Back to this balancer's own weights (it became the leader); whether anything changed.
+    fn use_local_weights(&self) -> bool;
+    /// Applies a state the leader published; whether it was applied.
+    fn adopt(&self, state: &FleetState) -> bool;
+    /// What this balancer would publish as the leader: its weights and VIP config.
+    fn local_view(&self) -> Option<(FleetWeights, Vec<RawVip>)>;
+    /// The agent's view, for status and metrics.
+    fn set_status(&self, status: FleetStatus);
+}
+
 pub struct FleetAgent {
     task: JoinHandle<()>,
     stop: watch::Sender<bool>,
@@ -37,8 +51,8 @@ pub struct FleetAgent {
 
 impl FleetAgent {
     /// Starts the agent when the daemon's config has a `[fleet]`.
-    pub fn start(daemon: &Arc<Mutex<Daemon>>) -> Option<FleetAgent> {
-        let config = daemon.lock().ok()?.config.fleet.clone()?;
+    pub fn start<P: FleetPort>(daemon: &Arc<P>) -> Option<FleetAgent> {
+        let config = daemon.fleet_config()?;
         let (stop, stop_rx) = watch::channel(false);
         let daemon = daemon.clone();
         let task = tokio::spawn(run(daemon, config, stop_rx));
@@ -52,7 +66,7 @@ impl FleetAgent {
     }
 }
 
-async fn run(daemon: Arc<Mutex<Daemon>>, config: FleetConfig, mut stop: watch::Receiver<bool>) {
+async fn run<P: FleetPort>(daemon: Arc<P>, config: FleetConfig, mut stop: watch::Receiver<bool>) {
     let etcd = Etcd::new(config.etcd.clone(), CALL_TIMEOUT);
     let leader_key = config.leader_key();
     let state_key = config.state_key();
@@ -83,7 +97,7 @@ async fn run(daemon: Arc<Mutex<Daemon>>, config: FleetConfig, mut stop: watch::R
                         if etcd.create(leader_key.as_bytes(), me.as_bytes(), lease).await? {
                             tracing::info!(instance = %me, lease, "fleet: elected leader");
                             // Our own view rules now; it is published below.
-                            with_daemon(&daemon, |d| d.apply_fleet(None)).await;
+                            blocking(&daemon, |d| d.use_local_weights()).await;
                             role = Role::Leader { lease, renewed: Instant::now(), published: None, epoch: 0 };
                             status.leader = Some(me.clone());
                             status.role = "leader".into();
@@ -97,7 +111,7 @@ async fn run(daemon: Arc<Mutex<Daemon>>, config: FleetConfig, mut stop: watch::R
                             match serde_json::from_slice::<FleetState>(&kv.value) {
                                 Ok(state) if Some(state.epoch) != applied_epoch => {
                                     let epoch = state.epoch;
-                                    let applied = with_daemon(&daemon, move |d| d.adopt_fleet(&state)).await;
+                                    let applied = blocking(&daemon, move |d| d.adopt(&state)).await.unwrap_or(false);
                                     if applied {
                                         tracing::info!(epoch, "fleet: applied the published state");
                                         applied_epoch = Some(epoch);
@@ -132,7 +146,7 @@ async fn run(daemon: Arc<Mutex<Daemon>>, config: FleetConfig, mut stop: watch::R
                             }
                         }
                     }
-                    let view = with_daemon_value(&daemon, |d| (local_weights(&d.balancer), vip_config(&d.config))).await;
+                    let view = blocking(&daemon, |d| d.local_view()).await.flatten();
                     let Some((weights, vips)) = view else { return Ok(()) };
                     let unchanged = published
                         .as_ref()
@@ -180,11 +194,7 @@ async fn run(daemon: Arc<Mutex<Daemon>>, config: FleetConfig, mut stop: watch::R
         status.epoch = applied_epoch.unwrap_or(0);
         status.applied_secs_ago = applied_at.map(|t| t.elapsed().as_secs_f64());
         let s = status.clone();
-        with_daemon(&daemon, move |d| {
-            d.fleet = s;
-            true
-        })
-        .await;
+        blocking(&daemon, move |d| d.set_status(s)).await;
     }
     if let Role::Leader { lease, .. } = role {
         match etcd.revoke(lease).await {
@@ -196,24 +206,11 @@ async fn run(daemon: Arc<Mutex<Daemon>>, config: FleetConfig, mut stop: watch::R
     }
 }
 
-/// Runs `f` on the daemon on a blocking thread; whether it ran and returned true.
-async fn with_daemon(
-    daemon: &Arc<Mutex<Daemon>>,
-    f: impl FnOnce(&mut Daemon) -> bool + Send + 'static,
-) -> bool {
-    let d = daemon.clone();
-    tokio::task::spawn_blocking(move || d.lock().map(|mut d| f(&mut d)).unwrap_or(false))
-        .await
-        .unwrap_or(false)
-}
-
-async fn with_daemon_value<T: Send + 'static>(
-    daemon: &Arc<Mutex<Daemon>>,
-    f: impl FnOnce(&Daemon) -> T + Send + 'static,
+/// Runs `f` on the daemon on a blocking thread (`None`: the thread failed).
+async fn blocking<P: FleetPort, T: Send + 'static>(
+    daemon: &Arc<P>,
+    f: impl FnOnce(&P) -> T + Send + 'static,
 ) -> Option<T> {
     let d = daemon.clone();
-    tokio::task::spawn_blocking(move || d.lock().ok().map(|d| f(&d)))
-        .await
-        .ok()
-        .flatten()
+    tokio::task::spawn_blocking(move || f(&d)).await.ok()
 }

@@ -1,5 +1,5 @@
 //! The daemon as its workers reach it: each worker (health checks, telemetry loops, model
-//! discovery) names what it needs as a trait of its own, and the shared daemon implements them
+//! discovery, the fleet agent) names what it needs as a trait of its own, and the shared daemon implements them
 //! here, so no worker imports the daemon.
 
 use std::net::IpAddr;
@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use super::Daemon;
 use crate::balancer::Endpoint;
-use crate::config::{Discovery, HealthConfig, TelemetryConfig};
+use crate::config::{Discovery, FleetConfig, HealthConfig, RawVip, TelemetryConfig};
 use crate::discovery::DiscoveryPort;
+use crate::fleet::agent::FleetPort;
+use crate::fleet::{FleetState, FleetStatus, FleetWeights, local_weights, vip_config};
 use crate::health::HealthPort;
 use crate::telemetry::loops::TelemetryPort;
 use crate::telemetry::signals::Signals;
@@ -84,6 +86,31 @@ impl DiscoveryPort for Mutex<Daemon> {
     fn record_models(&self, pool: &str, results: Vec<(IpAddr, Result<Vec<String>, String>)>) {
         if let Ok(mut d) = self.lock() {
             d.record_models(pool, results);
+        }
+    }
+}
+
+impl FleetPort for Mutex<Daemon> {
+    fn fleet_config(&self) -> Option<FleetConfig> {
+        self.lock().ok()?.config.fleet.clone()
+    }
+
+    fn use_local_weights(&self) -> bool {
+        self.lock().is_ok_and(|mut d| d.apply_fleet(None))
+    }
+
+    fn adopt(&self, state: &FleetState) -> bool {
+        self.lock().is_ok_and(|mut d| d.adopt_fleet(state))
+    }
+
+    fn local_view(&self) -> Option<(FleetWeights, Vec<RawVip>)> {
+        let d = self.lock().ok()?;
+        Some((local_weights(&d.balancer), vip_config(&d.config)))
+    }
+
+    fn set_status(&self, status: FleetStatus) {
+        if let Ok(mut d) = self.lock() {
+            d.fleet = status;
         }
     }
 }
