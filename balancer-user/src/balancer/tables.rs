@@ -1,0 +1,122 @@
+//! What the kernel holds for a VIP and its backends: map keys and values, and the Maglev
+//! tables (with a block per priority tier).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use balancer_common::addr::raw_from_ip;
+use balancer_common::maglev;
+use balancer_common::maglev::MaglevBackend;
+use balancer_common::maps::{
+    BACKEND_F_ACTIVE, Backend, ForwardMode, VIP_F_COUNT, VIP_F_TIERS, VipKey, VipMeta,
+};
+
+use crate::config::{Forwarding, VipConfig};
+
+use super::{BackendState, BalancerError};
+
+pub(super) fn vip_key(address: IpAddr, port: u16, proto: u8) -> VipKey {
+    let (addr, family) = raw_from_ip(address);
+    VipKey {
+        addr,
+        port: port.to_be(),
+        proto,
+        family,
+    }
+}
+
+pub(super) fn forward_mode(f: Forwarding) -> ForwardMode {
+    match f {
+        Forwarding::L2Dsr => ForwardMode::L2Dsr,
+        Forwarding::Ipip => ForwardMode::Ipip,
+        Forwarding::Gue => ForwardMode::Gue,
+    }
+}
+
+pub(super) fn vip_meta(id: u32, config: &VipConfig) -> VipMeta {
+    VipMeta {
+        vip_id: id,
+        table_size: config.table_size,
+        mode: forward_mode(config.forwarding) as u8,
+        flags: if config.backends.iter().any(|b| b.tier.is_some()) {
+            VIP_F_TIERS
+        } else {
+            0
+        } | if config.policy.reads_flows() {
+            VIP_F_COUNT
+        } else {
+            0
+        },
+        gue_port: config.gue_port.to_be(),
+        scheduler: config.scheduler as u8,
+        load_bound: config.load_bound_pct,
+        persist_ticks: config.persistence_ticks(),
+    }
+}
+
+pub(super) fn backend_entry(vip_id: u32, _vip: &VipConfig, b: &BackendState) -> Backend {
+    let (addr, family) = raw_from_ip(b.address);
+    Backend {
+        addr,
+        mac: b.mac.0,
+        family,
+        flags: if b.healthy { BACKEND_F_ACTIVE } else { 0 },
+        generation: b.generation,
+        vip_id: vip_id as u16,
+        weight: b.table_weight().min(u32::from(u16::MAX)) as u16,
+    }
+}
+
+/// Builds the Maglev table of a VIP's backends.
+pub fn build_table(
+    name: &str,
+    table_size: u32,
+    backends: &BTreeMap<IpAddr, BackendState>,
+) -> Result<(Vec<u32>, u64), BalancerError> {
+    build_pool_table(name, table_size, backends, 0)
+}
+
+/// The Maglev tables of the priority tiers among `backends` (the same size as the VIP's).
+pub fn build_tier_tables(
+    name: &str,
+    table_size: u32,
+    backends: &BTreeMap<IpAddr, BackendState>,
+) -> Result<BTreeMap<u8, Vec<u32>>, BalancerError> {
+    let tiers: std::collections::BTreeSet<u8> = backends
+        .values()
+        .map(|b| b.tier)
+        .filter(|t| *t != 0)
+        .collect();
+    tiers
+        .into_iter()
+        .map(|t| Ok((t, build_pool_table(name, table_size, backends, t)?.0)))
+        .collect()
+}
+
+/// The Maglev table of the backends of one pool (tier 0: the shared pool).
+pub(super) fn build_pool_table(
+    name: &str,
+    table_size: u32,
+    backends: &BTreeMap<IpAddr, BackendState>,
+    tier: u8,
+) -> Result<(Vec<u32>, u64), BalancerError> {
+    let identities: Vec<(String, &BackendState)> = backends
+        .values()
+        .filter(|b| b.tier == tier)
+        .map(|b| (b.address.to_string(), b))
+        .collect();
+    let input: Vec<MaglevBackend<'_>> = identities
+        .iter()
+        .map(|(identity, b)| MaglevBackend {
+            identity: identity.as_bytes(),
+            weight: b.table_weight(),
+            id: b.id,
+        })
+        .collect();
+    let table = maglev::build_table(&input, table_size).map_err(|source| BalancerError::Table {
+        vip: name.to_string(),
+        source,
+    })?;
+    let fingerprint = maglev::fingerprint(&table, &input);
+    Ok((table, fingerprint))
+}

@@ -1,0 +1,453 @@
+//! Tests of [`super`].
+
+use super::tables::vip_key;
+use super::*;
+use crate::config::{BackendConfig, Config};
+use crate::dataplane::memory::MemoryDataplane;
+use balancer_common::maps::{BACKEND_F_ACTIVE, ForwardMode};
+
+fn config(text: &str) -> Config {
+    Config::parse(&format!("interface = \"eth0\"\n{text}")).unwrap()
+}
+
+fn two_vips() -> Config {
+    config(
+        r#"
+[[vip]]
+name = "web"
+address = "10.100.0.1"
+port = 80
+[[vip.backend]]
+address = "10.0.0.11"
+[[vip.backend]]
+address = "10.0.0.12"
+weight = 3
+[[vip]]
+name = "dns"
+address = "10.100.0.1"
+port = 53
+protocol = "udp"
+forwarding = "gue"
+table_size = 13
+[[vip.backend]]
+address = "10.0.0.11"
+mac = "02:00:00:00:00:99"
+"#,
+    )
+}
+
+fn macs() -> HashMap<IpAddr, MacAddr> {
+    (1..=20u8)
+        .map(|i| {
+            (
+                IpAddr::from([10, 0, 0, 10 + i]),
+                MacAddr([2, 0, 0, 0, 0, 10 + i]),
+            )
+        })
+        .collect()
+}
+
+fn balancer() -> Balancer<MemoryDataplane> {
+    Balancer::new(MemoryDataplane::default())
+}
+
+#[test]
+fn apply_writes_vips_backends_tables_and_address_markers() {
+    let mut lb = balancer();
+    let report = lb.apply(&two_vips().vips, &macs()).unwrap();
+    assert_eq!(report.vips_added, 2);
+    let dp = lb.dataplane();
+    // Two VIP entries plus one shared address marker.
+    assert_eq!(dp.vips.len(), 3);
+    assert!(
+        dp.vips
+            .contains_key(&vip_key("10.100.0.1".parse().unwrap(), 0, 0))
+    );
+    let web = lb.vip("web").unwrap();
+    let meta = dp.vips[&vip_key("10.100.0.1".parse().unwrap(), 80, 6)];
+    assert_eq!(meta.vip_id, web.id);
+    assert_eq!(meta.table_size, 65_537);
+    // The published table: the Maglev slots, then the schedule (both backends listed).
+    let published = &dp.tables[&web.id];
+    assert_eq!(&published[..web.table.len()], web.table.as_slice());
+    assert_eq!(
+        published[web.table.len()..].len(),
+        balancer_common::schedule::HEADER as usize + 2
+    );
+    assert_eq!(published[web.table.len()], 2);
+    assert_eq!(published[web.table.len() + 2], 4, "total weight 1 + 3");
+    // Shares follow weights 1:3.
+    let shares = web.slot_shares();
+    let a = shares[&"10.0.0.11".parse::<IpAddr>().unwrap()] as f64;
+    let b = shares[&"10.0.0.12".parse::<IpAddr>().unwrap()] as f64;
+    assert!((b / a - 3.0).abs() < 0.01, "shares {a} {b}");
+    // The configured MAC wins over the neighbour table; ids are per (VIP, backend).
+    let dns = lb.vip("dns").unwrap();
+    let b11 = &dns.backends[&"10.0.0.11".parse::<IpAddr>().unwrap()];
+    assert_eq!(dp.backends[&b11.id].mac, [2, 0, 0, 0, 0, 0x99]);
+    assert_ne!(
+        b11.id,
+        web.backends[&"10.0.0.11".parse::<IpAddr>().unwrap()].id
+    );
+    assert_eq!(
+        dp.vips[&vip_key("10.100.0.1".parse().unwrap(), 53, 17)].mode,
+        ForwardMode::Gue as u8
+    );
+    assert_eq!(
+        dp.vips[&vip_key("10.100.0.1".parse().unwrap(), 53, 17)].gue_port,
+        6080u16.to_be()
+    );
+}
+
+#[test]
+fn changes_reach_the_kernel_in_batches() {
+    let mut lb = balancer();
+    lb.apply(&two_vips().vips, &macs()).unwrap();
+    // Adding two VIPs: one swap of all tables, then one of the index.
+    assert_eq!(
+        (lb.dataplane().table_swaps, lb.dataplane().index_swaps),
+        (1, 1)
+    );
+    let mut cfg = two_vips();
+    cfg.vips[0].backends[0].weight = 7;
+    cfg.vips[1].backends[0].weight = 9;
+    let report = lb.apply(&cfg.vips, &macs()).unwrap();
+    assert_eq!(report.tables_published, 2);
+    // Weights of two VIPs: one more table swap, no index swap.
+    assert_eq!(
+        (lb.dataplane().table_swaps, lb.dataplane().index_swaps),
+        (2, 1)
+    );
+}
+
+#[test]
+fn applying_the_same_config_twice_changes_nothing() {
+    let mut lb = balancer();
+    lb.apply(&two_vips().vips, &macs()).unwrap();
+    let publishes = lb.dataplane().publishes;
+    let report = lb.apply(&two_vips().vips, &macs()).unwrap();
+    assert_eq!(report, ApplyReport::default());
+    assert_eq!(lb.dataplane().publishes, publishes);
+}
+
+#[test]
+fn removing_a_backend_retires_it_and_keeps_the_others() {
+    let mut lb = balancer();
+    let mut cfg = two_vips();
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    let before = lb.vip("web").unwrap().clone();
+    let gone = before.backends[&"10.0.0.11".parse::<IpAddr>().unwrap()].clone();
+    let kept = before.backends[&"10.0.0.12".parse::<IpAddr>().unwrap()].clone();
+    cfg.vips[0].backends.remove(0);
+    let report = lb.apply(&cfg.vips, &macs()).unwrap();
+    assert_eq!(report.vips_updated, 1);
+    let dp = lb.dataplane();
+    assert_eq!(
+        dp.backends[&gone.id].flags, 0,
+        "removed backend still active"
+    );
+    assert_eq!(dp.backends[&kept.id].flags, BACKEND_F_ACTIVE);
+    assert_eq!(
+        dp.backends[&kept.id].generation, kept.generation,
+        "survivor's flows must stay"
+    );
+    let web = lb.vip("web").unwrap();
+    assert!(web.table.iter().all(|&id| id == kept.id));
+}
+
+#[test]
+fn a_removed_backend_serves_its_flows_through_the_grace_period() {
+    let mut lb = balancer();
+    lb.set_removal_grace(Duration::from_secs(60));
+    let mut cfg = two_vips();
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    let gone = lb.vip("web").unwrap().backends[&"10.0.0.11".parse::<IpAddr>().unwrap()].clone();
+    cfg.vips[0].backends.remove(0);
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    assert!(
+        !lb.vip("web").unwrap().table.contains(&gone.id),
+        "removed backend still in the table"
+    );
+    assert_eq!(
+        lb.dataplane().backends[&gone.id].flags,
+        BACKEND_F_ACTIVE,
+        "flows cut before the grace period"
+    );
+    assert_eq!(lb.retiring().len(), 1);
+    // Not yet.
+    assert_eq!(lb.expire_retired(Instant::now()).unwrap(), 0);
+    // Re-added within the grace period: same slot and generation, so flows continue.
+    let mut back = cfg.clone();
+    back.vips[0]
+        .backends
+        .insert(0, two_vips().vips[0].backends[0].clone());
+    lb.apply(&back.vips, &macs()).unwrap();
+    assert_eq!(lb.vip("web").unwrap().backends[&gone.address], gone);
+    assert!(lb.retiring().is_empty());
+    // Removed again, and the grace period passes.
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    assert_eq!(
+        lb.expire_retired(Instant::now() + Duration::from_secs(61))
+            .unwrap(),
+        1
+    );
+    assert_eq!(lb.dataplane().backends[&gone.id].flags, 0);
+}
+
+#[test]
+fn unhealthy_backends_leave_the_table_and_are_deactivated_until_they_recover() {
+    let mut lb = balancer();
+    lb.apply(&two_vips().vips, &macs()).unwrap();
+    let web = lb.vip("web").unwrap().clone();
+    let endpoint = web.config.endpoint();
+    let sick: IpAddr = "10.0.0.12".parse().unwrap();
+    let before = web.backends[&sick].clone();
+    assert!(lb.set_health(&endpoint, sick, false).unwrap());
+    assert!(
+        !lb.set_health(&endpoint, sick, false).unwrap(),
+        "no change the second time"
+    );
+    let web = lb.vip("web").unwrap();
+    assert!(
+        !web.table.contains(&before.id),
+        "unhealthy backend still in the table"
+    );
+    assert_eq!(
+        lb.dataplane().backends[&before.id].flags,
+        0,
+        "its flows must be re-hashed"
+    );
+    // A config apply keeps it out.
+    lb.apply(&two_vips().vips, &macs()).unwrap();
+    assert!(!lb.vip("web").unwrap().table.contains(&before.id));
+    // Recovery: back in the table, active, with a new generation.
+    assert!(lb.set_health(&endpoint, sick, true).unwrap());
+    let back = &lb.vip("web").unwrap().backends[&sick];
+    assert!(lb.vip("web").unwrap().table.contains(&back.id));
+    assert_eq!(lb.dataplane().backends[&back.id].flags, BACKEND_F_ACTIVE);
+    assert_ne!(back.generation, before.generation);
+}
+
+#[test]
+fn dynamic_weights_replace_configured_ones_until_the_policy_is_static() {
+    let mut lb = balancer();
+    let mut cfg = two_vips();
+    cfg.vips[0].policy.kind = crate::policy::PolicyKind::LeastConn;
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    let endpoint = cfg.vips[0].endpoint();
+    let (a, b): (IpAddr, IpAddr) = ("10.0.0.11".parse().unwrap(), "10.0.0.12".parse().unwrap());
+    let report = lb
+        .set_dynamic_weights(&endpoint, &[(a, 900), (b, 100)])
+        .unwrap();
+    assert_eq!(report.tables_published, 1);
+    let shares = lb.vip("web").unwrap().slot_shares();
+    assert!((shares[&a] as f64 / 65_537.0 - 0.9).abs() < 0.001);
+    // Same weights again: nothing to publish.
+    assert_eq!(
+        lb.set_dynamic_weights(&endpoint, &[(a, 900), (b, 100)])
+            .unwrap()
+            .tables_published,
+        0
+    );
+    // A config apply keeps them; a static policy drops them.
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    assert_eq!(
+        lb.vip("web").unwrap().backends[&a].dynamic_weight,
+        Some(900)
+    );
+    cfg.vips[0].policy.kind = crate::policy::PolicyKind::Static;
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    let shares = lb.vip("web").unwrap().slot_shares();
+    assert!(
+        (shares[&b] as f64 / shares[&a] as f64 - 3.0).abs() < 0.01,
+        "configured 1:3 back"
+    );
+}
+
+#[test]
+fn fleet_weights_give_every_balancer_the_leaders_table() {
+    // The leader sees backend .12 down and reweights .11; the follower sees all healthy.
+    let cfg = two_vips();
+    let mut leader = balancer();
+    leader.apply(&cfg.vips, &macs()).unwrap();
+    let endpoint = cfg.vips[0].endpoint();
+    let (a, b): (IpAddr, IpAddr) = ("10.0.0.11".parse().unwrap(), "10.0.0.12".parse().unwrap());
+    leader.set_health(&endpoint, b, false).unwrap();
+    leader.set_dynamic_weights(&endpoint, &[(a, 700)]).unwrap();
+    let mut follower = balancer();
+    follower.apply(&cfg.vips, &macs()).unwrap();
+    let fingerprint = |lb: &Balancer<MemoryDataplane>| lb.vip("web").unwrap().fingerprint;
+    assert_ne!(fingerprint(&leader), fingerprint(&follower));
+    let published = crate::fleet::local_weights(&leader);
+    assert_eq!(published["web"][&b], 0);
+    let report = follower.set_fleet_weights(Some(&published)).unwrap();
+    assert!(report.tables_published >= 1);
+    assert_eq!(fingerprint(&leader), fingerprint(&follower));
+    assert_eq!(
+        follower.vip("web").unwrap().table,
+        leader.vip("web").unwrap().table
+    );
+    // The same state again changes nothing; a VIP it does not name keeps local weights.
+    assert_eq!(
+        follower
+            .set_fleet_weights(Some(&published))
+            .unwrap()
+            .tables_published,
+        0
+    );
+    let mut partial = published.clone();
+    partial.remove("web");
+    follower.set_fleet_weights(Some(&partial)).unwrap();
+    assert_ne!(fingerprint(&leader), fingerprint(&follower));
+    // Back to its own view.
+    follower.set_fleet_weights(Some(&published)).unwrap();
+    follower.set_fleet_weights(None).unwrap();
+    let mut fresh = balancer();
+    fresh.apply(&cfg.vips, &macs()).unwrap();
+    assert_eq!(fingerprint(&follower), fingerprint(&fresh));
+}
+
+#[test]
+fn a_drained_backend_keeps_its_weight_for_undrain() {
+    let mut lb = balancer();
+    let mut cfg = two_vips();
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    cfg.vips[0].backends[1].drained = true;
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    let web = lb.vip("web").unwrap();
+    let b = &web.backends[&"10.0.0.12".parse::<IpAddr>().unwrap()];
+    assert!(!web.table.contains(&b.id));
+    assert_eq!(b.weight, 3);
+    assert_eq!(lb.dataplane().backends[&b.id].flags, BACKEND_F_ACTIVE);
+    cfg.vips[0].backends[1].drained = false;
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    let shares = lb.vip("web").unwrap().slot_shares();
+    let (a, b) = (
+        shares[&"10.0.0.11".parse::<IpAddr>().unwrap()] as f64,
+        shares[&"10.0.0.12".parse::<IpAddr>().unwrap()] as f64,
+    );
+    assert!((b / a - 3.0).abs() < 0.01, "weights 1:3 restored: {a} {b}");
+}
+
+#[test]
+fn drain_keeps_the_backend_active_but_out_of_the_table() {
+    let mut lb = balancer();
+    let mut cfg = two_vips();
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    cfg.vips[0].backends[1].weight = 0;
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    let web = lb.vip("web").unwrap();
+    let drained = &web.backends[&"10.0.0.12".parse::<IpAddr>().unwrap()];
+    assert!(!web.table.contains(&drained.id));
+    assert_eq!(lb.dataplane().backends[&drained.id].flags, BACKEND_F_ACTIVE);
+}
+
+#[test]
+fn removing_a_vip_clears_everything_it_owned() {
+    let mut lb = balancer();
+    let cfg = two_vips();
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    let web_id = lb.vip("web").unwrap().id;
+    lb.apply(&cfg.vips[1..], &macs()).unwrap();
+    let dp = lb.dataplane();
+    assert!(!dp.tables.contains_key(&web_id));
+    // The address marker stays while "dns" uses the address.
+    assert_eq!(dp.vips.len(), 2);
+    lb.apply(&[], &macs()).unwrap();
+    let dp = lb.dataplane();
+    assert!(dp.vips.is_empty() && dp.tables.is_empty());
+    assert!(dp.backends.values().all(|b| b.flags == 0));
+}
+
+#[test]
+fn a_missing_mac_is_refused_before_anything_is_written() {
+    let mut lb = balancer();
+    let mut cfg = two_vips();
+    cfg.vips[0].backends.push(BackendConfig {
+        address: "192.0.2.1".parse().unwrap(),
+        weight: 1,
+        drained: false,
+        mac: None,
+        tier: None,
+        from_pool: None,
+    });
+    let err = lb.apply(&cfg.vips, &macs()).unwrap_err();
+    assert!(err.to_string().contains("192.0.2.1"), "{err}");
+    assert!(lb.dataplane().vips.is_empty() && lb.dataplane().backends.is_empty());
+}
+
+#[test]
+fn resizing_a_table_rebuilds_it_at_the_new_size() {
+    let mut lb = balancer();
+    let mut cfg = two_vips();
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    cfg.vips[0].table_size = 13;
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    let web = lb.vip("web").unwrap();
+    assert_eq!(web.table.len(), 13);
+    assert_eq!(
+        lb.dataplane().tables[&web.id].len(),
+        13 + balancer_common::schedule::HEADER as usize + web.backends.len()
+    );
+    assert_eq!(
+        lb.dataplane().vips[&vip_key("10.100.0.1".parse().unwrap(), 80, 6)].table_size,
+        13
+    );
+}
+
+#[test]
+fn a_snapshot_restores_the_same_bookkeeping_without_kernel_writes() {
+    let mut lb = balancer();
+    lb.set_removal_grace(Duration::from_secs(60));
+    let mut cfg = two_vips();
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    lb.set_health(&cfg.vips[0].endpoint(), "10.0.0.12".parse().unwrap(), false)
+        .unwrap();
+    cfg.vips[1].backends.clear();
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    let snapshot = lb.snapshot();
+    let json = serde_json::to_string(&snapshot).unwrap();
+    let restored = Balancer::restore(
+        MemoryDataplane::default(),
+        &serde_json::from_str(&json).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        restored.dataplane().backends.is_empty(),
+        "restore must not write the kernel"
+    );
+    for (a, b) in lb.vips().zip(restored.vips()) {
+        assert_eq!(a.id, b.id);
+        assert_eq!(a.config, b.config);
+        assert_eq!(a.backends, b.backends);
+        assert_eq!(a.table, b.table);
+    }
+    assert_eq!(restored.retiring().len(), 1);
+    // Carrying on: the same config changes nothing; new ids do not collide.
+    let mut restored = restored;
+    let report = restored.apply(&cfg.vips, &macs()).unwrap();
+    assert_eq!(report.tables_published, 0);
+    cfg.vips[1].backends.push(BackendConfig {
+        address: "10.0.0.15".parse().unwrap(),
+        weight: 1,
+        drained: false,
+        mac: None,
+        tier: None,
+        from_pool: None,
+    });
+    restored.apply(&cfg.vips, &macs()).unwrap();
+    let ids: HashSet<u32> = restored
+        .vips()
+        .flat_map(|v| v.backends.values().map(|b| b.id))
+        .chain(restored.retiring().iter().map(|r| r.state.id))
+        .collect();
+    assert_eq!(ids.len(), 4, "ids collided after restore");
+}
+
+#[test]
+fn ids_are_reused_last() {
+    let mut pool = IdPool::new(3);
+    let a = pool.take().unwrap();
+    pool.give_back(a);
+    assert_ne!(pool.take(), Some(a));
+}

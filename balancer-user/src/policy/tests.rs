@@ -1,0 +1,390 @@
+//! Tests of [`super`].
+
+use super::*;
+
+fn ip(i: u8) -> IpAddr {
+    IpAddr::from([10, 0, 0, i])
+}
+
+fn input(i: u8, signals: Signals) -> Input {
+    Input {
+        address: ip(i),
+        configured: 1,
+        signals: Some(signals),
+        age: Some(Duration::from_millis(50)),
+        flows: 0,
+    }
+}
+
+fn cfg(kind: PolicyKind) -> PolicyConfig {
+    PolicyConfig {
+        kind,
+        ewma_alpha: 1.0,
+        ..PolicyConfig::default()
+    }
+}
+
+fn weights(d: &[Decision]) -> Vec<u32> {
+    d.iter().map(|d| d.weight).collect()
+}
+
+#[test]
+fn a_saturated_kv_cache_gets_no_new_flows() {
+    let mut state = PolicyState::default();
+    let kv = |v| Signals {
+        kv_usage: Some(v),
+        ..Signals::default()
+    };
+    let d = decide(
+        &cfg(PolicyKind::Composite),
+        &[input(1, kv(0.97)), input(2, kv(0.5))],
+        &mut state,
+    );
+    assert_eq!(d[0].weight, 0);
+    assert!(
+        d[0].reason.contains("KV cache 97% >= 95%"),
+        "{}",
+        d[0].reason
+    );
+    assert!(d[1].weight > 0);
+}
+
+#[test]
+fn a_long_queue_gets_no_new_flows_when_a_cut_off_is_set() {
+    let queue = |waiting| Signals {
+        kv_usage: Some(0.3),
+        running: Some(4.0),
+        waiting: Some(waiting),
+        ..Signals::default()
+    };
+    let inputs = [input(1, queue(6.0)), input(2, queue(1.0))];
+    // Off by default: a long queue only lowers the weight.
+    let d = decide(
+        &cfg(PolicyKind::Composite),
+        &inputs,
+        &mut PolicyState::default(),
+    );
+    assert!(d[0].weight > 0 && d[0].weight < d[1].weight, "{d:?}");
+    let c = PolicyConfig {
+        queue_saturation: 6,
+        ..cfg(PolicyKind::Composite)
+    };
+    let d = decide(&c, &inputs, &mut PolicyState::default());
+    assert_eq!(d[0].weight, 0);
+    assert_eq!(d[0].reason, "saturated: 6 requests waiting >= 6");
+    assert!(d[1].weight > 0, "{d:?}");
+}
+
+#[test]
+fn composite_weights_follow_the_expected_delay_of_each_backend() {
+    // Two fast servers (a prompt's prefill 0.25 s) and a slow one (1 s), idle: the slow
+    // one gets the floor, the fast ones the top.
+    let prefill = |p: f64, waiting: f64| Signals {
+        kv_usage: Some(0.1),
+        running: Some(2.0),
+        waiting: Some(waiting),
+        prefill_seconds: Some(p),
+        ..Signals::default()
+    };
+    let c = cfg(PolicyKind::Composite);
+    let idle = decide(
+        &c,
+        &[
+            input(1, prefill(0.25, 0.0)),
+            input(2, prefill(0.25, 0.0)),
+            input(3, prefill(1.0, 0.0)),
+        ],
+        &mut PolicyState::default(),
+    );
+    // exp(3 x (1 - 1 s / 0.25 s)): far below the floor (1% of the top).
+    assert_eq!(weights(&idle), vec![1000, 1000, 10], "{idle:?}");
+    assert!(
+        idle[2]
+            .reason
+            .contains("expected delay 1000 ms, pool's best 250 ms"),
+        "{}",
+        idle[2].reason
+    );
+    // The fast ones queue 5 requests each (1.5 s ahead): the slow idle one is now the best.
+    let busy = decide(
+        &c,
+        &[
+            input(1, prefill(0.25, 5.0)),
+            input(2, prefill(0.25, 5.0)),
+            input(3, prefill(1.0, 0.0)),
+        ],
+        &mut PolicyState::default(),
+    );
+    assert_eq!(busy[2].weight, 1000, "{busy:?}");
+    assert!(busy[0].weight < 600, "{busy:?}");
+    // A server not measured yet counts as the pool's median; with the factor at 0 the KV
+    // capacity decides, as before.
+    let d = decide(
+        &c,
+        &[
+            input(1, prefill(0.25, 0.0)),
+            input(
+                2,
+                Signals {
+                    prefill_seconds: None,
+                    ..prefill(0.25, 0.0)
+                },
+            ),
+        ],
+        &mut PolicyState::default(),
+    );
+    assert_eq!(weights(&d), vec![1000, 1000]);
+    let mut off = cfg(PolicyKind::Composite);
+    off.factors.delay = 0.0;
+    let d = decide(
+        &off,
+        &[input(1, prefill(0.25, 0.0)), input(3, prefill(1.0, 0.0))],
+        &mut PolicyState::default(),
+    );
+    assert_eq!(d[0].weight, d[1].weight, "{d:?}");
+}
+
+#[test]
+fn composite_delays_compare_prefill_speed_not_the_prompts_each_backend_got() {
+    // Two equal GPUs (0.1 ms of prefill per prompt token): one happened to get short
+    // prompts (a mean prefill 158 ms), the other long ones (374 ms); a GPU 4x slower
+    // per token got mid-sized ones.
+    let measured = |per_token: f64, prompt: f64| Signals {
+        kv_usage: Some(0.1),
+        running: Some(1.0),
+        waiting: Some(0.0),
+        prefill_seconds: Some(per_token * prompt),
+        prefill_seconds_per_token: Some(per_token),
+        prompt_tokens_mean: Some(prompt),
+        ..Signals::default()
+    };
+    let d = decide(
+        &cfg(PolicyKind::Composite),
+        &[
+            input(1, measured(1e-4, 1580.0)),
+            input(2, measured(1e-4, 3740.0)),
+            input(3, measured(4e-4, 2000.0)),
+        ],
+        &mut PolicyState::default(),
+    );
+    assert_eq!(weights(&d), vec![1000, 1000, 10], "{d:?}");
+    // The pool's median prompt (2,000 tokens) at each backend's speed.
+    assert!(
+        d[2].reason
+            .contains("expected delay 800 ms, pool's best 200 ms"),
+        "{}",
+        d[2].reason
+    );
+}
+
+#[test]
+fn weights_follow_free_gpu_memory() {
+    let mut state = PolicyState::default();
+    let gib = 1024.0 * 1024.0 * 1024.0;
+    let mem = |used: f64| Signals {
+        gpu_memory_used_bytes: Some(used * gib),
+        gpu_memory_total_bytes: Some(80.0 * gib),
+        ..Signals::default()
+    };
+    let d = decide(
+        &cfg(PolicyKind::Gpu),
+        &[
+            input(1, mem(20.0)),
+            input(2, mem(40.0)),
+            input(3, mem(60.0)),
+        ],
+        &mut state,
+    );
+    // Free 60, 40, 20 GiB -> 1000, 667, 333 (quantum 10).
+    assert_eq!(weights(&d), vec![1000, 670, 330]);
+    let mut cfg = cfg(PolicyKind::Gpu);
+    cfg.min_free_gpu_memory_bytes = 30.0 * gib;
+    let d = decide(
+        &cfg,
+        &[input(1, mem(20.0)), input(2, mem(60.0))],
+        &mut PolicyState::default(),
+    );
+    assert_eq!(d[1].weight, 0, "{}", d[1].reason);
+    assert!(
+        d[1].reason
+            .contains("free GPU memory 20480 MiB < 30720 MiB"),
+        "{}",
+        d[1].reason
+    );
+}
+
+#[test]
+fn hysteresis_holds_weights_under_small_noise() {
+    let mut state = PolicyState::default();
+    let c = PolicyConfig {
+        kind: PolicyKind::Composite,
+        ..PolicyConfig::default()
+    };
+    let load = |kv: f64, waiting: f64| Signals {
+        kv_usage: Some(kv),
+        waiting: Some(waiting),
+        running: Some(8.0),
+        ..Signals::default()
+    };
+    let first = weights(&decide(
+        &c,
+        &[input(1, load(0.3, 1.0)), input(2, load(0.6, 4.0))],
+        &mut state,
+    ));
+    // Settle the EWMA.
+    for _ in 0..20 {
+        decide(
+            &c,
+            &[input(1, load(0.3, 1.0)), input(2, load(0.6, 4.0))],
+            &mut state,
+        );
+    }
+    let settled = weights(&decide(
+        &c,
+        &[input(1, load(0.3, 1.0)), input(2, load(0.6, 4.0))],
+        &mut state,
+    ));
+    assert!(settled[0] > settled[1] && first[0] > first[1]);
+    // +-2% noise on every input: nothing moves.
+    for round in 0..200 {
+        let n = if round % 2 == 0 { 1.02 } else { 0.98 };
+        let d = decide(
+            &c,
+            &[
+                input(1, load(0.3 * n, 1.0 * n)),
+                input(2, load(0.6 / n, 4.0 / n)),
+            ],
+            &mut state,
+        );
+        assert_eq!(
+            weights(&d),
+            settled,
+            "round {round}: weights moved under 2% noise"
+        );
+    }
+    // A real change moves them.
+    let d = decide(
+        &c,
+        &[input(1, load(0.9, 10.0)), input(2, load(0.2, 0.0))],
+        &mut state,
+    );
+    assert!(weights(&d)[1] > settled[1], "{d:?}");
+}
+
+#[test]
+fn stale_reports_are_saturated_or_kept() {
+    let mut state = PolicyState::default();
+    let ok = Signals {
+        kv_usage: Some(0.2),
+        ..Signals::default()
+    };
+    let mut c = cfg(PolicyKind::Composite);
+    let fresh = decide(
+        &c,
+        &[input(1, ok.clone()), input(2, ok.clone())],
+        &mut state,
+    );
+    let mut old = input(2, ok.clone());
+    old.age = Some(Duration::from_secs(5));
+    let d = decide(&c, &[input(1, ok.clone()), old.clone()], &mut state);
+    assert_eq!(d[1].weight, 0);
+    assert!(
+        d[1].reason
+            .contains("stale report (5000 ms old): treated as saturated"),
+        "{}",
+        d[1].reason
+    );
+    c.stale = StaleMode::Keep;
+    let mut state = PolicyState::default();
+    decide(&c, &[input(1, ok.clone()), input(2, ok)], &mut state);
+    let d = decide(
+        &c,
+        &[
+            input(
+                1,
+                Signals {
+                    kv_usage: Some(0.2),
+                    ..Signals::default()
+                },
+            ),
+            old,
+        ],
+        &mut state,
+    );
+    assert_eq!(d[1].weight, fresh[1].weight, "{}", d[1].reason);
+    assert!(d[1].reason.contains("keeping the last weight"));
+}
+
+#[test]
+fn the_floor_keeps_slow_backends_in_rotation_and_capacity_counts() {
+    let mut state = PolicyState::default();
+    let s = |kv: f64, cap: f64| Signals {
+        kv_usage: Some(kv),
+        kv_capacity_tokens: Some(cap),
+        inflight_tokens: Some(kv * cap),
+        ..Signals::default()
+    };
+    let c = PolicyConfig {
+        kind: PolicyKind::Tokens,
+        ewma_alpha: 1.0,
+        floor: 0.1,
+        ..PolicyConfig::default()
+    };
+    // A large GPU (4x the KV capacity) half full beats a small one a quarter full.
+    let d = decide(
+        &c,
+        &[
+            input(1, s(0.5, 400_000.0)),
+            input(2, s(0.25, 100_000.0)),
+            input(3, s(0.94, 100_000.0)),
+        ],
+        &mut state,
+    );
+    assert_eq!(d[0].weight, 1000);
+    assert!(d[1].weight < 500, "{d:?}");
+    assert_eq!(d[2].weight, 100, "the floor: {d:?}");
+}
+
+#[test]
+fn least_conn_and_static() {
+    let mut state = PolicyState::default();
+    let mut a = input(1, Signals::default());
+    a.flows = 0;
+    let mut b = input(2, Signals::default());
+    b.flows = 3;
+    b.age = None;
+    let d = decide(
+        &cfg(PolicyKind::LeastConn),
+        &[a.clone(), b.clone()],
+        &mut state,
+    );
+    assert_eq!(weights(&d), vec![1000, 250]);
+    a.configured = 7;
+    let d = decide(&cfg(PolicyKind::Static), &[a, b], &mut state);
+    assert_eq!(weights(&d), vec![7, 1]);
+}
+
+#[test]
+fn when_all_are_saturated_capacity_decides() {
+    let mut state = PolicyState::default();
+    let full = |capacity: f64| Signals {
+        kv_usage: Some(0.99),
+        kv_capacity_tokens: Some(capacity),
+        ..Signals::default()
+    };
+    let d = decide(
+        &cfg(PolicyKind::Composite),
+        &[
+            input(1, full(65_536.0)),
+            input(2, full(16_384.0)),
+            input(3, full(65_536.0)),
+        ],
+        &mut state,
+    );
+    assert_eq!(weights(&d), vec![1000, 250, 1000]);
+    assert!(
+        d[0].reason.starts_with("every backend saturated"),
+        "{}",
+        d[0].reason
+    );
+}

@@ -1,0 +1,344 @@
+//! What a backend reports, reduced to the signals the weight policies use, from the metrics of
+//! the inference servers and GPU exporters as they really name them:
+//!
+//! | server | metrics read |
+//! | --- | --- |
+//! | vLLM | `vllm:num_requests_running`, `vllm:num_requests_waiting` (not `..._waiting_by_reason`, a breakdown of the same queue), `vllm:kv_cache_usage_perc` (before 0.12 also `vllm:gpu_cache_usage_perc`), `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`, `vllm:cache_config_info` (`num_gpu_blocks` x `block_size`), `vllm:time_to_first_token_seconds`, `vllm:request_prefill_time_seconds` and `vllm:request_prompt_tokens` (interval means, and prefill time per prompt token), `vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total` (before 0.11 `vllm:gpu_prefix_cache_*`), label `model_name`; per-`engine` series are summed |
+//! | SGLang | `sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:token_usage`, `sglang:gen_throughput`, `sglang:cache_hit_rate`, `sglang:prompt_tokens_total`, `sglang:generation_tokens_total` |
+//! | llama.cpp (`llama-server --metrics`) | `llamacpp:requests_processing`, `llamacpp:requests_deferred`, `llamacpp:prompt_tokens_total`, `llamacpp:prompt_tokens_cached_total`, `llamacpp:tokens_predicted_total` (moves when a request ends), and where a version exports them `llamacpp:kv_cache_usage_ratio`, `llamacpp:kv_cache_tokens` (b11312 does not) |
+//! | TGI | `tgi_queue_size`, `tgi_batch_current_size`, `tgi_batch_current_max_tokens`, `tgi_batch_max_total_tokens` |
+//! | Triton | `nv_inference_pending_request_count`, `nv_gpu_memory_used_bytes`, `nv_gpu_memory_total_bytes` |
+//! | TensorRT-LLM | `trtllm_num_requests_waiting`, `trtllm_num_requests_running`, `trtllm_kv_cache_utilization` |
+//! | DCGM exporter | `DCGM_FI_DEV_FB_USED`, `DCGM_FI_DEV_FB_FREE` (MiB), `DCGM_FI_DEV_GPU_UTIL` (%) |
+//!
+//! A backend may serve several pages (an inference server and a GPU exporter); their signals
+//! merge field by field.
+
+use serde::{Deserialize, Serialize};
+
+use super::exposition::Sample;
+
+/// A backend's load, as far as it reports it. Every field is optional: a server reports what
+/// it has.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Signals {
+    /// KV-cache (or token) usage, 0..1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_usage: Option<f64>,
+    /// KV-cache capacity in tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_capacity_tokens: Option<f64>,
+    /// Tokens held by requests in flight.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inflight_tokens: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_used_bytes: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_total_bytes: Option<f64>,
+    /// GPU utilisation, 0..1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_utilization: Option<f64>,
+    /// Requests being processed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running: Option<f64>,
+    /// Requests queued.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<f64>,
+    /// Tokens per second (reported, or the rate of the token counters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_second: Option<f64>,
+    /// Mean time to first token over the last interval, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_seconds: Option<f64>,
+    /// Mean prefill time of the requests a server finished over the last interval, seconds
+    /// (vLLM's `request_prefill_time_seconds`): how fast it turns a prompt into a first token,
+    /// queueing apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_seconds: Option<f64>,
+    /// Prefill time per prompt token of the requests a server finished over the last interval,
+    /// seconds (`request_prefill_time_seconds` over `request_prompt_tokens`): its prefill speed
+    /// whatever the prompt sizes it happened to get.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_seconds_per_token: Option<f64>,
+    /// Mean prompt size of the requests a server finished over the last interval, tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_mean: Option<f64>,
+    /// Share of prompt tokens found in the prefix cache over the last interval, 0..1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_cache_hit_rate: Option<f64>,
+    /// Models served (`model_name` labels).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<String>,
+    /// Monotonic token counter (prompt + generation), for rates; not reported by push.
+    #[serde(skip)]
+    pub tokens_total: Option<f64>,
+    /// TTFT histogram sum and count, for the interval mean; not reported by push.
+    #[serde(skip)]
+    pub ttft_sum_count: Option<(f64, f64)>,
+    /// Prefill-time histogram sum and count, for the interval mean; not reported by push.
+    #[serde(skip)]
+    pub prefill_sum_count: Option<(f64, f64)>,
+    /// Prompt-size histogram sum and count (`request_prompt_tokens`, observed as requests
+    /// finish, like the prefill time), for the per-token prefill rate; not reported by push.
+    #[serde(skip)]
+    pub prompt_sum_count: Option<(f64, f64)>,
+    /// Prefix-cache hit and query counters (tokens), for the interval hit rate; not reported
+    /// by push.
+    #[serde(skip)]
+    pub prefix_cache_counts: Option<(f64, f64)>,
+}
+
+impl Signals {
+    /// Free GPU memory, if both figures are known.
+    pub fn gpu_memory_free_bytes(&self) -> Option<f64> {
+        Some((self.gpu_memory_total_bytes? - self.gpu_memory_used_bytes?).max(0.0))
+    }
+
+    /// Fills the fields `self` lacks from `other`.
+    pub fn merge(&mut self, other: Signals) {
+        macro_rules! take {
+            ($($f:ident),*) => { $( if self.$f.is_none() { self.$f = other.$f; } )* };
+        }
+        take!(
+            kv_usage,
+            kv_capacity_tokens,
+            inflight_tokens,
+            gpu_memory_used_bytes,
+            gpu_memory_total_bytes,
+            gpu_utilization,
+            running,
+            waiting,
+            tokens_per_second,
+            ttft_seconds,
+            prefill_seconds,
+            prefill_seconds_per_token,
+            prompt_tokens_mean,
+            prefix_cache_hit_rate,
+            tokens_total,
+            ttft_sum_count,
+            prefill_sum_count,
+            prompt_sum_count,
+            prefix_cache_counts
+        );
+        for m in other.models {
+            if !self.models.contains(&m) {
+                self.models.push(m);
+            }
+        }
+    }
+}
+
+/// Sum of the finite values of the samples named `name` (over engines, GPUs, models).
+fn sum(samples: &[Sample], name: &str) -> Option<f64> {
+    let mut found = false;
+    let mut total = 0.0;
+    for s in samples
+        .iter()
+        .filter(|s| s.name == name && s.value.is_finite())
+    {
+        found = true;
+        total += s.value;
+    }
+    found.then_some(total)
+}
+
+/// Mean of the finite values of the samples named `name`.
+fn mean(samples: &[Sample], name: &str) -> Option<f64> {
+    let values: Vec<f64> = samples
+        .iter()
+        .filter(|s| s.name == name && s.value.is_finite())
+        .map(|s| s.value)
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
+}
+
+fn first_of(
+    samples: &[Sample],
+    names: &[&str],
+    f: fn(&[Sample], &str) -> Option<f64>,
+) -> Option<f64> {
+    names.iter().find_map(|n| f(samples, n))
+}
+
+/// A fraction that may be reported as 0..1 or as a percentage.
+fn fraction(v: f64) -> f64 {
+    if v > 1.0 { v / 100.0 } else { v }.clamp(0.0, 1.0)
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// Extracts the signals of every server kind the page contains.
+pub fn extract(samples: &[Sample]) -> Signals {
+    let mut s = Signals {
+        running: first_of(
+            samples,
+            &[
+                "vllm:num_requests_running",
+                "sglang:num_running_reqs",
+                "trtllm_num_requests_running",
+                "tgi_batch_current_size",
+                "llamacpp:requests_processing",
+            ],
+            sum,
+        ),
+        waiting: first_of(
+            samples,
+            &[
+                "vllm:num_requests_waiting",
+                "sglang:num_queue_reqs",
+                "trtllm_num_requests_waiting",
+                "tgi_queue_size",
+                "nv_inference_pending_request_count",
+                "llamacpp:requests_deferred",
+            ],
+            sum,
+        ),
+        kv_usage: first_of(
+            samples,
+            &[
+                "vllm:kv_cache_usage_perc",
+                "vllm:gpu_cache_usage_perc",
+                "sglang:token_usage",
+                "trtllm_kv_cache_utilization",
+                "llamacpp:kv_cache_usage_ratio",
+            ],
+            mean,
+        )
+        .map(fraction),
+        tokens_per_second: sum(samples, "sglang:gen_throughput"),
+        prefix_cache_hit_rate: first_of(
+            samples,
+            &["sglang:cache_hit_rate", "vllm:gpu_prefix_cache_hit_rate"],
+            mean,
+        )
+        .map(fraction),
+        gpu_utilization: mean(samples, "DCGM_FI_DEV_GPU_UTIL").map(fraction),
+        ..Signals::default()
+    };
+
+    // Token counters (summed over engines) for a rate.
+    let prompt = first_of(
+        samples,
+        &[
+            "vllm:prompt_tokens_total",
+            "sglang:prompt_tokens_total",
+            "llamacpp:prompt_tokens_total",
+        ],
+        sum,
+    );
+    let generated = first_of(
+        samples,
+        &[
+            "vllm:generation_tokens_total",
+            "sglang:generation_tokens_total",
+            "llamacpp:tokens_predicted_total",
+        ],
+        sum,
+    );
+    if prompt.is_some() || generated.is_some() {
+        s.tokens_total = Some(prompt.unwrap_or(0.0) + generated.unwrap_or(0.0));
+    }
+
+    // KV capacity in tokens: vLLM's cache config (per engine), or TGI's batch budget.
+    let vllm_capacity: f64 = samples
+        .iter()
+        .filter(|x| x.name == "vllm:cache_config_info")
+        .filter_map(|x| {
+            let blocks: f64 = x.label("num_gpu_blocks")?.parse().ok()?;
+            let size: f64 = x.label("block_size")?.parse().ok()?;
+            Some(blocks * size)
+        })
+        .sum();
+    if vllm_capacity > 0.0 {
+        s.kv_capacity_tokens = Some(vllm_capacity);
+    }
+    if let Some(budget) = sum(samples, "tgi_batch_max_total_tokens").filter(|b| *b > 0.0) {
+        s.kv_capacity_tokens = Some(budget);
+        if let Some(current) = sum(samples, "tgi_batch_current_max_tokens") {
+            s.inflight_tokens = Some(current);
+            s.kv_usage = Some((current / budget).clamp(0.0, 1.0));
+        }
+    }
+    if let Some(tokens) = sum(samples, "llamacpp:kv_cache_tokens") {
+        s.inflight_tokens = Some(tokens);
+    }
+    if s.inflight_tokens.is_none()
+        && let (Some(cap), Some(usage)) = (s.kv_capacity_tokens, s.kv_usage)
+    {
+        s.inflight_tokens = Some(cap * usage);
+    }
+
+    // GPU memory: Triton in bytes, DCGM in MiB (used + free).
+    s.gpu_memory_used_bytes = sum(samples, "nv_gpu_memory_used_bytes");
+    s.gpu_memory_total_bytes = sum(samples, "nv_gpu_memory_total_bytes");
+    if s.gpu_memory_used_bytes.is_none()
+        && let (Some(used), Some(free)) = (
+            sum(samples, "DCGM_FI_DEV_FB_USED"),
+            sum(samples, "DCGM_FI_DEV_FB_FREE"),
+        )
+    {
+        s.gpu_memory_used_bytes = Some(used * MIB);
+        s.gpu_memory_total_bytes = Some((used + free) * MIB);
+    }
+
+    // Time to first token: vLLM's histogram, as a running sum and count.
+    if let (Some(total), Some(count)) = (
+        sum(samples, "vllm:time_to_first_token_seconds_sum"),
+        sum(samples, "vllm:time_to_first_token_seconds_count"),
+    ) {
+        s.ttft_sum_count = Some((total, count));
+    }
+    if let (Some(total), Some(count)) = (
+        sum(samples, "vllm:request_prefill_time_seconds_sum"),
+        sum(samples, "vllm:request_prefill_time_seconds_count"),
+    ) {
+        s.prefill_sum_count = Some((total, count));
+    }
+    if let (Some(total), Some(count)) = (
+        sum(samples, "vllm:request_prompt_tokens_sum"),
+        sum(samples, "vllm:request_prompt_tokens_count"),
+    ) {
+        s.prompt_sum_count = Some((total, count));
+    }
+
+    // Prefix caching: vLLM counts prompt tokens looked up and found, for an interval rate.
+    let hits = first_of(
+        samples,
+        &[
+            "vllm:prefix_cache_hits_total",
+            "vllm:gpu_prefix_cache_hits_total",
+        ],
+        sum,
+    );
+    let queries = first_of(
+        samples,
+        &[
+            "vllm:prefix_cache_queries_total",
+            "vllm:gpu_prefix_cache_queries_total",
+        ],
+        sum,
+    );
+    if let (Some(hits), Some(queries)) = (hits, queries) {
+        s.prefix_cache_counts = Some((hits, queries));
+    } else if let (Some(cached), Some(computed)) = (
+        sum(samples, "llamacpp:prompt_tokens_cached_total"),
+        sum(samples, "llamacpp:prompt_tokens_total"),
+    ) {
+        // llama.cpp counts the prompt tokens it reused and those it computed.
+        s.prefix_cache_counts = Some((cached, cached + computed));
+    }
+
+    let mut models: Vec<String> = samples
+        .iter()
+        .filter_map(|x| x.label("model_name"))
+        .map(str::to_string)
+        .collect();
+    models.sort();
+    models.dedup();
+    s.models = models;
+    s
+}
+
+#[cfg(test)]
+mod tests;
