@@ -2,7 +2,6 @@
 //! configured, on TCP with a bearer token. Every change goes through the same validation as
 //! the config file, is applied in one step, and is written back to the config file.
 
-use std::net::IpAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -16,7 +15,7 @@ use axum::{Json, Router};
 use tokio::sync::watch;
 
 use super::types::{ChangeResult, ErrorBody, StopBody, WeightBody};
-use crate::config::{MAX_WEIGHT, RawBackend, RawVip, validate_backend, validate_vip};
+use crate::config::{RawBackend, RawVip};
 use crate::daemon::state::{ChangeError, Daemon};
 
 /// Largest request body accepted.
@@ -82,22 +81,6 @@ async fn with_daemon<T: Send + 'static>(
     .await
     .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
     .map_err(ApiError::from)
-}
-
-fn parse_backend(addr: &str) -> Result<IpAddr, ChangeError> {
-    addr.parse()
-        .map_err(|_| ChangeError::Invalid(format!("{addr:?} is not an IP address")))
-}
-
-/// The address of backend `addr` of VIP `name`, if the VIP has it.
-fn existing_backend(d: &Daemon, name: &str, addr: &str) -> Result<IpAddr, ChangeError> {
-    let address = parse_backend(addr)?;
-    if d.vip_named(name)?.backend(address).is_none() {
-        return Err(ChangeError::NotFound(format!(
-            "VIP {name:?} has no backend {address}"
-        )));
-    }
-    Ok(address)
 }
 
 /// The routes, without authentication.
@@ -221,54 +204,16 @@ async fn add_vip(
     body: Result<Json<RawVip>, JsonRejection>,
 ) -> ApiResult<ChangeResult> {
     let Json(raw) = body?;
-    with_daemon(&s, move |d| {
-        let vip = validate_vip(raw.clone(), "vip")?;
-        if d.config.vip(&vip.name).is_some() {
-            return Err(ChangeError::Conflict(format!(
-                "a VIP named {:?} exists",
-                vip.name
-            )));
-        }
-        if let Some(other) = d
-            .config
-            .vips
-            .iter()
-            .find(|v| v.endpoint() == vip.endpoint())
-        {
-            return Err(ChangeError::Conflict(format!(
-                "VIP {:?} already serves {}/{}",
-                other.name,
-                std::net::SocketAddr::new(vip.address, vip.port),
-                vip.protocol
-            )));
-        }
-        let name = vip.name.clone();
-        d.edit(&format!("VIP {name} added"), |c| {
-            // Stored with its resolved name, so later commands find it.
-            c.vip.push(RawVip {
-                name: Some(name.clone()),
-                ..raw
-            });
-            Ok(())
-        })
-    })
-    .await
-    .map(Json)
+    with_daemon(&s, move |d| d.add_vip(raw)).await.map(Json)
 }
 
 async fn del_vip(
     State(s): State<ApiState>,
     UrlPath(name): UrlPath<String>,
 ) -> ApiResult<ChangeResult> {
-    with_daemon(&s, move |d| {
-        d.vip_named(&name)?;
-        d.edit(&format!("VIP {name} removed"), |c| {
-            c.vip.retain(|v| v.name.as_deref() != Some(name.as_str()));
-            Ok(())
-        })
-    })
-    .await
-    .map(Json)
+    with_daemon(&s, move |d| d.remove_vip(&name))
+        .await
+        .map(Json)
 }
 
 async fn table(
@@ -290,86 +235,24 @@ async fn list_backends(
     .map(Json)
 }
 
-/// Finds the raw VIP `name` in an edit, or says it is missing.
-fn raw_vip<'a>(
-    c: &'a mut crate::config::RawConfig,
-    name: &str,
-) -> Result<&'a mut RawVip, ChangeError> {
-    c.vip
-        .iter_mut()
-        .find(|v| v.name.as_deref() == Some(name))
-        .ok_or_else(|| ChangeError::NotFound(format!("no VIP named {name:?}")))
-}
-
 async fn add_backend(
     State(s): State<ApiState>,
     UrlPath(name): UrlPath<String>,
     body: Result<Json<RawBackend>, JsonRejection>,
 ) -> ApiResult<ChangeResult> {
     let Json(raw) = body?;
-    with_daemon(&s, move |d| {
-        let backend = validate_backend(raw.clone(), "backend")?;
-        if d.vip_named(&name)?.backend(backend.address).is_some() {
-            return Err(ChangeError::Conflict(format!(
-                "backend {} is already in VIP {name:?}",
-                backend.address
-            )));
-        }
-        d.edit(
-            &format!("backend {} added to {name}", backend.address),
-            |c| {
-                raw_vip(c, &name)?.backend.push(raw);
-                Ok(())
-            },
-        )
-    })
-    .await
-    .map(Json)
-}
-
-/// Edits backend `addr` of VIP `name` with `f`, as one change.
-async fn edit_backend(
-    s: ApiState,
-    name: String,
-    addr: String,
-    what: &'static str,
-    f: impl FnOnce(&mut RawBackend) -> Result<(), ChangeError> + Send + 'static,
-) -> ApiResult<ChangeResult> {
-    with_daemon(&s, move |d| {
-        let address = existing_backend(d, &name, &addr)?;
-        d.edit(&format!("backend {address} of {name}: {what}"), |c| {
-            let vip = raw_vip(c, &name)?;
-            let b = vip
-                .backend
-                .iter_mut()
-                .find(|b| {
-                    b.address.as_deref().and_then(|a| a.parse::<IpAddr>().ok()) == Some(address)
-                })
-                .ok_or_else(|| {
-                    ChangeError::NotFound(format!("VIP {name:?} has no backend {address}"))
-                })?;
-            f(b)
-        })
-    })
-    .await
-    .map(Json)
+    with_daemon(&s, move |d| d.add_backend(&name, raw))
+        .await
+        .map(Json)
 }
 
 async fn del_backend(
     State(s): State<ApiState>,
     UrlPath((name, addr)): UrlPath<(String, String)>,
 ) -> ApiResult<ChangeResult> {
-    with_daemon(&s, move |d| {
-        let address = existing_backend(d, &name, &addr)?;
-        d.edit(&format!("backend {address} removed from {name}"), |c| {
-            raw_vip(c, &name)?.backend.retain(|b| {
-                b.address.as_deref().and_then(|a| a.parse::<IpAddr>().ok()) != Some(address)
-            });
-            Ok(())
-        })
-    })
-    .await
-    .map(Json)
+    with_daemon(&s, move |d| d.remove_backend(&name, &addr))
+        .await
+        .map(Json)
 }
 
 async fn set_scheduler(
@@ -378,25 +261,9 @@ async fn set_scheduler(
     body: Result<Json<crate::api::types::SchedulerBody>, JsonRejection>,
 ) -> ApiResult<ChangeResult> {
     let Json(body) = body?;
-    with_daemon(&s, move |d| {
-        d.vip_named(&name)?;
-        let what = format!("scheduler of {name} set to {}", body.scheduler);
-        d.edit(&what, |c| {
-            let vip = raw_vip(c, &name)?;
-            vip.scheduler = Some(body.scheduler);
-            if let Some(p) = body.persistence_secs {
-                vip.persistence_secs = Some(p);
-            }
-            match body.max_load_factor {
-                Some(0.0) => vip.max_load_factor = None,
-                Some(f) => vip.max_load_factor = Some(f),
-                None => {}
-            }
-            Ok(())
-        })
-    })
-    .await
-    .map(Json)
+    with_daemon(&s, move |d| d.set_scheduler(&name, body))
+        .await
+        .map(Json)
 }
 
 async fn set_weight(
@@ -405,39 +272,27 @@ async fn set_weight(
     body: Result<Json<WeightBody>, JsonRejection>,
 ) -> ApiResult<ChangeResult> {
     let Json(WeightBody { weight }) = body?;
-    if !(0..=i64::from(MAX_WEIGHT)).contains(&weight) {
-        return Err(ChangeError::Invalid(format!(
-            "weight = {weight}: must be between 0 and {MAX_WEIGHT}"
-        ))
-        .into());
-    }
-    edit_backend(s, name, addr, "weight set", move |b| {
-        b.weight = Some(weight);
-        Ok(())
-    })
-    .await
+    with_daemon(&s, move |d| d.set_backend_weight(&name, &addr, weight))
+        .await
+        .map(Json)
 }
 
 async fn drain(
     State(s): State<ApiState>,
     UrlPath((name, addr)): UrlPath<(String, String)>,
 ) -> ApiResult<ChangeResult> {
-    edit_backend(s, name, addr, "drained", |b| {
-        b.drained = Some(true);
-        Ok(())
-    })
-    .await
+    with_daemon(&s, move |d| d.drain_backend(&name, &addr, true))
+        .await
+        .map(Json)
 }
 
 async fn undrain(
     State(s): State<ApiState>,
     UrlPath((name, addr)): UrlPath<(String, String)>,
 ) -> ApiResult<ChangeResult> {
-    edit_backend(s, name, addr, "undrained", |b| {
-        b.drained = None;
-        Ok(())
-    })
-    .await
+    with_daemon(&s, move |d| d.drain_backend(&name, &addr, false))
+        .await
+        .map(Json)
 }
 
 /// Withdraws a VIP's BGP announcement (traffic already routed here is still forwarded).
@@ -469,16 +324,9 @@ async fn report(
     body: Result<Json<crate::telemetry::signals::Signals>, JsonRejection>,
 ) -> ApiResult<ChangeResult> {
     let Json(signals) = body?;
-    with_daemon(&s, move |d| {
-        let backend = parse_backend(&addr)?;
-        let vips = d.record_push(backend, signals)?;
-        Ok(ChangeResult {
-            message: format!("report from {backend} recorded for {vips} VIP(s)"),
-            ..ChangeResult::default()
-        })
-    })
-    .await
-    .map(Json)
+    with_daemon(&s, move |d| d.push_report(&addr, signals))
+        .await
+        .map(Json)
 }
 
 async fn reload(State(s): State<ApiState>) -> ApiResult<ChangeResult> {

@@ -5,6 +5,7 @@
 //! ([`ports`]).
 
 mod changes;
+mod edits;
 mod fleet;
 mod health;
 mod ports;
