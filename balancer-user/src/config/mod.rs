@@ -106,6 +106,21 @@ pub struct Config {
 }
 
 impl Config {
+    /// The backends (of every VIP, each once, sorted) whose next-hop MAC the config does not
+    /// give: the daemon resolves theirs.
+    pub fn backends_without_mac(&self) -> Vec<IpAddr> {
+        let mut wanted: Vec<IpAddr> = self
+            .vips
+            .iter()
+            .flat_map(|v| v.backends.iter())
+            .filter(|b| b.mac.is_none())
+            .map(|b| b.address)
+            .collect();
+        wanted.sort();
+        wanted.dedup();
+        wanted
+    }
+
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {

@@ -56,15 +56,7 @@ pub fn backend_macs(
     iface: &Interface,
     timeout: Duration,
 ) -> Result<HashMap<IpAddr, MacAddr>> {
-    let mut wanted: Vec<IpAddr> = config
-        .vips
-        .iter()
-        .flat_map(|v| v.backends.iter())
-        .filter(|b| b.mac.is_none())
-        .map(|b| b.address)
-        .collect();
-    wanted.sort();
-    wanted.dedup();
+    let wanted = config.backends_without_mac();
     resolve_next_hops(iface, &wanted, timeout).context("resolving backend MAC addresses")
 }
 

@@ -174,15 +174,7 @@ impl Daemon {
         dataplane: DynDataplane,
         metrics: Metrics,
     ) -> Result<Daemon, ChangeError> {
-        let mut wanted: Vec<IpAddr> = config
-            .vips
-            .iter()
-            .flat_map(|v| v.backends.iter())
-            .filter(|b| b.mac.is_none())
-            .map(|b| b.address)
-            .collect();
-        wanted.sort();
-        wanted.dedup();
+        let wanted = config.backends_without_mac();
         let macs = host
             .next_hops
             .resolve(&host.iface, &wanted, host.neighbour_timeout)?;
