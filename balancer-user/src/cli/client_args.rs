@@ -12,7 +12,7 @@ use super::{EXIT_CONFLICT, EXIT_FAILURE, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_UNAU
 /// (`run` takes its socket from its config, `decap` and `check-config` talk to no daemon).
 #[derive(Debug, Clone, clap::Args)]
 pub struct ClientArgs {
-    /// The daemon's control socket.
+    /// The daemon's control socket (`balancer run` takes its own from the config).
     #[arg(long, global = true, env = "BALANCER_SOCKET", default_value = DEFAULT_API_SOCKET)]
     pub socket: PathBuf,
     /// Talk to the daemon's TCP listener (host:port) instead of the socket; needs --token-file.
