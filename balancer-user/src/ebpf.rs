@@ -56,10 +56,16 @@ pub fn flow_buckets(max_flows: u32) -> u32 {
 /// Loads the balancer object with a connection table for `max_flows` flows and verifies its
 /// program.
 pub fn load_balancer(max_flows: u32) -> Result<Ebpf, LoadError> {
+    load_balancer_object(BALANCER_OBJECT, max_flows)
+}
+
+/// Like [`load_balancer`], from another build of the balancer object (a benchmark's baseline:
+/// the program of an earlier commit timed beside this one).
+pub fn load_balancer_object(object: &[u8], max_flows: u32) -> Result<Ebpf, LoadError> {
     raise_memlock_limit();
     let mut ebpf = EbpfLoader::new()
         .map_max_entries(FLOWS, flow_buckets(max_flows))
-        .load(BALANCER_OBJECT)?;
+        .load(object)?;
     load_program(&mut ebpf, BALANCER_PROGRAM)?;
     Ok(ebpf)
 }

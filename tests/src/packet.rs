@@ -174,10 +174,24 @@ impl Harness {
         config_text: &str,
         tweak: impl FnOnce(&mut GlobalConfig),
     ) -> Result<Harness> {
+        Self::build(config_text, ebpf::BALANCER_OBJECT, tweak)
+    }
+
+    /// Like [`Harness::new`], with another build of the balancer object (`object`: its ELF
+    /// bytes), e.g. an earlier commit's as a benchmark baseline.
+    pub fn with_object(config_text: &str, object: &[u8]) -> Result<Harness> {
+        Self::build(config_text, object, |_| {})
+    }
+
+    fn build(
+        config_text: &str,
+        object: &[u8],
+        tweak: impl FnOnce(&mut GlobalConfig),
+    ) -> Result<Harness> {
         let config = Config::parse(config_text)?;
         let mut settings = data_plane_settings(&config, &fixture_interface(), 0x5eed)?;
         tweak(&mut settings);
-        let mut object = ebpf::load_balancer(config.conntrack.max_flows)?;
+        let mut object = ebpf::load_balancer_object(object, config.conntrack.max_flows)?;
         let dataplane = KernelDataplane::from_ebpf(&mut object)?;
         let mut balancer = Balancer::new(dataplane);
         balancer.set_settings(&settings)?;

@@ -249,13 +249,9 @@ fn set_tcp_source_port(frame: &mut [u8], i: u32) {
     frame[24..26].copy_from_slice(&sum.to_be_bytes());
 }
 
-/// Runs the benchmark; returns the figures (also printed).
-pub fn run(rounds: usize, repeat: u32, singles: u32) -> Result<Figures> {
-    let mut h = Harness::new(&config())?;
-    let mut bare = Bare::load()?;
-    let c4 = ip("10.9.0.1");
-    let c6 = ip("2001:db8::5");
-    // Pin the established flows first (a SYN inserts each into the connection table).
+/// Pins the benchmark's established flows (a SYN inserts each into the connection table).
+fn pin_flows(h: &mut Harness) -> Result<()> {
+    let (c4, c6) = (ip("10.9.0.1"), ip("2001:db8::5"));
     for (vip, port) in [
         ("10.111.1.1", 1000),
         ("10.111.1.2", 1001),
@@ -264,6 +260,25 @@ pub fn run(rounds: usize, repeat: u32, singles: u32) -> Result<Figures> {
         h.run(&tcp_frame(c4, port, ip(vip), 80, true, b""))?;
     }
     h.run(&tcp_frame(c6, 1003, ip("fd00:111:1::1"), 80, true, b""))?;
+    Ok(())
+}
+
+/// Runs the benchmark; returns the figures (also printed). With `baseline` (the ELF bytes of
+/// another build of the balancer object, e.g. an earlier commit's), that program runs every
+/// path in the same rounds, interleaved, and each path's new / baseline ratio is reported.
+pub fn run(rounds: usize, repeat: u32, singles: u32, baseline: Option<&[u8]>) -> Result<Figures> {
+    let mut h = Harness::new(&config())?;
+    pin_flows(&mut h)?;
+    let mut old = baseline
+        .map(|object| -> Result<Harness> {
+            let mut b = Harness::with_object(&config(), object)?;
+            pin_flows(&mut b)?;
+            Ok(b)
+        })
+        .transpose()?;
+    let mut bare = Bare::load()?;
+    let c4 = ip("10.9.0.1");
+    let c6 = ip("2001:db8::5");
     let payload = [0x42u8; 64];
     let cases = vec![
         Case {
@@ -353,7 +368,8 @@ pub fn run(rounds: usize, repeat: u32, singles: u32) -> Result<Figures> {
     }
     let pass_frame = tcp_frame(c4, 2000, ip("10.111.0.2"), 22, false, &payload);
     let mut samples: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
-    for _ in 0..rounds {
+    let mut baseline_samples: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for round in 0..rounds {
         samples
             .entry("xdp_pass")
             .or_default()
@@ -367,8 +383,19 @@ pub fn run(rounds: usize, repeat: u32, singles: u32) -> Result<Figures> {
             .or_default()
             .push(single / f64::from(singles));
         for case in &cases {
+            // With a baseline, the two programs take turns going first (drift within a
+            // round falls on both alike).
+            let baseline_first = round % 2 == 1;
+            if let (Some(b), true) = (old.as_mut(), baseline_first) {
+                let ns = time_case(b, case, repeat, singles)?;
+                baseline_samples.entry(case.key).or_default().push(ns);
+            }
             let ns = time_case(&mut h, case, repeat, singles)?;
             samples.entry(case.key).or_default().push(ns);
+            if let (Some(b), false) = (old.as_mut(), baseline_first) {
+                let ns = time_case(b, case, repeat, singles)?;
+                baseline_samples.entry(case.key).or_default().push(ns);
+            }
         }
     }
 
@@ -417,6 +444,34 @@ pub fn run(rounds: usize, repeat: u32, singles: u32) -> Result<Figures> {
             case.method == Method::Single,
             case.target,
         );
+    }
+    if !baseline_samples.is_empty() {
+        println!(
+            "\nThis program against the baseline object, same rounds: median ns, and the median of each round's new / baseline ratio [min..max]"
+        );
+        println!(
+            "{:<28} {:>8} {:>10} {:>8} {:>16}",
+            "path", "new", "baseline", "ratio", "spread"
+        );
+        for case in &cases {
+            let new = &samples[case.key];
+            let base = &baseline_samples[case.key];
+            let ratios: Vec<f64> = new.iter().zip(base).map(|(n, b)| n / b).collect();
+            let ratio = median(&ratios);
+            let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = ratios.iter().copied().fold(0.0, f64::max);
+            println!(
+                "{:<28} {:>8.1} {:>10.1} {:>8.3} {:>7.3}..{:<7.3}",
+                case.key,
+                median(new),
+                median(base),
+                ratio,
+                lo,
+                hi
+            );
+            figures.insert(format!("{}_baseline_ns", case.key), median(base));
+            figures.insert(format!("{}_new_over_baseline", case.key), ratio);
+        }
     }
     figures.insert("rounds".into(), rounds as f64);
     figures.insert("repeat".into(), f64::from(repeat));

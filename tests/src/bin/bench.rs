@@ -1,6 +1,6 @@
 //! `balancer-bench`: the benchmarks behind `cargo xtask bench`.
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use balancer_tests::bench::{self, client, control, dataplane, e2e, llm};
 use balancer_tests::load::stats::Slo;
 use balancer_tests::load::workload::Shape;
@@ -26,6 +26,11 @@ enum Bench {
         /// Single-run syscalls per round for the encapsulating paths.
         #[arg(long, default_value_t = 20_000)]
         singles: u32,
+        /// Another build of the balancer object (e.g. an earlier commit's `xdp-balancer`, from
+        /// its `target/*/build/balancer-user-*/out/`), timed beside this one in the same rounds:
+        /// each path's new / baseline ratio.
+        #[arg(long, value_name = "OBJECT")]
+        baseline: Option<std::path::PathBuf>,
     },
     /// The balancer against nftables DNAT, HAProxy (TCP mode) and no balancer, in the same
     /// rack: new connections/s, keep-alive requests/s, UDP packets/s, p50/p99 latency, CPU per
@@ -136,8 +141,15 @@ fn main() -> Result<()> {
             rounds,
             repeat,
             singles,
+            baseline,
         } => {
-            let figures = dataplane::run(rounds, repeat, singles)?;
+            let baseline = baseline
+                .map(|p| {
+                    std::fs::read(&p)
+                        .with_context(|| format!("reading the baseline object {}", p.display()))
+                })
+                .transpose()?;
+            let figures = dataplane::run(rounds, repeat, singles, baseline.as_deref())?;
             let path = bench::write_json("dataplane", &figures)?;
             println!("wrote {}", path.display());
         }
