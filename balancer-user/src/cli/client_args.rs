@@ -11,8 +11,9 @@ use super::{EXIT_CONFLICT, EXIT_FAILURE, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_UNAU
 /// Options of the commands that talk to the daemon, accepted before or after the subcommand
 /// (`run` takes its socket from its config, `decap` and `check-config` talk to no daemon).
 #[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Daemon client options (ignored by run, decap and check-config)")]
 pub struct ClientArgs {
-    /// The daemon's control socket (`balancer run` takes its own from the config).
+    /// The daemon's control socket.
     #[arg(long, global = true, env = "BALANCER_SOCKET", default_value = DEFAULT_API_SOCKET)]
     pub socket: PathBuf,
     /// Talk to the daemon's TCP listener (host:port) instead of the socket; needs --token-file.
