@@ -1,6 +1,7 @@
-//! The latest report of each backend, with rates derived from its counters (tokens per second
-//! from the token counters, mean time to first token over the interval from the TTFT
-//! histogram), and scrape error accounting.
+//! The latest report of each backend, with figures derived from its counters: tokens per
+//! second from the token counters, and the ratios of counter pairs — mean time to first token
+//! (TTFT histogram), prefill time per request and per prompt token, mean prompt size, prefix
+//! cache hit rate — over a decaying window ([`DecayedRatio`]); and scrape error accounting.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -8,6 +9,66 @@ use std::time::{Duration, Instant};
 
 use super::signals::Signals;
 use crate::balancer::Endpoint;
+
+/// Half-life of the recent window of a [`DecayedRatio`].
+pub const RECENT_HALF_LIFE: Duration = Duration::from_secs(2);
+/// Half-life of the long-run window of a [`DecayedRatio`].
+pub const LONG_RUN_HALF_LIFE: Duration = Duration::from_secs(60);
+/// Share of the long-run window beside the recent one while data arrives at a steady rate.
+const LONG_RUN_SHARE: f64 = 0.25;
+
+/// The ratio of the increments of a counter pair (`Δsum / Δcount` of a histogram, `Δhits /
+/// Δqueries`), each increment weighted by its own size, over two windows that decay with
+/// time: a recent one (half-life [`RECENT_HALF_LIFE`]) and a long-run one
+/// ([`LONG_RUN_HALF_LIFE`]) that counts for a quarter as much at a steady rate.
+///
+/// While requests keep finishing the figure follows the recent window; when they stop, the
+/// recent evidence ages faster than the long-run one and the figure moves to the backend's
+/// long-run value instead of keeping the last interval's for ever. So a burst's last interval
+/// (prefill measured while the batch was full, say) does not outlive the burst, and two equal
+/// GPUs that served the same traffic score alike once idle. Counters that go backwards (a
+/// restarted server) add nothing.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DecayedRatio {
+    previous: Option<(f64, f64)>,
+    recent: (f64, f64),
+    long_run: (f64, f64),
+}
+
+impl DecayedRatio {
+    /// Takes a reading `elapsed` after the previous one and returns the figure, if any data
+    /// arrived so far.
+    pub fn update(&mut self, reading: (f64, f64), elapsed: Duration) -> Option<f64> {
+        let decay = |window: &mut (f64, f64), half_life: Duration| {
+            let f = (-elapsed.as_secs_f64() / half_life.as_secs_f64()).exp2();
+            window.0 *= f;
+            window.1 *= f;
+        };
+        decay(&mut self.recent, RECENT_HALF_LIFE);
+        decay(&mut self.long_run, LONG_RUN_HALF_LIFE);
+        if let Some((n0, d0)) = self.previous {
+            let (n, d) = reading;
+            if n >= n0 && d >= d0 && (n - n0).is_finite() && (d - d0).is_finite() {
+                for w in [&mut self.recent, &mut self.long_run] {
+                    w.0 += n - n0;
+                    w.1 += d - d0;
+                }
+            }
+        }
+        self.previous = Some(reading);
+        self.value()
+    }
+
+    /// The figure: both windows pooled, the long-run one scaled so that it counts for
+    /// [`LONG_RUN_SHARE`] of the recent one at a steady rate of data.
+    pub fn value(&self) -> Option<f64> {
+        let scale =
+            LONG_RUN_SHARE * RECENT_HALF_LIFE.as_secs_f64() / LONG_RUN_HALF_LIFE.as_secs_f64();
+        let n = self.recent.0 + scale * self.long_run.0;
+        let d = self.recent.1 + scale * self.long_run.1;
+        (d > 0.0 && d.is_normal()).then(|| n / d)
+    }
+}
 
 /// One backend's telemetry.
 #[derive(Clone, Debug, Default)]
@@ -19,18 +80,24 @@ pub struct BackendTelemetry {
     /// Scrapes or reports refused, and the last reason.
     pub errors: u64,
     pub last_error: Option<String>,
-    /// Counter readings of the previous report, for rates.
+    /// Counter reading of the previous report, for the token rate.
     previous_tokens: Option<(f64, Instant)>,
-    previous_ttft: Option<(f64, f64)>,
-    previous_prefill: Option<(f64, f64)>,
-    previous_prompt: Option<(f64, f64)>,
-    previous_prefix: Option<(f64, f64)>,
+    ttft: DecayedRatio,
+    prefill: DecayedRatio,
+    prompt: DecayedRatio,
+    prefill_per_token: DecayedRatio,
+    prefix: DecayedRatio,
 }
 
 impl BackendTelemetry {
-    /// Records a report received at `now`, deriving rates from the counters. A histogram or
-    /// counter pair that did not move this interval keeps the last derived figure.
+    /// Records a report received at `now`, deriving rates from the counters. Figures a
+    /// server reports itself (a pushed report, SGLang's hit rate) are taken as they are.
     pub fn record(&mut self, mut signals: Signals, now: Instant) {
+        let elapsed = self
+            .latest
+            .as_ref()
+            .map(|(_, at)| now.saturating_duration_since(*at))
+            .unwrap_or_default();
         if let Some(total) = signals.tokens_total {
             if let Some((before, at)) = self.previous_tokens {
                 let secs = now.duration_since(at).as_secs_f64();
@@ -40,49 +107,51 @@ impl BackendTelemetry {
             }
             self.previous_tokens = Some((total, now));
         }
-        let last = self.latest.as_ref().map(|(s, _)| s);
-        if let Some(reading) = signals.ttft_sum_count {
-            // Mean TTFT of the first tokens of this interval.
-            if signals.ttft_seconds.is_none() {
-                signals.ttft_seconds = interval_ratio(self.previous_ttft, reading)
-                    .or_else(|| last.and_then(|s| s.ttft_seconds));
-            }
-            self.previous_ttft = Some(reading);
-        }
-        if let Some(reading) = signals.prefill_sum_count {
-            // Mean prefill time of the requests finished this interval.
-            if signals.prefill_seconds.is_none() {
-                signals.prefill_seconds = interval_ratio(self.previous_prefill, reading)
-                    .or_else(|| last.and_then(|s| s.prefill_seconds));
-            }
-            // Per prompt token: the same requests' prefill seconds over their prompt tokens
-            // (both histograms are observed as a request finishes).
-            if let Some(prompt) = signals.prompt_sum_count {
-                if signals.prompt_tokens_mean.is_none() {
-                    signals.prompt_tokens_mean = interval_ratio(self.previous_prompt, prompt)
-                        .or_else(|| last.and_then(|s| s.prompt_tokens_mean));
+        let derive =
+            |ratio: &mut DecayedRatio, reading: Option<(f64, f64)>, own: &mut Option<f64>| {
+                if let Some(reading) = reading {
+                    let derived = ratio.update(reading, elapsed);
+                    if own.is_none() {
+                        *own = derived;
+                    }
                 }
-                if signals.prefill_seconds_per_token.is_none() {
-                    signals.prefill_seconds_per_token = self
-                        .previous_prefill
-                        .zip(self.previous_prompt)
-                        .and_then(|((s0, _), (t0, _))| {
-                            interval_ratio(Some((s0, t0)), (reading.0, prompt.0))
-                        })
-                        .or_else(|| last.and_then(|s| s.prefill_seconds_per_token));
-                }
-                self.previous_prompt = Some(prompt);
-            }
-            self.previous_prefill = Some(reading);
-        }
-        if let Some(reading) = signals.prefix_cache_counts {
-            // Share of this interval's prompt tokens found in the cache.
-            if signals.prefix_cache_hit_rate.is_none() {
-                signals.prefix_cache_hit_rate = interval_ratio(self.previous_prefix, reading)
-                    .map(|r| r.clamp(0.0, 1.0))
-                    .or_else(|| last.and_then(|s| s.prefix_cache_hit_rate));
-            }
-            self.previous_prefix = Some(reading);
+            };
+        // Mean TTFT of recent first tokens.
+        derive(
+            &mut self.ttft,
+            signals.ttft_sum_count,
+            &mut signals.ttft_seconds,
+        );
+        // Mean prefill time of recently finished requests.
+        derive(
+            &mut self.prefill,
+            signals.prefill_sum_count,
+            &mut signals.prefill_seconds,
+        );
+        derive(
+            &mut self.prompt,
+            signals.prompt_sum_count,
+            &mut signals.prompt_tokens_mean,
+        );
+        // Per prompt token: the same requests' prefill seconds over their prompt tokens
+        // (both histograms are observed as a request finishes).
+        let per_token = signals
+            .prefill_sum_count
+            .zip(signals.prompt_sum_count)
+            .map(|((seconds, _), (tokens, _))| (seconds, tokens));
+        derive(
+            &mut self.prefill_per_token,
+            per_token,
+            &mut signals.prefill_seconds_per_token,
+        );
+        // Share of recent prompt tokens found in the cache.
+        derive(
+            &mut self.prefix,
+            signals.prefix_cache_counts,
+            &mut signals.prefix_cache_hit_rate,
+        );
+        if let Some(rate) = signals.prefix_cache_hit_rate.as_mut() {
+            *rate = rate.clamp(0.0, 1.0);
         }
         self.latest = Some((signals, now));
         self.reports += 1;
@@ -98,14 +167,6 @@ impl BackendTelemetry {
     pub fn age(&self, now: Instant) -> Option<Duration> {
         self.latest.as_ref().map(|(_, at)| now.duration_since(*at))
     }
-}
-
-/// `Δnumerator / Δdenominator` between two readings of a counter pair, when the denominator
-/// grew and neither went backwards (a restarted server resets its counters).
-fn interval_ratio(before: Option<(f64, f64)>, now: (f64, f64)) -> Option<f64> {
-    let (n0, d0) = before?;
-    let (n, d) = now;
-    (d > d0 && n >= n0).then(|| (n - n0) / (d - d0))
 }
 
 /// Telemetry of every (VIP, backend).
@@ -133,6 +194,10 @@ impl TelemetryStore {
 mod tests {
     use super::*;
 
+    fn close(v: Option<f64>, want: f64) -> bool {
+        v.is_some_and(|v| (v - want).abs() < 1e-9)
+    }
+
     #[test]
     fn rates_come_from_counters() {
         let mut t = BackendTelemetry::default();
@@ -150,15 +215,15 @@ mod tests {
         t.record(report(3000.0, 4.0, 20.0), t0 + Duration::from_millis(500));
         let s = &t.latest.as_ref().unwrap().0;
         assert_eq!(s.tokens_per_second, Some(4000.0));
-        assert_eq!(s.ttft_seconds, Some(0.3));
+        assert!(close(s.ttft_seconds, 0.3));
         assert!((s.prefill_seconds.unwrap() - 0.03).abs() < 1e-12);
         // 0.3 s of prefill over 1,000 prompt tokens.
         assert!((s.prefill_seconds_per_token.unwrap() - 0.0003).abs() < 1e-12);
-        assert_eq!(s.prompt_tokens_mean, Some(100.0));
+        assert!(close(s.prompt_tokens_mean, 100.0));
         // No new first tokens: the last TTFT stands; a counter reset gives no rate.
         t.record(report(10.0, 4.0, 20.0), t0 + Duration::from_millis(1000));
         let s = &t.latest.as_ref().unwrap().0;
-        assert_eq!(s.ttft_seconds, Some(0.3));
+        assert!(close(s.ttft_seconds, 0.3));
         assert!((s.prefill_seconds.unwrap() - 0.03).abs() < 1e-12, "kept");
         assert!((s.prefill_seconds_per_token.unwrap() - 0.0003).abs() < 1e-12);
         assert_eq!(s.tokens_per_second, None);
@@ -181,16 +246,20 @@ mod tests {
         assert_eq!(rate(&t), None, "one reading gives no rate");
         // 1,024 prompt tokens looked up, 768 found.
         t.record(report(768.0, 1024.0), t0 + Duration::from_millis(100));
-        assert_eq!(rate(&t), Some(0.75));
-        // No lookups this interval: the last rate stands.
+        assert!(close(rate(&t), 0.75));
+        // No lookups since: the rate stands.
         t.record(report(768.0, 1024.0), t0 + Duration::from_millis(200));
-        assert_eq!(rate(&t), Some(0.75));
-        // 1,000 more, none found.
-        t.record(report(768.0, 2024.0), t0 + Duration::from_millis(300));
-        assert_eq!(rate(&t), Some(0.0));
-        // A restarted server (counters back to small numbers): no rate from the reset.
+        assert!(close(rate(&t), 0.75));
+        // 3,000 more, none found: the recent share falls, token-weighted.
+        t.record(report(768.0, 4024.0), t0 + Duration::from_millis(300));
+        let after = rate(&t).unwrap();
+        assert!((0.15..0.25).contains(&after), "{after}");
+        // A restarted server (counters back to small numbers): nothing from the reset.
         t.record(report(10.0, 3000.0), t0 + Duration::from_millis(400));
-        assert_eq!(rate(&t), Some(0.0), "kept, not computed across a reset");
+        assert!(
+            (rate(&t).unwrap() - after).abs() < 0.01,
+            "not computed across a reset"
+        );
         // A server that reports the rate itself (SGLang) is taken as it is.
         t.record(
             Signals {
@@ -200,5 +269,70 @@ mod tests {
             t0 + Duration::from_millis(500),
         );
         assert_eq!(rate(&t), Some(0.4));
+    }
+
+    /// Readings of a counter pair every 100 ms for `secs`, each interval adding `count` to the
+    /// denominator and `count * ratio` to the numerator.
+    fn feed(r: &mut DecayedRatio, at: &mut (f64, f64), secs: f64, ratio: f64, count: f64) {
+        for _ in 0..(secs * 10.0).round() as usize {
+            at.0 += count * ratio;
+            at.1 += count;
+            r.update(*at, Duration::from_millis(100));
+        }
+    }
+
+    #[test]
+    fn a_decayed_ratio_follows_recent_data_and_keeps_its_value_when_none_arrives() {
+        let mut r = DecayedRatio::default();
+        assert_eq!(r.update((5.0, 10.0), Duration::ZERO), None, "one reading");
+        assert!(close(
+            r.update((8.0, 20.0), Duration::from_millis(100)),
+            0.3
+        ));
+        // Data of one ratio only: idle time does not change it.
+        assert!(close(r.update((8.0, 20.0), Duration::from_secs(30)), 0.3));
+        // Two minutes at 1.0, then ten seconds at 2.0: the figure is near the new value.
+        let mut at = (8.0, 20.0);
+        feed(&mut r, &mut at, 120.0, 1.0, 4.0);
+        assert!((r.value().unwrap() - 1.0).abs() < 1e-3);
+        feed(&mut r, &mut at, 10.0, 2.0, 4.0);
+        let v = r.value().unwrap();
+        assert!((1.75..2.0).contains(&v), "{v}");
+        // Each increment weighs by its size: one request in a second of 40 moves it little.
+        feed(&mut r, &mut at, 0.1, 100.0, 1.0 / 40.0);
+        assert!(r.value().unwrap() < v * 1.1);
+    }
+
+    #[test]
+    fn a_bursts_last_interval_does_not_outlive_the_burst() {
+        // Two equal GPUs serve the same minute of traffic; the last second of the burst finds
+        // one of them with a full batch (prefill 5x slower) and the other idle.
+        let (mut a, mut b) = (DecayedRatio::default(), DecayedRatio::default());
+        let (mut at_a, mut at_b) = ((0.0, 0.0), (0.0, 0.0));
+        a.update(at_a, Duration::ZERO);
+        b.update(at_b, Duration::ZERO);
+        feed(&mut a, &mut at_a, 60.0, 1.0, 2.0);
+        feed(&mut b, &mut at_b, 60.0, 1.0, 2.0);
+        feed(&mut a, &mut at_a, 1.0, 5.0, 2.0);
+        feed(&mut b, &mut at_b, 1.0, 1.0, 2.0);
+        let spread = |a: &DecayedRatio, b: &DecayedRatio| a.value().unwrap() / b.value().unwrap();
+        let after = spread(&a, &b);
+        assert!(after > 1.5, "just after the burst: {after}");
+        // Twenty idle seconds later only the long-run trace of that second is left (the
+        // interval figure kept before would have stayed at 5x).
+        feed(&mut a, &mut at_a, 20.0, 0.0, 0.0);
+        feed(&mut b, &mut at_b, 20.0, 0.0, 0.0);
+        let idle = spread(&a, &b);
+        assert!(
+            idle < 1.12 && idle - 1.0 < (after - 1.0) / 4.0,
+            "idle: {idle}"
+        );
+        // A GPU that is slower in the long run stays slower when idle.
+        let mut slow = DecayedRatio::default();
+        let mut at = (0.0, 0.0);
+        slow.update(at, Duration::ZERO);
+        feed(&mut slow, &mut at, 60.0, 4.0, 0.5);
+        feed(&mut slow, &mut at, 20.0, 0.0, 0.0);
+        assert!(spread(&slow, &b) > 3.5);
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! | server | metrics read |
 //! | --- | --- |
-//! | vLLM | `vllm:num_requests_running`, `vllm:num_requests_waiting` (not `..._waiting_by_reason`, a breakdown of the same queue), `vllm:kv_cache_usage_perc` (before 0.12 also `vllm:gpu_cache_usage_perc`), `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`, `vllm:cache_config_info` (`num_gpu_blocks` x `block_size`), `vllm:time_to_first_token_seconds`, `vllm:request_prefill_time_seconds` and `vllm:request_prompt_tokens` (interval means, and prefill time per prompt token), `vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total` (before 0.11 `vllm:gpu_prefix_cache_*`), label `model_name`; per-`engine` series are summed |
+//! | vLLM | `vllm:num_requests_running`, `vllm:num_requests_waiting` (not `..._waiting_by_reason`, a breakdown of the same queue), `vllm:kv_cache_usage_perc` (before 0.12 also `vllm:gpu_cache_usage_perc`), `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`, `vllm:cache_config_info` (`num_gpu_blocks` x `block_size`), `vllm:time_to_first_token_seconds`, `vllm:request_prefill_time_seconds` and `vllm:request_prompt_tokens` (recent means over a decaying window, and prefill time per prompt token), `vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total` (before 0.11 `vllm:gpu_prefix_cache_*`), label `model_name`; per-`engine` series are summed |
 //! | SGLang | `sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:token_usage`, `sglang:gen_throughput`, `sglang:cache_hit_rate`, `sglang:prompt_tokens_total`, `sglang:generation_tokens_total` |
 //! | llama.cpp (`llama-server --metrics`) | `llamacpp:requests_processing`, `llamacpp:requests_deferred`, `llamacpp:prompt_tokens_total`, `llamacpp:prompt_tokens_cached_total`, `llamacpp:tokens_predicted_total` (moves when a request ends), and where a version exports them `llamacpp:kv_cache_usage_ratio`, `llamacpp:kv_cache_tokens` (b11312 does not) |
 //! | TGI | `tgi_queue_size`, `tgi_batch_current_size`, `tgi_batch_current_max_tokens`, `tgi_batch_max_total_tokens` |
@@ -48,23 +48,24 @@ pub struct Signals {
     /// Tokens per second (reported, or the rate of the token counters).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens_per_second: Option<f64>,
-    /// Mean time to first token over the last interval, seconds.
+    /// Mean time to first token of recent requests (decaying window, see
+    /// `telemetry::store::DecayedRatio`), seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttft_seconds: Option<f64>,
-    /// Mean prefill time of the requests a server finished over the last interval, seconds
+    /// Mean prefill time of the requests a server finished recently (decaying window), seconds
     /// (vLLM's `request_prefill_time_seconds`): how fast it turns a prompt into a first token,
     /// queueing apart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_seconds: Option<f64>,
-    /// Prefill time per prompt token of the requests a server finished over the last interval,
-    /// seconds (`request_prefill_time_seconds` over `request_prompt_tokens`): its prefill speed
+    /// Prefill time per prompt token of the requests a server finished recently (decaying
+    /// window), seconds (`request_prefill_time_seconds` over `request_prompt_tokens`): its prefill speed
     /// whatever the prompt sizes it happened to get.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_seconds_per_token: Option<f64>,
-    /// Mean prompt size of the requests a server finished over the last interval, tokens.
+    /// Mean prompt size of the requests a server finished recently (decaying window), tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_tokens_mean: Option<f64>,
-    /// Share of prompt tokens found in the prefix cache over the last interval, 0..1.
+    /// Share of recent prompt tokens found in the prefix cache (decaying window), 0..1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix_cache_hit_rate: Option<f64>,
     /// Models served (`model_name` labels).
@@ -73,17 +74,17 @@ pub struct Signals {
     /// Monotonic token counter (prompt + generation), for rates; not reported by push.
     #[serde(skip)]
     pub tokens_total: Option<f64>,
-    /// TTFT histogram sum and count, for the interval mean; not reported by push.
+    /// TTFT histogram sum and count, for the recent mean; not reported by push.
     #[serde(skip)]
     pub ttft_sum_count: Option<(f64, f64)>,
-    /// Prefill-time histogram sum and count, for the interval mean; not reported by push.
+    /// Prefill-time histogram sum and count, for the recent mean; not reported by push.
     #[serde(skip)]
     pub prefill_sum_count: Option<(f64, f64)>,
     /// Prompt-size histogram sum and count (`request_prompt_tokens`, observed as requests
     /// finish, like the prefill time), for the per-token prefill rate; not reported by push.
     #[serde(skip)]
     pub prompt_sum_count: Option<(f64, f64)>,
-    /// Prefix-cache hit and query counters (tokens), for the interval hit rate; not reported
+    /// Prefix-cache hit and query counters (tokens), for the recent hit rate; not reported
     /// by push.
     #[serde(skip)]
     pub prefix_cache_counts: Option<(f64, f64)>,
