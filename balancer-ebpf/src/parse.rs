@@ -6,6 +6,7 @@
 
 use core::mem::size_of;
 
+use aya_ebpf::programs::XdpContext;
 use balancer_common::addr::{FAMILY_V4, FAMILY_V6, RawAddr};
 
 use crate::headers::*;
@@ -18,6 +19,15 @@ pub struct Frame {
 }
 
 impl Frame {
+    /// The frame an XDP program was given.
+    #[inline(always)]
+    pub fn of(ctx: &XdpContext) -> Frame {
+        Frame {
+            start: ctx.data(),
+            end: ctx.data_end(),
+        }
+    }
+
     /// A pointer to a `T` at `offset`, if the whole `T` lies inside the frame.
     #[inline(always)]
     pub fn ptr<T>(&self, offset: usize) -> Option<*mut T> {

@@ -57,10 +57,7 @@ enum Outer {
 
 #[inline(always)]
 fn try_decap(ctx: &XdpContext, stats: &mut DecapStats) {
-    let frame = Frame {
-        start: ctx.data(),
-        end: ctx.data_end(),
-    };
+    let frame = Frame::of(ctx);
     let Some(l2) = parse_l2(&frame) else {
         return;
     };
@@ -125,20 +122,14 @@ fn try_decap(ctx: &XdpContext, stats: &mut DecapStats) {
 /// Removes `len` bytes after the L2 header (which is `l3_off` long) and sets its ether type.
 #[inline(always)]
 fn strip(ctx: &XdpContext, l3_off: usize, len: usize, inner_family: u8) -> Option<()> {
-    let frame = Frame {
-        start: ctx.data(),
-        end: ctx.data_end(),
-    };
+    let frame = Frame::of(ctx);
     match l3_off {
         ETH_LEN => move_l2::<ETH_LEN>(ctx, &frame, len)?,
         18 => move_l2::<18>(ctx, &frame, len)?,
         22 => move_l2::<22>(ctx, &frame, len)?,
         _ => return None,
     }
-    let frame = Frame {
-        start: ctx.data(),
-        end: ctx.data_end(),
-    };
+    let frame = Frame::of(ctx);
     let ether_type = frame.ptr::<u16>(l3_off - 2)?;
     // SAFETY: bounds checked by `ptr`.
     unsafe {
@@ -160,10 +151,7 @@ fn move_l2<const N: usize>(ctx: &XdpContext, frame: &Frame, len: usize) -> Optio
     if unsafe { bpf_xdp_adjust_head(ctx.ctx, len as i32) } != 0 {
         return None;
     }
-    let frame = Frame {
-        start: ctx.data(),
-        end: ctx.data_end(),
-    };
+    let frame = Frame::of(ctx);
     let l2 = frame.ptr::<[u8; N]>(0)?;
     // SAFETY: bounds checked by `ptr`.
     unsafe { *l2 = saved };

@@ -7,7 +7,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use balancer_common::{
-    addr::FAMILY_V4,
+    addr::{FAMILY_V4, RawAddr},
     maps::{Backend, ForwardMode, GlobalConfig, VipMeta},
 };
 use balancer_ebpf::{
@@ -27,12 +27,13 @@ pub enum EncapError {
     Failed,
 }
 
+/// A flow's entropy for the outer header of the encapsulating modes (the outer source
+/// address's hashed bits, the IPv6 flow label, the GUE source port), so the backend's RSS
+/// spreads flows: the XOR of the client address's first and last 32-bit words and its port.
+/// The same for a flow's packets and for ICMP errors about it.
 #[inline(always)]
-pub fn frame_of(ctx: &XdpContext) -> Frame {
-    Frame {
-        start: ctx.data(),
-        end: ctx.data_end(),
-    }
+pub fn flow_entropy(client: &RawAddr, port: u16) -> u32 {
+    client[0] ^ client[3] ^ u32::from(port)
 }
 
 /// Rewrites the Ethernet addresses: to the backend's next hop, from the address the frame was
@@ -72,7 +73,7 @@ pub fn push_headroom(
     delta: usize,
     dst_mac: Option<[u8; 6]>,
 ) -> Result<Frame, EncapError> {
-    let old = frame_of(ctx);
+    let old = Frame::of(ctx);
     // Every IP frame we handle is longer than L2_MAX, so this copy never fails.
     let l2 = old.ptr::<[u8; L2_MAX]>(0).ok_or(EncapError::Failed)?;
     // SAFETY: bounds checked by `ptr`.
@@ -81,7 +82,7 @@ pub fn push_headroom(
     if unsafe { bpf_xdp_adjust_head(ctx.ctx, -(delta as i32)) } != 0 {
         return Err(EncapError::Failed);
     }
-    let frame = frame_of(ctx);
+    let frame = Frame::of(ctx);
     let l2 = frame.ptr::<[u8; L2_MAX]>(0).ok_or(EncapError::Failed)?;
     // SAFETY: bounds checked by `ptr`. Bytes past the real L2 header are overwritten by the
     // caller's headers.
@@ -196,7 +197,7 @@ pub fn to_backend(
     entropy: u32,
 ) -> Result<u32, EncapError> {
     if vip.mode == ForwardMode::L2Dsr as u8 {
-        return Ok(l2_dsr(&frame_of(ctx), backend));
+        return Ok(l2_dsr(&Frame::of(ctx), backend));
     }
     encap(ctx, ip, vip, backend, cfg, entropy)?;
     Ok(XDP_TX)

@@ -19,8 +19,11 @@ use balancer_ebpf::{
 };
 
 use crate::{
-    choose::{Tracked, count, find_vip, flow_slot, from_table, tracked},
-    forward::{EncapError, frame_of, push_headroom, to_backend},
+    conntrack::pinned_backend,
+    forward::{EncapError, flow_entropy, push_headroom, to_backend},
+    schedulers::from_table,
+    stats::count,
+    vip_index::find_vip,
 };
 
 /// Bytes of the offending packet quoted back: its IP header and the first 8 bytes after it.
@@ -53,19 +56,19 @@ pub fn too_big(ctx: &XdpContext, ip: &Ip, mtu: u32, stats: &mut GlobalStats) -> 
 /// Trims the frame to `len` bytes.
 #[inline(always)]
 fn trim(ctx: &XdpContext, len: usize) -> Result<Frame, EncapError> {
-    let frame = frame_of(ctx);
+    let frame = Frame::of(ctx);
     let delta = len as i32 - frame.size() as i32;
     // SAFETY: `ctx.ctx` is the program's context.
     if delta > 0 || unsafe { bpf_xdp_adjust_tail(ctx.ctx, delta) } != 0 {
         return Err(EncapError::Failed);
     }
-    Ok(frame_of(ctx))
+    Ok(Frame::of(ctx))
 }
 
 #[inline(always)]
 fn too_big_v4(ctx: &XdpContext, ip: &Ip, mtu: u32) -> Result<(), EncapError> {
     // The quote must exist before anything is moved.
-    frame_of(ctx)
+    Frame::of(ctx)
         .ptr::<[u8; QUOTE_V4]>(ip.l3_off)
         .ok_or(EncapError::Failed)?;
     push_headroom(ctx, IPV4_LEN + ICMP_LEN, None)?;
@@ -109,7 +112,7 @@ fn too_big_v4(ctx: &XdpContext, ip: &Ip, mtu: u32) -> Result<(), EncapError> {
 
 #[inline(always)]
 fn too_big_v6(ctx: &XdpContext, ip: &Ip, mtu: u32) -> Result<(), EncapError> {
-    frame_of(ctx)
+    Frame::of(ctx)
         .ptr::<[u8; QUOTE_V6]>(ip.l3_off)
         .ok_or(EncapError::Failed)?;
     push_headroom(ctx, IPV6_LEN + ICMP_LEN, None)?;
@@ -301,14 +304,7 @@ fn forward_error(
         sport: quoted.client_port,
         _pad: 0,
     };
-    let live = match flow_slot(&key, cfg) {
-        Some(slot) => match tracked(&slot) {
-            Tracked::Live(_, _, backend) => Some(backend),
-            Tracked::Miss | Tracked::Gone => None,
-        },
-        None => None,
-    };
-    let backend = match live {
+    let backend = match pinned_backend(&key, cfg) {
         Some(backend) => backend,
         None => match from_table(vip, &quoted.client, quoted.client_port) {
             Some((_, backend)) => backend,
@@ -318,7 +314,7 @@ fn forward_error(
             }
         },
     };
-    let entropy = quoted.client[0] ^ u32::from(quoted.client_port);
+    let entropy = flow_entropy(&quoted.client, quoted.client_port);
     match to_backend(ctx, ip, vip, backend, cfg, entropy) {
         Ok(action) => {
             count(stats, Counter::IcmpErrorForwarded);

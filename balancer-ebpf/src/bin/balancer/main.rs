@@ -1,9 +1,14 @@
 //! The balancer's XDP program.
 //!
 //! The packet path reads top to bottom: parse, look up the VIP, choose a backend (connection
-//! table, else Maglev), rewrite or encapsulate, count. Anything not addressed to a VIP leaves
-//! untouched with `XDP_PASS`, so the host's own traffic (ARP, SSH, ICMP to its addresses) is
-//! unaffected.
+//! table, else the VIP's scheduler), rewrite or encapsulate, count. Anything not addressed to
+//! a VIP leaves untouched with `XDP_PASS`, so the host's own traffic (ARP, SSH, ICMP to its
+//! addresses) is unaffected.
+//!
+//! One module per concern, in the order a packet meets them: `vip_index`; `choose` (the
+//! decision) over `conntrack`, `tiers`, `persistence` and `schedulers`, with `backends` (which
+//! backend may take a VIP's flow), `active` (active-flow counts), `flood` and `clock`;
+//! `forward` (DSR, IPIP, GUE); `icmp` (errors about VIP flows, echo, PMTU); `stats`; `maps`.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 // Atomic adds to shared counters: the BPF target has no compare-and-swap, so `core::sync::atomic`
@@ -11,10 +16,21 @@
 #![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
 #![cfg_attr(target_arch = "bpf", allow(internal_features))]
 
+mod active;
+mod backends;
 mod choose;
+mod clock;
+mod conntrack;
+mod flood;
+mod flow;
 mod forward;
 mod icmp;
 mod maps;
+mod persistence;
+mod schedulers;
+mod stats;
+mod tiers;
+mod vip_index;
 
 use aya_ebpf::{
     bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
@@ -23,7 +39,7 @@ use aya_ebpf::{
 };
 use balancer_common::{
     maps::VipKey,
-    stats::{Counter, GlobalStats, TrafficStats},
+    stats::{Counter, GlobalStats},
 };
 use balancer_ebpf::{
     headers::{IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP},
@@ -34,9 +50,12 @@ use balancer_ebpf::{
 };
 
 use crate::{
-    choose::{Flow, PacketKind, choose, count, find_vip},
-    forward::{EncapError, frame_of, to_backend},
+    choose::choose,
+    flow::{Flow, PacketKind},
+    forward::{EncapError, flow_entropy, to_backend},
     maps::{BACKEND_STATS, CONFIG, STATS, VIP_STATS},
+    stats::{add_traffic, count},
+    vip_index::find_vip,
 };
 
 #[xdp]
@@ -58,7 +77,7 @@ pub fn balancer(ctx: XdpContext) -> u32 {
 
 #[inline(always)]
 fn process(ctx: &XdpContext, stats: &mut GlobalStats) -> u32 {
-    let frame = frame_of(ctx);
+    let frame = Frame::of(ctx);
     let Some(l2) = parse_l2(&frame) else {
         return XDP_PASS;
     };
@@ -119,7 +138,7 @@ fn to_vip(
     let bytes = frame.size() as u64;
     add_traffic(VIP_STATS.get_ptr_mut(vip.vip_id), bytes, choice.new_flow);
     add_traffic(BACKEND_STATS.get_ptr_mut(choice.id), bytes, choice.new_flow);
-    let entropy = ip.src[0] ^ ip.src[3] ^ u32::from(flow.sport);
+    let entropy = flow_entropy(flow.src, flow.sport);
     match to_backend(ctx, ip, vip, choice.backend, cfg, entropy) {
         Ok(action) => action,
         Err(EncapError::TooBig { mtu }) => icmp::too_big(ctx, ip, mtu, stats),
@@ -161,17 +180,6 @@ fn not_plain_transport(ctx: &XdpContext, frame: &Frame, ip: &Ip, stats: &mut Glo
     };
     count(stats, drop_reason);
     XDP_DROP
-}
-
-#[inline(always)]
-fn add_traffic(entry: Option<*mut TrafficStats>, bytes: u64, new_flow: bool) {
-    if let Some(entry) = entry {
-        // SAFETY: this CPU's entry, valid while the program runs.
-        let entry = unsafe { &mut *entry };
-        entry.packets += 1;
-        entry.bytes += bytes;
-        entry.new_flows += u64::from(new_flow);
-    }
 }
 
 #[cfg(all(target_arch = "bpf", not(test)))]

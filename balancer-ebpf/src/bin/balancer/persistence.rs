@@ -1,0 +1,75 @@
+//! Session persistence: a client's new flows go to the backend its last flow had, while the
+//! VIP's persistence time has not run out since and that backend may take it; otherwise the
+//! VIP's scheduler picks, and the pick is remembered.
+
+use balancer_common::maps::{AffinityKey, AffinityValue};
+
+use crate::{
+    backends::Pick,
+    clock::now_ticks,
+    maps::{AFFINITY, BACKENDS, MAGLEV},
+    schedulers::{full, scheduled, unpack, unpack_addr},
+};
+
+/// The backend id for a new flow (`NO_BACKEND` if none): the client's previous one under
+/// session persistence, else the VIP's scheduler's choice (remembered under persistence).
+/// Arguments as the schedulers take them (see `schedulers`), the client address as two
+/// integers.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn balancer_pick(vip: u64, opts: u64, src_lo: u64, src_hi: u64) -> u32 {
+    let meta = unpack(vip, opts);
+    let src = unpack_addr(src_lo, src_hi);
+    let sport = (opts >> 32) as u16;
+    if meta.persist_ticks == 0 {
+        return scheduled(vip, opts, &src, sport);
+    }
+    let now = now_ticks() as u16;
+    let key = AffinityKey {
+        src,
+        vip_id: meta.vip_id,
+    };
+    if let Some(sticky) = AFFINITY.get_ptr_mut(key) {
+        // SAFETY: a map value, valid for the program's run.
+        let sticky = unsafe { &mut *sticky };
+        let id = u32::from(sticky.backend_id);
+        if now.wrapping_sub(sticky.last_seen) <= meta.persist_ticks
+            && balancer_may_stick(vip, opts, id, u32::from(sticky.generation)) != 0
+        {
+            if sticky.last_seen != now {
+                sticky.last_seen = now;
+            }
+            return id;
+        }
+    }
+    let id = scheduled(vip, opts, &src, sport);
+    if let Some(b) = BACKENDS.get(id) {
+        let value = AffinityValue {
+            backend_id: id as u16,
+            generation: b.generation as u16,
+            last_seen: now,
+            _pad: 0,
+        };
+        let _ = AFFINITY.insert(key, value, 0);
+    }
+    id
+}
+
+/// 1 if a client's remembered backend may take its new flow: it serves the VIP, is the same
+/// backend (generation), takes new flows, and has room under bounded load.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn balancer_may_stick(vip: u64, opts: u64, id: u32, generation: u32) -> u32 {
+    let meta = unpack(vip, opts);
+    let Some(table) = MAGLEV.get(meta.vip_id) else {
+        return 0;
+    };
+    let p = Pick::candidate(meta.vip_id, id);
+    if !p.is_some() {
+        return 0;
+    }
+    let b = p.backend();
+    u32::from(
+        b.weight != 0 && b.generation as u16 == generation as u16 && !full(&meta, table, id, b),
+    )
+}
