@@ -18,18 +18,17 @@
 use std::fs;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Result, bail};
 use balancer::api::client::{Client, Endpoint};
 use balancer::api::types::Status;
-use balancer::config::AttachMode;
+use balancer::config::{AttachMode, RawConfig};
 
-use crate::netns::{Netns, PREFIX, run, sweep};
-use crate::topology::{
-    ECHO_PORT, HTTP_PORT, Process, VIP4, attach_pass, binary, mount_pin_root, pin_root, plug,
-    start_daemon,
-};
+use crate::configs::{backend, tcp_health, to_toml, vip};
+use crate::netns::{Netns, run};
+use crate::rack::{Process, Rack, binary, poll};
+use crate::topology::{ECHO_PORT, HTTP_PORT, VIP4};
 
 pub const ROUTER_RACK: Ipv4Addr = Ipv4Addr::new(10, 111, 0, 1);
 pub const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 112, 0, 10);
@@ -60,17 +59,14 @@ pub fn tools_present() -> Result<()> {
 }
 
 pub struct Fleet {
-    pub tag: String,
-    pub log_dir: PathBuf,
-    /// Processes first: they must die before their namespaces go.
-    pub processes: Vec<Process>,
-    pass_programs: Vec<aya::Ebpf>,
+    /// The core: processes, logs, pins, the bridge (dropped first: processes die before
+    /// their namespaces go).
+    pub rack: Rack,
     pub client: Netns,
     pub router: Netns,
     pub etcd: Netns,
     pub lbs: Vec<Netns>,
     pub backends: Vec<Netns>,
-    pub rack: Netns,
 }
 
 impl Fleet {
@@ -79,37 +75,24 @@ impl Fleet {
     /// through every balancer.
     pub fn build(tag: &str, balancers: usize, backends: usize) -> Result<Fleet> {
         tools_present()?;
-        sweep(&format!("{PREFIX}-{tag}-"));
-        let ns = |role: &str| Netns::create(&format!("{PREFIX}-{tag}-{role}"));
-        let rack = ns("rack")?;
-        let client = ns("client")?;
-        let router = ns("router")?;
-        let etcd = ns("etcd")?;
+        let rack = Rack::new(tag)?;
+        let client = rack.host("client")?;
+        let router = rack.host("router")?;
+        let etcd = rack.host("etcd")?;
         let lbs = (0..balancers)
-            .map(|i| ns(&format!("lb{}", i + 1)))
+            .map(|i| rack.host(&format!("lb{}", i + 1)))
             .collect::<Result<Vec<_>>>()?;
         let backend_ns = (0..backends)
-            .map(|i| ns(&format!("b{}", i + 1)))
+            .map(|i| rack.host(&format!("b{}", i + 1)))
             .collect::<Result<Vec<_>>>()?;
-        let log_dir = std::env::temp_dir().join(format!("{PREFIX}-{tag}-logs"));
-        let _ = fs::remove_dir_all(&log_dir);
-        fs::create_dir_all(&log_dir)?;
-        mount_pin_root()?;
         let mut fleet = Fleet {
-            tag: tag.to_string(),
-            log_dir,
-            processes: Vec::new(),
-            pass_programs: Vec::new(),
+            rack,
             client,
             router,
             etcd,
             lbs,
             backends: backend_ns,
-            rack,
         };
-        for i in 0..balancers {
-            let _ = balancer::pinning::Pins::new(fleet.pin_dir(i)).remove();
-        }
         fleet.wire()?;
         fleet.start_etcd()?;
         fleet.start_router_bird()?;
@@ -125,8 +108,6 @@ impl Fleet {
     }
 
     fn wire(&mut self) -> Result<()> {
-        self.rack
-            .sh("ip link add br0 type bridge && ip link set br0 up")?;
         let mut hosts: Vec<(&Netns, String, Ipv4Addr)> = vec![
             (&self.router, "router".into(), ROUTER_RACK),
             (&self.etcd, "etcd".into(), ETCD),
@@ -138,7 +119,7 @@ impl Fleet {
             hosts.push((b, format!("b{}", i + 1), backend_addr(i)));
         }
         for (host, port, addr) in &hosts {
-            plug(&self.rack, port, host, &[format!("{addr}/24")])?;
+            self.rack.plug(port, host, &[format!("{addr}/24")])?;
         }
         // The client's own link to the router.
         run(
@@ -177,14 +158,14 @@ impl Fleet {
         }
         // Native XDP on a veth sends its XDP_TX frames only to a peer with an XDP program.
         for i in 0..self.lbs.len() {
-            let object = attach_pass(&self.rack, &format!("lb{}", i + 1), AttachMode::Native)?;
-            self.pass_programs.push(object);
+            self.rack
+                .attach_pass(&format!("lb{}", i + 1), AttachMode::Native)?;
         }
         Ok(())
     }
 
     fn start_etcd(&mut self) -> Result<()> {
-        let data = self.log_dir.join("etcd-data");
+        let data = self.rack.log_dir.join("etcd-data");
         let (client_url, peer_url) = (format!("http://{ETCD}:2379"), format!("http://{ETCD}:2380"));
         let cluster = format!("e1={peer_url}");
         let argv = [
@@ -206,22 +187,18 @@ impl Fleet {
             "--initial-cluster-state",
             "new",
         ];
-        let mut p = Process::spawn(&self.etcd, "etcd", &argv, &self.log_dir)?;
-        p.wait_for_log("ready to serve client requests", Duration::from_secs(20))?;
-        self.processes.push(p);
-        Ok(())
+        self.rack
+            .spawn(&self.etcd, "etcd", &argv)?
+            .wait_for_log("ready to serve client requests", Duration::from_secs(20))
     }
 
     /// Kills etcd (the balancers lose their shared state store).
     pub fn kill_etcd(&mut self) -> Result<()> {
-        let p = self.process("etcd").context("no etcd")?;
-        p.signal_and_wait(libc::SIGKILL, Duration::from_secs(5))?;
-        self.processes.retain(|p| p.name != "etcd");
-        Ok(())
+        self.rack.kill("etcd")
     }
 
     fn bird_dir(&self) -> PathBuf {
-        self.log_dir.join("bird")
+        self.rack.log_dir.join("bird")
     }
 
     fn start_router_bird(&mut self) -> Result<()> {
@@ -296,16 +273,13 @@ impl Fleet {
             "-s",
             socket.to_str().unwrap_or_default(),
         ];
-        let p = Process::spawn(ns, &name, &argv, &self.log_dir)?;
-        self.processes.retain(|x| x.name != name);
-        self.processes.push(p);
-        let until = Instant::now() + Duration::from_secs(10);
-        while !socket.exists() {
-            if Instant::now() > until {
-                bail!("{name} did not open its control socket:\n{}", self.logs());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let p = Process::spawn(ns, &name, &argv, &self.rack.log_dir)?;
+        self.rack.add(p);
+        self.rack.wait_until(
+            Duration::from_secs(10),
+            &format!("{name}'s control socket open"),
+            || socket.exists(),
+        )?;
         Ok(())
     }
 
@@ -319,12 +293,7 @@ impl Fleet {
 
     /// Kills a process by name (SIGKILL).
     pub fn kill(&mut self, name: &str) -> Result<()> {
-        let p = self
-            .process(name)
-            .with_context(|| format!("no process {name}"))?;
-        p.signal_and_wait(libc::SIGKILL, Duration::from_secs(5))?;
-        self.processes.retain(|p| p.name != name);
-        Ok(())
+        self.rack.kill(name)
     }
 
     fn start_backend(&mut self, i: usize) -> Result<()> {
@@ -339,76 +308,61 @@ impl Fleet {
             "--echo-port",
             &ECHO_PORT.to_string(),
         ];
-        let mut p = Process::spawn(
-            &self.backends[i],
-            &format!("server-{name}"),
-            &argv,
-            &self.log_dir,
-        )?;
-        p.wait_for_log("listening", Duration::from_secs(10))?;
-        self.processes.push(p);
-        Ok(())
+        self.rack
+            .spawn(&self.backends[i], &format!("server-{name}"), &argv)?
+            .wait_for_log("listening", Duration::from_secs(10))
     }
 
     pub fn pin_dir(&self, i: usize) -> PathBuf {
-        pin_root().join(format!("{PREFIX}-{}-lb{}", self.tag, i + 1))
+        self.rack.pin_dir(Some(&format!("lb{}", i + 1)))
     }
 
     pub fn api_socket(&self, i: usize) -> PathBuf {
-        self.log_dir.join(format!("api-lb{}.sock", i + 1))
+        self.rack.log_dir.join(format!("api-lb{}.sock", i + 1))
     }
 
     /// Balancer `i`'s config: the same VIPs and backends on every balancer; its own pins,
     /// socket, instance name and BIRD files.
     pub fn config(&self, i: usize) -> String {
-        let mut text = format!(
-            "interface = \"eth0\"\nattach_mode = \"native\"\npin_dir = \"{pins}\"\nstate_file = \"{state}\"\n\n\
-             [api]\nsocket = \"{socket}\"\n\n\
-             [fleet]\netcd = [\"{ETCD}:2379\"]\nprefix = \"/balancer/{tag}\"\ninstance = \"lb{n}\"\nlease_secs = 3\npoll_ms = 200\n\n\
-             [bgp]\nroutes_v4 = \"{r4}\"\nroutes_v6 = \"{r6}\"\nbirdc = \"birdc\"\nsocket = \"{ctl}\"\n\n",
-            pins = self.pin_dir(i).display(),
-            state = self
-                .log_dir
-                .join(format!("state-lb{}.json", i + 1))
-                .display(),
-            socket = self.api_socket(i).display(),
-            tag = self.tag,
-            n = i + 1,
-            r4 = self
-                .bird_dir()
-                .join(format!("lb{}-vips4.conf", i + 1))
-                .display(),
-            r6 = self
-                .bird_dir()
-                .join(format!("lb{}-vips6.conf", i + 1))
-                .display(),
-            ctl = self.bird_socket(Some(i)).display(),
-        );
+        let path = |p: PathBuf| Some(p.display().to_string());
+        let mut config = RawConfig {
+            interface: Some("eth0".into()),
+            attach_mode: Some("native".into()),
+            pin_dir: path(self.pin_dir(i)),
+            state_file: path(self.rack.log_dir.join(format!("state-lb{}.json", i + 1))),
+            ..RawConfig::default()
+        };
+        config.api.socket = path(self.api_socket(i));
+        config.fleet.etcd = vec![format!("{ETCD}:2379")];
+        config.fleet.prefix = Some(format!("/balancer/{}", self.rack.tag));
+        config.fleet.instance = Some(format!("lb{}", i + 1));
+        config.fleet.lease_secs = Some(3);
+        config.fleet.poll_ms = Some(200);
+        config.bgp.routes_v4 = path(self.bird_dir().join(format!("lb{}-vips4.conf", i + 1)));
+        config.bgp.routes_v6 = path(self.bird_dir().join(format!("lb{}-vips6.conf", i + 1)));
+        config.bgp.birdc = Some("birdc".into());
+        config.bgp.socket = path(self.bird_socket(Some(i)));
         for (name, port) in [("http4", HTTP_PORT), ("echo4", ECHO_PORT)] {
-            text.push_str(&format!(
-                "[[vip]]\nname = \"{name}\"\naddress = \"{VIP4}\"\nport = {port}\nprotocol = \"tcp\"\n\
-                 health = {{ check = \"tcp\", interval_ms = 200, timeout_ms = 100, fall = 2, rise = 2 }}\n"
-            ));
-            for b in 0..self.backends.len() {
-                text.push_str(&format!(
-                    "  [[vip.backend]]\n  address = \"{}\"\n  weight = 100\n",
-                    backend_addr(b)
-                ));
-            }
-            text.push('\n');
+            let mut v = vip(name, VIP4, port);
+            v.protocol = Some("tcp".into());
+            v.health = Some(tcp_health(200, 100, 2, 2));
+            v.backend = (0..self.backends.len())
+                .map(|b| backend(backend_addr(b), Some(100)))
+                .collect();
+            config.vip.push(v);
         }
-        text
+        to_toml(&config)
     }
 
     /// Starts (or restarts) `balancer run` on balancer `i`; waits until it is ready.
     pub fn start_balancer(&mut self, i: usize) -> Result<()> {
-        let path = self.log_dir.join(format!("balancer-lb{}.toml", i + 1));
-        fs::write(&path, self.config(i))?;
-        let name = format!("balancer-lb{}", i + 1);
-        self.processes.retain(|p| p.name != name);
-        let p = start_daemon(&self.lbs[i], &name, &path, &self.log_dir)?;
-        self.processes.push(p);
-        Ok(())
+        let config = self.config(i);
+        self.rack.start_balancer(
+            &self.lbs[i],
+            &format!("balancer-lb{}", i + 1),
+            &format!("balancer-lb{}.toml", i + 1),
+            &config,
+        )
     }
 
     /// Balancer `i`'s API.
@@ -526,31 +480,15 @@ impl Fleet {
         what: &str,
         done: impl Fn() -> bool,
     ) -> Result<Duration> {
-        match poll(timeout, || done().then_some(())) {
-            Some(((), took)) => Ok(took),
-            None => bail!("not {what} within {timeout:?}\n{}", self.logs()),
-        }
+        self.rack.wait_until(timeout, what, done)
     }
 
     pub fn process(&mut self, name: &str) -> Option<&mut Process> {
-        self.processes.iter_mut().find(|p| p.name == name)
+        self.rack.process(name)
     }
 
     pub fn logs(&self) -> String {
-        self.processes
-            .iter()
-            .filter(|p| !p.name.starts_with("server-"))
-            .map(|p| {
-                let text = p.log_text();
-                let tail: Vec<&str> = text.lines().rev().take(40).collect();
-                format!(
-                    "--- {} ---\n{}",
-                    p.name,
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
+        self.rack.logs()
     }
 
     /// The table fingerprint of `vip` on balancer `i`.
@@ -579,30 +517,5 @@ impl Fleet {
         self.kill(&format!("bird-lb{}", i + 1))?;
         self.kill(&format!("balancer-lb{}", i + 1))?;
         Ok(())
-    }
-}
-
-/// Calls `check` every 50 ms until it gives a value, for at most `timeout`; the value and the
-/// time it took.
-fn poll<T>(timeout: Duration, mut check: impl FnMut() -> Option<T>) -> Option<(T, Duration)> {
-    let started = Instant::now();
-    loop {
-        if let Some(value) = check() {
-            return Some((value, started.elapsed()));
-        }
-        if started.elapsed() > timeout {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-impl Drop for Fleet {
-    fn drop(&mut self) {
-        self.processes.clear();
-        self.pass_programs.clear();
-        for i in 0..self.lbs.len() {
-            let _ = balancer::pinning::Pins::new(self.pin_dir(i)).remove();
-        }
     }
 }

@@ -12,17 +12,19 @@
 //! backends hold the VIPs on `lo` (LVS-DR style) and answer the client directly. Everything is
 //! torn down on drop: processes killed, namespaces deleted.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::path::PathBuf;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, Result, bail};
-use balancer::config::AttachMode;
-use balancer::ebpf::xdp_mode;
+use anyhow::{Context as _, Result, anyhow, bail};
+use balancer::config::{AttachMode, RawApi, RawConfig, RawConntrack, RawEncap};
 
-use crate::netns::{Netns, PREFIX, run};
+use crate::configs::{backend, vip};
+use crate::netns::Netns;
+use crate::rack::{Process, Rack, binary};
 
 pub const VIP4: Ipv4Addr = Ipv4Addr::new(10, 111, 1, 1);
 pub const VIP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x111, 1, 0, 0, 0, 0, 1);
@@ -43,221 +45,41 @@ pub fn backend6(i: usize) -> Ipv6Addr {
     Ipv6Addr::new(0xfd00, 0x111, 0, 0, 0, 0, 0, 0x11 + i as u16)
 }
 
-/// The BPF filesystem the tests pin on.
-pub fn pin_root() -> PathBuf {
-    PathBuf::from("/run/blt-bpf")
-}
-
-/// Mounts the tests' BPF filesystem at [`pin_root`] unless it is there (once: two tests of
-/// one binary starting together must not stack two mounts, the second hiding the first's pins).
-pub fn mount_pin_root() -> Result<()> {
-    static MOUNTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one_at_a_time = MOUNTING.lock().unwrap_or_else(|e| e.into_inner());
-    let root = pin_root();
-    fs::create_dir_all(&root)?;
-    if !balancer::pinning::is_bpffs(&root)? {
-        run(
-            "mount",
-            &["-t", "bpf", "bpf", root.to_str().unwrap_or_default()],
-        )?;
-    }
-    Ok(())
-}
-
-/// Where the workspace's binaries are (next to this test's own binaries).
-pub fn bin_dir() -> PathBuf {
-    if let Ok(dir) = std::env::var("BALANCER_BIN_DIR") {
-        return dir.into();
-    }
-    let exe = std::env::current_exe().expect("current_exe");
-    let dir = exe.parent().expect("exe dir");
-    // Integration tests live in target/<profile>/deps; binaries in target/<profile>.
-    if dir.ends_with("deps") {
-        dir.parent().expect("profile dir").to_path_buf()
-    } else {
-        dir.to_path_buf()
-    }
-}
-
-/// The path of a workspace binary, with a hint if it was not built.
-pub fn binary(name: &str) -> Result<PathBuf> {
-    let path = bin_dir().join(name);
-    if !path.exists() {
-        bail!(
-            "{} not found: build the workspace binaries first (cargo build --bins, or cargo xtask test)",
-            path.display()
-        );
-    }
-    Ok(path)
-}
-
-/// A background process, killed on drop, whose stderr goes to a log file.
-pub struct Process {
-    pub name: String,
-    child: Child,
-    log: PathBuf,
-}
-
-impl Process {
-    /// Starts `argv` in `ns` with stdout and stderr logged to `log_dir/<name>.log`.
-    pub fn spawn(ns: &Netns, name: &str, argv: &[&str], log_dir: &Path) -> Result<Process> {
-        let log = log_dir.join(format!("{name}.log"));
-        let file = fs::File::create(&log)?;
-        let mut cmd = ns.command(argv[0]);
-        cmd.args(&argv[1..])
-            .stdin(Stdio::null())
-            .stdout(file.try_clone()?)
-            .stderr(file);
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting {name}: {}", argv.join(" ")))?;
-        Ok(Process {
-            name: name.to_string(),
-            child,
-            log,
-        })
-    }
-
-    /// Waits until the log contains `needle`; fails if the process exits or `timeout` passes.
-    pub fn wait_for_log(&mut self, needle: &str, timeout: Duration) -> Result<()> {
-        let started = Instant::now();
-        loop {
-            if self.log_text().contains(needle) {
-                return Ok(());
-            }
-            if let Some(status) = self.child.try_wait()? {
-                bail!(
-                    "{} exited ({status}) before {needle:?}:\n{}",
-                    self.name,
-                    self.log_text()
-                );
-            }
-            if started.elapsed() > timeout {
-                bail!(
-                    "{} did not log {needle:?} within {timeout:?}:\n{}",
-                    self.name,
-                    self.log_text()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    pub fn log_text(&self) -> String {
-        fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Sends a signal; returns the exit status if it exits within `timeout`.
-    pub fn signal_and_wait(
-        &mut self,
-        signal: i32,
-        timeout: Duration,
-    ) -> Result<std::process::ExitStatus> {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.child.id() as i32, signal) };
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                return Ok(status);
-            }
-            if started.elapsed() > timeout {
-                bail!(
-                    "{} did not exit within {timeout:?} after signal {signal}",
-                    self.name
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// Whether the process is still running.
-    pub fn is_running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        if self.is_running() {
-            // SAFETY: kill(2) on our own child.
-            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-            let started = Instant::now();
-            while self.is_running() && started.elapsed() < Duration::from_secs(3) {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
 /// A client thread of [`Topology::echo_streams`].
 pub type EchoStream = std::thread::JoinHandle<Result<Result<(String, usize), String>>>;
 
-/// Starts `balancer run --config <config>` in `ns` as the process `name`; waits until it is
-/// ready.
-pub fn start_daemon(ns: &Netns, name: &str, config: &Path, log_dir: &Path) -> Result<Process> {
-    let bin = binary("balancer")?;
-    let argv = [
-        bin.to_str().unwrap_or_default(),
-        "run",
-        "--config",
-        config.to_str().unwrap_or_default(),
-    ];
-    let mut p = Process::spawn(ns, name, &argv, log_dir)?;
-    p.wait_for_log("balancer ready", Duration::from_secs(30))?;
-    Ok(p)
+/// What a set of echo streams did, all of them unbroken.
+#[derive(Debug)]
+pub struct StreamsJoined {
+    /// Streams per backend name.
+    pub per_backend: BTreeMap<String, usize>,
+    /// Bytes echoed and checked, all streams together.
+    pub bytes: usize,
+    /// The fewest bytes one stream echoed.
+    pub fewest_bytes: usize,
 }
 
-/// Connects `host` to the bridge `br0` of `rack` by a veth pair: `port` on the bridge, `eth0`
-/// in `host` with `addresses` (CIDR), up.
-pub fn plug(rack: &Netns, port: &str, host: &Netns, addresses: &[String]) -> Result<()> {
-    let r = rack.name();
-    run(
-        "ip",
-        &[
-            "-n",
-            r,
-            "link",
-            "add",
-            port,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            host.name(),
-        ],
-    )?;
-    run("ip", &["-n", r, "link", "set", port, "master", "br0", "up"])?;
-    let mut script = String::from(
-        "sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.eth0.accept_dad=0 2>/dev/null || true",
-    );
-    for a in addresses {
-        let nodad = if a.contains(':') { " nodad" } else { "" };
-        script.push_str(&format!("; ip addr add {a} dev eth0{nodad}"));
+/// Waits for the streams of [`Topology::echo_streams`]; an error names the first one that
+/// broke (`during` says while what) or moved no data.
+pub fn join_streams(streams: Vec<EchoStream>, during: &str) -> Result<StreamsJoined> {
+    let mut joined = StreamsJoined {
+        per_backend: BTreeMap::new(),
+        bytes: 0,
+        fewest_bytes: usize::MAX,
+    };
+    for (i, s) in streams.into_iter().enumerate() {
+        let (backend, bytes) = s
+            .join()
+            .map_err(|_| anyhow!("stream {i}'s thread panicked"))??
+            .map_err(|e| anyhow!("stream {i} broke {during}: {e}"))?;
+        if bytes == 0 {
+            bail!("stream {i} moved no data");
+        }
+        joined.bytes += bytes;
+        joined.fewest_bytes = joined.fewest_bytes.min(bytes);
+        *joined.per_backend.entry(backend).or_insert(0) += 1;
     }
-    script.push_str("; ip link set eth0 up");
-    host.sh(&script)?;
-    Ok(())
-}
-
-/// Attaches the XDP pass-through program to `port` in `rack` (in native mode a veth only
-/// receives `XDP_TX` frames when its peer has an XDP program); the object must stay loaded.
-pub fn attach_pass(rack: &Netns, port: &str, mode: AttachMode) -> Result<aya::Ebpf> {
-    let port = port.to_string();
-    rack.run_in(move || -> Result<aya::Ebpf> {
-        let mut object = balancer::ebpf::load_decap()?;
-        balancer::ebpf::program(&mut object, balancer::ebpf::PASS_PROGRAM)?
-            .attach(&port, xdp_mode(mode))
-            .with_context(|| format!("attaching the pass program to {port}"))?;
-        Ok(object)
-    })?
+    Ok(joined)
 }
 
 /// How to build a rack.
@@ -283,46 +105,32 @@ impl TopologyOptions {
 /// The namespaces, links and processes of one rack.
 pub struct Topology {
     pub opts: TopologyOptions,
-    pub log_dir: PathBuf,
-    /// Processes first: they must die before their namespaces go.
-    pub processes: Vec<Process>,
-    /// XDP pass-through programs on rack-side veth peers (kept loaded while the rack lives).
-    pass_programs: Vec<aya::Ebpf>,
+    /// The core: processes, logs, pins, the bridge (dropped first: processes die before
+    /// their namespaces go).
+    pub rack: Rack,
     pub client: Netns,
     pub lb: Netns,
     pub backends: Vec<Netns>,
     /// A second balancer's namespace, when a test adds one.
     pub lb2: Option<Netns>,
-    pub rack: Netns,
 }
 
 impl Topology {
     /// Builds the rack and starts a test backend server in each backend namespace.
     pub fn build(opts: TopologyOptions) -> Result<Topology> {
-        let ns = |role: &str| Netns::create(&format!("{PREFIX}-{}-{role}", opts.tag));
-        let rack = ns("rack")?;
-        let client = ns("client")?;
-        let lb = ns("lb")?;
+        let rack = Rack::new(&opts.tag)?;
+        let client = rack.host("client")?;
+        let lb = rack.host("lb")?;
         let backends = (0..opts.backends)
-            .map(|i| ns(&format!("b{}", i + 1)))
+            .map(|i| rack.host(&format!("b{}", i + 1)))
             .collect::<Result<Vec<_>>>()?;
-        let log_dir = std::env::temp_dir().join(format!("{PREFIX}-{}-logs", opts.tag));
-        let _ = fs::remove_dir_all(&log_dir);
-        // Pinned state of an earlier run of this rack (bpffs outlives namespaces).
-        mount_pin_root()?;
-        let _ = balancer::pinning::Pins::new(pin_root().join(format!("{PREFIX}-{}", opts.tag)))
-            .remove();
-        fs::create_dir_all(&log_dir)?;
         let mut topo = Topology {
             opts,
-            log_dir,
-            processes: Vec::new(),
-            pass_programs: Vec::new(),
+            rack,
             client,
             lb,
             backends,
             lb2: None,
-            rack,
         };
         topo.wire()?;
         topo.start_backends()?;
@@ -330,10 +138,6 @@ impl Topology {
     }
 
     fn wire(&mut self) -> Result<()> {
-        self.rack
-            .sh("ip link add br0 type bridge && ip link set br0 up; \
-             sysctl -qw net.bridge.bridge-nf-call-iptables=0 2>/dev/null || true; \
-             sysctl -qw net.bridge.bridge-nf-call-ip6tables=0 2>/dev/null || true")?;
         let mut hosts: Vec<(&Netns, String, String, String)> = vec![
             (
                 &self.client,
@@ -357,7 +161,7 @@ impl Topology {
             ));
         }
         for (host, port, v4, v6) in &hosts {
-            plug(&self.rack, port, host, &[v4.clone(), v6.clone()])?;
+            self.rack.plug(port, host, &[v4.clone(), v6.clone()])?;
         }
         self.client.sh(&format!(
             "ip link set eth0 mtu {mtu}; \
@@ -417,36 +221,30 @@ impl Topology {
             &models,
         ];
         let process_name = format!("server-{name}");
-        self.processes.retain(|p| p.name != process_name);
-        let mut p = Process::spawn(&self.backends[i], &process_name, &argv, &self.log_dir)?;
-        p.wait_for_log("listening", Duration::from_secs(10))?;
-        self.processes.push(p);
-        Ok(())
+        self.rack
+            .spawn(&self.backends[i], &process_name, &argv)?
+            .wait_for_log("listening", Duration::from_secs(10))
     }
 
     /// The file backend `i`'s server serves at `/metrics` (absent until a test writes it).
     pub fn metrics_file(&self, i: usize) -> PathBuf {
-        self.log_dir.join(format!("metrics-b{}.prom", i + 1))
+        self.rack.log_dir.join(format!("metrics-b{}.prom", i + 1))
     }
 
     /// The file listing (comma-separated) the models backend `i`'s server answers at
     /// `/v1/models` (none until a test writes it).
     pub fn models_file(&self, i: usize) -> PathBuf {
-        self.log_dir.join(format!("models-b{}.txt", i + 1))
+        self.rack.log_dir.join(format!("models-b{}.txt", i + 1))
     }
 
     /// Kills the test server of backend `i` (0-based).
     pub fn kill_backend_server(&mut self, i: usize) -> Result<()> {
-        let name = format!("server-b{}", i + 1);
-        let p = self.process(&name).with_context(|| format!("no {name}"))?;
-        p.signal_and_wait(libc::SIGKILL, Duration::from_secs(5))?;
-        self.processes.retain(|p| p.name != name);
-        Ok(())
+        self.rack.kill(&format!("server-b{}", i + 1))
     }
 
     /// Starts `balancer run` again with the config `start_balancer` wrote, plus `args`.
     pub fn restart_balancer(&mut self, args: &[&str]) -> Result<()> {
-        let path = self.log_dir.join("balancer.toml");
+        let path = self.rack.log_dir.join("balancer.toml");
         let bin = binary("balancer")?;
         let mut argv = vec![
             bin.to_string_lossy().to_string(),
@@ -456,35 +254,29 @@ impl Topology {
         ];
         argv.extend(args.iter().map(|a| (*a).to_string()));
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-        self.processes.retain(|p| p.name != "balancer");
-        let mut p = Process::spawn(&self.lb, "balancer", &argv, &self.log_dir)?;
-        p.wait_for_log("balancer ready", Duration::from_secs(30))?;
-        self.processes.push(p);
-        Ok(())
+        self.rack
+            .spawn(&self.lb, "balancer", &argv)?
+            .wait_for_log("balancer ready", Duration::from_secs(30))
     }
 
     /// Attaches an XDP pass-through program to the rack side of the balancer's link: in native
     /// mode a veth only receives `XDP_TX` frames when its peer has an XDP program.
     pub fn attach_peer_pass(&mut self, mode: AttachMode) -> Result<()> {
-        let object = attach_pass(&self.rack, "lb", mode)?;
-        self.pass_programs.push(object);
-        Ok(())
+        self.rack.attach_pass("lb", mode)
     }
 
     /// A second balancer on the rack (namespace `lb2`, 10.111.0.3 / fd00:111::3), running the
     /// first one's config with its own pins, state file and socket: what an ECMP peer of the
     /// first balancer is. Its process is `balancer2`.
     pub fn start_second_balancer(&mut self) -> Result<()> {
-        let ns = Netns::create(&format!("{PREFIX}-{}-lb2", self.opts.tag))?;
-        plug(
-            &self.rack,
+        let ns = self.rack.host("lb2")?;
+        self.rack.plug(
             "lb2",
             &ns,
             &["10.111.0.3/24".into(), "fd00:111::3/64".into()],
         )?;
-        let object = attach_pass(&self.rack, "lb2", AttachMode::Native)?;
-        self.pass_programs.push(object);
-        let first = fs::read_to_string(self.log_dir.join("balancer.toml"))?;
+        self.rack.attach_pass("lb2", AttachMode::Native)?;
+        let first = fs::read_to_string(self.rack.log_dir.join("balancer.toml"))?;
         let pins = self.second_pin_dir();
         let _ = balancer::pinning::Pins::new(pins.clone()).remove();
         let config = first
@@ -494,10 +286,8 @@ impl Topology {
             )
             .replace("state.json", "state2.json")
             .replace("api.sock", "api2.sock");
-        let path = self.log_dir.join("balancer2.toml");
-        fs::write(&path, config)?;
-        let p = start_daemon(&ns, "balancer2", &path, &self.log_dir)?;
-        self.processes.push(p);
+        self.rack
+            .start_balancer(&ns, "balancer2", "balancer2.toml", &config)?;
         self.lb2 = Some(ns);
         Ok(())
     }
@@ -528,11 +318,8 @@ impl Topology {
 
     /// Writes `config` and starts `balancer run` in the balancer namespace; waits until ready.
     pub fn start_balancer(&mut self, config: &str) -> Result<()> {
-        let path = self.log_dir.join("balancer.toml");
-        fs::write(&path, config)?;
-        let p = start_daemon(&self.lb, "balancer", &path, &self.log_dir)?;
-        self.processes.push(p);
-        Ok(())
+        self.rack
+            .start_balancer(&self.lb, "balancer", "balancer.toml", config)
     }
 
     /// Starts `balancer decap` on every backend; waits until ready.
@@ -552,32 +339,26 @@ impl Topology {
                 "--gue-port",
                 &gue,
             ];
-            let mut p = Process::spawn(
-                &self.backends[i],
-                &format!("decap-b{}", i + 1),
-                &argv,
-                &self.log_dir,
-            )?;
-            p.wait_for_log("decap ready", Duration::from_secs(30))?;
-            self.processes.push(p);
+            self.rack
+                .spawn(&self.backends[i], &format!("decap-b{}", i + 1), &argv)?
+                .wait_for_log("decap ready", Duration::from_secs(30))?;
         }
         Ok(())
     }
 
-    /// Where this rack's balancer pins its program and maps: on the tests' own bpffs (bpffs is
-    /// not per network namespace, and `ip netns exec` hides /sys/fs/bpf).
+    /// Where this rack's balancer pins its program and maps.
     pub fn pin_dir(&self) -> PathBuf {
-        pin_root().join(format!("{PREFIX}-{}", self.opts.tag))
+        self.rack.pin_dir(None)
     }
 
     /// The second balancer's pin directory (bpffs refuses names with a dot).
     pub fn second_pin_dir(&self) -> PathBuf {
-        pin_root().join(format!("{PREFIX}-{}-lb2", self.opts.tag))
+        self.rack.pin_dir(Some("lb2"))
     }
 
     /// The balancer's control socket.
     pub fn api_socket(&self) -> PathBuf {
-        self.log_dir.join("api.sock")
+        self.rack.log_dir.join("api.sock")
     }
 
     /// Runs the `balancer` CLI against this rack's daemon; returns (exit code, stdout, stderr).
@@ -598,35 +379,21 @@ impl Topology {
 
     /// The running process called `name`.
     pub fn process(&mut self, name: &str) -> Option<&mut Process> {
-        self.processes.iter_mut().find(|p| p.name == name)
+        self.rack.process(name)
     }
 
-    /// All process logs, for failure messages.
+    /// The processes' logs, for failure messages.
     pub fn logs(&self) -> String {
-        self.processes
-            .iter()
-            .map(|p| format!("--- {} ---\n{}", p.name, p.log_text()))
-            .collect::<Vec<_>>()
-            .join("\n")
+        self.rack.logs()
     }
 }
 
-impl Drop for Topology {
-    fn drop(&mut self) {
-        // Processes, then programs and pinned state, then namespaces (field drop order).
-        self.processes.clear();
-        self.pass_programs.clear();
-        let _ = balancer::pinning::Pins::new(self.pin_dir()).remove();
-        let _ = balancer::pinning::Pins::new(self.second_pin_dir()).remove();
-    }
-}
-
-/// A balancer config for the rack: HTTP, echo (TCP) and UDP VIPs on both families, each with
-/// every backend, forwarded by `forwarding` and attached in `mode`. `extra` is appended to the
-/// global part (e.g. an `[encap]` table).
-pub fn rack_config(topo: &Topology, forwarding: &str, mode: AttachMode, extra: &str) -> String {
+/// A balancer config for the rack: HTTP, echo (TCP) and UDP VIPs on both families
+/// (`http4`, `echo4`, `udp4`, `http6`, ...), each with every backend, forwarded by
+/// `forwarding` and attached in `mode`; the rack's pins, state file and socket.
+pub fn rack_config(topo: &Topology, forwarding: &str, mode: AttachMode) -> RawConfig {
     let weights = vec![Some(1); topo.backends.len()];
-    rack_config_weighted(topo, forwarding, mode, extra, &weights)
+    rack_config_weighted(topo, forwarding, mode, &weights)
 }
 
 /// Like [`rack_config`] with backend `i` given weight `weights[i]`, or left out when `None`.
@@ -634,46 +401,66 @@ pub fn rack_config_weighted(
     topo: &Topology,
     forwarding: &str,
     mode: AttachMode,
-    extra: &str,
     weights: &[Option<u32>],
-) -> String {
-    let mut text = format!(
-        "interface = \"eth0\"\nattach_mode = \"{mode}\"\npin_dir = \"{pins}\"\nstate_file = \"{state}\"\n\n\
-         [conntrack]\nmax_flows = 65536\n\n[api]\nsocket = \"{socket}\"\n\n{extra}\n",
-        pins = topo.pin_dir().display(),
-        state = topo.log_dir.join("state.json").display(),
-        socket = topo.api_socket().display(),
-    );
-    for (vip, family) in [(IpAddr::from(VIP4), 4), (IpAddr::from(VIP6), 6)] {
-        for (port, proto, service) in [
+) -> RawConfig {
+    let mut vips = Vec::new();
+    for (address, family) in [(IpAddr::from(VIP4), 4), (IpAddr::from(VIP6), 6)] {
+        for (port, protocol, service) in [
             (HTTP_PORT, "tcp", "http"),
             (ECHO_PORT, "tcp", "echo"),
             (UDP_PORT, "udp", "udp"),
         ] {
-            text.push_str(&format!(
-                "[[vip]]\nname = \"{service}{family}\"\naddress = \"{vip}\"\nport = {port}\nprotocol = \"{proto}\"\nforwarding = \"{forwarding}\"\ngue_port = {GUE_PORT}\n"
-            ));
-            for (i, weight) in weights.iter().enumerate().take(topo.backends.len()) {
-                let Some(weight) = weight else { continue };
-                let b: IpAddr = if family == 4 {
-                    backend4(i).into()
-                } else {
-                    backend6(i).into()
-                };
-                text.push_str(&format!(
-                    "  [[vip.backend]]\n  address = \"{b}\"\n  weight = {weight}\n"
-                ));
-            }
-            text.push('\n');
+            let mut v = vip(&format!("{service}{family}"), address, port);
+            v.protocol = Some(protocol.into());
+            v.forwarding = Some(forwarding.into());
+            v.gue_port = Some(GUE_PORT.into());
+            v.backend = weights
+                .iter()
+                .enumerate()
+                .take(topo.backends.len())
+                .filter_map(|(i, weight)| {
+                    let address: IpAddr = if family == 4 {
+                        backend4(i).into()
+                    } else {
+                        backend6(i).into()
+                    };
+                    Some(backend(address, Some((*weight)?)))
+                })
+                .collect();
+            vips.push(v);
         }
     }
-    text
+    RawConfig {
+        interface: Some("eth0".into()),
+        attach_mode: Some(mode.to_string()),
+        pin_dir: Some(topo.pin_dir().display().to_string()),
+        state_file: Some(topo.rack.log_dir.join("state.json").display().to_string()),
+        conntrack: RawConntrack {
+            max_flows: Some(65_536),
+            ..RawConntrack::default()
+        },
+        api: RawApi {
+            socket: Some(topo.api_socket().display().to_string()),
+            ..RawApi::default()
+        },
+        vip: vips,
+        ..RawConfig::default()
+    }
+}
+
+/// The rack's encapsulation sources: the balancer's own addresses.
+pub fn rack_encap() -> RawEncap {
+    RawEncap {
+        source_v4: Some(LB4.to_string()),
+        source_v6: Some(LB6.to_string()),
+        mtu: None,
+    }
 }
 
 impl Topology {
     /// Rewrites the balancer's config and has it reload (SIGHUP); waits until it has.
     pub fn reload_balancer(&mut self, config: &str) -> Result<()> {
-        fs::write(self.log_dir.join("balancer.toml"), config)?;
+        fs::write(self.rack.log_dir.join("balancer.toml"), config)?;
         let p = self.process("balancer").context("no balancer running")?;
         let reloads = p.log_text().matches("config reloaded").count();
         // SAFETY: kill(2) on our own child.

@@ -14,9 +14,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
+use balancer::config::{RawPolicy, RawTelemetry};
 
-use crate::netns::{Netns, PREFIX, sweep};
-use crate::topology::{Process, Topology, TopologyOptions, backend4};
+use crate::netns::Netns;
+use crate::rack::Process;
+use crate::topology::{Topology, TopologyOptions, backend4};
 
 /// The served model name every test server uses.
 pub const MODEL: &str = "tiny";
@@ -296,7 +298,6 @@ impl VllmRack {
     pub const START_LIMIT: Duration = Duration::from_secs(480);
 
     pub fn start(env: &VllmEnv, tag: &str, options: Vec<ServerOptions>) -> Result<VllmRack> {
-        sweep(&format!("{PREFIX}-{tag}-"));
         let mut opts = TopologyOptions::new(tag);
         opts.backends = options.len();
         let mut topo = Topology::build(opts)?;
@@ -307,7 +308,7 @@ impl VllmRack {
             topo,
         };
         for (i, o) in rack.options.iter().enumerate() {
-            let p = spawn(env, &rack.topo.backends[i], o, &rack.topo.log_dir)?;
+            let p = spawn(env, &rack.topo.backends[i], o, &rack.topo.rack.log_dir)?;
             rack.servers.push(Server(p));
         }
         for (i, s) in rack.servers.iter_mut().enumerate() {
@@ -321,4 +322,28 @@ impl VllmRack {
     pub fn address(&self, i: usize) -> SocketAddr {
         SocketAddr::new(backend4(i).into(), PORT)
     }
+}
+
+/// The balancer config for real vLLM servers in the rack: the LLM VIP by Maglev with the
+/// composite policy. Scrapes are slow while a CPU server streams (its /metrics can take a
+/// second or more on two cores): a long interval and stale limit, and at most 2 requests
+/// waiting.
+pub fn balancer_config(topo: &Topology) -> String {
+    crate::bench::llm::config_with(topo, |llm| {
+        llm.scheduler = Some("maglev".into());
+        llm.telemetry = Some(RawTelemetry {
+            source: Some("scrape".into()),
+            port: Some(PORT.into()),
+            path: Some("/metrics".into()),
+            interval_ms: Some(500),
+            timeout_ms: Some(500),
+            ..RawTelemetry::default()
+        });
+        llm.policy = Some(RawPolicy {
+            kind: Some("composite".into()),
+            queue_saturation: Some(2),
+            stale_after_ms: Some(10_000),
+            ..RawPolicy::default()
+        });
+    })
 }

@@ -9,20 +9,21 @@ use std::time::{Duration, Instant};
 use balancer::api::client::{Client, Endpoint};
 use balancer::api::types::{ChangeResult, Status, Table};
 use balancer::config::AttachMode;
-use balancer_tests::netns::{PREFIX, sweep};
+use balancer_tests::configs::{tcp_health, to_toml, vip_mut};
+use balancer_tests::netns::PREFIX;
 use balancer_tests::topology::*;
 use balancer_tests::traffic::http_get;
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 const TOKEN: &str = "test-token-0123456789abcdef";
 
-fn rack(tag: &str, extra: &str) -> Topology {
-    sweep(&format!("{PREFIX}-{tag}-"));
+fn rack(tag: &str) -> Topology {
     let mut topo = Topology::build(TopologyOptions::new(tag)).expect("building the test rack");
     topo.attach_peer_pass(AttachMode::Native)
         .expect("pass program");
-    let config = rack_config(&topo, "l2-dsr", AttachMode::Native, extra);
-    topo.start_balancer(&config).expect("starting the balancer");
+    let config = rack_config(&topo, "l2-dsr", AttachMode::Native);
+    topo.start_balancer(&to_toml(&config))
+        .expect("starting the balancer");
     topo
 }
 
@@ -49,8 +50,8 @@ fn served_by(topo: &Topology, requests: usize) -> BTreeMap<String, usize> {
 #[test]
 #[ignore = "needs root and network namespaces; run by cargo xtask test"]
 fn every_command_round_trips_through_the_kernel() {
-    let topo = rack("api", "");
-    let dir = topo.log_dir.clone();
+    let topo = rack("api");
+    let dir = topo.rack.log_dir.clone();
     let config_path = dir.join("balancer.toml");
     let cli = |args: &[&str]| topo.cli(args).expect("cli");
 
@@ -166,19 +167,14 @@ fn the_tcp_listener_requires_its_token() {
     std::fs::create_dir_all(&token_dir).unwrap();
     let token_file = token_dir.join("token");
     std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
-    let extra = "[metrics]\nlisten = \"127.0.0.1:9181\"\n";
     let topo = {
-        sweep(&format!("{PREFIX}-tok-"));
         let mut topo = Topology::build(TopologyOptions::new("tok")).expect("rack");
         topo.attach_peer_pass(AttachMode::Native).expect("pass");
-        let config = rack_config(&topo, "l2-dsr", AttachMode::Native, extra).replace(
-            "[api]\n",
-            &format!(
-                "[api]\nlisten = \"127.0.0.1:9180\"\ntoken_file = \"{}\"\n",
-                token_file.display()
-            ),
-        );
-        topo.start_balancer(&config).expect("balancer");
+        let mut config = rack_config(&topo, "l2-dsr", AttachMode::Native);
+        config.metrics.listen = Some("127.0.0.1:9181".into());
+        config.api.listen = Some("127.0.0.1:9180".into());
+        config.api.token_file = Some(token_file.display().to_string());
+        topo.start_balancer(&to_toml(&config)).expect("balancer");
         topo
     };
     let results = topo
@@ -241,14 +237,12 @@ fn fetch_metrics(addr: &str) -> Result<String, String> {
 #[test]
 #[ignore = "needs root and network namespaces; run by cargo xtask test"]
 fn unhealthy_backends_leave_the_table_and_return() {
-    let mut topo = rack("hc", "");
+    let mut topo = rack("hc");
     // Turn on TCP checks of the HTTP port: every 100 ms, 3 failures to fall, 2 to rise.
-    let path = topo.log_dir.join("balancer.toml");
-    let text = std::fs::read_to_string(&path).unwrap().replace(
-        "name = \"http4\"\n",
-        "name = \"http4\"\nhealth = { check = \"tcp\", interval_ms = 100, timeout_ms = 50, fall = 3, rise = 2 }\n",
-    );
-    topo.reload_balancer(&text).expect("enable health checks");
+    let mut config = rack_config(&topo, "l2-dsr", AttachMode::Native);
+    vip_mut(&mut config, "http4").health = Some(tcp_health(100, 50, 3, 2));
+    topo.reload_balancer(&to_toml(&config))
+        .expect("enable health checks");
     let healthy_of = |topo: &Topology| -> BTreeMap<String, bool> {
         status(topo)
             .vips
@@ -318,7 +312,7 @@ fn unhealthy_backends_leave_the_table_and_return() {
 #[test]
 #[ignore = "needs root and network namespaces; run by cargo xtask test"]
 fn restarts_lose_nothing() {
-    let mut topo = rack("rst", "");
+    let mut topo = rack("rst");
     const STREAMS: usize = 20;
     let run_for = Duration::from_secs(20);
     let until = Instant::now() + run_for;
@@ -394,17 +388,14 @@ fn restarts_lose_nothing() {
         .unwrap();
     assert_eq!(code, 0, "{err}");
 
-    let mut per_backend = BTreeMap::new();
-    for (i, s) in streams.into_iter().enumerate() {
-        let (backend, bytes) = s.join().unwrap().unwrap().unwrap_or_else(|e| {
-            panic!("stream {i} broke across the restarts: {e}\n{}", topo.logs())
-        });
-        assert!(
-            bytes > 1 << 20,
-            "stream {i} moved only {bytes} bytes in {run_for:?}"
-        );
-        *per_backend.entry(backend).or_insert(0) += 1;
-    }
+    let joined = join_streams(streams, "across the restarts")
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", topo.logs()));
+    assert!(
+        joined.fewest_bytes > 1 << 20,
+        "a stream moved only {} bytes in {run_for:?}",
+        joined.fewest_bytes
+    );
+    let per_backend = joined.per_backend;
     let (sent, answered, longest) = udp.join().unwrap().unwrap().unwrap();
     println!(
         "{STREAMS} TCP streams over {run_for:?} on {per_backend:?}: none broke; UDP: {answered}/{sent} answered, longest gap between answers {longest:?}"

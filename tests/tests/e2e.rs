@@ -8,7 +8,7 @@ use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
 use balancer::config::AttachMode;
-use balancer_tests::netns::{PREFIX, sweep};
+use balancer_tests::configs::to_toml;
 use balancer_tests::topology::*;
 use balancer_tests::traffic::{echo_stream, http_get, udp_request};
 
@@ -22,7 +22,6 @@ struct Case {
 
 /// Builds the rack for `case` and starts the balancer (and decap for encapsulating modes).
 fn rack(case: &Case) -> Topology {
-    sweep(&format!("{PREFIX}-{}-", case.tag));
     let mut opts = TopologyOptions::new(case.tag);
     if case.forwarding != "l2-dsr" {
         // Room for the outer headers on the balancer's 1500-byte link.
@@ -37,13 +36,10 @@ fn rack(case: &Case) -> Topology {
         topo.start_decap(case.mode)
             .expect("starting decap on the backends");
     }
-    let config = rack_config(
-        &topo,
-        case.forwarding,
-        case.mode,
-        "[encap]\nsource_v4 = \"10.111.0.2\"\nsource_v6 = \"fd00:111::2\"\n",
-    );
-    topo.start_balancer(&config).expect("starting the balancer");
+    let mut config = rack_config(&topo, case.forwarding, case.mode);
+    config.encap = rack_encap();
+    topo.start_balancer(&to_toml(&config))
+        .expect("starting the balancer");
     topo
 }
 
@@ -151,39 +147,19 @@ fn churn_breaks_nothing(topo: &mut Topology, case: &Case) {
         .echo_streams(STREAMS, until, TIMEOUT)
         .expect("client threads");
     std::thread::sleep(Duration::from_millis(1000));
-    let extra = "[encap]\nsource_v4 = \"10.111.0.2\"\nsource_v6 = \"fd00:111::2\"\n";
-    let reweighted = rack_config_weighted(
-        topo,
-        case.forwarding,
-        case.mode,
-        extra,
-        &[Some(5), Some(1), Some(2)],
-    );
+    let weighted = |topo: &Topology, weights: &[Option<u32>]| {
+        let mut config = rack_config_weighted(topo, case.forwarding, case.mode, weights);
+        config.encap = rack_encap();
+        to_toml(&config)
+    };
+    let reweighted = weighted(topo, &[Some(5), Some(1), Some(2)]);
     topo.reload_balancer(&reweighted).expect("weight change");
     std::thread::sleep(Duration::from_millis(1000));
-    let removed = rack_config_weighted(
-        topo,
-        case.forwarding,
-        case.mode,
-        extra,
-        &[Some(5), Some(1), None],
-    );
+    let removed = weighted(topo, &[Some(5), Some(1), None]);
     topo.reload_balancer(&removed).expect("backend removal");
-    let mut per_backend = BTreeMap::new();
-    for (i, s) in streams.into_iter().enumerate() {
-        let (backend, bytes) = s
-            .join()
-            .expect("stream thread")
-            .expect("client namespace")
-            .unwrap_or_else(|e| {
-                panic!(
-                    "stream {i} broke during weight change / backend removal: {e}\n{}",
-                    topo.logs()
-                )
-            });
-        assert!(bytes > 0, "stream {i} moved no data");
-        *per_backend.entry(backend).or_insert(0) += 1;
-    }
+    let per_backend = join_streams(streams, "during weight change / backend removal")
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", topo.logs()))
+        .per_backend;
     assert!(
         per_backend.contains_key("b3"),
         "no stream was on the removed backend b3: {per_backend:?}"
@@ -278,18 +254,14 @@ fn gue_skb() {
 #[test]
 #[ignore = "needs root and network namespaces; run by cargo xtask test"]
 fn path_mtu_discovery_through_an_encapsulating_balancer() {
-    sweep(&format!("{PREFIX}-pmtu-"));
     let mut topo = Topology::build(TopologyOptions::new("pmtu")).expect("building the test rack");
     topo.attach_peer_pass(AttachMode::Native)
         .expect("pass program");
     topo.start_decap(AttachMode::Native).expect("decap");
-    let config = rack_config(
-        &topo,
-        "ipip",
-        AttachMode::Native,
-        "[encap]\nsource_v4 = \"10.111.0.2\"\nsource_v6 = \"fd00:111::2\"\n",
-    );
-    topo.start_balancer(&config).expect("starting the balancer");
+    let mut config = rack_config(&topo, "ipip", AttachMode::Native);
+    config.encap = rack_encap();
+    topo.start_balancer(&to_toml(&config))
+        .expect("starting the balancer");
     for vip in [IpAddr::from(VIP4), IpAddr::from(VIP6)] {
         long_stream_works(&topo, vip);
     }

@@ -217,8 +217,12 @@ fn a_weight_change_published_once_is_applied_by_every_balancer() {
         prints[0]
     );
     // The followers' config files hold it too (a restart keeps it).
-    let text = std::fs::read_to_string(f.log_dir.join(format!("balancer-lb{}.toml", follower + 1)))
-        .unwrap();
+    let text = std::fs::read_to_string(
+        f.rack
+            .log_dir
+            .join(format!("balancer-lb{}.toml", follower + 1)),
+    )
+    .unwrap();
     assert!(text.contains("web8080"), "{text}");
 }
 
@@ -386,7 +390,7 @@ fn set_weight_everywhere(
 }
 
 fn cli(f: &Fleet, lb: usize, args: &[&str]) -> (i32, String, String) {
-    let bin = balancer_tests::topology::binary("balancer").unwrap();
+    let bin = balancer_tests::rack::binary("balancer").unwrap();
     let socket = f.api_socket(lb);
     let out = std::process::Command::new(bin)
         .args(args)
@@ -405,7 +409,7 @@ fn cli(f: &Fleet, lb: usize, args: &[&str]) -> (i32, String, String) {
 /// `needle`.
 fn log_time(f: &Fleet, lb: usize, needle: &str) -> Option<String> {
     let text =
-        std::fs::read_to_string(f.log_dir.join(format!("balancer-lb{}.log", lb + 1))).ok()?;
+        std::fs::read_to_string(f.rack.log_dir.join(format!("balancer-lb{}.log", lb + 1))).ok()?;
     text.lines()
         .rfind(|l| l.contains(needle))
         .and_then(|l| l.split_whitespace().next())

@@ -5,6 +5,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use balancer_common::stats::Counter;
+use balancer_tests::configs::{packet_fixture, to_toml, vip_mut};
 use balancer_tests::packet::*;
 use etherparse::PacketBuilder;
 
@@ -12,8 +13,13 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
+/// The fixtures' config as the daemon reads it.
+fn fixture() -> String {
+    to_toml(&packet_fixture())
+}
+
 fn harness() -> Harness {
-    Harness::new(FIXTURE_CONFIG)
+    Harness::new(&fixture())
         .expect("loading the balancer needs root and BPF: run through cargo xtask test")
 }
 
@@ -39,7 +45,7 @@ fn counter(h: &Harness, c: Counter) -> u64 {
     h.balancer.global_stats().unwrap().get(c)
 }
 
-/// The IPv4 and IPv6 encapsulation sources of `FIXTURE_CONFIG`.
+/// The IPv4 and IPv6 encapsulation sources of the fixtures (`configs::entropy_sources`).
 fn encap(backend: IpAddr, gue_port: Option<u16>) -> Encap {
     match backend {
         IpAddr::V4(_) => Encap {
@@ -100,62 +106,63 @@ fn ipip_and_gue_push_exact_outer_headers() {
 #[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
 fn vlan_tags_are_kept() {
     let mut h = harness();
-    let client = ip("10.9.0.1");
-    // One 802.1Q tag, L2 DSR.
-    let frame = with_vlan(
-        &tcp_frame(client, 2000, ip("10.111.1.1"), 80, true, b"x"),
-        42,
-    );
-    let backend = h.table_backend("l2dsr4", client, 2000).unwrap();
-    let (action, out) = h.run(&frame).unwrap();
-    assert_eq!(action_name(action), "XDP_TX");
-    assert_eq!(out, expect_l2dsr(&frame, backend));
-    // Two tags (802.1ad outer, 802.1Q inner), IPIP: the tags stay in front of the outer header.
-    let mut qinq = with_vlan(
-        &with_vlan(
-            &tcp_frame(client, 2001, ip("10.111.1.2"), 80, true, b"x"),
-            7,
+    // (VIP, client, client port, VIP address, tags outermost first with their TPID)
+    type VlanCase<'a> = (&'a str, &'a str, u16, &'a str, &'a [(u16, u16)]);
+    let cases: &[VlanCase<'_>] = &[
+        // One 802.1Q tag, L2 DSR.
+        ("l2dsr4", "10.9.0.1", 2000, "10.111.1.1", &[(0x8100, 42)]),
+        // 802.1ad outer and 802.1Q inner, IPIP: the tags stay in front of the outer header.
+        (
+            "ipip4",
+            "10.9.0.1",
+            2001,
+            "10.111.1.2",
+            &[(0x88a8, 100), (0x8100, 7)],
         ),
-        100,
-    );
-    qinq[12..14].copy_from_slice(&0x88a8u16.to_be_bytes());
-    let backend = h.table_backend("ipip4", client, 2001).unwrap();
-    let (action, out) = h.run(&qinq).unwrap();
-    assert_eq!(action_name(action), "XDP_TX");
-    assert_eq!(
-        out,
-        expect_encap(&qinq, 22, client, 2001, encap(backend, None))
-    );
-    // IPv6 with one tag, IPIP6.
-    let client6 = ip("2001:db8::9");
-    let frame = with_vlan(
-        &tcp_frame(client6, 3000, ip("fd00:111:1::2"), 80, true, b""),
-        5,
-    );
-    let backend = h.table_backend("ipip6", client6, 3000).unwrap();
-    let (action, out) = h.run(&frame).unwrap();
-    assert_eq!(action_name(action), "XDP_TX");
-    assert_eq!(
-        out,
-        expect_encap(&frame, 18, client6, 3000, encap(backend, None))
-    );
+        // IPv6 with one tag, IPIP6.
+        (
+            "ipip6",
+            "2001:db8::9",
+            3000,
+            "fd00:111:1::2",
+            &[(0x8100, 5)],
+        ),
+    ];
+    for &(name, client, sport, vip, tags) in cases {
+        let mut frame = tcp_frame(ip(client), sport, ip(vip), 80, true, b"x");
+        for &(tpid, vid) in tags.iter().rev() {
+            frame = with_vlan(&frame, vid);
+            frame[12..14].copy_from_slice(&tpid.to_be_bytes());
+        }
+        let backend = h.table_backend(name, ip(client), sport).unwrap();
+        let (action, out) = h.run(&frame).unwrap();
+        assert_eq!(action_name(action), "XDP_TX", "{name}");
+        let want = if name.starts_with("l2dsr") {
+            expect_l2dsr(&frame, backend)
+        } else {
+            let l3_off = 14 + 4 * tags.len();
+            expect_encap(&frame, l3_off, ip(client), sport, encap(backend, None))
+        };
+        assert_eq!(out, want, "{name} with {} tag(s)", tags.len());
+    }
 }
 
-/// `FIXTURE_CONFIG` with the l2dsr4 VIP's backend `backend` given weight `weight` (or removed).
+/// The fixtures with the l2dsr4 VIP's backend `backend` given weight `weight` (or removed).
 fn l2dsr4_with(backend: IpAddr, weight: Option<u32>) -> String {
-    let entry = format!("  [[vip.backend]]\n  address = \"{backend}\"\n");
-    let start = FIXTURE_CONFIG.find("name = \"l2dsr4\"").unwrap();
-    let at = start + FIXTURE_CONFIG[start..].find(&entry).unwrap();
-    let replacement = match weight {
-        Some(w) => format!("{entry}  weight = {w}\n"),
-        None => String::new(),
-    };
-    format!(
-        "{}{}{}",
-        &FIXTURE_CONFIG[..at],
-        replacement,
-        &FIXTURE_CONFIG[at + entry.len()..]
-    )
+    let mut config = packet_fixture();
+    let vip = vip_mut(&mut config, "l2dsr4");
+    let at = vip
+        .backend
+        .iter()
+        .position(|b| b.address.as_deref() == Some(backend.to_string().as_str()))
+        .unwrap_or_else(|| panic!("{backend} is not an l2dsr4 backend"));
+    match weight {
+        Some(w) => vip.backend[at].weight = Some(w.into()),
+        None => {
+            vip.backend.remove(at);
+        }
+    }
+    to_toml(&config)
 }
 
 #[test]
@@ -213,7 +220,7 @@ fn established_flows_keep_their_backend_across_table_changes() {
     assert_eq!(out[0..6], backend_mac(now));
     assert_eq!(counter(&h, Counter::FlowRehashed), rehashed + 1);
     // And it is tracked on its new backend from then on.
-    h.reconfigure(FIXTURE_CONFIG).unwrap();
+    h.reconfigure(&fixture()).unwrap();
     let (_, out) = h
         .run(&tcp_frame(client, sport, vip, 80, false, b"data"))
         .unwrap();
@@ -227,7 +234,7 @@ fn established_flows_keep_their_backend_across_table_changes() {
 #[test]
 #[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
 fn idle_udp_flows_are_chosen_afresh() {
-    let mut h = Harness::with_settings(FIXTURE_CONFIG, |s| s.udp_idle_ticks = 1).unwrap();
+    let mut h = Harness::with_settings(&fixture(), |s| s.udp_idle_ticks = 1).unwrap();
     // One tick of idle time (about 1.07 s).
     let client = ip("10.9.2.2");
     let vip = ip("10.111.1.1");
@@ -261,7 +268,7 @@ fn idle_udp_flows_are_chosen_afresh() {
 fn flood_mode_stops_inserting_and_uses_the_hash() {
     // The flood window is per CPU.
     pin_to_current_cpu();
-    let mut h = Harness::with_settings(FIXTURE_CONFIG, |s| s.flood_threshold = 10).unwrap();
+    let mut h = Harness::with_settings(&fixture(), |s| s.flood_threshold = 10).unwrap();
     let client = ip("10.9.3.3");
     let vip = ip("10.111.1.1");
     for p in 0..30u16 {
@@ -507,70 +514,88 @@ fn icmpv6_sum(frame: &[u8]) -> u16 {
     ones_complement_sum(&pseudo)
 }
 
+/// A router's ICMP error about the packet `vip:80 -> client:sport` (a backend's reply was too
+/// big): fragmentation-needed for IPv4, packet-too-big for IPv6, quoting the offending
+/// packet's headers and the first 8 bytes after them.
+fn icmp_error_about(client: IpAddr, sport: u16, vip: IpAddr) -> Vec<u8> {
+    let mut quoted = Vec::new();
+    let mut frame = Vec::new();
+    match (client, vip) {
+        (IpAddr::V4(c), IpAddr::V4(v)) => {
+            PacketBuilder::ipv4(v.octets(), c.octets(), 63)
+                .tcp(80, sport, 1, 100)
+                .write(&mut quoted, &[0u8; 100])
+                .unwrap();
+            PacketBuilder::ethernet2(CLIENT_MAC, LB_MAC)
+                .ipv4([192, 0, 2, 254], v.octets(), 64)
+                .icmpv4_raw(3, 4, [0, 0, 0x05, 0xdc])
+                .write(&mut frame, &quoted[..28])
+                .unwrap();
+        }
+        (IpAddr::V6(c), IpAddr::V6(v)) => {
+            PacketBuilder::ipv6(v.octets(), c.octets(), 63)
+                .tcp(80, sport, 1, 100)
+                .write(&mut quoted, &[0u8; 40])
+                .unwrap();
+            let router = [
+                0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xfe,
+            ];
+            PacketBuilder::ethernet2(CLIENT_MAC, LB_MAC)
+                .ipv6(router, v.octets(), 64)
+                .icmpv6_raw(2, 0, 1400u32.to_be_bytes())
+                .write(&mut frame, &quoted[..48])
+                .unwrap();
+        }
+        _ => panic!("{client} and {vip} are of different families"),
+    }
+    frame
+}
+
 #[test]
 #[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
 fn icmp_errors_about_a_vip_flow_reach_its_backend() {
     let mut h = harness();
-    let client = ip("10.9.0.20");
-    let sport = 43210;
-    // The flow exists (so the error finds it in the connection table).
-    h.run(&tcp_frame(client, sport, ip("10.111.1.2"), 80, true, b""))
-        .unwrap();
-    let backend = h.table_backend("ipip4", client, sport).unwrap();
-    // A router says the backend's reply (VIP:80 -> client) was too big.
-    let mut quoted = Vec::new();
-    PacketBuilder::ipv4([10, 111, 1, 2], [10, 9, 0, 20], 63)
-        .tcp(80, sport, 1, 100)
-        .write(&mut quoted, &[0u8; 100])
-        .unwrap();
-    let mut frame = Vec::new();
-    PacketBuilder::ethernet2(CLIENT_MAC, LB_MAC)
-        .ipv4([192, 0, 2, 254], [10, 111, 1, 2], 64)
-        .icmpv4_raw(3, 4, [0, 0, 0x05, 0xdc])
-        .write(&mut frame, &quoted[..28])
-        .unwrap();
-    let before = counter(&h, Counter::IcmpErrorForwarded);
-    let (action, out) = h.run(&frame).unwrap();
-    assert_eq!(action_name(action), "XDP_TX");
-    assert_eq!(counter(&h, Counter::IcmpErrorForwarded), before + 1);
-    // Encapsulated like the flow (entropy from the quoted client address and port).
-    assert_eq!(
-        out,
-        expect_encap(&frame, 14, client, sport, encap(backend, None))
-    );
-
-    // IPv6: an error about an l2dsr6 flow, not in the table yet: the table decides.
-    let client6 = ip("2001:db8::20");
-    let (IpAddr::V6(c6), IpAddr::V6(v6)) = (client6, ip("fd00:111:1::1")) else {
-        unreachable!()
-    };
-    let mut quoted = Vec::new();
-    PacketBuilder::ipv6(v6.octets(), c6.octets(), 63)
-        .tcp(80, sport, 1, 100)
-        .write(&mut quoted, &[0u8; 40])
-        .unwrap();
-    let mut frame = Vec::new();
-    PacketBuilder::ethernet2(CLIENT_MAC, LB_MAC)
-        .ipv6(
-            [
-                0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xfe,
-            ],
-            v6.octets(),
-            64,
-        )
-        .icmpv6_raw(2, 0, 1400u32.to_be_bytes())
-        .write(&mut frame, &quoted[..48])
-        .unwrap();
-    let backend = h.table_backend("l2dsr6", client6, sport).unwrap();
-    let (action, out) = h.run(&frame).unwrap();
-    assert_eq!(action_name(action), "XDP_TX");
-    assert_eq!(out, expect_l2dsr(&frame, backend));
+    // (VIP, its address, client, client port, whether the flow is in the connection table
+    // first; if not, the Maglev table decides)
+    let cases = [
+        ("ipip4", "10.111.1.2", "10.9.0.20", 43210, true),
+        ("l2dsr6", "fd00:111:1::1", "2001:db8::20", 43210, false),
+        // Encapsulated like the flow's own packets: the outer source's entropy comes from
+        // the quoted client's whole address (both of its 32-bit ends) and port.
+        ("ipip6", "fd00:111:1::2", "2001:db8::21:7", 43211, true),
+    ];
+    for (name, vip, client, sport, tracked) in cases {
+        let (vip, client) = (ip(vip), ip(client));
+        if tracked {
+            h.run(&tcp_frame(client, sport, vip, 80, true, b""))
+                .unwrap();
+        }
+        let backend = h.table_backend(name, client, sport).unwrap();
+        let frame = icmp_error_about(client, sport, vip);
+        let before = counter(&h, Counter::IcmpErrorForwarded);
+        let (action, out) = h.run(&frame).unwrap();
+        assert_eq!(action_name(action), "XDP_TX", "{name}");
+        assert_eq!(
+            counter(&h, Counter::IcmpErrorForwarded),
+            before + 1,
+            "{name}"
+        );
+        let want = if name.starts_with("l2dsr") {
+            expect_l2dsr(&frame, backend)
+        } else {
+            expect_encap(&frame, 14, client, sport, encap(backend, None))
+        };
+        assert_eq!(
+            out, want,
+            "the error about {name}'s flow from {client}:{sport}"
+        );
+    }
 }
 
 #[test]
 #[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
 fn oversize_packets_get_fragmentation_needed_or_packet_too_big() {
-    let mut h = Harness::with_settings(FIXTURE_CONFIG, |s| s.mtu = 1400).unwrap();
+    let mut h = Harness::with_settings(&fixture(), |s| s.mtu = 1400).unwrap();
     // IPv4: 1390-byte IP packet + 20 bytes IPIP > 1400.
     let client = ip("10.9.0.30");
     let frame = tcp_frame(

@@ -139,17 +139,6 @@ fn finish(
     c
 }
 
-fn config(topo: &Topology) -> String {
-    // Scrapes are slow while a CPU server streams (its /metrics can take a second or more on
-    // two cores): a long interval and stale limit, and at most 2 requests waiting.
-    balancer_tests::bench::llm::config(
-        topo,
-        "scheduler = \"maglev\"\n\
-         telemetry = { source = \"scrape\", port = 8000, path = \"/metrics\", interval_ms = 500, timeout_ms = 500 }\n\
-         policy = { kind = \"composite\", queue_saturation = 2, stale_after_ms = 10000 }\n",
-    )
-}
-
 #[test]
 #[ignore = "needs root, network namespaces and the real-vLLM environment; run by cargo xtask test"]
 fn real_vllm_servers_behind_the_vip_get_weights_from_their_real_metrics() {
@@ -164,7 +153,7 @@ fn real_vllm_servers_behind_the_vip_get_weights_from_their_real_metrics() {
     );
     let (small, large) = (rack.options[0].clone(), rack.options[1].clone());
     let (b_small, b_large): (IpAddr, IpAddr) = (backend4(0).into(), backend4(1).into());
-    let config = config(&rack.topo);
+    let config = vllm::balancer_config(&rack.topo);
     rack.topo
         .start_balancer(&config)
         .expect("starting the balancer");

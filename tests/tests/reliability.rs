@@ -3,28 +3,27 @@
 //! computing one table, and hostile API input. Daemon death mid-stream is
 //! `control::restarts_lose_nothing`; a million malformed frames is `sweep`.
 
-use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use balancer::api::client::{Client, Endpoint};
 use balancer::api::types::{ChangeResult, Status};
 use balancer::config::AttachMode;
-use balancer_tests::netns::{PREFIX, sweep};
+use balancer_tests::configs::{tcp_health, to_toml, vip_mut};
 use balancer_tests::topology::*;
 use balancer_tests::traffic::{echo_open, http_get};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 
-fn rack(tag: &str, backends: usize, weights: &[Option<u32>], extra: &str) -> Topology {
-    sweep(&format!("{PREFIX}-{tag}-"));
+fn rack(tag: &str, backends: usize, weights: &[Option<u32>]) -> Topology {
     let mut opts = TopologyOptions::new(tag);
     opts.backends = backends;
     let mut topo = Topology::build(opts).expect("building the test rack");
     topo.attach_peer_pass(AttachMode::Native)
         .expect("pass program");
-    let config = rack_config_weighted(&topo, "l2-dsr", AttachMode::Native, extra, weights);
-    topo.start_balancer(&config).expect("starting the balancer");
+    let config = rack_config_weighted(&topo, "l2-dsr", AttachMode::Native, weights);
+    topo.start_balancer(&to_toml(&config))
+        .expect("starting the balancer");
     topo
 }
 
@@ -36,7 +35,7 @@ fn api(topo: &Topology) -> Client {
 #[ignore = "needs root and network namespaces; run by cargo xtask test"]
 fn weight_churn_and_backend_churn_lose_no_byte() {
     // Five servers; b4 and b5 join and leave during the run.
-    let topo = rack("rchurn", 5, &[Some(1), Some(1), Some(1), None, None], "");
+    let topo = rack("rchurn", 5, &[Some(1), Some(1), Some(1), None, None]);
     const STREAMS: usize = 100;
     let until = Instant::now() + Duration::from_secs(12);
     let streams = topo
@@ -104,18 +103,10 @@ fn weight_churn_and_backend_churn_lose_no_byte() {
         }
         std::thread::sleep(Duration::from_millis(30));
     }
-    let mut per_backend = BTreeMap::new();
-    let mut bytes = 0usize;
-    for (i, s) in streams.into_iter().enumerate() {
-        let (backend, moved) = s
-            .join()
-            .expect("stream thread")
-            .expect("client namespace")
-            .unwrap_or_else(|e| panic!("stream {i} broke during the churn: {e}\n{}", topo.logs()));
-        assert!(moved > 0, "stream {i} moved no data");
-        bytes += moved;
-        *per_backend.entry(backend).or_insert(0) += 1;
-    }
+    let StreamsJoined {
+        per_backend, bytes, ..
+    } = join_streams(streams, "during the churn")
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", topo.logs()));
     println!(
         "{STREAMS} streams, {changes} weight changes per VIP, 2 backends added and removed: 0 errors, {} MiB echoed and verified; streams per backend {per_backend:?}",
         bytes >> 20
@@ -125,7 +116,7 @@ fn weight_churn_and_backend_churn_lose_no_byte() {
 #[test]
 #[ignore = "needs root and network namespaces; run by cargo xtask test"]
 fn a_flow_moved_to_another_balancer_keeps_its_backend() {
-    let mut topo = rack("rtwo", 3, &[Some(1), Some(2), Some(3)], "");
+    let mut topo = rack("rtwo", 3, &[Some(1), Some(2), Some(3)]);
     topo.start_second_balancer().expect("second balancer");
     // Both balancers built the same table.
     let table = |socket: std::path::PathBuf| -> String {
@@ -141,7 +132,7 @@ fn a_flow_moved_to_another_balancer_keeps_its_backend() {
     let first = table(topo.api_socket());
     assert_eq!(
         first,
-        table(topo.log_dir.join("api2.sock")),
+        table(topo.rack.log_dir.join("api2.sock")),
         "the two balancers disagree on the table"
     );
     // A live connection through the first balancer; then the client's route moves to the second
@@ -217,7 +208,7 @@ fn a_flow_moved_to_another_balancer_keeps_its_backend() {
 
 /// Packets the second balancer forwarded to the echo4 VIP.
 fn balancer2_packets(topo: &Topology) -> u64 {
-    let s: Status = Client::new(Endpoint::Unix(topo.log_dir.join("api2.sock")))
+    let s: Status = Client::new(Endpoint::Unix(topo.rack.log_dir.join("api2.sock")))
         .get("/v1/status")
         .expect("status");
     s.vips
@@ -229,13 +220,16 @@ fn balancer2_packets(topo: &Topology) -> u64 {
 #[test]
 #[ignore = "needs root and network namespaces; run by cargo xtask test"]
 fn a_dead_backend_is_avoided_within_the_detection_time() {
-    let mut topo = rack("rdead", 3, &[Some(1), Some(1), Some(1)], "");
-    let path = topo.log_dir.join("balancer.toml");
-    let text = std::fs::read_to_string(&path).unwrap().replace(
-        "name = \"http4\"\n",
-        "name = \"http4\"\nhealth = { check = \"tcp\", interval_ms = 100, timeout_ms = 50, fall = 3, rise = 2 }\n",
+    let mut topo = rack("rdead", 3, &[Some(1), Some(1), Some(1)]);
+    let mut config = rack_config_weighted(
+        &topo,
+        "l2-dsr",
+        AttachMode::Native,
+        &[Some(1), Some(1), Some(1)],
     );
-    topo.reload_balancer(&text).expect("health checks on");
+    vip_mut(&mut config, "http4").health = Some(tcp_health(100, 50, 3, 2));
+    topo.reload_balancer(&to_toml(&config))
+        .expect("health checks on");
     std::thread::sleep(Duration::from_millis(500));
     // The server dies and its address goes away (the host is gone).
     topo.kill_backend_server(2).expect("kill b3");
@@ -293,8 +287,9 @@ fn a_dead_backend_is_avoided_within_the_detection_time() {
 #[test]
 #[ignore = "needs root and network namespaces; run by cargo xtask test"]
 fn hostile_api_input_changes_nothing_and_costs_no_memory() {
-    let topo = rack("rhost", 3, &[Some(1), Some(1), Some(1)], "");
+    let topo = rack("rhost", 3, &[Some(1), Some(1), Some(1)]);
     let pid = topo
+        .rack
         .processes
         .iter()
         .find(|p| p.name == "balancer")
@@ -308,7 +303,7 @@ fn hostile_api_input_changes_nothing_and_costs_no_memory() {
             .and_then(|v| v.split_whitespace().next()?.parse().ok())
             .unwrap_or(0)
     };
-    let before_config = std::fs::read_to_string(topo.log_dir.join("balancer.toml")).unwrap();
+    let before_config = std::fs::read_to_string(topo.rack.log_dir.join("balancer.toml")).unwrap();
     let status_before: Status = api(&topo).get("/v1/status").unwrap();
     let rss_before = rss();
     let client = api(&topo);
@@ -349,7 +344,7 @@ fn hostile_api_input_changes_nothing_and_costs_no_memory() {
     println!("600 hostile requests, {refused} refused; daemon RSS grew {growth} KiB");
     assert_eq!(refused, 600);
     assert_eq!(
-        std::fs::read_to_string(topo.log_dir.join("balancer.toml")).unwrap(),
+        std::fs::read_to_string(topo.rack.log_dir.join("balancer.toml")).unwrap(),
         before_config
     );
     let fingerprints = |s: &Status| {

@@ -6,7 +6,9 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use balancer::config::RawTier;
 use balancer::dataplane::Dataplane;
+use balancer_tests::configs::{Extra, backend, harness_settings, scheduled_vip, to_toml, vip};
 use balancer_tests::packet::*;
 
 fn ip(s: &str) -> IpAddr {
@@ -17,23 +19,21 @@ const B1: &str = "10.111.0.11";
 const B2: &str = "10.111.0.12";
 const B3: &str = "10.111.0.13";
 
-/// One VIP per scheduler, each with backends b1, b2, b3 of the given weights.
-fn config(vips: &[(&str, &str, [u32; 3], &str)]) -> String {
-    let mut text = String::from(
-        "interface = \"eth0\"\n[conntrack]\nmax_flows = 65536\nflood_threshold = 0\nremoval_grace_secs = 0\n",
-    );
-    for (i, (name, scheduler, weights, extra)) in vips.iter().enumerate() {
-        text.push_str(&format!(
-            "[[vip]]\nname = \"{name}\"\naddress = \"10.111.1.{}\"\nport = 80\nscheduler = \"{scheduler}\"\n{extra}\n",
-            i + 1
+/// One VIP per scheduler (10.111.1.1, .2, ...), each with backends b1, b2, b3 of the given
+/// weights.
+fn config(vips: &[(&str, &str, [u32; 3], Extra)]) -> String {
+    let mut config = harness_settings(65_536);
+    for (i, (name, scheduler, w, extra)) in vips.iter().enumerate() {
+        let backends = [(B1, w[0]), (B2, w[1]), (B3, w[2])];
+        config.vip.push(scheduled_vip(
+            name,
+            vip_addr(i),
+            scheduler,
+            &backends,
+            *extra,
         ));
-        for (b, w) in [B1, B2, B3].iter().zip(weights) {
-            text.push_str(&format!(
-                "  [[vip.backend]]\n  address = \"{b}\"\n  weight = {w}\n"
-            ));
-        }
     }
-    text
+    to_toml(&config)
 }
 
 fn vip_addr(i: usize) -> IpAddr {
@@ -82,8 +82,8 @@ fn active(h: &Harness) -> BTreeMap<IpAddr, u64> {
 #[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
 fn round_robin_cycles_and_weighted_round_robin_follows_weights() {
     let mut h = harness(&config(&[
-        ("rr", "round-robin", [1, 1, 1], ""),
-        ("wrr", "weighted-round-robin", [3, 1, 2], ""),
+        ("rr", "round-robin", [1, 1, 1], Extra::None),
+        ("wrr", "weighted-round-robin", [3, 1, 2], Extra::None),
     ]));
     let client = ip("10.9.0.1");
     let picks: Vec<IpAddr> = (0..30).map(|p| syn(&mut h, 0, client, 1000 + p)).collect();
@@ -110,7 +110,7 @@ fn round_robin_cycles_and_weighted_round_robin_follows_weights() {
 #[test]
 #[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
 fn source_hash_keeps_a_client_on_one_backend_and_spreads_clients() {
-    let mut h = harness(&config(&[("sh", "source-hash", [1, 1, 1], "")]));
+    let mut h = harness(&config(&[("sh", "source-hash", [1, 1, 1], Extra::None)]));
     let client = ip("10.9.0.77");
     let picks: Vec<IpAddr> = (0..100).map(|p| syn(&mut h, 0, client, 3000 + p)).collect();
     assert_eq!(
@@ -147,8 +147,8 @@ fn source_hash_keeps_a_client_on_one_backend_and_spreads_clients() {
 #[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
 fn random_spreads_and_weighted_random_follows_weights() {
     let mut h = harness(&config(&[
-        ("rnd", "random", [5, 1, 1], ""),
-        ("wrnd", "weighted-random", [3, 1, 2], ""),
+        ("rnd", "random", [5, 1, 1], Extra::None),
+        ("wrnd", "weighted-random", [3, 1, 2], Extra::None),
     ]));
     let client = ip("10.9.0.2");
     // 12,000 picks: a share's standard deviation is under 0.005, the bounds over 6 of them.
@@ -179,7 +179,7 @@ fn random_spreads_and_weighted_random_follows_weights() {
 #[test]
 #[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
 fn least_conn_sends_new_flows_to_the_fewest_active_per_weight() {
-    let mut h = harness(&config(&[("lc", "least-conn", [2, 1, 1], "")]));
+    let mut h = harness(&config(&[("lc", "least-conn", [2, 1, 1], Extra::None)]));
     let client = ip("10.9.0.3");
     for p in 0..40 {
         syn(&mut h, 0, client, 1000 + p);
@@ -228,7 +228,7 @@ fn least_conn_sends_new_flows_to_the_fewest_active_per_weight() {
 #[test]
 #[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
 fn power_of_two_choices_balance_active_flows() {
-    let mut h = harness(&config(&[("p2c", "power-of-two", [1, 1, 1], "")]));
+    let mut h = harness(&config(&[("p2c", "power-of-two", [1, 1, 1], Extra::None)]));
     let client = ip("10.9.0.4");
     for p in 0..300 {
         syn(&mut h, 0, client, 1000 + p);
@@ -242,7 +242,12 @@ fn power_of_two_choices_balance_active_flows() {
 #[test]
 #[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
 fn persistence_keeps_a_client_on_its_backend_until_it_is_drained() {
-    let text = config(&[("sticky", "round-robin", [1, 1, 1], "persistence_secs = 60")]);
+    let text = config(&[(
+        "sticky",
+        "round-robin",
+        [1, 1, 1],
+        Extra::PersistenceSecs(60),
+    )]);
     let mut h = harness(&text);
     let (a, b) = (ip("10.9.0.5"), ip("10.9.0.6"));
     let first = syn(&mut h, 0, a, 1000);
@@ -267,7 +272,7 @@ fn persistence_keeps_a_client_on_its_backend_until_it_is_drained() {
         "sticky",
         "round-robin",
         [weights[0], weights[1], weights[2]],
-        "persistence_secs = 60",
+        Extra::PersistenceSecs(60),
     )]))
     .unwrap();
     let moved = syn(&mut h, 0, a, 2000);
@@ -284,12 +289,12 @@ fn persistence_keeps_a_client_on_its_backend_until_it_is_drained() {
 #[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
 fn bounded_load_caps_each_backend_near_its_share() {
     let mut h = harness(&config(&[
-        ("sh", "source-hash", [1, 1, 1], ""),
+        ("sh", "source-hash", [1, 1, 1], Extra::None),
         (
             "bounded",
             "source-hash",
             [1, 1, 1],
-            "max_load_factor = 1.25",
+            Extra::MaxLoadFactor(1.25),
         ),
     ]));
     // 6 clients x 50 connections each: by source hash alone, a backend that draws 3 clients
@@ -325,8 +330,8 @@ fn bounded_load_caps_each_backend_near_its_share() {
 fn active_flows_are_counted_until_they_end_or_are_evicted() {
     // Counted for the VIPs whose scheduler reads the counts (least-conn here), not for maglev.
     let mut h = harness(&config(&[
-        ("m", "least-conn", [1, 1, 1], ""),
-        ("plain", "maglev", [1, 1, 1], ""),
+        ("m", "least-conn", [1, 1, 1], Extra::None),
+        ("plain", "maglev", [1, 1, 1], Extra::None),
     ]));
     syn(&mut h, 1, ip("10.9.0.8"), 999);
     assert_eq!(
@@ -407,11 +412,14 @@ fn active_flows_are_counted_until_they_end_or_are_evicted() {
 /// A VIP on each family with two shared backends and one dedicated to the "premium" tier
 /// (clients of 10.9.5.0/24, 2001:db8:5::/48, or DSCP 46).
 fn tiered(spillover: bool, premium_weight: u32) -> String {
-    let mut text = format!(
-        "interface = \"eth0\"\n[conntrack]\nmax_flows = 65536\nflood_threshold = 0\nremoval_grace_secs = 0\n\
-         [[tier]]\nname = \"premium\"\nprefixes = [\"10.9.5.0/24\", \"2001:db8:5::/48\"]\ndscp = [46]\nspillover = {spillover}\n"
-    );
-    for (name, vip, backends) in [
+    let mut config = harness_settings(65_536);
+    config.tier = vec![RawTier {
+        name: Some("premium".into()),
+        prefixes: vec!["10.9.5.0/24".into(), "2001:db8:5::/48".into()],
+        dscp: vec![46],
+        spillover: Some(spillover),
+    }];
+    for (name, address, backends) in [
         ("t4", "10.111.1.1", [B1, B2, B3]),
         (
             "t6",
@@ -419,19 +427,13 @@ fn tiered(spillover: bool, premium_weight: u32) -> String {
             ["fd00:111::11", "fd00:111::12", "fd00:111::13"],
         ),
     ] {
-        text.push_str(&format!(
-            "[[vip]]\nname = \"{name}\"\naddress = \"{vip}\"\nport = 80\n"
-        ));
-        for (i, b) in backends.iter().enumerate() {
-            text.push_str(&format!("  [[vip.backend]]\n  address = \"{b}\"\n"));
-            if i == 2 {
-                text.push_str(&format!(
-                    "  tier = \"premium\"\n  weight = {premium_weight}\n"
-                ));
-            }
-        }
+        let mut v = vip(name, address, 80);
+        v.backend = backends.iter().map(|b| backend(b, None)).collect();
+        v.backend[2].tier = Some("premium".into());
+        v.backend[2].weight = Some(premium_weight.into());
+        config.vip.push(v);
     }
-    text
+    to_toml(&config)
 }
 
 /// A SYN to the tiered VIP of `client`'s family; the backend it went to, or `None` if dropped.

@@ -6,20 +6,20 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use balancer::api::types::Status;
-use balancer::config::AttachMode;
-use balancer_tests::netns::{PREFIX, sweep};
+use balancer::config::{AttachMode, RawPool, RawTier};
+use balancer_tests::configs::{backends, to_toml, vip, vip_mut};
 use balancer_tests::topology::*;
 use balancer_tests::traffic::{echo_open, http_get, http_get_from};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 
 fn rack(tag: &str) -> Topology {
-    sweep(&format!("{PREFIX}-{tag}-"));
     let mut topo = Topology::build(TopologyOptions::new(tag)).expect("building the test rack");
     topo.attach_peer_pass(AttachMode::Native)
         .expect("pass program");
-    let config = rack_config(&topo, "l2-dsr", AttachMode::Native, "");
-    topo.start_balancer(&config).expect("starting the balancer");
+    let config = rack_config(&topo, "l2-dsr", AttachMode::Native);
+    topo.start_balancer(&to_toml(&config))
+        .expect("starting the balancer");
     topo
 }
 
@@ -155,7 +155,7 @@ fn source_hash_and_persistence_keep_clients_together() {
         .iter()
         .map(|c| format!("addr add {c}/32 dev eth0\n"))
         .collect();
-    let batch_file = topo.log_dir.join("client-addrs.batch");
+    let batch_file = topo.rack.log_dir.join("client-addrs.batch");
     std::fs::write(&batch_file, batch).unwrap();
     topo.client
         .sh(&format!("ip -batch {}", batch_file.display()))
@@ -238,23 +238,22 @@ fn a_premium_tier_keeps_its_backends_and_spills_when_they_are_drained() {
         .expect("free-tier address");
     let free: IpAddr = "10.111.0.50".parse().unwrap();
     let premium: IpAddr = CLIENT4.into();
-    let original = std::fs::read_to_string(topo.log_dir.join("balancer.toml")).unwrap();
+    let base = rack_config(&topo, "l2-dsr", AttachMode::Native);
     let with_tier = |drained: bool| -> String {
-        let text = original.clone();
-        let (head, rest) = text.split_once("[[vip]]").unwrap();
-        let mut vips: Vec<String> = rest.split("[[vip]]").map(str::to_string).collect();
-        for v in vips.iter_mut().filter(|v| v.contains("name = \"http4\"")) {
-            *v = v.replace(
-                "address = \"10.111.0.13\"\n  weight = 1\n",
-                &format!(
-                    "address = \"10.111.0.13\"\n  weight = 1\n  tier = \"premium\"\n  drained = {drained}\n"
-                ),
-            );
-        }
-        format!(
-            "{head}[[tier]]\nname = \"premium\"\nprefixes = [\"{premium}/32\"]\n\n[[vip]]{}",
-            vips.join("[[vip]]")
-        )
+        let mut config = base.clone();
+        config.tier.push(RawTier {
+            name: Some("premium".into()),
+            prefixes: vec![format!("{premium}/32")],
+            ..RawTier::default()
+        });
+        let b3 = vip_mut(&mut config, "http4")
+            .backend
+            .iter_mut()
+            .find(|b| b.address.as_deref() == Some("10.111.0.13"))
+            .expect("b3 serves http4");
+        b3.tier = Some("premium".into());
+        b3.drained = Some(drained);
+        to_toml(&config)
     };
     let from = |topo: &Topology, src: IpAddr, n: usize| -> BTreeMap<String, usize> {
         topo.client
@@ -298,7 +297,6 @@ fn a_premium_tier_keeps_its_backends_and_spills_when_they_are_drained() {
 #[ignore = "needs root and network namespaces; run by cargo xtask test"]
 fn model_routing_places_backends_by_the_models_they_serve() {
     let tag = "smodel";
-    sweep(&format!("{PREFIX}-{tag}-"));
     let mut topo = Topology::build(TopologyOptions::new(tag)).expect("building the test rack");
     topo.attach_peer_pass(AttachMode::Native)
         .expect("pass program");
@@ -306,14 +304,26 @@ fn model_routing_places_backends_by_the_models_they_serve() {
     for (i, models) in ["llama", "mistral", "llama,mistral"].iter().enumerate() {
         std::fs::write(topo.models_file(i), models).unwrap();
     }
-    let base = rack_config(&topo, "l2-dsr", AttachMode::Native, "");
-    let head = base.split("[[vip]]").next().unwrap().to_string();
-    let config = format!(
-        "{head}[[pool]]\nname = \"gpus\"\ndiscover = \"models\"\nport = 80\ninterval_ms = 200\n\
-           [[pool.backend]]\n  address = \"10.111.0.11\"\n  [[pool.backend]]\n  address = \"10.111.0.12\"\n  [[pool.backend]]\n  address = \"10.111.0.13\"\n\n\
-         [[vip]]\nname = \"llama\"\naddress = \"{VIP4}\"\nport = {HTTP_PORT}\npool = \"gpus\"\nmodel = \"llama\"\n\n\
-         [[vip]]\nname = \"mistral\"\naddress = \"{VIP4}\"\nport = {ECHO_PORT}\npool = \"gpus\"\nmodel = \"mistral\"\n"
-    );
+    // The rack's global settings; two VIPs that take their backends from one pool by model.
+    let mut config = rack_config(&topo, "l2-dsr", AttachMode::Native);
+    config.pool = vec![RawPool {
+        name: Some("gpus".into()),
+        discover: Some("models".into()),
+        port: Some(80),
+        interval_ms: Some(200),
+        backend: backends(&["10.111.0.11", "10.111.0.12", "10.111.0.13"]),
+        ..RawPool::default()
+    }];
+    config.vip = [("llama", HTTP_PORT), ("mistral", ECHO_PORT)]
+        .into_iter()
+        .map(|(model, port)| {
+            let mut v = vip(model, VIP4, port);
+            v.pool = Some("gpus".into());
+            v.model = Some(model.into());
+            v
+        })
+        .collect();
+    let config = to_toml(&config);
     topo.start_balancer(&config).expect("starting the balancer");
     let members = |topo: &Topology, vip: &str| -> Vec<String> {
         let s: Status = serde_json::from_str(&topo.cli(&["status", "--json"]).unwrap().1).unwrap();
@@ -375,6 +385,6 @@ fn model_routing_places_backends_by_the_models_they_serve() {
         "mistral",
         &["10.111.0.11", "10.111.0.12", "10.111.0.13"],
     );
-    let written = std::fs::read_to_string(topo.log_dir.join("balancer.toml")).unwrap();
+    let written = std::fs::read_to_string(topo.rack.log_dir.join("balancer.toml")).unwrap();
     assert_eq!(written, config, "discovery rewrote the config file");
 }

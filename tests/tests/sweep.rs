@@ -13,6 +13,7 @@
 use std::collections::HashSet;
 use std::net::IpAddr;
 
+use balancer_tests::configs::{packet_fixture, to_toml};
 use balancer_tests::packet::*;
 use etherparse::PacketBuilder;
 
@@ -318,7 +319,8 @@ fn mutate(rng: &mut Rng, base: &[u8]) -> Vec<u8> {
 #[test]
 #[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
 fn a_million_malformed_frames() {
-    let mut h = Harness::new(FIXTURE_CONFIG).expect("loading the balancer needs root and BPF");
+    let mut h =
+        Harness::new(&to_toml(&packet_fixture())).expect("loading the balancer needs root and BPF");
     let vips = Vips::new();
     let bases = base_frames();
     let mut rng = Rng(0x005e_ed0f_ba1a_2ce5);

@@ -10,31 +10,45 @@ use std::time::{Duration, Instant};
 
 use balancer::api::client::{Client, Endpoint};
 use balancer::api::types::{ChangeResult, VipWeights};
-use balancer::config::AttachMode;
-use balancer_tests::netns::{PREFIX, sweep};
+use balancer::config::{AttachMode, RawConfig, RawPolicy, RawTelemetry};
+use balancer_tests::configs::{to_toml, vip_mut};
+use balancer_tests::rack::binary;
 use balancer_tests::topology::*;
 use balancer_tests::traffic::{echo_stream, http_get, udp_request};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 const GIB: u64 = 1 << 30;
 
-/// A rack whose balancer runs `config_of(rack config)`.
-fn rack(tag: &str, edit: impl FnOnce(&Topology, String) -> String) -> Topology {
-    sweep(&format!("{PREFIX}-{tag}-"));
+/// A rack whose balancer runs the rack config as `edit` changes it.
+fn rack(tag: &str, edit: impl FnOnce(&Topology, &mut RawConfig)) -> Topology {
     let mut topo = Topology::build(TopologyOptions::new(tag)).expect("building the test rack");
     topo.attach_peer_pass(AttachMode::Native)
         .expect("pass program");
-    let config = rack_config(&topo, "l2-dsr", AttachMode::Native, "");
-    let config = edit(&topo, config);
-    topo.start_balancer(&config).expect("starting the balancer");
+    let mut config = rack_config(&topo, "l2-dsr", AttachMode::Native);
+    edit(&topo, &mut config);
+    topo.start_balancer(&to_toml(&config))
+        .expect("starting the balancer");
     topo
 }
 
-/// Adds `lines` to the VIP called `name` in a rack config.
-fn with_vip_settings(config: &str, name: &str, lines: &str) -> String {
-    let marker = format!("name = \"{name}\"\n");
-    assert!(config.contains(&marker), "no VIP {name} in the config");
-    config.replacen(&marker, &format!("{marker}{lines}\n"), 1)
+/// Scrapes of `port` (at `path`, else the default) every `interval_ms`.
+fn scrape(port: i64, path: Option<&str>, interval_ms: i64) -> Option<RawTelemetry> {
+    Some(RawTelemetry {
+        source: Some("scrape".into()),
+        port: Some(port),
+        path: path.map(str::to_string),
+        interval_ms: Some(interval_ms),
+        ..RawTelemetry::default()
+    })
+}
+
+/// Policy `kind`, its weights taken as computed (no smoothing).
+fn unsmoothed(kind: &str) -> RawPolicy {
+    RawPolicy {
+        kind: Some(kind.into()),
+        ewma_alpha: Some(1.0),
+        ..RawPolicy::default()
+    }
 }
 
 /// Replaces a file in one step, so a scrape never reads half of it.
@@ -174,12 +188,12 @@ fn assert_shares_follow(
 fn traffic_follows_the_weights_backends_report() {
     // http4 is weighted by free GPU memory from DCGM-style pages, scraped every 100 ms.
     let topo = rack("tw", |_, config| {
-        with_vip_settings(
-            &config,
-            "http4",
-            "telemetry = { source = \"scrape\", port = 80, path = \"/metrics\", interval_ms = 100 }\n\
-             policy = { kind = \"gpu\", ewma_alpha = 1.0, stale_after_ms = 600 }",
-        )
+        let http4 = vip_mut(config, "http4");
+        http4.telemetry = scrape(80, Some("/metrics"), 100);
+        http4.policy = Some(RawPolicy {
+            stale_after_ms: Some(600),
+            ..unsmoothed("gpu")
+        });
     });
     for (i, used) in [20, 50, 70].into_iter().enumerate() {
         write_atomically(&topo.metrics_file(i), &dcgm_page(used, 80));
@@ -252,14 +266,16 @@ fn traffic_follows_the_weights_backends_report() {
 #[ignore = "needs root and network namespaces; run by cargo xtask test"]
 fn established_connections_survive_weights_changing_every_100ms() {
     let topo = rack("tc", |_, config| {
-        let config = config.replace(
-            "[api]\n",
-            "[metrics]\nlisten = \"127.0.0.1:9183\"\n\n[api]\n",
-        );
-        let settings = "telemetry = { source = \"scrape\", port = 80, interval_ms = 100 }\n\
-                        policy = { kind = \"composite\", ewma_alpha = 1.0, hysteresis = 0.0, quantum = 1 }";
-        let config = with_vip_settings(&config, "echo4", settings);
-        with_vip_settings(&config, "echo6", settings)
+        config.metrics.listen = Some("127.0.0.1:9183".into());
+        for name in ["echo4", "echo6"] {
+            let v = vip_mut(config, name);
+            v.telemetry = scrape(80, None, 100);
+            v.policy = Some(RawPolicy {
+                hysteresis: Some(0.0),
+                quantum: Some(1),
+                ..unsmoothed("composite")
+            });
+        }
     });
     let files: Vec<_> = (0..3).map(|i| topo.metrics_file(i)).collect();
     let page = |round: usize, backend: usize| -> String {
@@ -321,21 +337,9 @@ fn established_connections_survive_weights_changing_every_100ms() {
         round += 1;
         std::thread::sleep(Duration::from_millis(100));
     }
-    let mut per_backend = BTreeMap::new();
-    for (i, s) in streams.into_iter().enumerate() {
-        let (backend, bytes) = s
-            .join()
-            .expect("stream thread")
-            .expect("client namespace")
-            .unwrap_or_else(|e| {
-                panic!(
-                    "stream {i} broke while the weights changed: {e}\n{}",
-                    topo.logs()
-                )
-            });
-        assert!(bytes > 0, "stream {i} moved no data");
-        *per_backend.entry(backend).or_insert(0) += 1;
-    }
+    let per_backend = join_streams(streams, "while the weights changed")
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", topo.logs()))
+        .per_backend;
     let newcomers = newcomers
         .join()
         .expect("client thread")
@@ -412,29 +416,27 @@ fn weight_changes(topo: &Topology) -> Result<f64, String> {
 fn reporters_push_and_serve_gpu_figures() {
     const TOKEN: &str = "report-token-0123456789abcdef";
     let mut topo = rack("tr", |topo, config| {
-        let token_file = topo.log_dir.join("token");
+        let token_file = topo.rack.log_dir.join("token");
         std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
-        let config = config.replace(
-            "[api]\n",
-            &format!(
-                "[api]\nlisten = \"{LB4}:9180\"\ntoken_file = \"{}\"\n",
-                token_file.display()
-            ),
-        );
+        config.api.listen = Some(format!("{LB4}:9180"));
+        config.api.token_file = Some(token_file.display().to_string());
         // udp4 takes pushed reports; http6 scrapes the reporters' pages (over IPv6).
-        let config = with_vip_settings(
-            &config,
-            "udp4",
-            "telemetry = { source = \"push\" }\npolicy = { kind = \"gpu\", ewma_alpha = 1.0, stale_after_ms = 1000 }",
-        );
-        with_vip_settings(
-            &config,
-            "http6",
-            "telemetry = { source = \"scrape\", port = 9400, interval_ms = 100 }\npolicy = { kind = \"gpu\", ewma_alpha = 1.0 }",
-        )
+        let udp4 = vip_mut(config, "udp4");
+        udp4.telemetry = Some(RawTelemetry {
+            source: Some("push".into()),
+            ..RawTelemetry::default()
+        });
+        udp4.policy = Some(RawPolicy {
+            stale_after_ms: Some(1000),
+            ..unsmoothed("gpu")
+        });
+        let http6 = vip_mut(config, "http6");
+        http6.telemetry = scrape(9400, None, 100);
+        http6.policy = Some(unsmoothed("gpu"));
     });
     let bin = binary("balancer").unwrap().to_string_lossy().to_string();
-    let gpu_file = |i: usize| topo.log_dir.join(format!("gpu-b{}.csv", i + 1));
+    let log_dir = topo.rack.log_dir.clone();
+    let gpu_file = |i: usize| log_dir.join(format!("gpu-b{}.csv", i + 1));
     let smi = |used_gib: u64| {
         format!(
             "0, NVIDIA H100 80GB HBM3, {}, {}, 55\n",
@@ -445,7 +447,12 @@ fn reporters_push_and_serve_gpu_figures() {
     for (i, used) in [10, 40, 70].into_iter().enumerate() {
         write_atomically(&gpu_file(i), &smi(used));
     }
-    let token_file = topo.log_dir.join("token").to_string_lossy().to_string();
+    let token_file = topo
+        .rack
+        .log_dir
+        .join("token")
+        .to_string_lossy()
+        .to_string();
     let lb_api = format!("{LB4}:9180");
     for i in 0..3 {
         let file = gpu_file(i).to_string_lossy().to_string();
@@ -457,16 +464,11 @@ fn reporters_push_and_serve_gpu_figures() {
             "--gpu-stats-file",
             &file,
         ];
-        let mut p = Process::spawn(
-            &topo.backends[i],
-            &format!("serve-b{}", i + 1),
-            &serve,
-            &topo.log_dir,
-        )
-        .unwrap();
-        p.wait_for_log("serving GPU figures", Duration::from_secs(10))
+        topo.rack
+            .spawn(&topo.backends[i], &format!("serve-b{}", i + 1), &serve)
+            .unwrap()
+            .wait_for_log("serving GPU figures", Duration::from_secs(10))
             .unwrap();
-        topo.processes.push(p);
         if i < 2 {
             // b3 pushes nothing.
             let backend = backend4(i).to_string();
@@ -485,14 +487,9 @@ fn reporters_push_and_serve_gpu_figures() {
                 "--token-file",
                 &token_file,
             ];
-            let p = Process::spawn(
-                &topo.backends[i],
-                &format!("push-b{}", i + 1),
-                &push,
-                &topo.log_dir,
-            )
-            .unwrap();
-            topo.processes.push(p);
+            topo.rack
+                .spawn(&topo.backends[i], &format!("push-b{}", i + 1), &push)
+                .unwrap();
         }
     }
 

@@ -20,7 +20,7 @@ use super::Figures;
 use crate::load::stats::median;
 use crate::netns::{Netns, PREFIX, sweep};
 use crate::openai::stream_completion;
-use crate::topology::{Process, binary};
+use crate::rack::{Process, binary};
 use crate::vllm::{self, ServerOptions, VllmEnv, completion_body, prompt};
 
 /// One reading of a server's page.

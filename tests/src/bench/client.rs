@@ -125,9 +125,9 @@ pub fn run(root: &Path, rate: f64, seconds: u32) -> Result<()> {
     let words = tokenizer(&bin)?;
     let topo = composite_rack("ipf")?;
     std::thread::sleep(Duration::from_millis(500));
-    let out = topo.log_dir.join("inference-perf");
+    let out = topo.rack.log_dir.join("inference-perf");
     std::fs::create_dir_all(&out)?;
-    let config_path = topo.log_dir.join("inference-perf.yaml");
+    let config_path = topo.rack.log_dir.join("inference-perf.yaml");
     std::fs::write(
         &config_path,
         inference_perf_config(rate, seconds, &out, &words),

@@ -10,14 +10,15 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use balancer::config::Config;
+use balancer::config::{Config, RawConfig};
 use balancer::net::MacAddr;
 use balancer_common::maglev::{MaglevBackend, build_table, slot_counts, slots_changed};
 
 use super::{Figures, median};
+use crate::configs::{backend, harness_settings, to_toml, vip};
 use crate::netns::{Netns, PREFIX, sweep};
 use crate::packet::{Harness, run_fd, tcp_frame};
-use crate::topology::{Process, binary, mount_pin_root, pin_root};
+use crate::rack::{Process, binary, mount_pin_root, pin_root};
 
 fn names(n: usize) -> Vec<String> {
     (0..n)
@@ -130,39 +131,36 @@ fn maglev(figures: &mut Figures) -> Result<()> {
     Ok(())
 }
 
+/// `vips` VIPs of `backends_per_vip` backends each (with MACs, so nothing is resolved),
+/// backend `b` of VIP `v` weighted `weights(v, b)`.
 fn vip_config(
     vips: usize,
     backends_per_vip: usize,
     weights: impl Fn(usize, usize) -> u32,
-) -> String {
-    let mut text =
-        String::from("interface = \"eth0\"\n[conntrack]\nmax_flows = 65536\nflood_threshold = 0\n");
+) -> RawConfig {
+    let mut config = harness_settings(65_536);
+    config.conntrack.removal_grace_secs = None;
     for v in 0..vips {
-        let _ = write!(
-            text,
-            "[[vip]]\nname = \"v{v}\"\naddress = \"10.200.{}.{}\"\nport = 80\n",
-            v / 250,
-            v % 250 + 1
-        );
-        for b in 0..backends_per_vip {
-            let _ = write!(
-                text,
-                "  [[vip.backend]]\n  address = \"10.{}.{}.{}\"\n  weight = {}\n  mac = \"02:00:00:00:{:02x}:{:02x}\"\n",
-                64 + b / 250,
-                b % 250,
-                v % 250 + 1,
-                weights(v, b),
-                b / 256,
-                b % 256
-            );
-        }
+        let address = format!("10.200.{}.{}", v / 250, v % 250 + 1);
+        let mut vip = vip(&format!("v{v}"), address, 80);
+        vip.backend = (0..backends_per_vip)
+            .map(|b| {
+                let mut backend = backend(
+                    format!("10.{}.{}.{}", 64 + b / 250, b % 250, v % 250 + 1),
+                    Some(weights(v, b)),
+                );
+                backend.mac = Some(format!("02:00:00:00:{:02x}:{:02x}", b / 256, b % 256));
+                backend
+            })
+            .collect();
+        config.vip.push(vip);
     }
-    text
+    config
 }
 
 /// Publishing, and the time from a weight change to the first packet on the new table.
 fn kernel(figures: &mut Figures) -> Result<()> {
-    let base = vip_config(1, 100, |_, _| 10);
+    let base = to_toml(&vip_config(1, 100, |_, _| 10));
     let mut h = Harness::new(&base)?;
     // Publish time: rebuild and swap one VIP's table (100 backends) through the daemon's path.
     let mut publish = Vec::new();
@@ -173,7 +171,13 @@ fn kernel(figures: &mut Figures) -> Result<()> {
     let vip: IpAddr = "10.200.0.1".parse()?;
     for round in 0..20u32 {
         // Reweight backend `round` and find a flow whose backend the change moves.
-        let text = vip_config(1, 100, |_, b| if b as u32 == round { 1 } else { 10 });
+        let text = to_toml(&vip_config(
+            1,
+            100,
+            |_, b| {
+                if b as u32 == round { 1 } else { 10 }
+            },
+        ));
         let config = Config::parse(&text)?;
         let before = h.balancer.vip("v0").context("vip")?.table.clone();
         let state = h.balancer.vip("v0").context("vip")?.clone();
@@ -325,7 +329,7 @@ fn telemetry(figures: &mut Figures) -> Result<()> {
     use balancer::telemetry::store::TelemetryStore;
     use balancer::telemetry::{exposition, signals};
 
-    let text = vip_config(1, 100, |_, _| 1);
+    let text = to_toml(&vip_config(1, 100, |_, _| 1));
     let mut h = Harness::new(&text)?;
     let mut vip = Config::parse(&text)?.vips.remove(0);
     vip.policy = PolicyConfig {
@@ -449,15 +453,12 @@ fn daemon_memory(figures: &mut Figures) -> Result<()> {
     mount_pin_root()?;
     let pins = pin_root().join(format!("{tag}pins"));
     let _ = balancer::pinning::Pins::new(pins.clone()).remove();
-    let config = vip_config(100, 100, |_, _| 1).replace(
-        "interface = \"eth0\"",
-        &format!(
-            "interface = \"eth0\"\nattach_mode = \"skb\"\npin_dir = \"{}\"\nstate_file = \"{}\"\n[api]\nsocket = \"{}\"",
-            pins.display(),
-            dir.join("state.json").display(),
-            dir.join("api.sock").display()
-        ),
-    );
+    let mut config = vip_config(100, 100, |_, _| 1);
+    config.attach_mode = Some("skb".into());
+    config.pin_dir = Some(pins.display().to_string());
+    config.state_file = Some(dir.join("state.json").display().to_string());
+    config.api.socket = Some(dir.join("api.sock").display().to_string());
+    let config = to_toml(&config);
     let path = dir.join("balancer.toml");
     std::fs::write(&path, config)?;
     let bin = binary("balancer")?;

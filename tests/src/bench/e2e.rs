@@ -35,10 +35,11 @@ use anyhow::{Context as _, Result, bail};
 use balancer::config::AttachMode;
 
 use super::{Figures, median};
-use crate::netns::{Netns, PREFIX, sweep};
+use crate::configs::to_toml;
+use crate::netns::Netns;
+use crate::rack::Process;
 use crate::topology::{
-    CLIENT4, HTTP_PORT, LB4, Process, Topology, TopologyOptions, UDP_PORT, VIP4, backend4,
-    rack_config,
+    CLIENT4, HTTP_PORT, LB4, Topology, TopologyOptions, UDP_PORT, VIP4, backend4, rack_config,
 };
 
 /// One thing between the client and the backends.
@@ -187,7 +188,6 @@ pub fn run(opts: &Options) -> Result<Figures> {
 /// Builds a rack with `peer` in the middle and runs the three phases.
 fn measure(peer: Peer, opts: &Options, cpus: usize) -> Result<Round> {
     let tag = format!("e2e{}", peer_tag(peer));
-    sweep(&format!("{PREFIX}-{tag}-"));
     let mut topo = Topology::build(TopologyOptions::new(&tag))?;
     // The baseline spreads over the same backends itself, so that every peer has the same
     // server capacity behind it.
@@ -210,8 +210,8 @@ fn measure(peer: Peer, opts: &Options, cpus: usize) -> Result<Round> {
             if mode == AttachMode::Native {
                 topo.attach_peer_pass(mode)?;
             }
-            let config = rack_config(&topo, "l2-dsr", mode, "");
-            topo.start_balancer(&config)?;
+            let config = rack_config(&topo, "l2-dsr", mode);
+            topo.start_balancer(&to_toml(&config))?;
         }
         Peer::Nftables => setup_nftables(&topo)?,
         Peer::Haproxy => own_process = Some(start_haproxy(&mut topo)?),
@@ -331,7 +331,7 @@ fn setup_nftables(topo: &Topology) -> Result<()> {
          \x20 }}\n\
          }}\n"
     );
-    let path = topo.log_dir.join("nftables.conf");
+    let path = topo.rack.log_dir.join("nftables.conf");
     std::fs::write(&path, ruleset)?;
     topo.lb.sh(&format!(
         "sysctl -qw net.ipv4.ip_forward=1 net.ipv4.conf.all.send_redirects=0 \
@@ -382,13 +382,13 @@ fn start_haproxy(topo: &mut Topology) -> Result<u32> {
         servers(HTTP_PORT),
         servers(9000)
     );
-    let path = topo.log_dir.join("haproxy.cfg");
+    let path = topo.rack.log_dir.join("haproxy.cfg");
     std::fs::write(&path, config)?;
     topo.lb.sh(&format!("ip addr add {VIP4}/32 dev lo"))?;
     let argv = ["haproxy", "-db", "-f", path.to_str().unwrap_or_default()];
-    let p = Process::spawn(&topo.lb, "haproxy", &argv, &topo.log_dir)?;
+    let p = Process::spawn(&topo.lb, "haproxy", &argv, &topo.rack.log_dir)?;
     let pid = p.pid();
-    topo.processes.push(p);
+    topo.rack.processes.push(p);
     // Ready when it accepts.
     let until = Instant::now() + Duration::from_secs(10);
     let addr = SocketAddr::new(VIP4.into(), HTTP_PORT);
@@ -412,7 +412,7 @@ fn start_haproxy(topo: &mut Topology) -> Result<u32> {
 fn pin(topo: &Topology, cpus: usize) -> Result<()> {
     let others = format!("0-{}", cpus - 2);
     let mask = format!("{:x}", (1u64 << (cpus - 1)) - 1);
-    for p in &topo.processes {
+    for p in &topo.rack.processes {
         crate::netns::run("taskset", &["-a", "-pc", &others, &p.pid().to_string()])?;
     }
     for ns in std::iter::once(&topo.lb).chain(topo.backends.iter()) {

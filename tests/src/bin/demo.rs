@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use balancer::config::AttachMode;
+use balancer_tests::configs::to_toml;
 use balancer_tests::netns::{PREFIX, is_root, sweep};
 use balancer_tests::topology::*;
 use balancer_tests::traffic::{echo_stream, http_get, udp_request};
@@ -56,7 +57,12 @@ fn main() {
 
 fn config(topo: &Topology, weights: &[u32]) -> String {
     let weights: Vec<Option<u32>> = weights.iter().map(|w| Some(*w)).collect();
-    rack_config_weighted(topo, "l2-dsr", AttachMode::Native, "", &weights)
+    to_toml(&rack_config_weighted(
+        topo,
+        "l2-dsr",
+        AttachMode::Native,
+        &weights,
+    ))
 }
 
 fn spread(topo: &Topology, vip: IpAddr) -> Result<BTreeMap<String, usize>> {
@@ -88,7 +94,6 @@ fn demo(real_vllm: bool) -> Result<()> {
     if !is_root() {
         bail!("the demo creates network namespaces and loads XDP programs: run it as root");
     }
-    sweep(&format!("{PREFIX}-demo-"));
     println!(
         "Building the rack: client, balancer and 3 backends in network namespaces on one bridge"
     );
@@ -124,7 +129,7 @@ fn demo(real_vllm: bool) -> Result<()> {
 
     println!("\nChanging weights to 1:1:2 live (config rewritten, SIGHUP to the daemon):");
     std::fs::write(
-        topo.log_dir.join("balancer.toml"),
+        topo.rack.log_dir.join("balancer.toml"),
         config(&topo, &[1, 1, 2]),
     )?;
     let balancer = topo.process("balancer").context("balancer process")?;
@@ -189,11 +194,7 @@ fn real_llm_demo() -> Result<()> {
     let mut rack = VllmRack::start(&env, "demovllm", vllm::small_and_large())?;
     println!("ready in {:.0} s", t0.elapsed().as_secs_f64());
     check_interrupt()?;
-    let config = balancer_tests::bench::llm::config(
-        &rack.topo,
-        "telemetry = { source = \"scrape\", port = 8000, interval_ms = 500, timeout_ms = 500 }\n\
-         policy = { kind = \"composite\", queue_saturation = 2, stale_after_ms = 10000 }\n",
-    );
+    let config = vllm::balancer_config(&rack.topo);
     rack.topo.start_balancer(&config)?;
     let topo = &rack.topo;
     // Requests of the shipped conversation trace, sized down for the tiny model's 2,048-token

@@ -1,13 +1,16 @@
-//! What routes the requests in a run: the balancer with one of its policies (the VIP's config
-//! lines), or an L7 router from PyPI with one of its policies, started in the balancer's
+//! What routes the requests in a run: the balancer with one of its policies (its settings of
+//! the VIP), or an L7 router from PyPI with one of its policies, started in the balancer's
 //! namespace in front of the same servers.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
+use balancer::config::{RawPolicy, RawTelemetry, RawVip};
 
-use crate::topology::{LB4, Process, Topology, backend4};
+use super::LLM_PORT;
+use crate::rack::Process;
+use crate::topology::{LB4, Topology, backend4};
 
 /// The port a router listens on (the balancer's VIP serves the servers' port).
 pub const ROUTER_PORT: u16 = 8100;
@@ -48,10 +51,10 @@ impl Router {
 /// One contender.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Contender {
-    /// The balancer, with these lines in the VIP's config.
+    /// The balancer, with these settings of the LLM VIP.
     Balancer {
         name: String,
-        lines: String,
+        settings: VipSettings,
     },
     Router {
         router: Router,
@@ -59,37 +62,77 @@ pub enum Contender {
     },
 }
 
-/// The balancer's policies compared: name, what it is, and the VIP's config lines (the scrape
-/// interval is filled in).
-const OURS: [(&str, &str, &str); 5] = [
+/// How the balancer serves the LLM VIP for one of its contenders.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct VipSettings {
+    pub scheduler: &'static str,
+    /// Bounded load, if any.
+    pub max_load_factor: Option<f64>,
+    /// Weights from the composite policy over the servers' scraped metrics (every
+    /// `scrape_ms`), else static.
+    pub composite: bool,
+    pub scrape_ms: u64,
+}
+
+impl VipSettings {
+    /// Round robin, static weights: the baseline (and the VIP's settings between runs).
+    pub const ROUND_ROBIN: VipSettings = VipSettings::new("round-robin", None, false);
+
+    const fn new(scheduler: &'static str, max_load_factor: Option<f64>, composite: bool) -> Self {
+        VipSettings {
+            scheduler,
+            max_load_factor,
+            composite,
+            scrape_ms: 0,
+        }
+    }
+
+    /// Sets these on `vip`.
+    pub fn apply(&self, vip: &mut RawVip) {
+        vip.scheduler = Some(self.scheduler.to_string());
+        vip.max_load_factor = self.max_load_factor;
+        if self.composite {
+            vip.telemetry = Some(RawTelemetry {
+                source: Some("scrape".into()),
+                port: Some(i64::from(LLM_PORT)),
+                interval_ms: Some(self.scrape_ms as i64),
+                ..RawTelemetry::default()
+            });
+            vip.policy = Some(RawPolicy {
+                kind: Some("composite".into()),
+                ..RawPolicy::default()
+            });
+        }
+    }
+}
+
+/// The balancer's policies compared: name, what it is, and its settings of the VIP (the
+/// scrape interval is filled in).
+const OURS: [(&str, &str, VipSettings); 5] = [
     (
         "round-robin",
         "each backend in turn",
-        "scheduler = \"round-robin\"\n",
+        VipSettings::ROUND_ROBIN,
     ),
     (
         "least-conn",
         "fewest active connections per weight",
-        "scheduler = \"least-conn\"\n",
+        VipSettings::new("least-conn", None, false),
     ),
     (
         "maglev",
         "consistent hash of address and port, static weights",
-        "scheduler = \"maglev\"\n",
+        VipSettings::new("maglev", None, false),
     ),
     (
         "composite",
         "Maglev with weights from the servers' metrics (composite policy)",
-        "scheduler = \"maglev\"\n\
-         telemetry = { source = \"scrape\", port = 8000, interval_ms = INTERVAL }\n\
-         policy = { kind = \"composite\" }\n",
+        VipSettings::new("maglev", None, true),
     ),
     (
         "affinity",
         "source hash (a client's requests to one server) with bounded load 1.25, weights from the composite policy",
-        "scheduler = \"source-hash\"\nmax_load_factor = 1.25\n\
-         telemetry = { source = \"scrape\", port = 8000, interval_ms = INTERVAL }\n\
-         policy = { kind = \"composite\" }\n",
+        VipSettings::new("source-hash", Some(1.25), true),
     ),
 ];
 
@@ -114,7 +157,7 @@ impl Contender {
                 policy: policy.to_string(),
             });
         }
-        let (_, _, lines) = OURS.iter().find(|(n, _, _)| *n == name).with_context(|| {
+        let (_, _, settings) = OURS.iter().find(|(n, _, _)| *n == name).with_context(|| {
             format!(
                 "unknown contender {name:?}: one of {}, or vllm:POLICY / sglang:POLICY",
                 OURS.map(|o| o.0).join(", ")
@@ -122,7 +165,10 @@ impl Contender {
         })?;
         Ok(Contender::Balancer {
             name: name.to_string(),
-            lines: lines.replace("INTERVAL", &scrape_ms.to_string()),
+            settings: VipSettings {
+                scrape_ms,
+                ..*settings
+            },
         })
     }
 
@@ -229,7 +275,7 @@ pub fn start_router(
         &topo.lb,
         &format!("router-{}-{policy}", router.key()),
         &argv,
-        &topo.log_dir,
+        &topo.rack.log_dir,
     )?;
     let ready = match router {
         Router::Vllm => "/health",

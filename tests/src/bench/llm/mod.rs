@@ -22,23 +22,21 @@ pub mod contenders;
 pub mod report;
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use balancer::config::AttachMode;
+use balancer::config::{AttachMode, RawVip};
 
-use self::contenders::{Contender, ROUTER_PORT, start_router};
+use self::contenders::{Contender, ROUTER_PORT, VipSettings, start_router};
 use super::Figures;
+use crate::configs::{backend, to_toml, vip};
 use crate::load::client::{self, ClientOptions, Outcome, Target};
 use crate::load::stats::{Slo, Summary, summarize};
 use crate::load::workload::{self, Shape, TraceRequest, WorkloadOptions};
-use crate::netns::{PREFIX, sweep};
-use crate::topology::{
-    LB4, Process, Topology, TopologyOptions, VIP4, backend4, binary, rack_config,
-};
+use crate::rack::{Process, binary};
+use crate::topology::{LB4, Topology, TopologyOptions, VIP4, backend4, rack_config};
 
 /// The port the simulated servers (and the VIP) listen on.
 pub const LLM_PORT: u16 = 8000;
@@ -198,7 +196,6 @@ pub struct LlmRack {
 
 impl LlmRack {
     pub fn build(tag: &str, gpus: &[String]) -> Result<LlmRack> {
-        sweep(&format!("{PREFIX}-{tag}-"));
         let mut opts = TopologyOptions::new(tag);
         opts.backends = gpus.len();
         let mut topo = Topology::build(opts)?;
@@ -219,7 +216,7 @@ impl LlmRack {
             router: None,
         };
         rack.start_sims()?;
-        let first = config(&rack.topo, "scheduler = \"round-robin\"\n");
+        let first = config(&rack.topo, &VipSettings::ROUND_ROBIN);
         rack.topo.start_balancer(&first)?;
         Ok(rack)
     }
@@ -229,7 +226,7 @@ impl LlmRack {
         let sim = binary("sim-llm")?.to_string_lossy().to_string();
         for (i, profile) in self.gpus.iter().enumerate() {
             let name = format!("sim-{}", i + 1);
-            self.topo.processes.retain(|p| p.name != name);
+            self.topo.rack.processes.retain(|p| p.name != name);
             let served_by = format!("gpu{}-{profile}", i + 1);
             let listen = format!("0.0.0.0:{LLM_PORT}");
             let argv = [
@@ -243,9 +240,14 @@ impl LlmRack {
                 "--model",
                 MODEL,
             ];
-            let mut p = Process::spawn(&self.topo.backends[i], &name, &argv, &self.topo.log_dir)?;
+            let mut p = Process::spawn(
+                &self.topo.backends[i],
+                &name,
+                &argv,
+                &self.topo.rack.log_dir,
+            )?;
             p.wait_for_log("listening", Duration::from_secs(10))?;
-            self.topo.processes.push(p);
+            self.topo.rack.processes.push(p);
         }
         Ok(())
     }
@@ -254,8 +256,8 @@ impl LlmRack {
     fn prepare(&mut self, c: &Contender) -> Result<SocketAddr> {
         self.router = None;
         match c {
-            Contender::Balancer { lines, .. } => {
-                let text = config(&self.topo, lines);
+            Contender::Balancer { settings, .. } => {
+                let text = config(&self.topo, settings);
                 self.topo.reload_balancer(&text)?;
                 Ok(SocketAddr::new(VIP4.into(), LLM_PORT))
             }
@@ -417,21 +419,23 @@ fn tree_cpu_ns(pid: u32) -> Result<u64> {
     Ok(total)
 }
 
-/// The balancer config: the rack's usual VIPs plus the LLM VIP with `policy_lines`.
-pub fn config(topo: &Topology, policy_lines: &str) -> String {
-    let base = rack_config(
-        topo,
-        "l2-dsr",
-        AttachMode::Native,
-        "[metrics]\nlisten = \"127.0.0.1:9190\"\n",
-    );
-    let mut text = format!(
-        "{base}[[vip]]\nname = \"llm\"\naddress = \"{VIP4}\"\nport = {LLM_PORT}\n{policy_lines}"
-    );
-    for i in 0..topo.backends.len() {
-        let _ = write!(text, "  [[vip.backend]]\n  address = \"{}\"\n", backend4(i));
-    }
-    text
+/// The balancer config: the rack's usual VIPs, metrics on loopback, and the LLM VIP over
+/// every backend with `settings`.
+pub fn config(topo: &Topology, settings: &VipSettings) -> String {
+    config_with(topo, |llm| settings.apply(llm))
+}
+
+/// Like [`config`], with the LLM VIP's settings made by `edit`.
+pub fn config_with(topo: &Topology, edit: impl FnOnce(&mut RawVip)) -> String {
+    let mut config = rack_config(topo, "l2-dsr", AttachMode::Native);
+    config.metrics.listen = Some("127.0.0.1:9190".into());
+    let mut llm = vip("llm", VIP4, LLM_PORT);
+    llm.backend = (0..topo.backends.len())
+        .map(|i| backend(backend4(i), None))
+        .collect();
+    edit(&mut llm);
+    config.vip.push(llm);
+    to_toml(&config)
 }
 
 /// A rack of 2 large and 2 small simulated GPUs with the balancer running the composite
@@ -441,10 +445,10 @@ pub fn composite_rack(tag: &str) -> Result<Topology> {
         .map(String::from)
         .to_vec();
     let mut rack = LlmRack::build(tag, &gpus)?;
-    let Contender::Balancer { lines, .. } = Contender::parse("composite", 100)? else {
+    let Contender::Balancer { settings, .. } = Contender::parse("composite", 100)? else {
         bail!("composite is the balancer's");
     };
-    let text = config(&rack.topo, &lines);
+    let text = config(&rack.topo, &settings);
     rack.topo.reload_balancer(&text)?;
     let LlmRack { topo, .. } = rack;
     Ok(topo)
