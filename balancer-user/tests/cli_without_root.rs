@@ -14,6 +14,7 @@ use balancer::api::types::{Status, Table, VipWeights};
 use balancer::config::Config;
 use balancer::daemon::state::{Daemon, Host};
 use balancer::dataplane::memory::MemoryDataplane;
+use balancer::fleet::bgp::RecordedRoutes;
 use balancer::metrics::Metrics;
 use balancer::net::MacAddr;
 use balancer::netinfo::{DerivedNextHops, Interface};
@@ -26,6 +27,8 @@ struct Rig {
     config_path: PathBuf,
     daemon: Arc<Mutex<Daemon>>,
     stop: tokio::sync::watch::Receiver<Option<bool>>,
+    /// The routes the daemon announced (`[bgp]` set), in place of BIRD.
+    routes: RecordedRoutes,
 }
 
 impl Drop for Rig {
@@ -43,6 +46,11 @@ state_file = "{dir}/state.json"
 
 [api]
 socket = "{dir}/api.sock"
+
+[bgp]
+routes_v4 = "{dir}/vips4.conf"
+routes_v6 = "{dir}/vips6.conf"
+socket = "{dir}/bird.ctl"
 
 [[vip]]
 name = "http4"
@@ -88,6 +96,7 @@ fn rig(tag: &str) -> Rig {
     let config_path = dir.join("balancer.toml");
     std::fs::write(&config_path, config_text(&dir)).unwrap();
     let config = Config::load(&config_path).unwrap();
+    let routes = RecordedRoutes::default();
     let host = Host {
         iface: Interface {
             name: "lb0".into(),
@@ -99,6 +108,7 @@ fn rig(tag: &str) -> Rig {
         pins: Pins::new(dir.join("pins")),
         next_hops: Box::new(DerivedNextHops),
         neighbour_timeout: Duration::from_secs(1),
+        routes: Box::new(routes.clone()),
     };
     let daemon = Daemon::publish(
         config,
@@ -138,6 +148,7 @@ fn rig(tag: &str) -> Rig {
         config_path,
         daemon,
         stop,
+        routes,
     }
 }
 
@@ -246,10 +257,19 @@ fn every_command_round_trips_and_errors_change_nothing() {
     let listed: Vec<serde_json::Value> = rig.json(&["vip", "list"]);
     let web = listed.iter().find(|v| v["name"] == "web").unwrap();
     assert_eq!(web["scheduler"], "least-conn", "{web}");
+    // Drained from BGP: its route goes (the routing daemon is told the rest), then returns.
+    let web: IpAddr = "10.111.1.1".parse().unwrap();
+    let announced = || rig.routes.installed().last().cloned().unwrap_or_default();
     rig.ok(&["vip", "drain", "web"]);
     assert!(rig.daemon.lock().unwrap().drained_vips.contains("web"));
+    assert!(
+        !announced().contains(&web) && announced().contains(&"10.111.0.100".parse().unwrap()),
+        "{:?}",
+        announced()
+    );
     rig.ok(&["vip", "undrain", "web"]);
     assert!(!rig.daemon.lock().unwrap().drained_vips.contains("web"));
+    assert!(announced().contains(&web), "{:?}", announced());
     let file = std::fs::read_to_string(&rig.config_path).unwrap();
     assert!(
         file.contains("name = \"web\"")

@@ -193,6 +193,7 @@ fn start(opts: &RunOptions) -> Result<Daemon> {
         pins,
         next_hops: Box::new(KernelNextHops),
         neighbour_timeout: opts.neighbour_timeout,
+        routes: Box::new(crate::fleet::bgp::Bird),
     };
     let daemon = Daemon::new(
         config,

@@ -10,6 +10,7 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::config::BgpConfig;
@@ -31,15 +32,62 @@ pub fn routes_file(addresses: &BTreeSet<IpAddr>) -> String {
     text
 }
 
-/// The announcer's memory: what BIRD was last told successfully.
-#[derive(Default)]
+/// Where the announced routes go: the host's routing daemon, or a recording in tests.
+pub trait Routes: Send {
+    /// Makes the routing daemon announce exactly `addresses`; an error says what failed.
+    fn install(&mut self, config: &BgpConfig, addresses: &BTreeSet<IpAddr>) -> Result<(), String>;
+}
+
+/// BIRD on this host: the include files, then `birdc configure`.
+pub struct Bird;
+
+impl Routes for Bird {
+    fn install(&mut self, config: &BgpConfig, addresses: &BTreeSet<IpAddr>) -> Result<(), String> {
+        apply(config, addresses)
+    }
+}
+
+/// Routes kept in memory (for tests, and a daemon without a routing daemon): every set it
+/// was asked to install, shared with its clones.
+#[derive(Clone, Default)]
+pub struct RecordedRoutes(Arc<Mutex<Vec<BTreeSet<IpAddr>>>>);
+
+impl RecordedRoutes {
+    /// The sets installed so far, oldest first.
+    pub fn installed(&self) -> Vec<BTreeSet<IpAddr>> {
+        self.0.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+}
+
+impl Routes for RecordedRoutes {
+    fn install(&mut self, _: &BgpConfig, addresses: &BTreeSet<IpAddr>) -> Result<(), String> {
+        self.0
+            .lock()
+            .map_err(|_| "recorded routes poisoned".to_string())?
+            .push(addresses.clone());
+        Ok(())
+    }
+}
+
+/// The announcer: what the routes were last set to, and retries of a failed installation.
 pub struct Announcer {
+    routes: Box<dyn Routes>,
     announced: Option<BTreeSet<IpAddr>>,
     last_attempt: Option<Instant>,
     pub last_error: Option<String>,
 }
 
 impl Announcer {
+    /// An announcer that installs its routes through `routes`.
+    pub fn new(routes: Box<dyn Routes>) -> Announcer {
+        Announcer {
+            routes,
+            announced: None,
+            last_attempt: None,
+            last_error: None,
+        }
+    }
+
     /// Makes BIRD announce exactly `addresses` (rewriting the files and reconfiguring when they
     /// changed, or retrying a failed reconfiguration).
     pub fn announce(&mut self, config: &BgpConfig, addresses: &BTreeSet<IpAddr>) {
@@ -49,7 +97,7 @@ impl Announcer {
             return;
         }
         self.last_attempt = Some(Instant::now());
-        match apply(config, addresses) {
+        match self.routes.install(config, addresses) {
             Ok(()) => {
                 if self.last_error.take().is_some() || self.announced.as_ref() != Some(addresses) {
                     tracing::info!(
@@ -186,7 +234,7 @@ mod tests {
             birdc: "/nonexistent/birdc".into(),
             socket: dir.join("bird.ctl"),
         };
-        let mut a = Announcer::default();
+        let mut a = Announcer::new(Box::new(Bird));
         let set: BTreeSet<IpAddr> = ["10.1.1.1".parse().unwrap()].into();
         a.announce(&config, &set);
         assert!(

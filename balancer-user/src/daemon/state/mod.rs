@@ -94,12 +94,14 @@ pub struct Daemon {
 }
 
 /// What the daemon knows of its host, apart from the data plane: the interface it serves,
-/// where its maps are pinned, and how it resolves next hops.
+/// where its maps are pinned, how it resolves next hops, and where the routes of the VIPs it
+/// announces go (BIRD, when `[bgp]` is set).
 pub struct Host {
     pub iface: Interface,
     pub pins: Pins,
     pub next_hops: Box<dyn NextHops>,
     pub neighbour_timeout: Duration,
+    pub routes: Box<dyn crate::fleet::bgp::Routes>,
 }
 
 impl Daemon {
@@ -117,6 +119,7 @@ impl Daemon {
             pins,
             next_hops,
             neighbour_timeout,
+            routes,
         } = host;
         Daemon {
             config,
@@ -140,7 +143,7 @@ impl Daemon {
             discovery_errors: HashMap::new(),
             fleet: crate::fleet::FleetStatus::default(),
             drained_vips: Default::default(),
-            announcer: Default::default(),
+            announcer: crate::fleet::bgp::Announcer::new(routes),
         }
     }
 }
