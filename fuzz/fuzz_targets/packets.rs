@@ -10,15 +10,15 @@
 use std::net::IpAddr;
 use std::sync::{Mutex, OnceLock};
 
-use balancer_tests::packet::{
-    FIXTURE_CONFIG, Harness, XDP_PASS, tcp_flags_frame, tcp_frame, udp_frame, with_vlan,
-};
+use balancer_tests::configs::{packet_fixture, to_toml};
+use balancer_tests::packet::{Harness, XDP_PASS, tcp_flags_frame, tcp_frame, udp_frame, with_vlan};
 use libfuzzer_sys::fuzz_target;
 
 fn harness() -> &'static Mutex<Harness> {
     static H: OnceLock<Mutex<Harness>> = OnceLock::new();
     H.get_or_init(|| {
-        Mutex::new(Harness::new(FIXTURE_CONFIG).expect("loading the balancer needs root and BPF"))
+        let config = to_toml(&packet_fixture());
+        Mutex::new(Harness::new(&config).expect("loading the balancer needs root and BPF"))
     })
 }
 
