@@ -11,9 +11,8 @@ use super::signals::Signals;
 use crate::balancer::Endpoint;
 
 /// Half-life of the recent window of a [`DecayedRatio`]: two scrapes at the default
-/// interval, so that under load the figure is about as fresh as one interval's ratio. (A 2 s
-/// half-life smoothed bursts away: in the routing benchmark's bursty `mixed` shape at 75% of
-/// the knee, p99 TTFT went from 0.28x to 0.61x of round robin's.)
+/// interval, so that under load the figure stays about as fresh as the one interval's ratio
+/// the policies were measured with before, and only its staleness once requests stop is new.
 pub const RECENT_HALF_LIFE: Duration = Duration::from_millis(200);
 /// Half-life of the long-run window of a [`DecayedRatio`].
 pub const LONG_RUN_HALF_LIFE: Duration = Duration::from_secs(60);
