@@ -26,8 +26,8 @@ use balancer::api::types::Status;
 use balancer::config::{AttachMode, RawConfig};
 
 use crate::configs::{backend, tcp_health, to_toml, vip};
-use crate::netns::{Netns, run};
-use crate::rack::{Process, Rack, binary, poll};
+use crate::netns::Netns;
+use crate::rack::{Process, Rack, binary, poll, veth};
 use crate::topology::{ECHO_PORT, HTTP_PORT, VIP4};
 
 pub const ROUTER_RACK: Ipv4Addr = Ipv4Addr::new(10, 111, 0, 1);
@@ -122,23 +122,7 @@ impl Fleet {
             self.rack.plug(port, host, &[format!("{addr}/24")])?;
         }
         // The client's own link to the router.
-        run(
-            "ip",
-            &[
-                "-n",
-                self.router.name(),
-                "link",
-                "add",
-                "client",
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "eth0",
-                "netns",
-                self.client.name(),
-            ],
-        )?;
+        veth(&self.router, "client", &self.client)?;
         self.router.sh(
             "ip addr add 10.112.0.1/24 dev client && ip link set client up; \
              sysctl -qw net.ipv4.ip_forward=1 net.ipv4.fib_multipath_hash_policy=1 \
@@ -471,16 +455,6 @@ impl Fleet {
                 fleets()
             ),
         }
-    }
-
-    /// Waits until `done` holds (a condition over several balancers).
-    pub fn wait_until(
-        &self,
-        timeout: Duration,
-        what: &str,
-        done: impl Fn() -> bool,
-    ) -> Result<Duration> {
-        self.rack.wait_until(timeout, what, done)
     }
 
     pub fn process(&mut self, name: &str) -> Option<&mut Process> {

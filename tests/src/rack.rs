@@ -363,27 +363,31 @@ pub fn start_daemon(ns: &Netns, name: &str, config: &Path, log_dir: &Path) -> Re
     Ok(p)
 }
 
+/// A veth pair from `from` (its end named `port`) to `to` (its end named `eth0`), both down.
+pub fn veth(from: &Netns, port: &str, to: &Netns) -> Result<()> {
+    let args = [
+        "-n",
+        from.name(),
+        "link",
+        "add",
+        port,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "eth0",
+        "netns",
+        to.name(),
+    ];
+    run("ip", &args)?;
+    Ok(())
+}
+
 /// Connects `host` to the bridge `br0` of `rack` by a veth pair: `port` on the bridge, `eth0`
 /// in `host` with `addresses` (CIDR), up.
 pub fn plug(rack: &Netns, port: &str, host: &Netns, addresses: &[String]) -> Result<()> {
+    veth(rack, port, host)?;
     let r = rack.name();
-    run(
-        "ip",
-        &[
-            "-n",
-            r,
-            "link",
-            "add",
-            port,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            host.name(),
-        ],
-    )?;
     run("ip", &["-n", r, "link", "set", port, "master", "br0", "up"])?;
     let mut script = String::from(
         "sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.eth0.accept_dad=0 2>/dev/null || true",

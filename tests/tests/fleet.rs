@@ -143,12 +143,13 @@ fn a_weight_change_published_once_is_applied_by_every_balancer() {
             .map(|i| f.status(i).ok().and_then(|s| s.fleet).map(|x| x.epoch))
             .collect()
     };
-    f.wait_until(TIMEOUT, "on one new epoch", || {
-        let e = epochs();
-        e.iter()
-            .all(|x| *x == e[0] && x.is_some_and(|x| x > epoch_before))
-    })
-    .unwrap_or_else(|err| panic!("{err:#}: {:?}", epochs()));
+    f.rack
+        .wait_until(TIMEOUT, "on one new epoch", || {
+            let e = epochs();
+            e.iter()
+                .all(|x| *x == e[0] && x.is_some_and(|x| x > epoch_before))
+        })
+        .unwrap_or_else(|err| panic!("{err:#}: {:?}", epochs()));
     let statuses: Vec<_> = (0..3)
         .map(|i| f.status(i).unwrap().fleet.unwrap())
         .collect();
