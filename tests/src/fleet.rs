@@ -257,8 +257,7 @@ impl Fleet {
             "-s",
             socket.to_str().unwrap_or_default(),
         ];
-        let p = Process::spawn(ns, &name, &argv, &self.rack.log_dir)?;
-        self.rack.add(p);
+        self.rack.spawn(ns, &name, &argv)?;
         self.rack.wait_until(
             Duration::from_secs(10),
             &format!("{name}'s control socket open"),

@@ -88,8 +88,8 @@ impl Rack {
         Ok(self.add(p))
     }
 
-    /// Adds a process started elsewhere (replacing one of the same name).
-    pub fn add(&mut self, p: Process) -> &mut Process {
+    /// Adds a started process (replacing one of the same name).
+    fn add(&mut self, p: Process) -> &mut Process {
         self.processes.retain(|x| x.name != p.name);
         self.processes.push(p);
         self.processes.last_mut().expect("just pushed")
@@ -148,9 +148,8 @@ impl Rack {
         &self,
         timeout: Duration,
         what: &str,
-        done: impl FnMut() -> bool,
+        mut done: impl FnMut() -> bool,
     ) -> Result<Duration> {
-        let mut done = done;
         match poll(timeout, || done().then_some(())) {
             Some(((), took)) => Ok(took),
             None => bail!("not {what} within {timeout:?}\n{}", self.logs()),

@@ -276,16 +276,14 @@ impl Topology {
             &["10.111.0.3/24".into(), "fd00:111::3/64".into()],
         )?;
         self.rack.attach_pass("lb2", AttachMode::Native)?;
-        let first = fs::read_to_string(self.rack.log_dir.join("balancer.toml"))?;
-        let pins = self.second_pin_dir();
-        let _ = balancer::pinning::Pins::new(pins.clone()).remove();
-        let config = first
-            .replace(
-                &self.pin_dir().display().to_string(),
-                &pins.display().to_string(),
-            )
-            .replace("state.json", "state2.json")
-            .replace("api.sock", "api2.sock");
+        let log_dir = &self.rack.log_dir;
+        let first = fs::read_to_string(log_dir.join("balancer.toml"))?;
+        let mut config: RawConfig =
+            toml::from_str(&first).context("the first balancer's config")?;
+        config.pin_dir = Some(self.second_pin_dir().display().to_string());
+        config.state_file = Some(log_dir.join("state2.json").display().to_string());
+        config.api.socket = Some(log_dir.join("api2.sock").display().to_string());
+        let config = crate::configs::to_toml(&config);
         self.rack
             .start_balancer(&ns, "balancer2", "balancer2.toml", &config)?;
         self.lb2 = Some(ns);

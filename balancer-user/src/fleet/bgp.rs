@@ -47,8 +47,8 @@ impl Routes for Bird {
     }
 }
 
-/// Routes kept in memory (for tests, and a daemon without a routing daemon): every set it
-/// was asked to install, shared with its clones.
+/// Routes kept in memory, for tests: every set it was asked to install, shared with its
+/// clones.
 #[derive(Clone, Default)]
 pub struct RecordedRoutes(Arc<Mutex<Vec<BTreeSet<IpAddr>>>>);
 
