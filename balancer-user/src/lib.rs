@@ -12,7 +12,6 @@ pub mod discovery;
 pub mod ebpf;
 pub mod fleet;
 pub mod health;
-pub mod http;
 pub mod http_client;
 pub mod metrics;
 pub mod net;

@@ -23,9 +23,10 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 use balancer::api::client::{Client, Endpoint};
 use balancer::api::types::Status;
-use balancer::config::{AttachMode, RawConfig};
+use balancer::config::{AttachMode, RawConfig, RawFleet};
 
 use crate::configs::{backend, tcp_health, to_toml, vip};
+use crate::etcd_pki::EtcdPki;
 use crate::netns::Netns;
 use crate::rack::{Process, Rack, binary, poll, veth};
 use crate::topology::{ECHO_PORT, HTTP_PORT, VIP4};
@@ -58,10 +59,22 @@ pub fn tools_present() -> Result<()> {
     Ok(())
 }
 
+/// How the fleet's etcd is reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EtcdSecurity {
+    /// Plain gRPC, no users.
+    Plain,
+    /// TLS with client certificates required (`--client-cert-auth`) and etcd's
+    /// authentication on: the balancers log in as [`crate::etcd_pki::USER`] with a password.
+    MutualTlsAndPassword,
+}
+
 pub struct Fleet {
     /// The core: processes, logs, pins, the bridge (dropped first: processes die before
     /// their namespaces go).
     pub rack: Rack,
+    /// The certificates and passwords of a secured etcd.
+    pub pki: Option<EtcdPki>,
     pub client: Netns,
     pub router: Netns,
     pub etcd: Netns,
@@ -74,6 +87,16 @@ impl Fleet {
     /// every balancer BIRD and `balancer run`; waits until the router has a route to the VIP
     /// through every balancer.
     pub fn build(tag: &str, balancers: usize, backends: usize) -> Result<Fleet> {
+        Fleet::build_with(tag, balancers, backends, EtcdSecurity::Plain)
+    }
+
+    /// [`Fleet::build`] with etcd secured as `security` says.
+    pub fn build_with(
+        tag: &str,
+        balancers: usize,
+        backends: usize,
+        security: EtcdSecurity,
+    ) -> Result<Fleet> {
         tools_present()?;
         let rack = Rack::new(tag)?;
         let client = rack.host("client")?;
@@ -85,8 +108,15 @@ impl Fleet {
         let backend_ns = (0..backends)
             .map(|i| rack.host(&format!("b{}", i + 1)))
             .collect::<Result<Vec<_>>>()?;
+        let pki = match security {
+            EtcdSecurity::Plain => None,
+            EtcdSecurity::MutualTlsAndPassword => {
+                Some(EtcdPki::make(&rack.log_dir.join("etcd-tls"), ETCD.into())?)
+            }
+        };
         let mut fleet = Fleet {
             rack,
+            pki,
             client,
             router,
             etcd,
@@ -148,11 +178,20 @@ impl Fleet {
         Ok(())
     }
 
-    fn start_etcd(&mut self) -> Result<()> {
+    /// etcd's client URL.
+    pub fn etcd_url(&self) -> String {
+        let scheme = if self.pki.is_some() { "https" } else { "http" };
+        format!("{scheme}://{ETCD}:2379")
+    }
+
+    /// Starts etcd (again: its data directory stays, so a restart keeps the fleet's keys);
+    /// a secured one gets its users at the first start.
+    pub fn start_etcd(&mut self) -> Result<()> {
         let data = self.rack.log_dir.join("etcd-data");
-        let (client_url, peer_url) = (format!("http://{ETCD}:2379"), format!("http://{ETCD}:2380"));
+        let first = !data.exists();
+        let (client_url, peer_url) = (self.etcd_url(), format!("http://{ETCD}:2380"));
         let cluster = format!("e1={peer_url}");
-        let argv = [
+        let mut argv: Vec<String> = [
             "etcd",
             "--name",
             "e1",
@@ -170,10 +209,21 @@ impl Fleet {
             &cluster,
             "--initial-cluster-state",
             "new",
-        ];
+        ]
+        .map(String::from)
+        .to_vec();
+        if let Some(pki) = &self.pki {
+            argv.extend(pki.etcd_args());
+        }
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
         self.rack
             .spawn(&self.etcd, "etcd", &argv)?
-            .wait_for_log("ready to serve client requests", Duration::from_secs(20))
+            .wait_for_log("ready to serve client requests", Duration::from_secs(20))?;
+        if first && let Some(pki) = &self.pki {
+            let (pki, url) = (pki.clone(), client_url.clone());
+            self.etcd.run_in(move || pki.enable_auth(&url))??;
+        }
+        Ok(())
     }
 
     /// Kills etcd (the balancers lose their shared state store).
@@ -316,11 +366,7 @@ impl Fleet {
             ..RawConfig::default()
         };
         config.api.socket = path(self.api_socket(i));
-        config.fleet.etcd = vec![format!("{ETCD}:2379")];
-        config.fleet.prefix = Some(format!("/balancer/{}", self.rack.tag));
-        config.fleet.instance = Some(format!("lb{}", i + 1));
-        config.fleet.lease_secs = Some(3);
-        config.fleet.poll_ms = Some(200);
+        config.fleet = self.fleet_settings(i);
         config.bgp.routes_v4 = path(self.bird_dir().join(format!("lb{}-vips4.conf", i + 1)));
         config.bgp.routes_v6 = path(self.bird_dir().join(format!("lb{}-vips6.conf", i + 1)));
         config.bgp.birdc = Some("birdc".into());
@@ -337,9 +383,43 @@ impl Fleet {
         to_toml(&config)
     }
 
+    /// Balancer `i`'s `[fleet]`: etcd, this fleet's prefix, its instance name, a 3 s lease;
+    /// with a secured etcd, the CA, the client certificate and the user's password file.
+    pub fn fleet_settings(&self, i: usize) -> RawFleet {
+        let path = |p: &PathBuf| Some(p.display().to_string());
+        let mut fleet = RawFleet {
+            etcd: vec![format!("{ETCD}:2379")],
+            prefix: Some(format!("/balancer/{}", self.rack.tag)),
+            instance: Some(format!("lb{}", i + 1)),
+            lease_secs: Some(3),
+            poll_ms: Some(200),
+            ..RawFleet::default()
+        };
+        if let Some(pki) = &self.pki {
+            fleet.ca = path(&pki.ca);
+            fleet.cert = path(&pki.client_cert);
+            fleet.key = path(&pki.client_key);
+            fleet.username = Some(crate::etcd_pki::USER.into());
+            fleet.password_file = path(&pki.password_file);
+        }
+        fleet
+    }
+
     /// Starts (or restarts) `balancer run` on balancer `i`; waits until it is ready.
     pub fn start_balancer(&mut self, i: usize) -> Result<()> {
-        let config = self.config(i);
+        self.start_balancer_with(i, |_| {})
+    }
+
+    /// [`Fleet::start_balancer`] with its `[fleet]` changed by `edit` first (the config file
+    /// keeps the change).
+    pub fn start_balancer_with(
+        &mut self,
+        i: usize,
+        edit: impl FnOnce(&mut RawFleet),
+    ) -> Result<()> {
+        let mut raw: RawConfig = toml::from_str(&self.config(i))?;
+        edit(&mut raw.fleet);
+        let config = to_toml(&raw);
         self.rack.start_balancer(
             &self.lbs[i],
             &format!("balancer-lb{}", i + 1),

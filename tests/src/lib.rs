@@ -12,6 +12,7 @@
 
 pub mod bench;
 pub mod configs;
+pub mod etcd_pki;
 pub mod fleet;
 pub mod load;
 pub mod netns;

@@ -5,7 +5,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use balancer_tests::fleet::{Fleet, HOLD, backend_addr, lb_addr};
+use balancer_tests::fleet::{EtcdSecurity, Fleet, HOLD, backend_addr, lb_addr};
 use balancer_tests::topology::{ECHO_PORT, HTTP_PORT, VIP4};
 use balancer_tests::traffic::http_get;
 
@@ -13,6 +13,24 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 
 fn fleet(tag: &str, balancers: usize) -> Fleet {
     Fleet::build(tag, balancers, 3).unwrap_or_else(|e| panic!("building the fleet: {e:#}"))
+}
+
+/// A fleet whose etcd wants TLS with client certificates and a password.
+fn secured_fleet(tag: &str, balancers: usize) -> Fleet {
+    Fleet::build_with(tag, balancers, 3, EtcdSecurity::MutualTlsAndPassword)
+        .unwrap_or_else(|e| panic!("building the fleet: {e:#}"))
+}
+
+/// Connections to the VIP through the router (spread over every balancer): how many of `n`
+/// were served.
+fn served(f: &Fleet, n: usize) -> usize {
+    f.client
+        .run_in(move || {
+            (0..n)
+                .filter(|_| http_get(SocketAddr::new(VIP4.into(), HTTP_PORT), TIMEOUT).is_ok())
+                .count()
+        })
+        .unwrap()
 }
 
 /// Both balancers hold the same table for every VIP (and it is not empty).
@@ -129,7 +147,8 @@ fn ecmp_spreads_flows_and_a_dead_balancer_is_routed_around_without_breaking_conn
 #[test]
 #[ignore = "needs root, network namespaces, BIRD and etcd; run by cargo xtask test"]
 fn a_weight_change_published_once_is_applied_by_every_balancer() {
-    let f = fleet("fweight", 3);
+    // Over TLS with client certificates and etcd's authentication.
+    let f = secured_fleet("fweight", 3);
     same_tables(&f, &[0, 1, 2]);
     let leader = f.wait_for_leader(TIMEOUT).unwrap();
     let follower = (leader + 1) % 3;
@@ -254,22 +273,93 @@ fn losing_etcd_leaves_every_balancer_forwarding_with_its_last_table() {
         assert_ne!(fleet.role, "leader", "lb{} leads without etcd", i + 1);
         assert_eq!(&f.fingerprint(i, "http4").unwrap(), print);
     }
-    let served = f
-        .client
-        .run_in(|| {
-            (0..50)
-                .filter(|_| http_get(SocketAddr::new(VIP4.into(), HTTP_PORT), TIMEOUT).is_ok())
-                .count()
-        })
-        .unwrap();
-    assert_eq!(served, 50, "connections failed without etcd");
+    assert_eq!(served(&f, 50), 50, "connections failed without etcd");
     println!("etcd gone: both balancers keep their tables and 50/50 connections succeed");
+    // etcd back (same data): a leader again, the follower's broken watch opened again, and a
+    // change on the leader reaches it.
+    f.start_etcd().unwrap();
+    let leader = f.wait_for_leader(Duration::from_secs(15)).unwrap();
+    f.wait_for_status(&[0, 1], TIMEOUT, "etcd ok again", |s| {
+        s.fleet.as_ref().is_some_and(|x| x.etcd == "ok")
+    })
+    .unwrap();
+    let took = set_weight_everywhere(&f, leader, 2, 250, &[0, 1], TIMEOUT);
+    println!(
+        "etcd restarted: lb{} leads, and a weight change reaches both in {took:?}",
+        leader + 1
+    );
+}
+
+#[test]
+#[ignore = "needs root, network namespaces, BIRD and etcd; run by cargo xtask test"]
+fn a_wrong_ca_a_missing_client_certificate_and_a_wrong_password_are_named() {
+    let mut f = secured_fleet("fsecure", 2);
+    same_tables(&f, &[0, 1]);
+    let leader = f.wait_for_leader(TIMEOUT).unwrap();
+    let other = 1 - leader;
+    let print = f.fingerprint(other, "http4").unwrap();
+    let pki = f.pki.clone().unwrap();
+    let text = |p: &std::path::PathBuf| Some(p.display().to_string());
+    type Edit = Box<dyn FnOnce(&mut balancer::config::RawFleet)>;
+    let cases: Vec<(&str, Edit, &[&str])> = vec![
+        (
+            "a CA that did not sign etcd's certificate",
+            Box::new({
+                let ca = text(&pki.other_ca);
+                move |r| r.ca = ca
+            }),
+            &["TLS with etcd failed", "fleet.ca"],
+        ),
+        (
+            "no client certificate",
+            Box::new(|r| {
+                r.cert = None;
+                r.key = None;
+            }),
+            &["TLS with etcd failed", "client certificate", "fleet.cert"],
+        ),
+        (
+            "a wrong password",
+            Box::new({
+                let pw = text(&pki.wrong_password_file);
+                move |r| r.password_file = pw
+            }),
+            &["etcd authentication failed", "\"balancer\""],
+        ),
+    ];
+    for (what, edit, want) in cases {
+        f.start_balancer_with(other, edit).unwrap();
+        f.wait_for_status(&[other], TIMEOUT, what, |s| {
+            s.fleet
+                .as_ref()
+                .is_some_and(|x| want.iter().all(|w| x.etcd.contains(w)))
+        })
+        .unwrap_or_else(|e| panic!("{what}: {e:#}"));
+        let status = f.status(other).unwrap().fleet.unwrap();
+        assert_ne!(status.role, "leader", "{what}: leads without etcd");
+        // It keeps forwarding with the table it had.
+        assert_eq!(f.fingerprint(other, "http4").unwrap(), print, "{what}");
+        assert_eq!(served(&f, 30), 30, "{what}: connections failed");
+        println!(
+            "{what}: lb{} says {:?}; 30/30 connections served",
+            other + 1,
+            status.etcd
+        );
+    }
+    // The right settings again: it follows the leader.
+    f.start_balancer(other).unwrap();
+    f.wait_for_status(&[other], TIMEOUT, "following again", |s| {
+        s.fleet
+            .as_ref()
+            .is_some_and(|x| x.etcd == "ok" && x.role == "follower")
+    })
+    .unwrap();
 }
 
 #[test]
 #[ignore = "needs root, network namespaces, BIRD and etcd; run by cargo xtask test"]
 fn partitioning_the_leader_hands_over_without_two_leaders() {
-    let f = fleet("fpart", 2);
+    let f = secured_fleet("fpart", 2);
     same_tables(&f, &[0, 1]);
     let old = f.wait_for_leader(TIMEOUT).unwrap();
     let new = 1 - old;

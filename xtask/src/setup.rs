@@ -1,6 +1,7 @@
 //! `cargo xtask setup`: everything a fresh machine needs, installed only where missing.
 //!
-//! 1. Host tools the tests use (iproute2, ethtool) from Debian packages.
+//! 1. Host tools the tests use (iproute2, ethtool) and the build needs (protoc) from Debian
+//!    packages.
 //! 2. The nightly toolchain that builds the XDP object, with `rust-src` (`-Z build-std=core`).
 //!    Its LLVM major version must match bpf-linker's (22): a mismatch fails at link time with
 //!    "Invalid record", so it is checked here and reported plainly.
@@ -29,6 +30,9 @@ const HOST_PACKAGES: &[&str] = &[
     "bird2",
     "etcd-server",
 ];
+/// Debian packages the daemon's build needs: protoc and the well-known protobuf types, for
+/// the etcd client's generated gRPC code (`etcd-client`'s build script runs protoc).
+const BUILD_PACKAGES: &[&str] = &["protobuf-compiler", "libprotobuf-dev"];
 /// Debian packages needed to build bpf-linker against LLVM 22.
 const LLVM_PACKAGES: &[&str] = &[
     "llvm-22-dev",
@@ -243,6 +247,7 @@ pub enum RealServers {
 pub fn run(real_servers: RealServers) -> Result<()> {
     let mut updated = false;
     install_packages(HOST_PACKAGES, &mut updated)?;
+    install_packages(BUILD_PACKAGES, &mut updated)?;
     ensure_nightly()?;
     ensure_bpf_linker(&mut updated)?;
     ensure_cargo_fuzz()?;
@@ -272,6 +277,9 @@ pub fn run(real_servers: RealServers) -> Result<()> {
 pub fn check_toolchain() -> Result<()> {
     if !bpf_linker_ok() || llvm_major_of(&ebpf_toolchain()) != Some(LLVM_MAJOR) {
         bail!("the eBPF toolchain is not ready: run `cargo xtask setup` first");
+    }
+    if output("protoc", &["--version"]).is_none() {
+        bail!("protoc is missing (Debian protobuf-compiler): run `cargo xtask setup` first");
     }
     Ok(())
 }

@@ -2,11 +2,21 @@
 //!
 //! ```toml
 //! [fleet]
-//! etcd = ["10.111.0.9:2379"]     # client endpoints of the etcd cluster (its JSON gateway)
+//! etcd = ["10.111.0.9:2379"]     # client endpoints of the etcd cluster (gRPC)
 //! prefix = "/balancer/edge1"     # keys of this fleet
 //! instance = "lb1"               # this balancer's name in the fleet (default: host name)
 //! lease_secs = 3                 # leader lease; a leader silent this long is replaced
-//! poll_ms = 200                  # how often the published state is read
+//! poll_ms = 200                  # how often leadership is checked (the state itself is watched)
+//! # TLS (etcd's --cert-file/--key-file): the CA that signed etcd's certificate turns it on;
+//! # a client certificate and key for etcd's --client-cert-auth; the name etcd's certificate
+//! # is checked against (default: the endpoint's address, which it must then hold as an IP SAN).
+//! ca = "/etc/balancer/etcd/ca.pem"
+//! cert = "/etc/balancer/etcd/client.pem"
+//! key = "/etc/balancer/etcd/client-key.pem"
+//! server_name = "etcd.example.net"
+//! # etcd's own authentication (`etcdctl auth enable`): a user and a file holding its password.
+//! username = "balancer"
+//! password_file = "/etc/balancer/etcd/password"
 //!
 //! [bgp]
 //! routes_v4 = "/run/balancer/bird-vips4.conf"  # included by a BIRD `protocol static` (ipv4)
@@ -36,6 +46,36 @@ pub struct RawFleet {
     pub lease_secs: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub poll_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cert: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<String>,
+}
+
+/// TLS to etcd: the CA that signed its certificate, and optionally this balancer's own
+/// certificate and key (for etcd's `--client-cert-auth`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EtcdTls {
+    pub ca: PathBuf,
+    /// (certificate, key), both PEM.
+    pub identity: Option<(PathBuf, PathBuf)>,
+    /// The name etcd's certificate is checked against (None: the endpoint's address).
+    pub server_name: Option<String>,
+}
+
+/// etcd's own authentication: a user and the file its password is read from (at connect).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EtcdAuth {
+    pub username: String,
+    pub password_file: PathBuf,
 }
 
 /// A fleet of balancers sharing their desired state through etcd.
@@ -46,6 +86,8 @@ pub struct FleetConfig {
     pub instance: String,
     pub lease: Duration,
     pub poll: Duration,
+    pub tls: Option<EtcdTls>,
+    pub auth: Option<EtcdAuth>,
 }
 
 impl FleetConfig {
@@ -66,6 +108,16 @@ impl FleetConfig {
             instance: Some(self.instance.clone()),
             lease_secs: Some(self.lease.as_secs() as i64),
             poll_ms: Some(self.poll.as_millis() as i64),
+            ca: self.tls.as_ref().map(|t| t.ca.display().to_string()),
+            cert: (self.tls.as_ref())
+                .and_then(|t| t.identity.as_ref())
+                .map(|(c, _)| c.display().to_string()),
+            key: (self.tls.as_ref())
+                .and_then(|t| t.identity.as_ref())
+                .map(|(_, k)| k.display().to_string()),
+            server_name: self.tls.as_ref().and_then(|t| t.server_name.clone()),
+            username: self.auth.as_ref().map(|a| a.username.clone()),
+            password_file: (self.auth.as_ref()).map(|a| a.password_file.display().to_string()),
         }
     }
 }
@@ -76,6 +128,12 @@ pub fn validate_fleet(raw: RawFleet) -> Result<Option<FleetConfig>, ConfigError>
             || raw.instance.is_some()
             || raw.lease_secs.is_some()
             || raw.poll_ms.is_some()
+            || raw.ca.is_some()
+            || raw.cert.is_some()
+            || raw.key.is_some()
+            || raw.server_name.is_some()
+            || raw.username.is_some()
+            || raw.password_file.is_some()
         {
             return Err(invalid(
                 "fleet.etcd",
@@ -149,12 +207,121 @@ pub fn validate_fleet(raw: RawFleet) -> Result<Option<FleetConfig>, ConfigError>
             "must be 50-10000 ms and under half the lease",
         ));
     }
+    let tls = validate_tls(raw.ca, raw.cert, raw.key, raw.server_name)?;
+    let auth = match (raw.username, raw.password_file) {
+        (None, None) => None,
+        (Some(username), Some(file)) => {
+            if username.is_empty() || username.len() > 128 || username.contains(char::is_whitespace)
+            {
+                return Err(invalid(
+                    "fleet.username",
+                    format!("{username:?}"),
+                    "1-128 characters, no spaces",
+                ));
+            }
+            Some(EtcdAuth {
+                username,
+                password_file: absolute_path(file, "fleet.password_file")?,
+            })
+        }
+        (Some(_), None) => {
+            return Err(invalid(
+                "fleet.password_file",
+                "(absent)",
+                "fleet.username needs a file holding its password",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(invalid(
+                "fleet.username",
+                "(absent)",
+                "fleet.password_file needs the user it is the password of",
+            ));
+        }
+    };
     Ok(Some(FleetConfig {
         etcd,
         prefix,
         instance,
         lease: Duration::from_secs(lease_secs as u64),
         poll: Duration::from_millis(poll_ms as u64),
+        tls,
+        auth,
+    }))
+}
+
+fn absolute_path(p: String, key: &str) -> Result<PathBuf, ConfigError> {
+    if p.starts_with('/') && !p.contains("..") {
+        Ok(PathBuf::from(p))
+    } else {
+        Err(invalid(
+            key,
+            format!("{p:?}"),
+            "must be an absolute path without '..'",
+        ))
+    }
+}
+
+fn validate_tls(
+    ca: Option<String>,
+    cert: Option<String>,
+    key: Option<String>,
+    server_name: Option<String>,
+) -> Result<Option<EtcdTls>, ConfigError> {
+    let Some(ca) = ca else {
+        for (field, value) in [
+            ("fleet.cert", &cert),
+            ("fleet.key", &key),
+            ("fleet.server_name", &server_name),
+        ] {
+            if value.is_some() {
+                return Err(invalid(
+                    field,
+                    "(set)",
+                    "TLS to etcd needs fleet.ca, the CA that signed etcd's certificate",
+                ));
+            }
+        }
+        return Ok(None);
+    };
+    let identity = match (cert, key) {
+        (None, None) => None,
+        (Some(c), Some(k)) => Some((
+            absolute_path(c, "fleet.cert")?,
+            absolute_path(k, "fleet.key")?,
+        )),
+        (Some(_), None) => {
+            return Err(invalid(
+                "fleet.key",
+                "(absent)",
+                "fleet.cert needs the key of that certificate",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(invalid(
+                "fleet.cert",
+                "(absent)",
+                "fleet.key needs the certificate it belongs to",
+            ));
+        }
+    };
+    if let Some(name) = &server_name
+        && (name.is_empty()
+            || name.len() > 253
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-.".contains(c)))
+    {
+        return Err(invalid(
+            "fleet.server_name",
+            format!("{name:?}"),
+            "a DNS name like etcd.example.net",
+        ));
+    }
+    Ok(Some(EtcdTls {
+        ca: absolute_path(ca, "fleet.ca")?,
+        identity,
+        server_name,
     }))
 }
 
@@ -309,9 +476,68 @@ mod tests {
         assert!(
             err(RawFleet {
                 poll_ms: Some(2000),
-                ..base
+                ..base.clone()
             })
             .contains("fleet.poll_ms")
+        );
+        // TLS and auth: each half without the other is named.
+        let with = |f: fn(&mut RawFleet)| {
+            let mut r = base.clone();
+            f(&mut r);
+            r
+        };
+        for (raw, key) in [
+            (with(|r| r.cert = Some("/c.pem".into())), "fleet.cert"),
+            (
+                with(|r| {
+                    r.ca = Some("/ca.pem".into());
+                    r.cert = Some("/c.pem".into());
+                }),
+                "fleet.key",
+            ),
+            (
+                with(|r| {
+                    r.ca = Some("/ca.pem".into());
+                    r.key = Some("/k.pem".into());
+                }),
+                "fleet.cert",
+            ),
+            (with(|r| r.ca = Some("ca.pem".into())), "fleet.ca"),
+            (
+                with(|r| r.username = Some("lb".into())),
+                "fleet.password_file",
+            ),
+            (
+                with(|r| r.password_file = Some("/pw".into())),
+                "fleet.username",
+            ),
+            (
+                with(|r| {
+                    r.ca = Some("/ca.pem".into());
+                    r.server_name = Some("etcd example".into());
+                }),
+                "fleet.server_name",
+            ),
+        ] {
+            let e = err(raw);
+            assert!(e.contains(key), "{key}: {e}");
+        }
+        let secured = validate_fleet(with(|r| {
+            r.ca = Some("/ca.pem".into());
+            r.cert = Some("/c.pem".into());
+            r.key = Some("/k.pem".into());
+            r.username = Some("lb".into());
+            r.password_file = Some("/pw".into());
+        }))
+        .unwrap()
+        .unwrap();
+        let tls = secured.tls.clone().unwrap();
+        assert_eq!(tls.ca, PathBuf::from("/ca.pem"));
+        assert_eq!(secured.auth.as_ref().unwrap().username, "lb");
+        // The file form says the same again.
+        assert_eq!(
+            validate_fleet(secured.to_raw()).unwrap().as_ref(),
+            Some(&secured)
         );
     }
 

@@ -24,7 +24,7 @@ pub use balancer_common::maps::Scheduler;
 pub use daemon::{ApiConfig, AttachMode, ConntrackConfig, EncapConfig, MetricsConfig};
 pub use error::ConfigError;
 pub(crate) use error::invalid;
-pub use fleet::{BgpConfig, FleetConfig};
+pub use fleet::{BgpConfig, EtcdAuth, EtcdTls, FleetConfig, RawBgp, RawFleet};
 pub use health::{HealthCheckKind, HealthConfig};
 pub use pools::PoolConfig;
 pub use raw::{

@@ -308,7 +308,9 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     telemetry.reconcile(&daemon);
     let mut discovery = DiscoveryLoops::default();
     discovery.reconcile(&daemon);
-    let fleet = crate::fleet::agent::FleetAgent::start(&daemon);
+    let fleet = crate::fleet::agent::FleetAgent::start(&daemon, |config| {
+        crate::fleet::etcd::EtcdStore::new(config, crate::fleet::agent::CALL_TIMEOUT)
+    });
     {
         let d = daemon.clone();
         let _ = tokio::task::spawn_blocking(move || {

@@ -1,8 +1,10 @@
-//! The fleet agent: one task per daemon with a `[fleet]`. It campaigns for leadership with an
-//! etcd lease; the leader publishes its weights whenever they change (fenced on its lease), and
-//! every other instance applies each new epoch it reads. A leader that cannot renew its lease
-//! in time steps down before etcd expires it, and a leader whose fenced write fails knows it
-//! was replaced: at no time do two instances publish.
+//! The fleet agent: one task per daemon with a `[fleet]`. It campaigns for leadership with a
+//! lease on the store; the leader publishes its weights as soon as they change (fenced on its
+//! lease), and every other instance applies each new epoch as its watch delivers it. A broken
+//! watch is opened again from the revision after the last one it delivered, so no epoch
+//! published meanwhile is missed. A leader that cannot renew its lease in time steps down
+//! before the store expires it, and a leader whose fenced write fails knows it was replaced:
+//! at no time do two instances publish.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,12 +12,12 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::etcd::{Etcd, EtcdError, Held};
+use super::store::{FleetStore, Held, StoreError, Watch, WatchBatch};
 use super::{FleetState, FleetStatus, FleetWeights, same_vips};
 use crate::config::{FleetConfig, RawVip};
 
-/// Longest an etcd call may take.
-const CALL_TIMEOUT: Duration = Duration::from_millis(1000);
+/// Longest a store call may take.
+pub const CALL_TIMEOUT: Duration = Duration::from_millis(1000);
 
 enum Role {
     Follower,
@@ -24,7 +26,7 @@ enum Role {
         /// Last successful renewal.
         renewed: Instant,
         /// What was published last (None: nothing yet in this term).
-        published: Option<(FleetWeights, Vec<crate::config::RawVip>)>,
+        published: Option<(FleetWeights, Vec<RawVip>)>,
         epoch: u64,
     },
 }
@@ -40,6 +42,8 @@ pub trait FleetPort: Send + Sync + 'static {
     fn adopt(&self, state: &FleetState) -> bool;
     /// What this balancer would publish as the leader: its weights and VIP config.
     fn local_view(&self) -> Option<(FleetWeights, Vec<RawVip>)>;
+    /// Changes whenever this balancer's own view may have changed (a leader publishes then).
+    fn local_changes(&self) -> watch::Receiver<u64>;
     /// The agent's view, for status and metrics.
     fn set_status(&self, status: FleetStatus);
 }
@@ -50,12 +54,15 @@ pub struct FleetAgent {
 }
 
 impl FleetAgent {
-    /// Starts the agent when the daemon's config has a `[fleet]`.
-    pub fn start<P: FleetPort>(daemon: &Arc<P>) -> Option<FleetAgent> {
+    /// Starts the agent on `store` when the daemon's config has a `[fleet]`.
+    pub fn start<P: FleetPort, S: FleetStore>(
+        daemon: &Arc<P>,
+        store: impl FnOnce(&FleetConfig) -> S,
+    ) -> Option<FleetAgent> {
         let config = daemon.fleet_config()?;
         let (stop, stop_rx) = watch::channel(false);
-        let daemon = daemon.clone();
-        let task = tokio::spawn(run(daemon, config, stop_rx));
+        let agent = Agent::new(daemon.clone(), store(&config), config);
+        let task = tokio::spawn(agent.run(stop_rx));
         Some(FleetAgent { task, stop })
     }
 
@@ -66,143 +73,337 @@ impl FleetAgent {
     }
 }
 
-async fn run<P: FleetPort>(daemon: Arc<P>, config: FleetConfig, mut stop: watch::Receiver<bool>) {
-    let etcd = Etcd::new(config.etcd.clone(), CALL_TIMEOUT);
-    let leader_key = config.leader_key();
-    let state_key = config.state_key();
-    let me = config.instance.clone();
-    let mut role = Role::Follower;
-    let mut applied_epoch: Option<u64> = None;
-    let mut applied_at: Option<Instant> = None;
-    let mut status = FleetStatus {
-        instance: me.clone(),
-        role: "starting".into(),
-        ..FleetStatus::default()
-    };
-    let mut ticker = tokio::time::interval(config.poll);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            _ = stop.changed() => break,
+struct Agent<P, S> {
+    daemon: Arc<P>,
+    store: S,
+    config: FleetConfig,
+    me: String,
+    leader_key: String,
+    state_key: String,
+    role: Role,
+    /// The follower's watch on the fleet's keys, and the revision it resumes from (0: read
+    /// the state afresh first).
+    watch: Option<Watch>,
+    next_revision: i64,
+    applied_epoch: Option<u64>,
+    applied_at: Option<Instant>,
+    status: FleetStatus,
+}
+
+impl<P: FleetPort, S: FleetStore> Agent<P, S> {
+    fn new(daemon: Arc<P>, store: S, config: FleetConfig) -> Agent<P, S> {
+        let me = config.instance.clone();
+        Agent {
+            daemon,
+            store,
+            leader_key: config.leader_key(),
+            state_key: config.state_key(),
+            status: FleetStatus {
+                instance: me.clone(),
+                role: "starting".into(),
+                ..FleetStatus::default()
+            },
+            me,
+            config,
+            role: Role::Follower,
+            watch: None,
+            next_revision: 0,
+            applied_epoch: None,
+            applied_at: None,
         }
-        let outcome: Result<(), EtcdError> = async {
-            match &mut role {
-                Role::Follower => {
-                    let leader = etcd.get(leader_key.as_bytes()).await?;
-                    status.leader = leader.as_ref().map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
-                    if leader.is_none() {
-                        // Nobody leads: campaign.
-                        let lease = etcd.grant(config.lease.as_secs()).await?;
-                        if etcd.create(leader_key.as_bytes(), me.as_bytes(), lease).await? {
-                            tracing::info!(instance = %me, lease, "fleet: elected leader");
-                            // Our own view rules now; it is published below.
-                            blocking(&daemon, |d| d.use_local_weights()).await;
-                            role = Role::Leader { lease, renewed: Instant::now(), published: None, epoch: 0 };
-                            status.leader = Some(me.clone());
-                            status.role = "leader".into();
-                        } else {
-                            let _ = etcd.revoke(lease).await;
-                        }
+    }
+
+    async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        let mut local = self.daemon.local_changes();
+        let mut ticker = tokio::time::interval(self.config.poll);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let leading = matches!(self.role, Role::Leader { .. });
+            let outcome = tokio::select! {
+                _ = stop.changed() => break,
+                _ = ticker.tick() => self.step().await,
+                batch = next_batch(&mut self.watch) => self.on_watch(batch).await,
+                changed = local.changed(), if leading => {
+                    if changed.is_err() {
+                        // The daemon is going away.
+                        break;
                     }
-                    if matches!(role, Role::Follower) {
-                        status.role = "follower".into();
-                        if let Some(kv) = etcd.get(state_key.as_bytes()).await? {
-                            match serde_json::from_slice::<FleetState>(&kv.value) {
-                                Ok(state) if Some(state.epoch) != applied_epoch => {
-                                    let epoch = state.epoch;
-                                    let applied = blocking(&daemon, move |d| d.adopt(&state)).await.unwrap_or(false);
-                                    if applied {
-                                        tracing::info!(epoch, "fleet: applied the published state");
-                                        applied_epoch = Some(epoch);
-                                        applied_at = Some(Instant::now());
-                                    }
-                                }
-                                Ok(_) => {}
-                                Err(e) => tracing::error!("fleet: the published state is not valid ({e}); keeping the last one"),
-                            }
-                        }
-                    }
+                    local.borrow_and_update();
+                    self.publish().await
                 }
-                Role::Leader { lease, renewed, published, epoch } => {
-                    // Renew a third of the way into the lease; step down before etcd would
-                    // expire it if renewals fail.
-                    if renewed.elapsed() >= config.lease / 3 {
-                        match etcd.keep_alive(*lease).await {
-                            Ok(ttl) if ttl > 0 => *renewed = Instant::now(),
-                            Ok(_) => {
-                                tracing::warn!("fleet: the leader lease expired; stepping down");
-                                role = Role::Follower;
-                                status.role = "follower".into();
-                                return Ok(());
-                            }
-                            Err(e) => {
-                                if renewed.elapsed() >= config.lease * 2 / 3 {
-                                    tracing::warn!("fleet: cannot renew the leader lease ({e}); stepping down");
-                                    role = Role::Follower;
-                                    status.role = "follower".into();
-                                }
-                                return Err(e);
-                            }
-                        }
-                    }
-                    let view = blocking(&daemon, |d| d.local_view()).await.flatten();
-                    let Some((weights, vips)) = view else { return Ok(()) };
-                    let unchanged = published
-                        .as_ref()
-                        .is_some_and(|(w, v)| *w == weights && same_vips(v, &vips));
-                    if !unchanged {
-                        if published.is_none() {
-                            // A new term continues the epochs of the last one.
-                            let last = etcd.get(state_key.as_bytes()).await?;
-                            *epoch = last
-                                .and_then(|kv| serde_json::from_slice::<FleetState>(&kv.value).ok())
-                                .map_or(0, |s| s.epoch);
-                        }
-                        let next = FleetState {
-                            epoch: *epoch + 1,
-                            leader: me.clone(),
-                            vips: weights.clone(),
-                            vip_config: vips.clone(),
-                        };
-                        let text = serde_json::to_vec(&next).expect("a fleet state serializes");
-                        let held = Held { key: leader_key.as_bytes(), value: me.as_bytes(), lease: *lease };
-                        if etcd.put_if(&held, state_key.as_bytes(), &text).await? {
-                            tracing::info!(epoch = next.epoch, "fleet: published the state");
-                            *epoch = next.epoch;
-                            *published = Some((weights, vips));
-                            applied_epoch = Some(next.epoch);
-                            applied_at = Some(Instant::now());
-                        } else {
-                            tracing::warn!("fleet: no longer the leader (fenced write refused); stepping down");
-                            role = Role::Follower;
-                            status.role = "follower".into();
-                        }
-                    }
+            };
+            self.status.etcd = match outcome {
+                Ok(()) => "ok".into(),
+                Err(e) => {
+                    tracing::debug!("fleet: {e}");
+                    e.to_string()
+                }
+            };
+            self.status.epoch = self.applied_epoch.unwrap_or(0);
+            self.status.applied_secs_ago = self.applied_at.map(|t| t.elapsed().as_secs_f64());
+            let s = self.status.clone();
+            blocking(&self.daemon, move |d| d.set_status(s)).await;
+        }
+        if let Role::Leader { lease, .. } = self.role {
+            match self.store.revoke(lease).await {
+                Ok(()) => tracing::info!("fleet: leadership given back"),
+                Err(e) => {
+                    tracing::warn!(
+                        "fleet: could not give the lease back ({e}); it expires by itself"
+                    )
                 }
             }
+        }
+    }
+
+    /// The periodic work: a follower checks the leader (campaigning when there is none) and
+    /// keeps its watch open; a leader renews its lease and publishes what changed.
+    async fn step(&mut self) -> Result<(), StoreError> {
+        match self.role {
+            Role::Follower => {
+                let leader = self.store.get(self.leader_key.as_bytes()).await?.kv;
+                self.status.leader =
+                    (leader.as_ref()).map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+                if leader.is_none() {
+                    self.campaign().await?;
+                }
+                if matches!(self.role, Role::Follower) {
+                    self.status.role = "follower".into();
+                    self.follow().await?;
+                }
+                Ok(())
+            }
+            Role::Leader { .. } => {
+                self.renew().await?;
+                match self.role {
+                    Role::Leader { .. } => self.publish().await,
+                    Role::Follower => self.follow().await,
+                }
+            }
+        }
+    }
+
+    async fn campaign(&mut self) -> Result<(), StoreError> {
+        let lease = self.store.grant(self.config.lease.as_secs()).await?;
+        if self
+            .store
+            .create(self.leader_key.as_bytes(), self.me.as_bytes(), lease)
+            .await?
+        {
+            tracing::info!(instance = %self.me, lease, "fleet: elected leader");
+            // Our own view rules now; it is published at once.
+            blocking(&self.daemon, |d| d.use_local_weights()).await;
+            self.role = Role::Leader {
+                lease,
+                renewed: Instant::now(),
+                published: None,
+                epoch: 0,
+            };
+            self.watch = None;
+            self.next_revision = 0;
+            self.status.leader = Some(self.me.clone());
+            self.status.role = "leader".into();
+            self.publish().await
+        } else {
+            let _ = self.store.revoke(lease).await;
             Ok(())
         }
-        .await;
-        status.etcd = match outcome {
-            Ok(()) => "ok".into(),
-            Err(e) => {
-                tracing::debug!("fleet: {e}");
-                e.to_string()
+    }
+
+    /// A follower without a live watch reads the state (when it has no revision to resume
+    /// from) and opens one.
+    async fn follow(&mut self) -> Result<(), StoreError> {
+        if self.watch.is_some() {
+            return Ok(());
+        }
+        if self.next_revision == 0 {
+            let read = self.store.get(self.state_key.as_bytes()).await?;
+            if let Some(kv) = read.kv {
+                self.apply(&kv.value).await;
+            }
+            self.next_revision = read.revision + 1;
+        }
+        let prefix = format!("{}/", self.config.prefix);
+        self.watch = Some(
+            self.store
+                .watch(prefix.as_bytes(), self.next_revision)
+                .await?,
+        );
+        Ok(())
+    }
+
+    async fn on_watch(
+        &mut self,
+        batch: Option<Result<WatchBatch, StoreError>>,
+    ) -> Result<(), StoreError> {
+        let batch = match batch {
+            Some(Ok(batch)) => batch,
+            Some(Err(StoreError::Compacted(oldest))) => {
+                tracing::warn!(
+                    oldest,
+                    "fleet: the watch fell behind compaction; reading the state afresh"
+                );
+                self.watch = None;
+                self.next_revision = 0;
+                return self.follow().await;
+            }
+            broken => {
+                self.watch = None;
+                let e = match broken {
+                    Some(Err(e)) => e,
+                    _ => StoreError::Unreachable("the watch stream closed".into()),
+                };
+                tracing::warn!(
+                    resume = self.next_revision,
+                    "fleet: watch broken ({e}); opening it again"
+                );
+                // At once when etcd is there; otherwise the error shows until the next tick.
+                return self.follow().await.map_err(|_| e);
             }
         };
-        status.epoch = applied_epoch.unwrap_or(0);
-        status.applied_secs_ago = applied_at.map(|t| t.elapsed().as_secs_f64());
-        let s = status.clone();
-        blocking(&daemon, move |d| d.set_status(s)).await;
-    }
-    if let Role::Leader { lease, .. } = role {
-        match etcd.revoke(lease).await {
-            Ok(()) => tracing::info!("fleet: leadership given back"),
-            Err(e) => {
-                tracing::warn!("fleet: could not give the lease back ({e}); it expires by itself")
+        let mut leader_gone = false;
+        for change in &batch.changes {
+            self.next_revision = self.next_revision.max(change.mod_revision + 1);
+            if change.key == self.state_key.as_bytes() {
+                if let Some(value) = &change.value {
+                    self.apply(value).await;
+                }
+            } else if change.key == self.leader_key.as_bytes() && change.value.is_none() {
+                leader_gone = true;
             }
         }
+        self.next_revision = self.next_revision.max(batch.revision + 1);
+        if leader_gone && matches!(self.role, Role::Follower) {
+            // The leader gave its lease back or lost it: campaign now, not at the next tick.
+            self.status.leader = None;
+            return self.campaign().await;
+        }
+        Ok(())
+    }
+
+    /// Applies a published state unless it is the epoch applied last.
+    async fn apply(&mut self, value: &[u8]) {
+        match serde_json::from_slice::<FleetState>(value) {
+            Ok(state) if Some(state.epoch) != self.applied_epoch => {
+                let epoch = state.epoch;
+                let applied = blocking(&self.daemon, move |d| d.adopt(&state))
+                    .await
+                    .unwrap_or(false);
+                if applied {
+                    tracing::info!(epoch, "fleet: applied the published state");
+                    self.applied_epoch = Some(epoch);
+                    self.applied_at = Some(Instant::now());
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::error!(
+                    "fleet: the published state is not valid ({e}); keeping the last one"
+                )
+            }
+        }
+    }
+
+    /// Renews the leader's lease a third of the way into it; steps down before the store
+    /// would expire it if renewals fail.
+    async fn renew(&mut self) -> Result<(), StoreError> {
+        let Role::Leader { lease, renewed, .. } = &mut self.role else {
+            return Ok(());
+        };
+        if renewed.elapsed() < self.config.lease / 3 {
+            return Ok(());
+        }
+        match self.store.keep_alive(*lease).await {
+            Ok(ttl) if ttl > 0 => {
+                *renewed = Instant::now();
+                Ok(())
+            }
+            Ok(_) => {
+                tracing::warn!("fleet: the leader lease expired; stepping down");
+                self.step_down();
+                Ok(())
+            }
+            Err(e) => {
+                if renewed.elapsed() >= self.config.lease * 2 / 3 {
+                    tracing::warn!("fleet: cannot renew the leader lease ({e}); stepping down");
+                    self.step_down();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn step_down(&mut self) {
+        self.role = Role::Follower;
+        self.status.role = "follower".into();
+    }
+
+    /// The leader publishes its view when it differs from what it published last.
+    async fn publish(&mut self) -> Result<(), StoreError> {
+        if !matches!(self.role, Role::Leader { .. }) {
+            return Ok(());
+        }
+        let view = blocking(&self.daemon, |d| d.local_view()).await.flatten();
+        let Some((weights, vips)) = view else {
+            return Ok(());
+        };
+        let Role::Leader {
+            lease,
+            published,
+            epoch,
+            ..
+        } = &mut self.role
+        else {
+            return Ok(());
+        };
+        let unchanged =
+            (published.as_ref()).is_some_and(|(w, v)| *w == weights && same_vips(v, &vips));
+        if unchanged {
+            return Ok(());
+        }
+        if published.is_none() {
+            // A new term continues the epochs of the last one.
+            let last = self.store.get(self.state_key.as_bytes()).await?.kv;
+            *epoch = last
+                .and_then(|kv| serde_json::from_slice::<FleetState>(&kv.value).ok())
+                .map_or(0, |s| s.epoch);
+        }
+        let next = FleetState {
+            epoch: *epoch + 1,
+            leader: self.me.clone(),
+            vips: weights.clone(),
+            vip_config: vips.clone(),
+        };
+        let text = serde_json::to_vec(&next).expect("a fleet state serializes");
+        let held = Held {
+            key: self.leader_key.as_bytes(),
+            value: self.me.as_bytes(),
+            lease: *lease,
+        };
+        if self
+            .store
+            .put_if(&held, self.state_key.as_bytes(), &text)
+            .await?
+        {
+            tracing::info!(epoch = next.epoch, "fleet: published the state");
+            *epoch = next.epoch;
+            *published = Some((weights, vips));
+            self.applied_epoch = Some(next.epoch);
+            self.applied_at = Some(Instant::now());
+        } else {
+            tracing::warn!("fleet: no longer the leader (fenced write refused); stepping down");
+            self.step_down();
+            return self.follow().await;
+        }
+        Ok(())
+    }
+}
+
+/// The next batch of a watch; never, without one.
+async fn next_batch(watch: &mut Option<Watch>) -> Option<Result<WatchBatch, StoreError>> {
+    match watch {
+        Some(w) => w.next().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -214,3 +415,6 @@ async fn blocking<P: FleetPort, T: Send + 'static>(
     let d = daemon.clone();
     tokio::task::spawn_blocking(move || f(&d)).await.ok()
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,254 +1,384 @@
-//! A small etcd v3 client over etcd's JSON gateway (HTTP/1.0 `POST /v3/...`, base64 keys and
-//! values, 64-bit integers as strings), enough for leader election by lease and fenced writes.
-//! Every call goes to the endpoint that answered last, then the others in turn; each has a
-//! timeout, so a lost etcd is an error for the caller, never a hang.
+//! The fleet's store on etcd, through the maintained `etcd-client` crate (gRPC over HTTP/2,
+//! TLS by rustls): reads, leases, fenced transactions and watches. One client per daemon,
+//! made at the first call and kept (its channel reconnects by itself); with a user, made
+//! again when the user was refused, so that a fixed password file is picked up. Every call
+//! has a time limit, so a lost etcd is an error for the caller, never a hang. Errors are
+//! classified (unreachable, TLS, authentication, settings) and name the setting to look at.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
+    PutOptions, TlsOptions, Txn, TxnOp, WatchOptions,
+};
+use tokio::sync::{Mutex, mpsc};
 
-use super::base64;
+use super::store::{Change, FleetStore, Held, KeyValue, Read, StoreError, Watch, WatchBatch};
+use crate::config::FleetConfig;
 
-/// Largest answer read (a range over the fleet's keys is a few KiB).
-const MAX_ANSWER: usize = 4 << 20;
-
-#[derive(Debug, thiserror::Error)]
-pub enum EtcdError {
-    #[error("no etcd endpoint answered: {0}")]
-    Unreachable(String),
-    #[error("etcd refused {call}: {message}")]
-    Refused { call: String, message: String },
-    #[error("unexpected answer to {call}: {message}")]
-    Malformed { call: String, message: String },
-}
-
-/// One key's value and revisions.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KeyValue {
-    pub key: Vec<u8>,
-    pub value: Vec<u8>,
-    pub create_revision: i64,
-    pub mod_revision: i64,
-    pub lease: i64,
-}
-
-pub struct Etcd {
-    endpoints: Vec<SocketAddr>,
+pub struct EtcdStore {
+    config: FleetConfig,
     timeout: Duration,
-    preferred: std::sync::atomic::AtomicUsize,
+    client: Mutex<Option<Client>>,
 }
 
-/// A guard on a txn: the key's value and lease must be these.
-pub struct Held<'a> {
-    pub key: &'a [u8],
-    pub value: &'a [u8],
-    pub lease: i64,
-}
-
-impl Etcd {
-    pub fn new(endpoints: Vec<SocketAddr>, timeout: Duration) -> Etcd {
-        Etcd {
-            endpoints,
+impl EtcdStore {
+    /// A store on the cluster of `config`; nothing is dialled before the first call.
+    pub fn new(config: &FleetConfig, timeout: Duration) -> EtcdStore {
+        EtcdStore {
+            config: config.clone(),
             timeout,
-            preferred: std::sync::atomic::AtomicUsize::new(0),
+            client: Mutex::new(None),
         }
     }
 
-    /// The value of `key`, if it exists.
-    pub async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, EtcdError> {
-        let answer = self
-            .call("/v3/kv/range", json!({ "key": base64::encode(key) }))
-            .await?;
-        let kvs = parse_kvs("range", &answer)?;
-        Ok(kvs.into_iter().next())
+    fn endpoints(&self) -> Vec<String> {
+        let scheme = if self.config.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        (self.config.etcd.iter())
+            .map(|a| format!("{scheme}://{a}"))
+            .collect()
     }
 
-    pub async fn put(&self, key: &[u8], value: &[u8]) -> Result<(), EtcdError> {
-        self.call(
-            "/v3/kv/put",
-            json!({ "key": base64::encode(key), "value": base64::encode(value) }),
-        )
+    fn options(&self) -> Result<ConnectOptions, StoreError> {
+        let read = |path: &std::path::Path, what: &str| {
+            std::fs::read(path).map_err(|e| {
+                StoreError::Settings(format!("reading {what} {}: {e}", path.display()))
+            })
+        };
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(self.timeout)
+            // HTTP/2 pings: a watch on a connection that went silent (a partition) breaks
+            // within two seconds instead of waiting for TCP.
+            .with_keep_alive(Duration::from_secs(1), Duration::from_secs(1))
+            .with_keep_alive_while_idle(true)
+            .with_auto_token_refresh(true);
+        if let Some(tls) = &self.config.tls {
+            let ca = read(&tls.ca, "fleet.ca")?;
+            let mut t = TlsOptions::new().ca_certificate(Certificate::from_pem(ca));
+            if let Some((cert, key)) = &tls.identity {
+                let cert = read(cert, "fleet.cert")?;
+                let key = read(key, "fleet.key")?;
+                t = t.identity(Identity::from_pem(cert, key));
+            }
+            if let Some(name) = &tls.server_name {
+                t = t.domain_name(name.clone());
+            }
+            options = options.with_tls(t);
+        }
+        if let Some(auth) = &self.config.auth {
+            let password = read(&auth.password_file, "fleet.password_file")?;
+            let password = String::from_utf8(password)
+                .map_err(|_| {
+                    StoreError::Settings(format!(
+                        "fleet.password_file {} is not UTF-8",
+                        auth.password_file.display()
+                    ))
+                })?
+                .trim_end_matches(['\r', '\n'])
+                .to_string();
+            options = options.with_user(auth.username.clone(), password);
+        }
+        Ok(options)
+    }
+
+    /// The client, connected (and authenticated) at the first call.
+    async fn client(&self) -> Result<Client, StoreError> {
+        let mut cached = self.client.lock().await;
+        if let Some(c) = cached.as_ref() {
+            return Ok(c.clone());
+        }
+        let options = self.options()?;
+        let connect = Client::connect(self.endpoints(), Some(options));
+        let client = tokio::time::timeout(self.timeout, connect)
+            .await
+            .map_err(|_| self.no_answer("connect"))?
+            .map_err(|e| self.classify("connect", &e))?;
+        *cached = Some(client.clone());
+        Ok(client)
+    }
+
+    /// Runs one call with the time limit; a refused user drops the client, so that the next
+    /// call authenticates afresh.
+    async fn call<T, F>(&self, name: &str, f: impl FnOnce(Client) -> F) -> Result<T, StoreError>
+    where
+        F: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let client = self.client().await?;
+        let result = match tokio::time::timeout(self.timeout, f(client)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(self.classify(name, &e)),
+            Err(_) => Err(self.no_answer(name)),
+        };
+        if matches!(result, Err(StoreError::Auth(_))) {
+            *self.client.lock().await = None;
+        }
+        result
+    }
+
+    fn no_answer(&self, call: &str) -> StoreError {
+        StoreError::Unreachable(format!(
+            "{call}: no answer from {} within {} ms",
+            self.endpoints().join(", "),
+            self.timeout.as_millis()
+        ))
+    }
+
+    /// Sorts an error into what an operator has to fix, naming the setting.
+    fn classify(&self, call: &str, e: &etcd_client::Error) -> StoreError {
+        let text = describe(e);
+        let lower = text.to_ascii_lowercase();
+        let endpoints = self.endpoints().join(", ");
+        let tls = self.config.tls.as_ref();
+        if lower.contains("invalid peer certificate")
+            || lower.contains("unknownissuer")
+            || lower.contains("certificate verify failed")
+            || lower.contains("notvalidforname")
+        {
+            let ca = tls.map_or("(none)".into(), |t| t.ca.display().to_string());
+            return StoreError::Tls(format!(
+                "{call} to {endpoints}: etcd's certificate is not trusted with fleet.ca {ca} \
+                 (or does not name the endpoint; see fleet.server_name): {text}"
+            ));
+        }
+        if lower.contains("certificaterequired")
+            || lower.contains("certificate required")
+            || lower.contains("bad certificate")
+            || lower.contains("badcertificate")
+            || lower.contains("unknown ca")
+            || lower.contains("unknownca")
+            || lower.contains("handshakefailure")
+            || lower.contains("tls handshake eof")
+        {
+            let has_cert = tls.is_some_and(|t| t.identity.is_some());
+            let hint = if has_cert {
+                "etcd refused this balancer's certificate (fleet.cert / fleet.key): is it signed by the CA etcd trusts (--trusted-ca-file)?"
+            } else {
+                "etcd wants a client certificate (--client-cert-auth): set fleet.cert and fleet.key"
+            };
+            return StoreError::Tls(format!("{call} to {endpoints}: {hint}: {text}"));
+        }
+        if tls.is_none()
+            && (lower.contains("frame with invalid size") || lower.contains("h2 protocol error"))
+        {
+            return StoreError::Tls(format!(
+                "{call} to {endpoints}: etcd seems to want TLS (set fleet.ca): {text}"
+            ));
+        }
+        if lower.contains("authentication failed")
+            || lower.contains("invalid auth token")
+            || lower.contains("permission denied")
+            || lower.contains("user name is empty")
+            || lower.contains("unauthenticated")
+        {
+            let user = self
+                .config
+                .auth
+                .as_ref()
+                .map_or("(none: fleet.username not set)".into(), |a| {
+                    format!("{:?} (fleet.username, fleet.password_file)", a.username)
+                });
+            return StoreError::Auth(format!("{call} as user {user}: {text}"));
+        }
+        if let etcd_client::Error::GRpcStatus(status) = e
+            && !matches!(
+                status.code(),
+                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown
+            )
+        {
+            return StoreError::Refused {
+                call: call.to_string(),
+                message: text,
+            };
+        }
+        StoreError::Unreachable(format!("{call} to {endpoints}: {text}"))
+    }
+}
+
+/// An error with its sources (the useful part of a TLS failure is often the innermost).
+fn describe(e: &etcd_client::Error) -> String {
+    let (mut text, mut source): (String, Option<&dyn std::error::Error>) = match e {
+        etcd_client::Error::GRpcStatus(s) => (
+            format!("{:?}: {}", s.code(), s.message()),
+            std::error::Error::source(s),
+        ),
+        etcd_client::Error::TransportError(t) => (t.to_string(), std::error::Error::source(t)),
+        other => (other.to_string(), None),
+    };
+    while let Some(s) = source {
+        let next = s.to_string();
+        if !text.contains(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        source = s.source();
+    }
+    text
+}
+
+fn key_value(kv: &etcd_client::KeyValue) -> KeyValue {
+    KeyValue {
+        key: kv.key().to_vec(),
+        value: kv.value().to_vec(),
+        create_revision: kv.create_revision(),
+        mod_revision: kv.mod_revision(),
+        lease: kv.lease(),
+    }
+}
+
+impl FleetStore for EtcdStore {
+    async fn get(&self, key: &[u8]) -> Result<Read, StoreError> {
+        let key = key.to_vec();
+        let answer = self
+            .call("range", |mut c| async move {
+                c.get(key, None::<GetOptions>).await
+            })
+            .await?;
+        Ok(Read {
+            kv: answer.kvs().first().map(key_value),
+            revision: answer.header().map_or(0, |h| h.revision()),
+        })
+    }
+
+    async fn put(&self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        let (key, value) = (key.to_vec(), value.to_vec());
+        self.call("put", |mut c| async move {
+            c.put(key, value, None::<PutOptions>).await
+        })
         .await
         .map(|_| ())
     }
 
-    /// A lease of `ttl` seconds; its id.
-    pub async fn grant(&self, ttl: u64) -> Result<i64, EtcdError> {
+    async fn grant(&self, ttl_secs: u64) -> Result<i64, StoreError> {
         let answer = self
-            .call("/v3/lease/grant", json!({ "TTL": ttl.to_string() }))
-            .await?;
-        int(&answer["ID"]).ok_or_else(|| malformed("lease grant", &answer))
-    }
-
-    /// Renews a lease; its remaining TTL (0 when it has expired or is unknown).
-    pub async fn keep_alive(&self, lease: i64) -> Result<i64, EtcdError> {
-        let answer = self
-            .call("/v3/lease/keepalive", json!({ "ID": lease.to_string() }))
-            .await?;
-        let result = answer.get("result").unwrap_or(&answer);
-        Ok(int(&result["TTL"]).unwrap_or(0))
-    }
-
-    pub async fn revoke(&self, lease: i64) -> Result<(), EtcdError> {
-        self.call("/v3/lease/revoke", json!({ "ID": lease.to_string() }))
-            .await
-            .map(|_| ())
-    }
-
-    /// Creates `key` = `value` under `lease` if the key does not exist. Whether it did.
-    pub async fn create(&self, key: &[u8], value: &[u8], lease: i64) -> Result<bool, EtcdError> {
-        let k = base64::encode(key);
-        let answer = self
-            .call(
-                "/v3/kv/txn",
-                json!({
-                    "compare": [{ "key": k, "result": "EQUAL", "target": "CREATE", "create_revision": "0" }],
-                    "success": [{ "request_put": { "key": k, "value": base64::encode(value), "lease": lease.to_string() } }],
-                }),
-            )
-            .await?;
-        Ok(answer["succeeded"].as_bool().unwrap_or(false))
-    }
-
-    /// Puts `key` = `value` only while `held` holds (a fenced write: a deposed leader's writes
-    /// fail). Whether it was written.
-    pub async fn put_if(
-        &self,
-        held: &Held<'_>,
-        key: &[u8],
-        value: &[u8],
-    ) -> Result<bool, EtcdError> {
-        let h = base64::encode(held.key);
-        let answer = self
-            .call(
-                "/v3/kv/txn",
-                json!({
-                    "compare": [
-                        { "key": h, "result": "EQUAL", "target": "VALUE", "value": base64::encode(held.value) },
-                        { "key": h, "result": "EQUAL", "target": "LEASE", "lease": held.lease.to_string() },
-                    ],
-                    "success": [{ "request_put": { "key": base64::encode(key), "value": base64::encode(value) } }],
-                }),
-            )
-            .await?;
-        Ok(answer["succeeded"].as_bool().unwrap_or(false))
-    }
-
-    async fn call(&self, path: &str, body: Value) -> Result<Value, EtcdError> {
-        use std::sync::atomic::Ordering;
-        let body = body.to_string();
-        let n = self.endpoints.len();
-        let first = self.preferred.load(Ordering::Relaxed);
-        let mut failures = Vec::new();
-        for i in 0..n {
-            let which = (first + i) % n;
-            let addr = self.endpoints[which];
-            match tokio::time::timeout(self.timeout, post(addr, path, &body)).await {
-                Ok(Ok((status, answer))) => {
-                    self.preferred.store(which, Ordering::Relaxed);
-                    let value: Value =
-                        serde_json::from_slice(&answer).map_err(|e| EtcdError::Malformed {
-                            call: path.to_string(),
-                            message: format!(
-                                "not JSON ({e}): {}",
-                                String::from_utf8_lossy(&answer[..answer.len().min(200)])
-                            ),
-                        })?;
-                    if status != 200 {
-                        let message = value["error"]
-                            .as_str()
-                            .or(value["message"].as_str())
-                            .unwrap_or("no message")
-                            .to_string();
-                        return Err(EtcdError::Refused {
-                            call: path.to_string(),
-                            message: format!("status {status}: {message}"),
-                        });
-                    }
-                    return Ok(value);
-                }
-                Ok(Err(e)) => failures.push(format!("{addr}: {e}")),
-                Err(_) => failures.push(format!("{addr}: no answer within {:?}", self.timeout)),
-            }
-        }
-        Err(EtcdError::Unreachable(failures.join("; ")))
-    }
-}
-
-/// One HTTP/1.0 POST (the server closes the connection after the answer): (status, body).
-async fn post(addr: SocketAddr, path: &str, body: &str) -> Result<(u16, Vec<u8>), String> {
-    let request = format!(
-        "POST {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    crate::http::exchange(addr, &request, MAX_ANSWER).await
-}
-
-/// A 64-bit integer the gateway sent as a string (or a number); absent fields are zero values.
-fn int(v: &Value) -> Option<i64> {
-    match v {
-        Value::String(s) => s.parse().ok(),
-        Value::Number(n) => n.as_i64(),
-        _ => None,
-    }
-}
-
-fn malformed(call: &str, answer: &Value) -> EtcdError {
-    EtcdError::Malformed {
-        call: call.to_string(),
-        message: answer.to_string().chars().take(200).collect(),
-    }
-}
-
-fn parse_kvs(call: &str, answer: &Value) -> Result<Vec<KeyValue>, EtcdError> {
-    let Some(kvs) = answer.get("kvs") else {
-        return Ok(Vec::new());
-    };
-    let kvs = kvs.as_array().ok_or_else(|| malformed(call, answer))?;
-    kvs.iter()
-        .map(|kv| {
-            let bytes = |field: &str| {
-                kv[field]
-                    .as_str()
-                    .map_or(Ok(Vec::new()), base64::decode)
-                    .map_err(|e| EtcdError::Malformed {
-                        call: call.to_string(),
-                        message: format!("{field}: {e}"),
-                    })
-            };
-            Ok(KeyValue {
-                key: bytes("key")?,
-                value: bytes("value")?,
-                create_revision: int(&kv["create_revision"]).unwrap_or(0),
-                mod_revision: int(&kv["mod_revision"]).unwrap_or(0),
-                lease: int(&kv["lease"]).unwrap_or(0),
+            .call("lease grant", |mut c| async move {
+                c.lease_grant(ttl_secs as i64, None).await
             })
+            .await?;
+        Ok(answer.id())
+    }
+
+    async fn keep_alive(&self, lease: i64) -> Result<i64, StoreError> {
+        self.call("lease keep-alive", |mut c| async move {
+            let (mut keeper, mut answers) = c.lease_keep_alive(lease).await?;
+            keeper.keep_alive().await?;
+            Ok(answers.message().await?.map_or(0, |a| a.ttl()))
         })
-        .collect()
+        .await
+    }
+
+    async fn revoke(&self, lease: i64) -> Result<(), StoreError> {
+        self.call("lease revoke", |mut c| async move {
+            c.lease_revoke(lease).await
+        })
+        .await
+        .map(|_| ())
+    }
+
+    async fn create(&self, key: &[u8], value: &[u8], lease: i64) -> Result<bool, StoreError> {
+        let (key, value) = (key.to_vec(), value.to_vec());
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key,
+                value,
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        self.call("txn", |mut c| async move { c.txn(txn).await })
+            .await
+            .map(|a| a.succeeded())
+    }
+
+    async fn put_if(&self, held: &Held<'_>, key: &[u8], value: &[u8]) -> Result<bool, StoreError> {
+        let txn = Txn::new()
+            .when([
+                Compare::value(held.key.to_vec(), CompareOp::Equal, held.value.to_vec()),
+                Compare::lease(held.key.to_vec(), CompareOp::Equal, held.lease),
+            ])
+            .and_then([TxnOp::put(key.to_vec(), value.to_vec(), None)]);
+        self.call("txn", |mut c| async move { c.txn(txn).await })
+            .await
+            .map(|a| a.succeeded())
+    }
+
+    async fn watch(&self, prefix: &[u8], from_revision: i64) -> Result<Watch, StoreError> {
+        let prefix = prefix.to_vec();
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(from_revision)
+            .with_progress_notify();
+        let mut stream = self
+            .call("watch", |mut c| async move {
+                c.watch(prefix, Some(options)).await
+            })
+            .await?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let endpoints = self.endpoints().join(", ");
+        tokio::spawn(async move {
+            loop {
+                let message = tokio::select! {
+                    m = stream.message() => m,
+                    // The agent dropped its end: stop (dropping the stream cancels the watch).
+                    _ = tx.closed() => return,
+                };
+                let batch = match message {
+                    Ok(Some(answer)) if answer.compact_revision() > 0 => {
+                        Err(StoreError::Compacted(answer.compact_revision()))
+                    }
+                    Ok(Some(answer)) if answer.canceled() => Err(StoreError::Refused {
+                        call: "watch".into(),
+                        message: format!("watch canceled: {}", answer.cancel_reason()),
+                    }),
+                    Ok(Some(answer)) => Ok(WatchBatch {
+                        changes: (answer.events().iter())
+                            .filter_map(|event| {
+                                let kv = event.kv()?;
+                                Some(Change {
+                                    key: kv.key().to_vec(),
+                                    value: (event.event_type() == EventType::Put)
+                                        .then(|| kv.value().to_vec()),
+                                    mod_revision: kv.mod_revision(),
+                                })
+                            })
+                            .collect(),
+                        revision: answer.header().map_or(0, |h| h.revision()),
+                    }),
+                    Ok(None) => Err(StoreError::Unreachable(format!(
+                        "watch on {endpoints}: the stream ended"
+                    ))),
+                    Err(e) => Err(StoreError::Unreachable(format!(
+                        "watch on {endpoints}: {}",
+                        describe(&e)
+                    ))),
+                };
+                let last = batch.is_err();
+                if tx.send(batch).is_err() || last {
+                    return;
+                }
+            }
+        });
+        Ok(Watch::new(rx))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::SocketAddr;
 
-    #[test]
-    fn range_answers_decode_with_zero_values_omitted() {
-        let answer: Value = serde_json::from_str(
-            r#"{"header":{"revision":"9"},"kvs":[{"key":"L2ZsZWV0L2xlYWRlcg==","create_revision":"7","mod_revision":"7","version":"1","value":"bGIx","lease":"7587873437362321156"}],"count":"1"}"#,
-        )
-        .unwrap();
-        let kvs = parse_kvs("range", &answer).unwrap();
-        assert_eq!(kvs.len(), 1);
-        assert_eq!(kvs[0].key, b"/fleet/leader");
-        assert_eq!(kvs[0].value, b"lb1");
-        assert_eq!(kvs[0].lease, 7587873437362321156);
-        assert_eq!(kvs[0].create_revision, 7);
-        // No kvs at all: the key does not exist.
-        let empty: Value = serde_json::from_str(r#"{"header":{"revision":"9"}}"#).unwrap();
-        assert!(parse_kvs("range", &empty).unwrap().is_empty());
-        let bad: Value = serde_json::from_str(r#"{"kvs":[{"key":"***"}]}"#).unwrap();
-        assert!(parse_kvs("range", &bad).is_err());
+    fn config(port: u16) -> FleetConfig {
+        FleetConfig {
+            etcd: vec![SocketAddr::from(([127, 0, 0, 1], port))],
+            prefix: "/balancer".into(),
+            instance: "lb1".into(),
+            lease: Duration::from_secs(3),
+            poll: Duration::from_millis(200),
+            tls: None,
+            auth: None,
+        }
     }
 
     #[tokio::test]
@@ -259,11 +389,31 @@ mod tests {
             .local_addr()
             .unwrap()
             .port();
-        let etcd = Etcd::new(
-            vec![SocketAddr::from(([127, 0, 0, 1], port))],
-            Duration::from_millis(500),
+        let etcd = EtcdStore::new(&config(port), Duration::from_millis(500));
+        let err = etcd.get(b"/k").await.unwrap_err();
+        assert!(matches!(err, StoreError::Unreachable(_)), "{err}");
+        assert!(
+            err.to_string().contains(&format!("127.0.0.1:{port}")),
+            "{err}"
         );
-        let err = etcd.get(b"/k").await.unwrap_err().to_string();
-        assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+    }
+
+    #[tokio::test]
+    async fn unreadable_tls_files_are_named() {
+        let mut c = config(2379);
+        c.tls = Some(crate::config::EtcdTls {
+            ca: "/nonexistent/ca.pem".into(),
+            identity: None,
+            server_name: None,
+        });
+        let err = EtcdStore::new(&c, Duration::from_millis(500))
+            .get(b"/k")
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Settings(_)), "{err}");
+        assert!(
+            err.to_string().contains("fleet.ca /nonexistent/ca.pem"),
+            "{err}"
+        );
     }
 }

@@ -1,12 +1,15 @@
 //! Many balancers, one table: the fleet's desired state in etcd, and VIP announcement over
 //! BGP.
 //!
+//! The agent reaches etcd through the [`store::FleetStore`] port: [`etcd::EtcdStore`] in the
+//! daemon (gRPC, TLS, auth), [`memory_store::MemoryStore`] in tests.
+//!
 //! Every balancer of a fleet runs the same config. One of them, elected through an etcd lease
 //! ([`agent`]), turns its own view — configured weights, drains, health checks, telemetry
 //! policies — into the weight of every backend of every VIP and publishes that as a
 //! [`FleetState`] with a new epoch, in a transaction fenced on its leadership (a deposed
 //! leader's write fails). Every other balancer reads the state and builds its tables from
-//! exactly those weights ([`crate::balancer::Balancer::set_fleet_weights`]); since Maglev
+//! exactly those weights, as each epoch arrives on its watch ([`crate::balancer::Balancer::set_fleet_weights`]); since Maglev
 //! tables depend only on the backend set and the weights, every balancer then holds the same
 //! table (same fingerprint), and a flow ECMP moves from one balancer to another reaches the
 //! same backend. Without etcd a balancer keeps forwarding with the last state it applied.
@@ -14,9 +17,10 @@
 //! [`bgp`] announces the VIPs through BIRD while this balancer can serve them.
 
 pub mod agent;
-pub mod base64;
 pub mod bgp;
 pub mod etcd;
+pub mod memory_store;
+pub mod store;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

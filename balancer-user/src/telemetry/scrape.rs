@@ -53,25 +53,6 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    #[test]
-    fn responses_split() {
-        assert_eq!(
-            crate::http::split_response(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc"),
-            Some((200, b"abc".to_vec()))
-        );
-        assert_eq!(
-            crate::http::split_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n1;x=y\r\nc\r\n0\r\n\r\n"),
-            Some((200, b"abc".to_vec()))
-        );
-        assert_eq!(
-            crate::http::split_response(
-                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"
-            ),
-            None
-        );
-        assert_eq!(crate::http::split_response(b"garbage"), None);
-    }
-
     #[tokio::test]
     async fn a_real_vllm_page_as_vllm_serves_it() {
         let page = std::fs::read_to_string(

@@ -153,6 +153,7 @@ impl Daemon {
 
     /// Records a change's table work in the metrics.
     pub fn record(&self, report: &ApplyReport) {
+        self.local_view_changed();
         if report.tables_published > 0 {
             self.metrics
                 .table_build_seconds

@@ -19,6 +19,7 @@ impl Daemon {
                     .with_label_values(&[name, &backend.to_string(), to])
                     .inc();
                 self.persist_state();
+                self.local_view_changed();
             }
             Ok(false) => {}
             Err(e) => tracing::error!(vip = name, %backend, "applying a health change: {e}"),

@@ -91,6 +91,22 @@ pub struct Daemon {
     /// VIPs drained from BGP announcement by name.
     pub drained_vips: std::collections::BTreeSet<String>,
     announcer: crate::fleet::bgp::Announcer,
+    /// Bumped whenever this balancer's own view (weights, VIPs) may have changed: a fleet
+    /// leader publishes then, without waiting for its next tick.
+    local_changes: tokio::sync::watch::Sender<u64>,
+}
+
+impl Daemon {
+    /// Tells whoever follows this balancer's own view (the fleet agent) that it may have
+    /// changed.
+    pub fn local_view_changed(&self) {
+        self.local_changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Follows [`Daemon::local_view_changed`].
+    pub fn subscribe_local_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.local_changes.subscribe()
+    }
 }
 
 /// What the daemon knows of its host, apart from the data plane: the interface it serves,
@@ -144,6 +160,7 @@ impl Daemon {
             fleet: crate::fleet::FleetStatus::default(),
             drained_vips: Default::default(),
             announcer: crate::fleet::bgp::Announcer::new(routes),
+            local_changes: tokio::sync::watch::Sender::new(0),
         }
     }
 }

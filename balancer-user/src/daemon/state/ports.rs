@@ -108,6 +108,14 @@ impl FleetPort for Mutex<Daemon> {
         Some((local_weights(&d.balancer), vip_config(&d.config)))
     }
 
+    fn local_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        match self.lock() {
+            Ok(d) => d.subscribe_local_changes(),
+            // A daemon that panicked: a channel that is already closed (the agent stops).
+            Err(_) => tokio::sync::watch::channel(0).1,
+        }
+    }
+
     fn set_status(&self, status: FleetStatus) {
         if let Ok(mut d) = self.lock() {
             d.fleet = status;
