@@ -72,9 +72,10 @@ enum Task {
     /// Run a benchmark (release build), or all of them without a name; figures go to
     /// target/bench/<name>.json.
     Bench {
-        /// Which benchmark: dataplane, e2e (vs nftables and HAProxy), control, llm (routing vs the
-        /// L7 routers, load sweeps), calibrate (the simulator against the real vLLM), client
-        /// (inference-perf from PyPI); all of dataplane, e2e, control and llm when absent.
+        /// Which benchmark: dataplane, e2e (vs nftables and HAProxy), control, fleet (a weight
+        /// change's way from the leader to every follower), llm (routing vs the L7 routers, load
+        /// sweeps), calibrate (the simulator against the real vLLM), client (inference-perf
+        /// from PyPI); all of dataplane, e2e, control, fleet and llm when absent.
         name: Option<String>,
         /// Extra arguments for the benchmark (see `balancer-bench <name> --help`).
         #[arg(last = true)]
@@ -332,9 +333,17 @@ fn capture_pages(lock: Option<PathBuf>, llamacpp: bool) -> Result<()> {
 }
 
 fn bench(name: Option<&str>, args: &[String]) -> Result<()> {
-    const BENCHES: &[&str] = &["dataplane", "e2e", "control", "llm", "calibrate", "client"];
+    const BENCHES: &[&str] = &[
+        "dataplane",
+        "e2e",
+        "control",
+        "fleet",
+        "llm",
+        "calibrate",
+        "client",
+    ];
     /// Run by `cargo xtask bench` without a name (client needs network access to PyPI).
-    const ALL: &[&str] = &["dataplane", "e2e", "control", "llm"];
+    const ALL: &[&str] = &["dataplane", "e2e", "control", "fleet", "llm"];
     let names: Vec<&str> = match name {
         Some(n) if !BENCHES.contains(&n) => {
             bail!(

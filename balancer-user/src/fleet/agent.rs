@@ -38,8 +38,9 @@ pub trait FleetPort: Send + Sync + 'static {
     fn fleet_config(&self) -> Option<FleetConfig>;
     /// Back to this balancer's own weights (it became the leader); whether anything changed.
     fn use_local_weights(&self) -> bool;
-    /// Applies a state the leader published; whether it was applied.
-    fn adopt(&self, state: &FleetState) -> bool;
+    /// Applies a state the leader published: None when it failed, else when its first
+    /// changed table went live (None: no table changed).
+    fn adopt(&self, state: &FleetState) -> Option<Option<Instant>>;
     /// What this balancer would publish as the leader: its weights and VIP config.
     fn local_view(&self) -> Option<(FleetWeights, Vec<RawVip>)>;
     /// Changes whenever this balancer's own view may have changed (a leader publishes then).
@@ -286,11 +287,20 @@ impl<P: FleetPort, S: FleetStore> Agent<P, S> {
         match serde_json::from_slice::<FleetState>(value) {
             Ok(state) if Some(state.epoch) != self.applied_epoch => {
                 let epoch = state.epoch;
+                let received = Instant::now();
                 let applied = blocking(&self.daemon, move |d| d.adopt(&state))
                     .await
-                    .unwrap_or(false);
-                if applied {
-                    tracing::info!(epoch, "fleet: applied the published state");
+                    .flatten();
+                if let Some(live) = applied {
+                    let ms = |t: Instant| t.saturating_duration_since(received).as_secs_f64() * 1e3;
+                    // Tables go live during the apply; the rest of it is the kernel's wait for
+                    // readers of the old ones and this balancer's bookkeeping.
+                    tracing::info!(
+                        epoch,
+                        tables_live_ms = live.map(ms).unwrap_or(0.0),
+                        applied_ms = ms(Instant::now()),
+                        "fleet: applied the published state"
+                    );
                     self.applied_epoch = Some(epoch);
                     self.applied_at = Some(Instant::now());
                 }

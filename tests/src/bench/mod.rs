@@ -6,6 +6,7 @@ pub mod client;
 pub mod control;
 pub mod dataplane;
 pub mod e2e;
+pub mod fleet;
 pub mod llm;
 
 use std::collections::BTreeMap;

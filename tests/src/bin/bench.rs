@@ -1,7 +1,7 @@
 //! `balancer-bench`: the benchmarks behind `cargo xtask bench`.
 
 use anyhow::{Context as _, Result};
-use balancer_tests::bench::{self, client, control, dataplane, e2e, llm};
+use balancer_tests::bench::{self, client, control, dataplane, e2e, fleet, llm};
 use balancer_tests::load::stats::Slo;
 use balancer_tests::load::workload::Shape;
 use clap::{Parser, Subcommand};
@@ -65,6 +65,20 @@ enum Bench {
     },
     /// Maglev build time, slots moved, balance, publish latency, daemon memory.
     Control,
+    /// A fleet of balancers on etcd, with TLS, client certificates and a password, then plain:
+    /// time from a weight change on the leader to its table being live on every follower,
+    /// p50/p99/max.
+    Fleet {
+        /// Weight changes made on the leader.
+        #[arg(long, default_value_t = 100)]
+        changes: usize,
+        /// Balancers in the fleet (one leads).
+        #[arg(long, default_value_t = 3)]
+        balancers: usize,
+        /// Only the secured etcd (no plain run).
+        #[arg(long)]
+        tls_only: bool,
+    },
     /// Routing quality on LLM traffic: simulated GPUs of two sizes behind the balancer and
     /// behind two L7 routers (vllm-router, sglang-router), per workload shape: the knee, then
     /// a load sweep with repetitions; report, JSON and plots under docs/results/llm/ (default)
@@ -197,6 +211,30 @@ fn main() -> Result<()> {
         Bench::Control => {
             let figures = control::run()?;
             let path = bench::write_json("control", &figures)?;
+            println!("wrote {}", path.display());
+        }
+        Bench::Fleet {
+            changes,
+            balancers,
+            tls_only,
+        } => {
+            if !(1..=10_000).contains(&changes) || !(2..=3).contains(&balancers) {
+                anyhow::bail!("--changes must be in 1..=10000 and --balancers 2 or 3");
+            }
+            let opts = fleet::Options {
+                changes,
+                balancers,
+                security: {
+                    use balancer_tests::fleet::EtcdSecurity;
+                    let mut s = vec![EtcdSecurity::MutualTlsAndPassword];
+                    if !tls_only {
+                        s.push(EtcdSecurity::Plain);
+                    }
+                    s
+                },
+            };
+            let figures = fleet::run(&opts)?;
+            let path = bench::write_json("fleet", &figures)?;
             println!("wrote {}", path.display());
         }
         Bench::Llm {

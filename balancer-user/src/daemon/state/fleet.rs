@@ -9,24 +9,41 @@ impl Daemon {
     /// Builds the tables from the weights a fleet's leader published, or (`None`) from this
     /// balancer's own view again. Whether it worked.
     pub fn apply_fleet(&mut self, weights: Option<&crate::fleet::FleetWeights>) -> bool {
+        self.publish_fleet(weights).is_some()
+    }
+
+    /// [`Daemon::apply_fleet`]: None when it failed, else when the first changed table went
+    /// live (None: no table changed).
+    fn publish_fleet(
+        &mut self,
+        weights: Option<&crate::fleet::FleetWeights>,
+    ) -> Option<Option<std::time::Instant>> {
         match self.balancer.set_fleet_weights(weights) {
             Ok(report) => {
                 if report.tables_published > 0 {
                     self.record(&report);
                     self.persist_state();
+                    return Some(report.live_at);
                 }
-                true
+                Some(None)
             }
             Err(e) => {
                 tracing::error!("applying the fleet's weights: {e}");
-                false
+                None
             }
         }
     }
 
-    /// Takes a state the fleet's leader published: its VIPs and backends (rewriting this
-    /// balancer's config file to match), then its weights. Whether it was applied.
-    pub fn adopt_fleet(&mut self, state: &crate::fleet::FleetState) -> bool {
+    /// Takes a state the fleet's leader published: its weights, then its VIPs and backends
+    /// (rewriting this balancer's config file to match). The weights go first, so that the
+    /// tables of the VIPs both balancers have are live before the config work; VIPs and
+    /// backends the config brings take their published weights right after. None when it
+    /// failed, else when its first changed table went live (None: no table changed).
+    pub fn adopt_fleet(
+        &mut self,
+        state: &crate::fleet::FleetState,
+    ) -> Option<Option<std::time::Instant>> {
+        let applied = self.publish_fleet(Some(&state.vips))?;
         let ours = crate::fleet::vip_config(&self.config);
         if !state.vip_config.is_empty() && !crate::fleet::same_vips(&ours, &state.vip_config) {
             let theirs = state.vip_config.clone();
@@ -47,8 +64,10 @@ impl Daemon {
                     "fleet: the leader's VIPs do not apply here: {e}"
                 ),
             }
+            let later = self.publish_fleet(Some(&state.vips))?;
+            return Some(applied.or(later));
         }
-        self.apply_fleet(Some(&state.vips))
+        Some(applied)
     }
 
     /// The addresses of the VIPs this balancer can serve: a backend in the table, not

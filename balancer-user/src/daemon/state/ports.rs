@@ -99,8 +99,8 @@ impl FleetPort for Mutex<Daemon> {
         self.lock().is_ok_and(|mut d| d.apply_fleet(None))
     }
 
-    fn adopt(&self, state: &FleetState) -> bool {
-        self.lock().is_ok_and(|mut d| d.adopt_fleet(state))
+    fn adopt(&self, state: &FleetState) -> Option<Option<std::time::Instant>> {
+        self.lock().ok()?.adopt_fleet(state)
     }
 
     fn local_view(&self) -> Option<(FleetWeights, Vec<RawVip>)> {

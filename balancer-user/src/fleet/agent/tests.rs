@@ -64,9 +64,9 @@ impl FleetPort for FakeDaemon {
         true
     }
 
-    fn adopt(&self, state: &FleetState) -> bool {
+    fn adopt(&self, state: &FleetState) -> Option<Option<Instant>> {
         self.adopted.lock().unwrap().push(state.epoch);
-        true
+        Some(Some(Instant::now()))
     }
 
     fn local_view(&self) -> Option<(FleetWeights, Vec<RawVip>)> {

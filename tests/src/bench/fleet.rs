@@ -1,0 +1,216 @@
+//! `cargo xtask bench fleet`: how fast a weight change on the fleet's leader is live on every
+//! follower's table. The fleet of the fleet tests (router, BIRD, three balancers, one etcd
+//! member with TLS, client certificates and a password unless `--plain`); one backend's
+//! weight set through the leader's API `changes` times, each time to a value that moves its
+//! table; after each, every follower's API is read until its table has the leader's new
+//! fingerprint. Reported: from the leader's answer (its own table is live then) and from the
+//! request's start, p50 / p99 / max.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use balancer::api::types::{ChangeResult, Table, WeightBody};
+
+use super::Figures;
+use crate::fleet::{EtcdSecurity, Fleet, backend_addr};
+use crate::load::stats::percentile;
+
+const VIP: &str = "http4";
+
+pub struct Options {
+    pub changes: usize,
+    pub balancers: usize,
+    /// Each is measured in turn on a fresh fleet.
+    pub security: Vec<EtcdSecurity>,
+}
+
+fn fingerprint(f: &Fleet, lb: usize) -> Result<String> {
+    let table: Table = f
+        .api(lb)
+        .get(&format!("/v1/vips/{VIP}/table"))
+        .map_err(|e| anyhow::anyhow!("table of lb{}: {e}", lb + 1))?;
+    Ok(table.fingerprint)
+}
+
+pub fn run(opts: &Options) -> Result<Figures> {
+    if opts.balancers < 2 {
+        bail!("a fleet benchmark needs at least two balancers");
+    }
+    let mut figures = Figures::new();
+    for security in &opts.security {
+        let (tag, prefix) = match security {
+            EtcdSecurity::Plain => ("bfleetp", "plain"),
+            EtcdSecurity::MutualTlsAndPassword => ("bfleet", "tls"),
+        };
+        for (k, v) in run_one(opts, *security, tag)? {
+            figures.insert(format!("{prefix}_{k}"), v);
+        }
+    }
+    println!("target: p99 <= 50 ms after the leader's answer");
+    Ok(figures)
+}
+
+fn run_one(opts: &Options, security: EtcdSecurity, tag: &str) -> Result<Figures> {
+    let f = Fleet::build_with(tag, opts.balancers, 3, security).context("building the fleet")?;
+    let leader = f.wait_for_leader(Duration::from_secs(15))?;
+    let followers: Vec<usize> = (0..opts.balancers).filter(|i| *i != leader).collect();
+    let path = format!("/v1/vips/{VIP}/backends/{}/weight", backend_addr(0));
+    // Weights that each move the table from the one before (they differ by at least 10%).
+    let weights = [100u32, 150, 200, 300, 120, 250];
+    let (mut from_answer, mut from_request) = (Vec::new(), Vec::new());
+    let mut last = fingerprint(&f, leader)?;
+    for k in 0..opts.changes {
+        let weight = weights[(k + 1) % weights.len()];
+        let started = Instant::now();
+        let _: ChangeResult = f
+            .api(leader)
+            .call(
+                "PUT",
+                &path,
+                Some(&WeightBody {
+                    weight: weight as i64,
+                }),
+            )
+            .map_err(|e| anyhow::anyhow!("setting the weight on lb{}: {e}", leader + 1))?;
+        let answered = Instant::now();
+        let want = fingerprint(&f, leader)?;
+        if want == last {
+            bail!("weight {weight} did not change the leader's table");
+        }
+        let mut pending = followers.clone();
+        while !pending.is_empty() {
+            if answered.elapsed() > Duration::from_secs(10) {
+                bail!(
+                    "change {k}: lb{:?} not on the leader's table {want} after 10 s",
+                    pending.iter().map(|i| i + 1).collect::<Vec<_>>()
+                );
+            }
+            let mut still = Vec::new();
+            for lb in pending {
+                if fingerprint(&f, lb)? != want {
+                    still.push(lb);
+                }
+            }
+            pending = still;
+            if !pending.is_empty() {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        let done = Instant::now();
+        from_answer.push(done.duration_since(answered).as_secs_f64() * 1e3);
+        from_request.push(done.duration_since(started).as_secs_f64() * 1e3);
+        last = want;
+    }
+    let (mut published_to_applied, mut published_to_live) = from_logs(&f, leader, opts.changes)?;
+    let mut figures = Figures::new();
+    println!(
+        "\nfleet: {} balancers, etcd {}, {} weight changes on the leader (lb{})",
+        opts.balancers,
+        match security {
+            EtcdSecurity::Plain => "plain",
+            EtcdSecurity::MutualTlsAndPassword => "TLS + client certificates + password",
+        },
+        opts.changes,
+        leader + 1
+    );
+    println!(
+        "{:<52} {:>8} {:>8} {:>8}",
+        "live on every follower's table, ms", "p50", "p99", "max"
+    );
+    for (name, samples) in [
+        ("after the leader's answer", &mut from_answer),
+        ("after the request was sent", &mut from_request),
+        (
+            "(logs) leader published -> last follower applied",
+            &mut published_to_applied,
+        ),
+        (
+            "(logs) leader published -> tables live everywhere",
+            &mut published_to_live,
+        ),
+    ] {
+        let (p50, p99, max) = (
+            percentile(samples, 50.0),
+            percentile(samples, 99.0),
+            samples.iter().copied().fold(0.0, f64::max),
+        );
+        println!("{name:<52} {p50:>8.1} {p99:>8.1} {max:>8.1}");
+        let key: String = name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        figures.insert(format!("{key}_p50_ms"), p50);
+        figures.insert(format!("{key}_p99_ms"), p99);
+        figures.insert(format!("{key}_max_ms"), max);
+    }
+    figures.insert("changes".into(), opts.changes as f64);
+    figures.insert("balancers".into(), opts.balancers as f64);
+    Ok(figures)
+}
+
+/// From the log lines' own timestamps (RFC 3339, microseconds) of the agents' "published the
+/// state epoch=E" (leader) and "applied the published state epoch=E" (followers): per change,
+/// the time from the leader's publication to the last follower's application (ms), and to the
+/// moment the last follower's new table went live (the apply's `tables_live_ms`, before the
+/// kernel's wait for readers of the old table). This leaves out the measurement's API polling
+/// and the leader's own apply; it includes the etcd transaction, the watch and the follower's
+/// table publish.
+fn from_logs(f: &Fleet, leader: usize, changes: usize) -> Result<(Vec<f64>, Vec<f64>)> {
+    let read = |lb: usize| -> Result<String> {
+        let path = f.rack.log_dir.join(format!("balancer-lb{}.log", lb + 1));
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
+    };
+    let field = |l: &str, name: &str| -> Option<f64> {
+        l.split(&format!("{name}="))
+            .nth(1)?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
+    // Per epoch: (log time, log time - applied_ms + tables_live_ms), seconds of the day.
+    let times = |text: &str, needle: &str| -> BTreeMap<u64, (f64, f64)> {
+        text.lines()
+            .filter(|l| l.contains(needle))
+            .filter_map(|l| {
+                let t = seconds_of_day(l.split_whitespace().next()?)?;
+                let epoch = field(l, "epoch")? as u64;
+                let live = match (field(l, "applied_ms"), field(l, "tables_live_ms")) {
+                    (Some(a), Some(live)) => t - a / 1e3 + live / 1e3,
+                    _ => t,
+                };
+                Some((epoch, (t, live)))
+            })
+            .collect()
+    };
+    let published = times(&read(leader)?, "published the state");
+    let mut last: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
+    for lb in (0..f.lbs.len()).filter(|i| *i != leader) {
+        for (epoch, (t, live)) in times(&read(lb)?, "applied the published state") {
+            let e = last.entry(epoch).or_insert((t, live));
+            *e = (e.0.max(t), e.1.max(live));
+        }
+    }
+    // The last `changes` epochs the leader published (the first one is its election's).
+    let (mut applied, mut live) = (Vec::new(), Vec::new());
+    for (epoch, (p, _)) in published.iter().rev().take(changes) {
+        if let Some((t, l)) = last.get(epoch) {
+            applied.push((t - p) * 1e3);
+            live.push((l - p) * 1e3);
+        }
+    }
+    Ok((applied, live))
+}
+
+/// Seconds since midnight of an RFC 3339 UTC stamp like 2026-12-01T23:17:16.712762Z.
+fn seconds_of_day(stamp: &str) -> Option<f64> {
+    let time = stamp.split('T').nth(1)?.trim_end_matches('Z');
+    let mut parts = time.split(':');
+    let (h, m, s): (f64, f64, f64) = (
+        parts.next()?.parse().ok()?,
+        parts.next()?.parse().ok()?,
+        parts.next()?.parse().ok()?,
+    );
+    Some(h * 3600.0 + m * 60.0 + s)
+}
