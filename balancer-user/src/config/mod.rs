@@ -31,7 +31,7 @@ pub use raw::{
     RawApi, RawBackend, RawConfig, RawConntrack, RawEncap, RawHealth, RawMetrics, RawPolicy,
     RawPool, RawTelemetry, RawTier, RawVip,
 };
-pub use telemetry::{TelemetryConfig, TelemetrySource};
+pub use telemetry::{ScrapeAccess, TelemetryConfig, TelemetrySource};
 pub use tiers::TierConfig;
 pub use vip::{
     BackendConfig, Discovery, Forwarding, VipConfig, check_vip_set, valid_name, validate_backend,

@@ -176,6 +176,20 @@ pub struct RawTelemetry {
     pub timeout_ms: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_body_kib: Option<i64>,
+    /// "http" (default) or "https".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<String>,
+    /// HTTPS: the CA (PEM) that signed the backends' certificates (default: the system's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca: Option<String>,
+    /// HTTPS: a client certificate and its key (PEM), for endpoints that ask for one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cert: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// A file holding a bearer token sent as `Authorization: Bearer ...` with every scrape.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bearer_token_file: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]

@@ -1,6 +1,7 @@
 //! A VIP's `telemetry` (where backend reports come from) and `policy` (how they become
 //! weights) tables.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::policy::{
@@ -33,6 +34,95 @@ pub struct TelemetryConfig {
     pub timeout: Duration,
     /// Largest page accepted.
     pub max_body: usize,
+    /// How the pages are reached: HTTP or HTTPS, certificates, a token.
+    pub access: ScrapeAccess,
+}
+
+/// How a VIP's metrics pages are fetched. A backend's certificate is checked against its
+/// address (it must hold it as an IP SAN).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ScrapeAccess {
+    pub https: bool,
+    /// The CA (PEM) of the backends' certificates; None: the system's roots.
+    pub ca: Option<PathBuf>,
+    /// A client certificate and key (PEM).
+    pub identity: Option<(PathBuf, PathBuf)>,
+    /// A file holding the bearer token of every scrape (read when the client is made).
+    pub bearer_token_file: Option<PathBuf>,
+}
+
+fn access_path(v: Option<String>, key: &str) -> Result<Option<PathBuf>, ConfigError> {
+    match v {
+        None => Ok(None),
+        Some(p) if p.starts_with('/') && !p.contains("..") => Ok(Some(PathBuf::from(p))),
+        Some(p) => Err(invalid(
+            key,
+            format!("{p:?}"),
+            "must be an absolute path without '..'",
+        )),
+    }
+}
+
+fn validate_access(raw: &RawTelemetry, label: &str) -> Result<ScrapeAccess, ConfigError> {
+    let key = |k: &str| format!("{label}.telemetry.{k}");
+    let https = match raw.scheme.as_deref().unwrap_or("http") {
+        "http" => false,
+        "https" => true,
+        other => {
+            return Err(invalid(
+                key("scheme"),
+                format!("{other:?}"),
+                "expected \"http\" or \"https\"",
+            ));
+        }
+    };
+    let ca = access_path(raw.ca.clone(), &key("ca"))?;
+    let cert = access_path(raw.cert.clone(), &key("cert"))?;
+    let tls_key = access_path(raw.key.clone(), &key("key"))?;
+    if !https {
+        for (k, v) in [("ca", &ca), ("cert", &cert), ("key", &tls_key)] {
+            if v.is_some() {
+                return Err(invalid(
+                    key(k),
+                    "(set)",
+                    "applies to scheme = \"https\" only",
+                ));
+            }
+        }
+    }
+    let identity = match (cert, tls_key) {
+        (None, None) => None,
+        (Some(c), Some(k)) => Some((c, k)),
+        (Some(_), None) => {
+            return Err(invalid(
+                key("key"),
+                "(absent)",
+                "cert needs the key of that certificate",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(invalid(
+                key("cert"),
+                "(absent)",
+                "key needs the certificate it belongs to",
+            ));
+        }
+    };
+    let bearer_token_file = access_path(raw.bearer_token_file.clone(), &key("bearer_token_file"))?;
+    let scraping = raw.source.as_deref() == Some("scrape");
+    if !scraping && (https || bearer_token_file.is_some()) {
+        return Err(invalid(
+            key("scheme"),
+            format!("{:?}", raw.scheme),
+            "scheme, ca, cert, key and bearer_token_file apply to source = \"scrape\" only",
+        ));
+    }
+    Ok(ScrapeAccess {
+        https,
+        ca,
+        identity,
+        bearer_token_file,
+    })
 }
 
 pub(super) fn validate_telemetry(
@@ -109,11 +199,13 @@ pub(super) fn validate_telemetry(
             "port and extra apply to source = \"scrape\" only",
         ));
     }
+    let access = validate_access(&raw, label)?;
     Ok(TelemetryConfig {
         source,
         interval: Duration::from_millis(interval),
         timeout: Duration::from_millis(timeout),
         max_body,
+        access,
     })
 }
 
@@ -139,6 +231,11 @@ pub(super) fn telemetry_to_raw(t: &TelemetryConfig) -> RawTelemetry {
         interval_ms: Some(t.interval.as_millis() as i64),
         timeout_ms: Some(t.timeout.as_millis() as i64),
         max_body_kib: Some((t.max_body / 1024) as i64),
+        scheme: t.access.https.then(|| "https".into()),
+        ca: (t.access.ca.as_ref()).map(|p| p.display().to_string()),
+        cert: (t.access.identity.as_ref()).map(|(c, _)| c.display().to_string()),
+        key: (t.access.identity.as_ref()).map(|(_, k)| k.display().to_string()),
+        bearer_token_file: (t.access.bearer_token_file.as_ref()).map(|p| p.display().to_string()),
     }
 }
 

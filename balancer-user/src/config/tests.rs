@@ -313,6 +313,36 @@ fn errors_name_the_key_and_the_value() {
         ),
         (
             with_vip(
+                "address = \"10.0.0.1\"\nport = 80\n[vip.telemetry]\nsource = \"scrape\"\nport = 8000\nscheme = \"ftp\"",
+            ),
+            "vip[0].telemetry.scheme = \"ftp\": expected \"http\" or \"https\"",
+        ),
+        (
+            with_vip(
+                "address = \"10.0.0.1\"\nport = 80\n[vip.telemetry]\nsource = \"scrape\"\nport = 8000\nca = \"/etc/ca.pem\"",
+            ),
+            "vip[0].telemetry.ca = (set): applies to scheme = \"https\" only",
+        ),
+        (
+            with_vip(
+                "address = \"10.0.0.1\"\nport = 80\n[vip.telemetry]\nsource = \"scrape\"\nport = 8000\nscheme = \"https\"\ncert = \"/etc/c.pem\"",
+            ),
+            "vip[0].telemetry.key = (absent)",
+        ),
+        (
+            with_vip(
+                "address = \"10.0.0.1\"\nport = 80\n[vip.telemetry]\nsource = \"push\"\nbearer_token_file = \"/etc/t\"",
+            ),
+            "apply to source = \"scrape\" only",
+        ),
+        (
+            with_vip(
+                "address = \"10.0.0.1\"\nport = 80\n[vip.telemetry]\nsource = \"scrape\"\nport = 8000\nbearer_token_file = \"token\"",
+            ),
+            "vip[0].telemetry.bearer_token_file = \"token\": must be an absolute path",
+        ),
+        (
+            with_vip(
                 "address = \"10.0.0.1\"\nport = 80\n[vip.telemetry]\nsource = \"push\"\n[vip.policy]\nkind = \"composite\"\nfloor = 1.5",
             ),
             "vip[0].policy.floor = 1.5: must be between 0 and 1",

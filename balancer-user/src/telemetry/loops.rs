@@ -12,6 +12,7 @@ use super::scrape::scrape;
 use super::signals::Signals;
 use crate::balancer::Endpoint;
 use crate::config::{TelemetryConfig, TelemetrySource};
+use crate::http_client::HttpClient;
 
 type Key = (Endpoint, Vec<IpAddr>, TelemetryConfig);
 
@@ -57,6 +58,12 @@ impl TelemetryLoops {
 async fn run<P: TelemetryPort>(daemon: Arc<P>, name: String, (vip, backends, cfg): Key) {
     let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // One pooled client for this VIP's pages (its scheme, CA, certificate and token); a
+    // setting that cannot be used fails every scrape with its reason, which status shows.
+    let client = HttpClient::with_access(&cfg.access);
+    if let Err(e) = &client {
+        tracing::error!(vip = %name, "telemetry: {e}");
+    }
     loop {
         tick.tick().await;
         let mut results = Vec::new();
@@ -65,9 +72,14 @@ async fn run<P: TelemetryPort>(daemon: Arc<P>, name: String, (vip, backends, cfg
             for backend in &backends {
                 let (backend, pages, timeout, max_body) =
                     (*backend, pages.clone(), cfg.timeout, cfg.max_body);
-                set.spawn(
-                    async move { (backend, scrape(backend, &pages, timeout, max_body).await) },
-                );
+                let client = client.clone();
+                set.spawn(async move {
+                    let result = match &client {
+                        Ok(c) => scrape(c, backend, &pages, timeout, max_body).await,
+                        Err(e) => Err(e.clone()),
+                    };
+                    (backend, result)
+                });
             }
             while let Some(done) = set.join_next().await {
                 if let Ok(result) = done {
