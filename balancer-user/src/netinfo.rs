@@ -279,155 +279,97 @@ fn probe(addr: IpAddr) {
 }
 
 mod netlink {
-    //! Minimal rtnetlink requests: one route lookup, one neighbour dump.
+    //! Two rtnetlink requests — one route lookup, one neighbour dump — built and parsed by
+    //! the maintained `netlink-packet-route` crate over a `netlink-sys` socket.
 
     use std::collections::HashMap;
     use std::io;
-    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    use std::net::IpAddr;
+
+    use netlink_packet_core::{
+        NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+    };
+    use netlink_packet_route::neighbour::{
+        NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState,
+    };
+    use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage};
+    use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+    use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 
     use crate::net::MacAddr;
-
-    const NLMSG_ERROR: u16 = 2;
-    const NLMSG_DONE: u16 = 3;
-    const NLM_F_REQUEST: u16 = 1;
-    const NLM_F_DUMP: u16 = 0x300;
-    const RTM_NEWROUTE: u16 = 24;
-    const RTM_GETROUTE: u16 = 26;
-    const RTM_NEWNEIGH: u16 = 28;
-    const RTM_GETNEIGH: u16 = 30;
-    const RTA_DST: u16 = 1;
-    const RTA_OIF: u16 = 4;
-    const RTA_GATEWAY: u16 = 5;
-    const NDA_DST: u16 = 1;
-    const NDA_LLADDR: u16 = 2;
-    /// NUD states with a usable link-layer address.
-    const NUD_USABLE: u16 = 0x02 | 0x04 | 0x08 | 0x10 | 0x40 | 0x80;
 
     pub struct Route {
         pub oif: u32,
         pub gateway: Option<IpAddr>,
     }
 
-    struct Socket(std::os::fd::OwnedFd);
-
-    impl Socket {
-        fn open() -> io::Result<Socket> {
-            use std::os::fd::FromRawFd;
-            // SAFETY: plain socket(2) call.
-            let fd = unsafe {
-                libc::socket(
-                    libc::AF_NETLINK,
-                    libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                    libc::NETLINK_ROUTE,
-                )
-            };
-            if fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: a new descriptor owned by nobody else.
-            Ok(Socket(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
-        }
-
-        fn fd(&self) -> i32 {
-            use std::os::fd::AsRawFd;
-            self.0.as_raw_fd()
-        }
-
-        /// Sends one request and collects the replies' (type, payload) until done.
-        fn request(
-            &self,
-            msg_type: u16,
-            flags: u16,
-            payload: &[u8],
-        ) -> io::Result<Vec<(u16, Vec<u8>)>> {
-            let len = 16 + payload.len();
-            let mut msg = Vec::with_capacity(len);
-            msg.extend_from_slice(&(len as u32).to_ne_bytes());
-            msg.extend_from_slice(&msg_type.to_ne_bytes());
-            msg.extend_from_slice(&(flags | NLM_F_REQUEST).to_ne_bytes());
-            msg.extend_from_slice(&1u32.to_ne_bytes()); // sequence
-            msg.extend_from_slice(&0u32.to_ne_bytes()); // port id: the kernel
-            msg.extend_from_slice(payload);
-            // SAFETY: sending an initialised buffer on our socket.
-            if unsafe { libc::send(self.fd(), msg.as_ptr().cast(), msg.len(), 0) } < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let dump = flags & NLM_F_DUMP != 0;
-            let mut out = Vec::new();
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                // SAFETY: receiving into our buffer.
-                let n = unsafe { libc::recv(self.fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-                if n < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                let mut rest = &buf[..n as usize];
-                while rest.len() >= 16 {
-                    let len = u32::from_ne_bytes(rest[0..4].try_into().unwrap()) as usize;
-                    let ty = u16::from_ne_bytes(rest[4..6].try_into().unwrap());
-                    if len < 16 || len > rest.len() {
-                        return Err(io::Error::other("truncated netlink message"));
-                    }
-                    let body = &rest[16..len];
-                    match ty {
-                        NLMSG_DONE => return Ok(out),
-                        NLMSG_ERROR => {
-                            let code = i32::from_ne_bytes(body[0..4].try_into().unwrap());
-                            if code != 0 {
-                                return Err(io::Error::from_raw_os_error(-code));
-                            }
-                            return Ok(out);
-                        }
-                        _ => out.push((ty, body.to_vec())),
-                    }
-                    rest = &rest[len.next_multiple_of(4).min(rest.len())..];
-                }
-                if !dump && !out.is_empty() {
-                    return Ok(out);
-                }
-            }
-        }
-    }
-
-    fn attributes(mut data: &[u8]) -> Vec<(u16, &[u8])> {
+    /// Sends one request and collects the answers until the kernel says it is done (a dump)
+    /// or has answered (a lookup).
+    fn request(message: RouteNetlinkMessage, dump: bool) -> io::Result<Vec<RouteNetlinkMessage>> {
+        let mut socket = Socket::new(NETLINK_ROUTE)?;
+        socket.bind_auto()?;
+        socket.connect(&SocketAddr::new(0, 0))?;
+        let mut header = NetlinkHeader::default();
+        header.flags = NLM_F_REQUEST | if dump { NLM_F_DUMP } else { 0 };
+        header.sequence_number = 1;
+        let mut request = NetlinkMessage::new(header, NetlinkPayload::from(message));
+        request.finalize();
+        let mut buf = vec![0; request.buffer_len()];
+        request.serialize(&mut buf);
+        socket.send(&buf, 0)?;
         let mut out = Vec::new();
-        while data.len() >= 4 {
-            let len = u16::from_ne_bytes([data[0], data[1]]) as usize;
-            let ty = u16::from_ne_bytes([data[2], data[3]]) & 0x3fff;
-            if len < 4 || len > data.len() {
-                break;
+        let mut answer = vec![0u8; 64 * 1024];
+        loop {
+            let n = socket.recv(&mut &mut answer[..], 0)?;
+            let mut offset = 0;
+            while offset < n {
+                let message =
+                    NetlinkMessage::<RouteNetlinkMessage>::deserialize(&answer[offset..n])
+                        .map_err(|e| {
+                            io::Error::other(format!("an rtnetlink answer did not parse: {e}"))
+                        })?;
+                let len = message.header.length as usize;
+                match message.payload {
+                    NetlinkPayload::Done(_) => return Ok(out),
+                    NetlinkPayload::Error(e) if e.code.is_some() => return Err(e.to_io()),
+                    NetlinkPayload::Error(_) => return Ok(out),
+                    NetlinkPayload::InnerMessage(m) => out.push(m),
+                    _ => {}
+                }
+                if len == 0 {
+                    break;
+                }
+                offset += len.next_multiple_of(4);
             }
-            out.push((ty, &data[4..len]));
-            data = &data[len.next_multiple_of(4).min(data.len())..];
+            if !dump && !out.is_empty() {
+                return Ok(out);
+            }
         }
-        out
     }
 
-    fn ip_from(bytes: &[u8]) -> Option<IpAddr> {
-        match bytes.len() {
-            4 => Some(IpAddr::V4(Ipv4Addr::new(
-                bytes[0], bytes[1], bytes[2], bytes[3],
-            ))),
-            16 => Some(IpAddr::V6(Ipv6Addr::from(
-                <[u8; 16]>::try_from(bytes).ok()?,
-            ))),
+    fn ip_of(address: &RouteAddress) -> Option<IpAddr> {
+        match address {
+            RouteAddress::Inet(a) => Some(IpAddr::V4(*a)),
+            RouteAddress::Inet6(a) => Some(IpAddr::V6(*a)),
             _ => None,
         }
     }
 
     /// `ip route get ADDR`: the output interface and gateway, if a route exists.
     pub fn route_to(addr: IpAddr) -> io::Result<Option<Route>> {
-        let (family, bits, bytes): (u8, u8, Vec<u8>) = match addr {
-            IpAddr::V4(a) => (libc::AF_INET as u8, 32, a.octets().to_vec()),
-            IpAddr::V6(a) => (libc::AF_INET6 as u8, 128, a.octets().to_vec()),
+        let mut message = RouteMessage::default();
+        (
+            message.header.address_family,
+            message.header.destination_prefix_length,
+        ) = match addr {
+            IpAddr::V4(_) => (AddressFamily::Inet, 32),
+            IpAddr::V6(_) => (AddressFamily::Inet6, 128),
         };
-        let mut payload = vec![family, bits, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-        let attr_len = 4 + bytes.len();
-        payload.extend_from_slice(&(attr_len as u16).to_ne_bytes());
-        payload.extend_from_slice(&RTA_DST.to_ne_bytes());
-        payload.extend_from_slice(&bytes);
-        let replies = match Socket::open()?.request(RTM_GETROUTE, 0, &payload) {
-            Ok(r) => r,
+        message
+            .attributes
+            .push(RouteAttribute::Destination(RouteAddress::from(addr)));
+        let answers = match request(RouteNetlinkMessage::GetRoute(message), false) {
+            Ok(a) => a,
             Err(e)
                 if matches!(
                     e.raw_os_error(),
@@ -438,49 +380,63 @@ mod netlink {
             }
             Err(e) => return Err(e),
         };
-        for (ty, body) in replies {
-            if ty != RTM_NEWROUTE || body.len() < 12 {
+        for answer in answers {
+            let RouteNetlinkMessage::NewRoute(route) = answer else {
                 continue;
-            }
-            let mut route = Route {
+            };
+            let mut found = Route {
                 oif: 0,
                 gateway: None,
             };
-            for (attr, value) in attributes(&body[12..]) {
-                match attr {
-                    RTA_OIF if value.len() == 4 => {
-                        route.oif = u32::from_ne_bytes(value.try_into().unwrap());
-                    }
-                    RTA_GATEWAY => route.gateway = ip_from(value),
+            for attribute in &route.attributes {
+                match attribute {
+                    RouteAttribute::Oif(oif) => found.oif = *oif,
+                    RouteAttribute::Gateway(g) => found.gateway = ip_of(g),
                     _ => {}
                 }
             }
-            return Ok(Some(route));
+            return Ok(Some(found));
         }
         Ok(None)
     }
 
+    /// Neighbour states with a usable link-layer address.
+    fn usable(state: NeighbourState) -> bool {
+        matches!(
+            state,
+            NeighbourState::Reachable
+                | NeighbourState::Stale
+                | NeighbourState::Delay
+                | NeighbourState::Probe
+                | NeighbourState::Noarp
+                | NeighbourState::Permanent
+        )
+    }
+
     /// The usable neighbour entries of an interface: address -> MAC.
     pub fn neighbours(ifindex: u32) -> io::Result<HashMap<IpAddr, MacAddr>> {
-        let mut payload = vec![0u8; 12];
-        payload[4..8].copy_from_slice(&(ifindex as i32).to_ne_bytes());
+        let mut message = NeighbourMessage::default();
+        message.header.ifindex = ifindex;
         let mut out = HashMap::new();
-        for (ty, body) in Socket::open()?.request(RTM_GETNEIGH, NLM_F_DUMP, &payload)? {
-            if ty != RTM_NEWNEIGH || body.len() < 12 {
+        for answer in request(RouteNetlinkMessage::GetNeighbour(message), true)? {
+            let RouteNetlinkMessage::NewNeighbour(entry) = answer else {
                 continue;
-            }
-            let index = i32::from_ne_bytes(body[4..8].try_into().unwrap());
-            let state = u16::from_ne_bytes([body[8], body[9]]);
-            if index as u32 != ifindex || state & NUD_USABLE == 0 {
+            };
+            if entry.header.ifindex != ifindex || !usable(entry.header.state) {
                 continue;
             }
             let mut dst = None;
             let mut mac = None;
-            for (attr, value) in attributes(&body[12..]) {
-                match attr {
-                    NDA_DST => dst = ip_from(value),
-                    NDA_LLADDR if value.len() == 6 => {
-                        mac = Some(MacAddr(value.try_into().unwrap()));
+            for attribute in &entry.attributes {
+                match attribute {
+                    NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => {
+                        dst = Some(IpAddr::V4(*a))
+                    }
+                    NeighbourAttribute::Destination(NeighbourAddress::Inet6(a)) => {
+                        dst = Some(IpAddr::V6(*a))
+                    }
+                    NeighbourAttribute::LinkLayerAddress(l) if l.len() == 6 => {
+                        mac = <[u8; 6]>::try_from(l.as_slice()).ok().map(MacAddr);
                     }
                     _ => {}
                 }
@@ -508,6 +464,43 @@ mod tests {
     fn a_missing_interface_is_a_clear_error() {
         let err = Interface::by_name("nosuchif0").unwrap_err();
         assert!(err.to_string().contains("nosuchif0"), "{err}");
+    }
+
+    #[test]
+    fn the_neighbour_dump_matches_ip_neigh() {
+        // Every interface's usable entries, as iproute2 reads them.
+        let out = std::process::Command::new("ip")
+            .args(["-j", "neigh", "show", "nud", "all"])
+            .output()
+            .expect("ip (iproute2) runs");
+        let entries: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+        let usable = ["REACHABLE", "STALE", "DELAY", "PROBE", "NOARP", "PERMANENT"];
+        let mut devices: Vec<String> = entries
+            .iter()
+            .filter_map(|e| e["dev"].as_str().map(str::to_string))
+            .collect();
+        devices.push("lo".into());
+        devices.sort();
+        devices.dedup();
+        for dev in devices {
+            let index = Interface::by_name(&dev).unwrap().index;
+            let ours = netlink::neighbours(index).unwrap();
+            let theirs: HashMap<IpAddr, MacAddr> = entries
+                .iter()
+                .filter(|e| e["dev"] == dev.as_str())
+                .filter(|e| {
+                    (e["state"].as_array()).is_some_and(|s| {
+                        s.iter().any(|s| usable.contains(&s.as_str().unwrap_or("")))
+                    })
+                })
+                .filter_map(|e| {
+                    let dst = e["dst"].as_str()?.parse().ok()?;
+                    let mac: MacAddr = e["lladdr"].as_str()?.parse().ok()?;
+                    Some((dst, mac))
+                })
+                .collect();
+            assert_eq!(ours, theirs, "{dev}");
+        }
     }
 
     #[test]
