@@ -59,3 +59,47 @@ pub(super) fn float_in(value: f64, min: f64, max: f64, key: &str) -> Result<f64,
     }
     Ok(value)
 }
+
+/// An absolute path (a certificate, a key, a token file).
+pub(super) fn absolute_path(value: String, key: &str) -> Result<std::path::PathBuf, ConfigError> {
+    if value.starts_with('/') && !value.contains("..") {
+        Ok(value.into())
+    } else {
+        Err(invalid(
+            key,
+            format!("{value:?}"),
+            "must be an absolute path without '..'",
+        ))
+    }
+}
+
+/// [`absolute_path`] of an optional value.
+pub(super) fn optional_path(
+    value: Option<String>,
+    key: &str,
+) -> Result<Option<std::path::PathBuf>, ConfigError> {
+    value.map(|v| absolute_path(v, key)).transpose()
+}
+
+/// A certificate and its key, both or neither (`cert_key`, `key_key`: their config keys).
+pub(super) fn cert_and_key(
+    cert: Option<std::path::PathBuf>,
+    key: Option<std::path::PathBuf>,
+    cert_key: &str,
+    key_key: &str,
+) -> Result<Option<(std::path::PathBuf, std::path::PathBuf)>, ConfigError> {
+    match (cert, key) {
+        (None, None) => Ok(None),
+        (Some(c), Some(k)) => Ok(Some((c, k))),
+        (Some(_), None) => Err(invalid(
+            key_key,
+            "(absent)",
+            format!("{cert_key} needs the key of that certificate"),
+        )),
+        (None, Some(_)) => Err(invalid(
+            cert_key,
+            "(absent)",
+            format!("{key_key} needs the certificate it belongs to"),
+        )),
+    }
+}

@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::fields::{absolute_path, cert_and_key, optional_path};
 use super::{ConfigError, invalid};
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -250,18 +251,6 @@ pub fn validate_fleet(raw: RawFleet) -> Result<Option<FleetConfig>, ConfigError>
     }))
 }
 
-fn absolute_path(p: String, key: &str) -> Result<PathBuf, ConfigError> {
-    if p.starts_with('/') && !p.contains("..") {
-        Ok(PathBuf::from(p))
-    } else {
-        Err(invalid(
-            key,
-            format!("{p:?}"),
-            "must be an absolute path without '..'",
-        ))
-    }
-}
-
 fn validate_tls(
     ca: Option<String>,
     cert: Option<String>,
@@ -284,27 +273,12 @@ fn validate_tls(
         }
         return Ok(None);
     };
-    let identity = match (cert, key) {
-        (None, None) => None,
-        (Some(c), Some(k)) => Some((
-            absolute_path(c, "fleet.cert")?,
-            absolute_path(k, "fleet.key")?,
-        )),
-        (Some(_), None) => {
-            return Err(invalid(
-                "fleet.key",
-                "(absent)",
-                "fleet.cert needs the key of that certificate",
-            ));
-        }
-        (None, Some(_)) => {
-            return Err(invalid(
-                "fleet.cert",
-                "(absent)",
-                "fleet.key needs the certificate it belongs to",
-            ));
-        }
-    };
+    let identity = cert_and_key(
+        optional_path(cert, "fleet.cert")?,
+        optional_path(key, "fleet.key")?,
+        "fleet.cert",
+        "fleet.key",
+    )?;
     if let Some(name) = &server_name
         && (name.is_empty()
             || name.len() > 253

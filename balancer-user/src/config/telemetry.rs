@@ -9,7 +9,7 @@ use crate::policy::{
 };
 
 use super::error::{ConfigError, invalid};
-use super::fields::{float_in, int_in, required};
+use super::fields::{cert_and_key, float_in, int_in, optional_path, required};
 use super::raw::{RawPolicy, RawTelemetry};
 
 /// Where a VIP's backends report their load.
@@ -51,18 +51,6 @@ pub struct ScrapeAccess {
     pub bearer_token_file: Option<PathBuf>,
 }
 
-fn access_path(v: Option<String>, key: &str) -> Result<Option<PathBuf>, ConfigError> {
-    match v {
-        None => Ok(None),
-        Some(p) if p.starts_with('/') && !p.contains("..") => Ok(Some(PathBuf::from(p))),
-        Some(p) => Err(invalid(
-            key,
-            format!("{p:?}"),
-            "must be an absolute path without '..'",
-        )),
-    }
-}
-
 fn validate_access(raw: &RawTelemetry, label: &str) -> Result<ScrapeAccess, ConfigError> {
     let key = |k: &str| format!("{label}.telemetry.{k}");
     let https = match raw.scheme.as_deref().unwrap_or("http") {
@@ -76,9 +64,9 @@ fn validate_access(raw: &RawTelemetry, label: &str) -> Result<ScrapeAccess, Conf
             ));
         }
     };
-    let ca = access_path(raw.ca.clone(), &key("ca"))?;
-    let cert = access_path(raw.cert.clone(), &key("cert"))?;
-    let tls_key = access_path(raw.key.clone(), &key("key"))?;
+    let ca = optional_path(raw.ca.clone(), &key("ca"))?;
+    let cert = optional_path(raw.cert.clone(), &key("cert"))?;
+    let tls_key = optional_path(raw.key.clone(), &key("key"))?;
     if !https {
         for (k, v) in [("ca", &ca), ("cert", &cert), ("key", &tls_key)] {
             if v.is_some() {
@@ -90,25 +78,9 @@ fn validate_access(raw: &RawTelemetry, label: &str) -> Result<ScrapeAccess, Conf
             }
         }
     }
-    let identity = match (cert, tls_key) {
-        (None, None) => None,
-        (Some(c), Some(k)) => Some((c, k)),
-        (Some(_), None) => {
-            return Err(invalid(
-                key("key"),
-                "(absent)",
-                "cert needs the key of that certificate",
-            ));
-        }
-        (None, Some(_)) => {
-            return Err(invalid(
-                key("cert"),
-                "(absent)",
-                "key needs the certificate it belongs to",
-            ));
-        }
-    };
-    let bearer_token_file = access_path(raw.bearer_token_file.clone(), &key("bearer_token_file"))?;
+    let identity = cert_and_key(cert, tls_key, &key("cert"), &key("key"))?;
+    let bearer_token_file =
+        optional_path(raw.bearer_token_file.clone(), &key("bearer_token_file"))?;
     let scraping = raw.source.as_deref() == Some("scrape");
     if !scraping && (https || bearer_token_file.is_some()) {
         return Err(invalid(
