@@ -38,7 +38,7 @@ pub use vip::{
     validate_vip,
 };
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -240,7 +240,11 @@ impl Config {
                 .metrics
                 .listen
                 .as_deref()
-                .map(|l| parse_socket_addr(l, "metrics.listen"))
+                .map(|l| match l.parse::<u16>() {
+                    // A port alone listens on loopback: the page is unauthenticated.
+                    Ok(port) if port > 0 => Ok(SocketAddr::from(([127, 0, 0, 1], port))),
+                    _ => parse_socket_addr(l, "metrics.listen"),
+                })
                 .transpose()?,
         };
 

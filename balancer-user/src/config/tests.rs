@@ -564,3 +564,25 @@ fn the_configuration_reference_lists_every_key_with_the_codes_default() {
         problems.join("\n")
     );
 }
+
+#[test]
+fn a_metrics_port_alone_listens_on_loopback() {
+    let with = |listen: &str| {
+        let mut raw = RawConfig {
+            interface: Some("eth0".into()),
+            ..RawConfig::default()
+        };
+        raw.metrics.listen = Some(listen.into());
+        Config::from_raw(raw)
+    };
+    assert_eq!(
+        with("9181").unwrap().metrics.listen,
+        Some("127.0.0.1:9181".parse().unwrap())
+    );
+    assert_eq!(
+        with("0.0.0.0:9181").unwrap().metrics.listen,
+        Some("0.0.0.0:9181".parse().unwrap())
+    );
+    let e = with("0").unwrap_err().to_string();
+    assert!(e.contains("metrics.listen"), "{e}");
+}
