@@ -161,13 +161,6 @@ impl EtcdStore {
             };
             return StoreError::Tls(format!("{call} to {endpoints}: {hint}: {text}"));
         }
-        if tls.is_none()
-            && (lower.contains("frame with invalid size") || lower.contains("h2 protocol error"))
-        {
-            return StoreError::Tls(format!(
-                "{call} to {endpoints}: etcd seems to want TLS (set fleet.ca): {text}"
-            ));
-        }
         if lower.contains("authentication failed")
             || lower.contains("invalid auth token")
             || lower.contains("permission denied")
@@ -241,15 +234,6 @@ impl FleetStore for EtcdStore {
             kv: answer.kvs().first().map(key_value),
             revision: answer.header().map_or(0, |h| h.revision()),
         })
-    }
-
-    async fn put(&self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
-        let (key, value) = (key.to_vec(), value.to_vec());
-        self.call("put", |mut c| async move {
-            c.put(key, value, None::<PutOptions>).await
-        })
-        .await
-        .map(|_| ())
     }
 
     async fn grant(&self, ttl_secs: u64) -> Result<i64, StoreError> {

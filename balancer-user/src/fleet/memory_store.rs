@@ -149,12 +149,6 @@ impl FleetStore for MemoryStore {
         })
     }
 
-    async fn put(&self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
-        let mut inner = self.up()?;
-        write(&mut inner, key, value, 0);
-        Ok(())
-    }
-
     async fn grant(&self, ttl_secs: u64) -> Result<i64, StoreError> {
         let mut inner = self.up()?;
         inner.next_lease += 1;

@@ -92,8 +92,6 @@ impl Watch {
 pub trait FleetStore: Send + Sync + 'static {
     fn get(&self, key: &[u8]) -> impl Future<Output = Result<Read, StoreError>> + Send;
 
-    fn put(&self, key: &[u8], value: &[u8]) -> impl Future<Output = Result<(), StoreError>> + Send;
-
     /// A lease of `ttl_secs` seconds; its id.
     fn grant(&self, ttl_secs: u64) -> impl Future<Output = Result<i64, StoreError>> + Send;
 
@@ -133,10 +131,6 @@ pub trait FleetStore: Send + Sync + 'static {
 impl<S: FleetStore> FleetStore for std::sync::Arc<S> {
     fn get(&self, key: &[u8]) -> impl Future<Output = Result<Read, StoreError>> + Send {
         (**self).get(key)
-    }
-
-    fn put(&self, key: &[u8], value: &[u8]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        (**self).put(key, value)
     }
 
     fn grant(&self, ttl_secs: u64) -> impl Future<Output = Result<i64, StoreError>> + Send {

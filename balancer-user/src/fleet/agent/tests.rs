@@ -97,9 +97,6 @@ impl FleetStore for Gated {
     async fn get(&self, key: &[u8]) -> Result<Read, StoreError> {
         self.inner.get(key).await
     }
-    async fn put(&self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
-        self.inner.put(key, value).await
-    }
     async fn grant(&self, ttl_secs: u64) -> Result<i64, StoreError> {
         self.inner.grant(ttl_secs).await
     }
