@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use tokio::task::JoinSet;
 
-use crate::config::Discovery;
-use crate::telemetry::{exposition, scrape::http_get};
+use crate::config::{Discovery, ScrapeAccess};
+use crate::http_client::{AccessNames, HttpClient};
+use crate::telemetry::exposition;
 
 /// Largest answer read.
 const MAX_BODY: usize = 1 << 20;
@@ -51,8 +52,9 @@ pub fn models_of_page(page: &str) -> Result<Vec<String>, String> {
     Ok(models)
 }
 
-/// Asks one backend which models it serves.
+/// Asks one backend which models it serves, through `client` (plain or HTTPS, with its token).
 pub async fn discover(
+    client: &HttpClient,
     backend: IpAddr,
     how: &Discovery,
     timeout: Duration,
@@ -60,24 +62,37 @@ pub async fn discover(
     match how {
         Discovery::None => Ok(Vec::new()),
         Discovery::Models { port, path } => {
-            let body = http_get(SocketAddr::new(backend, *port), path, timeout, MAX_BODY).await?;
+            let body = client
+                .get(SocketAddr::new(backend, *port), path, timeout, MAX_BODY)
+                .await?;
             parse_models(&body)
                 .map_err(|e| format!("{}{path}: {e}", SocketAddr::new(backend, *port)))
         }
         Discovery::Metrics { port, path } => {
-            let body = http_get(SocketAddr::new(backend, *port), path, timeout, MAX_BODY).await?;
+            let body = client
+                .get(SocketAddr::new(backend, *port), path, timeout, MAX_BODY)
+                .await?;
             models_of_page(&body)
                 .map_err(|e| format!("{}{path}: {e}", SocketAddr::new(backend, *port)))
         }
     }
 }
 
-type Key = (Vec<IpAddr>, Discovery, Duration);
+/// What one pool's discovery task does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolDiscovery {
+    pub backends: Vec<IpAddr>,
+    pub how: Discovery,
+    /// Between rounds.
+    pub interval: Duration,
+    /// How the backends are reached.
+    pub access: ScrapeAccess,
+}
 
 /// The daemon as model discovery reaches it. (Implemented by the daemon.)
 pub trait DiscoveryPort: Send + Sync + 'static {
-    /// The pools that discover their models: (pool name, backends, how, interval).
-    fn discovery_targets(&self) -> Vec<(String, Vec<IpAddr>, Discovery, Duration)>;
+    /// The pools that discover their models, by name.
+    fn discovery_targets(&self) -> Vec<(String, PoolDiscovery)>;
     /// Records one round's results; blocking (it may rebuild tables).
     fn record_models(&self, pool: &str, results: Vec<(IpAddr, Result<Vec<String>, String>)>);
 }
@@ -85,19 +100,16 @@ pub trait DiscoveryPort: Send + Sync + 'static {
 /// The running discovery tasks, by pool name.
 #[derive(Default)]
 pub struct DiscoveryLoops {
-    tasks: crate::tasks::Tasks<String, Key>,
+    tasks: crate::tasks::Tasks<String, PoolDiscovery>,
 }
 
 impl DiscoveryLoops {
     /// Brings the tasks in line with the daemon's pools.
     pub fn reconcile<P: DiscoveryPort>(&mut self, daemon: &Arc<P>) {
-        let targets: HashMap<String, Key> = daemon
-            .discovery_targets()
-            .into_iter()
-            .map(|(pool, backends, how, interval)| (pool, (backends, how, interval)))
-            .collect();
-        self.tasks.reconcile(targets, |name, key| {
-            tokio::spawn(run(daemon.clone(), name.clone(), key.clone()))
+        let targets: HashMap<String, PoolDiscovery> =
+            daemon.discovery_targets().into_iter().collect();
+        self.tasks.reconcile(targets, |name, target| {
+            tokio::spawn(run(daemon.clone(), name.clone(), target.clone()))
         });
     }
 
@@ -106,16 +118,25 @@ impl DiscoveryLoops {
     }
 }
 
-async fn run<P: DiscoveryPort>(daemon: Arc<P>, pool: String, (backends, how, interval): Key) {
-    let mut tick = tokio::time::interval(interval);
+async fn run<P: DiscoveryPort>(daemon: Arc<P>, pool: String, target: PoolDiscovery) {
+    let mut tick = tokio::time::interval(target.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let timeout = interval.min(Duration::from_secs(2));
+    let timeout = target.interval.min(Duration::from_secs(2));
+    // One client per pool (keep-alive to each backend); its files are read once, and an
+    // unusable one fails every round (each backend keeps what was known, and it is logged).
+    let client = HttpClient::with_access(&target.access, &AccessNames::POOL);
     loop {
         tick.tick().await;
         let mut set = JoinSet::new();
-        for backend in &backends {
-            let (backend, how) = (*backend, how.clone());
-            set.spawn(async move { (backend, discover(backend, &how, timeout).await) });
+        for backend in &target.backends {
+            let (backend, how, client) = (*backend, target.how.clone(), client.clone());
+            set.spawn(async move {
+                let result = match client {
+                    Ok(client) => discover(&client, backend, &how, timeout).await,
+                    Err(e) => Err(e),
+                };
+                (backend, result)
+            });
         }
         let mut results = Vec::new();
         while let Some(done) = set.join_next().await {
@@ -149,5 +170,53 @@ mod tests {
         assert!(parse_models("<html>").unwrap_err().contains("not JSON"));
         let page = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\",model_name=\"llama-3-8b\"} 1\nvllm:num_requests_running{engine=\"1\",model_name=\"llama-3-8b\"} 0\n";
         assert_eq!(models_of_page(page).unwrap(), vec!["llama-3-8b"]);
+    }
+
+    /// Discovery over HTTPS behind a token, as a gateway in front of vLLM serves it.
+    #[tokio::test]
+    async fn models_are_discovered_over_https_with_the_pools_token() {
+        use crate::tls::test_pki::{Pki, write};
+        let pki = Pki::new("discovery");
+        let (cert, key) = pki.leaf("127.0.0.1", false);
+        let files = crate::config::ApiTls {
+            cert: write(&pki.dir, "server.pem", &cert),
+            key: write(&pki.dir, "server-key.pem", &key),
+            client_ca: None,
+        };
+        let token = "discovery-token-0123";
+        let app = crate::api::server::token_guard(
+            axum::Router::new().route(
+                "/v1/models",
+                axum::routing::get(|| async {
+                    axum::Json(serde_json::json!({"object": "list", "data": [{"id": "tiny"}]}))
+                }),
+            ),
+            token.into(),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let config = crate::api::listener::server_config(&files).unwrap();
+        tokio::spawn(crate::api::listener::serve_tls(listener, config, app));
+        let access = |token_file: Option<std::path::PathBuf>| ScrapeAccess {
+            https: true,
+            ca: Some(write(&pki.dir, "ca.pem", &pki.ca_pem)),
+            identity: None,
+            bearer_token_file: token_file,
+        };
+        let how = Discovery::Models {
+            port: addr.port(),
+            path: "/v1/models".into(),
+        };
+        let t = Duration::from_secs(2);
+        let with_token = access(Some(write(&pki.dir, "token", token)));
+        let client = HttpClient::with_access(&with_token, &AccessNames::POOL).unwrap();
+        assert_eq!(
+            discover(&client, addr.ip(), &how, t).await.unwrap(),
+            vec!["tiny"]
+        );
+        let client = HttpClient::with_access(&access(None), &AccessNames::POOL).unwrap();
+        let err = discover(&client, addr.ip(), &how, t).await.unwrap_err();
+        assert!(err.contains("set pool.bearer_token_file"), "{err}");
+        let _ = std::fs::remove_dir_all(&pki.dir);
     }
 }

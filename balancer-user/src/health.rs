@@ -1,69 +1,64 @@
-//! Backend health checks: a task per checked backend probes it (TCP connect, or HTTP GET with
-//! an expected status) every interval; `fall` consecutive failures make it unhealthy (it leaves
+//! Backend health checks: a task per checked backend probes it (TCP connect, or HTTP(S) GET
+//! with an expected status, through the shared HTTP client) every interval; `fall` consecutive failures make it unhealthy (it leaves
 //! its VIP's table and its flows are re-hashed), `rise` consecutive successes bring it back.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::balancer::Endpoint;
 use crate::config::{HealthCheckKind, HealthConfig};
+use crate::http_client::HttpClient;
 
-/// One probe of `addr`; `Err` says why it failed.
-pub async fn probe(addr: SocketAddr, check: &HealthConfig) -> Result<(), String> {
-    let attempt = async {
-        let mut stream = TcpStream::connect(addr)
-            .await
-            .map_err(|e| format!("connect: {e}"))?;
-        let HealthCheckKind::Http {
-            path,
-            expect_status,
-        } = &check.kind
-        else {
-            return Ok(());
+/// How one backend is probed: the check, and for HTTP(S) checks the client (made once per
+/// checker; it opens a new connection per probe).
+pub struct Prober {
+    check: HealthConfig,
+    http: Option<Result<HttpClient, String>>,
+}
+
+impl Prober {
+    pub fn new(check: &HealthConfig) -> Prober {
+        let http = match &check.kind {
+            HealthCheckKind::Http { tls, .. } => Some(HttpClient::for_health(
+                tls.is_some(),
+                tls.as_ref().and_then(|t| t.ca.as_deref()),
+            )),
+            _ => None,
         };
-        let host = match addr.ip() {
-            IpAddr::V4(a) => a.to_string(),
-            IpAddr::V6(a) => format!("[{a}]"),
-        };
-        let request = format!(
-            "GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: balancer-health-check\r\nConnection: close\r\n\r\n"
-        );
-        stream
-            .write_all(request.as_bytes())
-            .await
-            .map_err(|e| format!("send: {e}"))?;
-        let mut head = Vec::with_capacity(256);
-        let mut buf = [0u8; 256];
-        while !head.contains(&b'\n') && head.len() < 4096 {
-            let n = stream
-                .read(&mut buf)
-                .await
-                .map_err(|e| format!("read: {e}"))?;
-            if n == 0 {
-                break;
+        Prober {
+            check: check.clone(),
+            http,
+        }
+    }
+
+    /// One probe of `addr`; `Err` says why it failed.
+    pub async fn probe(&self, addr: SocketAddr) -> Result<(), String> {
+        let check = &self.check;
+        match (&check.kind, &self.http) {
+            (
+                HealthCheckKind::Http {
+                    path,
+                    expect_status,
+                    ..
+                },
+                Some(client),
+            ) => {
+                let client = client.as_ref().map_err(Clone::clone)?;
+                match client.status(addr, path, check.timeout).await? {
+                    s if s == *expect_status => Ok(()),
+                    s => Err(format!("status {s}, expected {expect_status}")),
+                }
             }
-            head.extend_from_slice(&buf[..n]);
+            _ => tokio::time::timeout(check.timeout, TcpStream::connect(addr))
+                .await
+                .map_err(|_| format!("no answer within {:?}", check.timeout))?
+                .map(drop)
+                .map_err(|e| format!("connect: {e}")),
         }
-        let line = String::from_utf8_lossy(&head);
-        let status: Option<u16> = line
-            .lines()
-            .next()
-            .filter(|l| l.starts_with("HTTP/"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|c| c.parse().ok());
-        match status {
-            Some(s) if s == *expect_status => Ok(()),
-            Some(s) => Err(format!("status {s}, expected {expect_status}")),
-            None => Err("no HTTP status line".to_string()),
-        }
-    };
-    tokio::time::timeout(check.timeout, attempt)
-        .await
-        .map_err(|_| format!("no answer within {:?}", check.timeout))?
+    }
 }
 
 /// The daemon as the health checks reach it: the checks to run, what it believes of a
@@ -115,6 +110,7 @@ impl HealthChecks {
 async fn check_loop<P: HealthPort>(daemon: Arc<P>, vip: Endpoint, backend: IpAddr, target: Target) {
     let check = target.check;
     let addr = SocketAddr::new(backend, check.port);
+    let prober = Prober::new(&check);
     // Start from what the balancer believes (a restarted daemon keeps its verdicts).
     let mut healthy = daemon
         .believed_healthy(&target.vip_name, backend)
@@ -130,7 +126,7 @@ async fn check_loop<P: HealthPort>(daemon: Arc<P>, vip: Endpoint, backend: IpAdd
     ) % 100;
     tokio::time::sleep(check.interval.mul_f64(jitter as f64 / 100.0)).await;
     loop {
-        let result = probe(addr, &check).await;
+        let result = prober.probe(addr).await;
         let outcome = if result.is_ok() { "success" } else { "failure" };
         daemon.count_probe(&target.vip_name, backend, outcome);
         match &result {
@@ -168,5 +164,119 @@ async fn check_loop<P: HealthPort>(daemon: Arc<P>, vip: Endpoint, backend: IpAdd
             .await;
         }
         tokio::time::sleep(check.interval).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::HealthTls;
+    use crate::tls::test_pki::{Pki, write};
+
+    fn http_check(expect_status: u16, tls: Option<HealthTls>) -> HealthConfig {
+        HealthConfig {
+            kind: HealthCheckKind::Http {
+                path: "/health".into(),
+                expect_status,
+                tls,
+            },
+            port: 0,
+            interval: std::time::Duration::from_millis(200),
+            timeout: std::time::Duration::from_secs(2),
+            rise: 1,
+            fall: 1,
+        }
+    }
+
+    /// HTTP and HTTPS checks against servers made here: the status is compared, the
+    /// certificate is verified against `health.ca`, and a refused connection is a failure.
+    #[tokio::test]
+    async fn http_and_https_checks_compare_the_status_and_verify_the_certificate() {
+        let pki = Pki::new("health");
+        let other = Pki::new("health-other");
+        let (cert, key) = pki.leaf("127.0.0.1", false);
+        let files = crate::config::ApiTls {
+            cert: write(&pki.dir, "server.pem", &cert),
+            key: write(&pki.dir, "server-key.pem", &key),
+            client_ca: None,
+        };
+        let ca = write(&pki.dir, "ca.pem", &pki.ca_pem);
+        let other_ca = write(&pki.dir, "other-ca.pem", &other.ca_pem);
+        let _ = std::fs::remove_dir_all(&other.dir);
+        let app = axum::Router::new().route("/health", axum::routing::get(|| async { "ok" }));
+        let tls_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let tls_addr = tls_listener.local_addr().unwrap();
+        let server_config = crate::api::listener::server_config(&files).unwrap();
+        tokio::spawn(crate::api::listener::serve_tls(
+            tls_listener,
+            server_config,
+            app.clone(),
+        ));
+        let plain_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let plain_addr = plain_listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(plain_listener, app).await });
+
+        let https = |ca: &std::path::Path| {
+            http_check(
+                200,
+                Some(HealthTls {
+                    ca: Some(ca.to_path_buf()),
+                }),
+            )
+        };
+        Prober::new(&http_check(200, None))
+            .probe(plain_addr)
+            .await
+            .unwrap();
+        let wrong_status = Prober::new(&http_check(204, None))
+            .probe(plain_addr)
+            .await
+            .unwrap_err();
+        assert_eq!(wrong_status, "status 200, expected 204");
+        Prober::new(&https(&ca)).probe(tls_addr).await.unwrap();
+        // The connection is not kept: each probe shows the backend accepts.
+        Prober::new(&https(&ca)).probe(tls_addr).await.unwrap();
+        let untrusted = Prober::new(&https(&other_ca))
+            .probe(tls_addr)
+            .await
+            .unwrap_err();
+        assert!(untrusted.contains("certificate"), "{untrusted}");
+        let missing = Prober::new(&https(&pki.dir.join("none.pem")))
+            .probe(tls_addr)
+            .await
+            .unwrap_err();
+        assert!(
+            missing.contains("health.ca") && missing.contains("none.pem"),
+            "{missing}"
+        );
+        assert!(
+            Prober::new(&http_check(200, None))
+                .probe(tls_addr)
+                .await
+                .is_err()
+        );
+        // Nothing listens on the port of a dropped listener.
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let refused = Prober::new(&http_check(200, None))
+            .probe(closed)
+            .await
+            .unwrap_err();
+        assert!(refused.contains("onnect"), "{refused}");
+        let tcp = HealthConfig {
+            kind: HealthCheckKind::Tcp,
+            ..http_check(200, None)
+        };
+        Prober::new(&tcp).probe(plain_addr).await.unwrap();
+        assert!(
+            Prober::new(&tcp)
+                .probe(closed)
+                .await
+                .unwrap_err()
+                .contains("connect")
+        );
+        let _ = std::fs::remove_dir_all(&pki.dir);
     }
 }

@@ -7,13 +7,39 @@
 //! timeouts, decompression and TLS in one maintained crate.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::path::Path;
 use std::time::Duration;
 
-use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-
 use crate::config::ScrapeAccess;
+use crate::tls;
+
+/// The names of the settings a client was made from, for error messages.
+#[derive(Clone, Copy, Debug)]
+pub struct AccessNames {
+    pub tls: tls::Settings,
+    pub token: &'static str,
+}
+
+impl AccessNames {
+    /// A VIP's `telemetry` (scrapes).
+    pub const TELEMETRY: AccessNames = AccessNames {
+        tls: tls::Settings {
+            ca: "telemetry.ca",
+            cert: "telemetry.cert",
+            key: "telemetry.key",
+        },
+        token: "telemetry.bearer_token_file",
+    };
+    /// A `[[pool]]` (model discovery).
+    pub const POOL: AccessNames = AccessNames {
+        tls: tls::Settings {
+            ca: "pool.ca",
+            cert: "pool.cert",
+            key: "pool.key",
+        },
+        token: "pool.bearer_token_file",
+    };
+}
 
 /// A pooled client for GETs of small pages (metrics, model lists).
 #[derive(Clone, Debug)]
@@ -22,32 +48,32 @@ pub struct HttpClient {
     scheme: &'static str,
     /// `Bearer <token>`, when a token file is set.
     authorization: Option<String>,
+    /// The token's setting, named when a page wants credentials.
+    token_setting: &'static str,
 }
 
 impl HttpClient {
     /// A plain-HTTP client.
     pub fn new() -> Result<HttpClient, String> {
-        HttpClient::with_access(&ScrapeAccess::default())
+        HttpClient::with_access(&ScrapeAccess::default(), &AccessNames::TELEMETRY)
     }
 
     /// A client reaching pages as `access` says; its files are read now, and an unreadable
     /// or unusable one is an error naming it.
-    pub fn with_access(access: &ScrapeAccess) -> Result<HttpClient, String> {
-        // reqwest wants a process-wide rustls provider even for plain HTTP: ring, the one
-        // every TLS link of the daemon uses (one already installed stays).
-        static PROVIDER: std::sync::Once = std::sync::Once::new();
-        PROVIDER.call_once(|| {
-            let _ = rustls::crypto::ring::default_provider().install_default();
-        });
-        let mut builder = reqwest::Client::builder()
-            .user_agent("balancer")
-            .no_proxy()
+    pub fn with_access(access: &ScrapeAccess, names: &AccessNames) -> Result<HttpClient, String> {
+        let mut builder = base_builder()
             .pool_idle_timeout(Duration::from_secs(30))
-            .pool_max_idle_per_host(2)
-            .tcp_nodelay(true)
-            .redirect(reqwest::redirect::Policy::none());
+            .pool_max_idle_per_host(2);
         if access.https {
-            builder = builder.use_preconfigured_tls(tls_config(access)?);
+            let identity = access
+                .identity
+                .as_ref()
+                .map(|(c, k)| (c.as_path(), k.as_path()));
+            builder = builder.use_preconfigured_tls(tls::client_config(
+                access.ca.as_deref(),
+                identity,
+                names.tls,
+            )?);
         }
         let client = builder
             .build()
@@ -56,11 +82,12 @@ impl HttpClient {
             None => None,
             Some(path) => {
                 let token = std::fs::read_to_string(path)
-                    .map_err(|e| format!("reading bearer_token_file {}: {e}", path.display()))?;
+                    .map_err(|e| format!("reading {} {}: {e}", names.token, path.display()))?;
                 let token = token.trim();
                 if token.is_empty() || token.chars().any(|c| c.is_control() || c == ' ') {
                     return Err(format!(
-                        "bearer_token_file {}: not one token (empty, or spaces inside)",
+                        "{} {}: not one token (empty, or spaces inside)",
+                        names.token,
                         path.display()
                     ));
                 }
@@ -71,7 +98,57 @@ impl HttpClient {
             client,
             scheme: if access.https { "https" } else { "http" },
             authorization,
+            token_setting: names.token,
         })
+    }
+
+    /// A client for health checks: a new connection per probe (a pooled one would hide a
+    /// backend that stopped accepting), HTTPS when `https`, trusting `ca` (`health.ca`) or the
+    /// system's roots.
+    pub fn for_health(https: bool, ca: Option<&Path>) -> Result<HttpClient, String> {
+        let mut builder = base_builder().pool_max_idle_per_host(0);
+        if https {
+            builder = builder.use_preconfigured_tls(tls::client_config(
+                ca,
+                None,
+                tls::Settings {
+                    ca: "health.ca",
+                    cert: "health.cert",
+                    key: "health.key",
+                },
+            )?);
+        }
+        let client = builder
+            .build()
+            .map_err(|e| format!("building the HTTP client: {e}"))?;
+        Ok(HttpClient {
+            client,
+            scheme: if https { "https" } else { "http" },
+            authorization: None,
+            token_setting: "",
+        })
+    }
+
+    /// The status of `GET path` from `addr` within `timeout` (the body is not read).
+    pub async fn status(
+        &self,
+        addr: SocketAddr,
+        path: &str,
+        timeout: Duration,
+    ) -> Result<u16, String> {
+        let url = format!("{}://{addr}{path}", self.scheme);
+        let attempt = async {
+            let response = self
+                .client
+                .get(&url)
+                .send()
+                .await
+                .map_err(|e| error_chain(&e))?;
+            Ok(response.status().as_u16())
+        };
+        tokio::time::timeout(timeout, attempt)
+            .await
+            .map_err(|_| format!("no answer within {} ms", timeout.as_millis()))?
     }
 
     /// `GET path` from `addr`: the body of a 200 answer, at most `max_body` bytes, within
@@ -92,13 +169,13 @@ impl HttpClient {
             let mut response = request
                 .send()
                 .await
-                .map_err(|e| format!("{url}: {}", describe(&e)))?;
+                .map_err(|e| format!("{url}: {}", error_chain(&e)))?;
             let status = response.status().as_u16();
             if status == 401 || status == 403 {
                 let hint = if self.authorization.is_some() {
-                    "the bearer token was refused"
+                    "the bearer token was refused".to_string()
                 } else {
-                    "it wants credentials: set telemetry.bearer_token_file"
+                    format!("it wants credentials: set {}", self.token_setting)
                 };
                 return Err(format!("{url} answered status {status} ({hint})"));
             }
@@ -109,7 +186,7 @@ impl HttpClient {
             while let Some(chunk) = response
                 .chunk()
                 .await
-                .map_err(|e| format!("{addr}{path}: {}", describe(&e)))?
+                .map_err(|e| format!("{addr}{path}: {}", error_chain(&e)))?
             {
                 if body.len() + chunk.len() > max_body {
                     return Err(format!(
@@ -129,61 +206,26 @@ impl HttpClient {
     }
 }
 
-/// rustls settings for `access`: its CA (or the system's roots) and client certificate.
-fn tls_config(access: &ScrapeAccess) -> Result<rustls::ClientConfig, String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = rustls::RootCertStore::empty();
-    match &access.ca {
-        Some(ca) => {
-            let certs = CertificateDer::pem_file_iter(ca)
-                .and_then(|i| i.collect::<Result<Vec<_>, _>>())
-                .map_err(|e| format!("reading telemetry.ca {}: {e}", ca.display()))?;
-            let (added, _) = roots.add_parsable_certificates(certs);
-            if added == 0 {
-                return Err(format!(
-                    "telemetry.ca {}: no usable certificate",
-                    ca.display()
-                ));
-            }
-        }
-        None => {
-            let found = rustls_native_certs::load_native_certs();
-            roots.add_parsable_certificates(found.certs);
-            if roots.is_empty() {
-                return Err("HTTPS scrapes: no system CA certificates; set telemetry.ca".into());
-            }
-        }
-    }
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS settings: {e}"))?
-        .with_root_certificates(roots);
-    match &access.identity {
-        None => Ok(builder.with_no_client_auth()),
-        Some((cert, key)) => {
-            let chain = CertificateDer::pem_file_iter(cert)
-                .and_then(|i| i.collect::<Result<Vec<_>, _>>())
-                .map_err(|e| format!("reading telemetry.cert {}: {e}", cert.display()))?;
-            let key_der = PrivateKeyDer::from_pem_file(key)
-                .map_err(|e| format!("reading telemetry.key {}: {e}", key.display()))?;
-            builder.with_client_auth_cert(chain, key_der).map_err(|e| {
-                format!(
-                    "telemetry.cert {} and telemetry.key {}: {e}",
-                    cert.display(),
-                    key.display()
-                )
-            })
-        }
-    }
+/// What every client shares: no proxy, no redirects, no Nagle delay; the ring provider.
+fn base_builder() -> reqwest::ClientBuilder {
+    tls::install_default_provider();
+    reqwest::Client::builder()
+        .user_agent("balancer")
+        .no_proxy()
+        .tcp_nodelay(true)
+        .redirect(reqwest::redirect::Policy::none())
 }
 
-/// reqwest's error with its sources (the useful part is often the innermost).
-fn describe(e: &reqwest::Error) -> String {
+/// An error with its sources, each once (the useful part is often the innermost).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
+    let mut source = e.source();
     while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
         source = s.source();
     }
     text

@@ -22,3 +22,4 @@ pub mod report;
 pub mod settings;
 pub mod tasks;
 pub mod telemetry;
+pub mod tls;

@@ -26,8 +26,8 @@ use balancer::api::types::Status;
 use balancer::config::{AttachMode, RawConfig, RawFleet};
 
 use crate::configs::{backend, tcp_health, to_toml, vip};
-use crate::etcd_pki::EtcdPki;
 use crate::netns::Netns;
+use crate::pki::TestPki;
 use crate::rack::{Process, Rack, binary, poll, veth};
 use crate::topology::{ECHO_PORT, HTTP_PORT, VIP4};
 
@@ -65,7 +65,7 @@ pub enum EtcdSecurity {
     /// Plain gRPC, no users.
     Plain,
     /// TLS with client certificates required (`--client-cert-auth`) and etcd's
-    /// authentication on: the balancers log in as [`crate::etcd_pki::USER`] with a password.
+    /// authentication on: the balancers log in as [`crate::pki::USER`] with a password.
     MutualTlsAndPassword,
 }
 
@@ -74,7 +74,7 @@ pub struct Fleet {
     /// their namespaces go).
     pub rack: Rack,
     /// The certificates and passwords of a secured etcd.
-    pub pki: Option<EtcdPki>,
+    pub pki: Option<TestPki>,
     pub client: Netns,
     pub router: Netns,
     pub etcd: Netns,
@@ -111,7 +111,7 @@ impl Fleet {
         let pki = match security {
             EtcdSecurity::Plain => None,
             EtcdSecurity::MutualTlsAndPassword => {
-                Some(EtcdPki::make(&rack.log_dir.join("etcd-tls"), ETCD.into())?)
+                Some(TestPki::make(&rack.log_dir.join("etcd-tls"), ETCD.into())?)
             }
         };
         let mut fleet = Fleet {
@@ -399,7 +399,7 @@ impl Fleet {
             fleet.ca = path(&pki.ca);
             fleet.cert = path(&pki.client_cert);
             fleet.key = path(&pki.client_key);
-            fleet.username = Some(crate::etcd_pki::USER.into());
+            fleet.username = Some(crate::pki::USER.into());
             fleet.password_file = path(&pki.password_file);
         }
         fleet

@@ -12,12 +12,12 @@
 
 pub mod bench;
 pub mod configs;
-pub mod etcd_pki;
 pub mod fleet;
 pub mod load;
 pub mod netns;
 pub mod openai;
 pub mod packet;
+pub mod pki;
 pub mod rack;
 pub mod sim;
 pub mod topology;

@@ -6,11 +6,12 @@ use std::collections::BTreeMap;
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
-use balancer::api::client::{Client, Endpoint};
+use balancer::api::client::{Client, ClientTls, Endpoint};
 use balancer::api::types::{ChangeResult, Status, Table};
 use balancer::config::AttachMode;
 use balancer_tests::configs::{tcp_health, to_toml, vip_mut};
 use balancer_tests::netns::PREFIX;
+use balancer_tests::pki::TestPki;
 use balancer_tests::topology::*;
 use balancer_tests::traffic::http_get;
 
@@ -161,12 +162,13 @@ fn every_command_round_trips_through_the_kernel() {
 
 #[test]
 #[ignore = "needs root and network namespaces; run by cargo xtask test"]
-fn the_tcp_listener_requires_its_token() {
-    // The token file must exist before the daemon starts.
+fn the_tcp_listener_serves_tls_and_requires_a_client_certificate_and_its_token() {
+    // The token and certificates must exist before the daemon starts.
     let token_dir = std::env::temp_dir().join(format!("{PREFIX}-tok"));
     std::fs::create_dir_all(&token_dir).unwrap();
     let token_file = token_dir.join("token");
     std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let pki = TestPki::make(&token_dir.join("pki"), [127, 0, 0, 1].into()).expect("certificates");
     let topo = {
         let mut topo = Topology::build(TopologyOptions::new("tok")).expect("rack");
         topo.attach_peer_pass(AttachMode::Native).expect("pass");
@@ -174,29 +176,91 @@ fn the_tcp_listener_requires_its_token() {
         config.metrics.listen = Some("127.0.0.1:9181".into());
         config.api.listen = Some("127.0.0.1:9180".into());
         config.api.token_file = Some(token_file.display().to_string());
+        config.api.cert = Some(pki.server_cert.display().to_string());
+        config.api.key = Some(pki.server_key.display().to_string());
+        config.api.client_ca = Some(pki.ca.display().to_string());
         topo.start_balancer(&to_toml(&config)).expect("balancer");
         topo
     };
+    let tls = |ca: &std::path::Path, identity: bool| ClientTls {
+        ca: Some(ca.to_path_buf()),
+        identity: identity.then(|| (pki.client_cert.clone(), pki.client_key.clone())),
+    };
+    let client = |token: &str, tls: ClientTls| {
+        Client::new(Endpoint::Tcp {
+            addr: "127.0.0.1:9180".into(),
+            token: token.into(),
+            tls: Some(tls),
+        })
+    };
+    let (good, no_cert, wrong_ca) = (
+        client(TOKEN, tls(&pki.ca, true)),
+        client(TOKEN, tls(&pki.ca, false)),
+        client(TOKEN, tls(&pki.other_ca, true)),
+    );
+    let wrong_token = client("wrong-token-0123456789", tls(&pki.ca, true));
+    let plain = Client::new(Endpoint::Tcp {
+        addr: "127.0.0.1:9180".into(),
+        token: TOKEN.into(),
+        tls: None,
+    });
+    let bin = balancer_tests::rack::binary("balancer").expect("balancer binary");
+    let cli_args: Vec<String> = [
+        "--connect",
+        "127.0.0.1:9180",
+        "--token-file",
+        &token_file.display().to_string(),
+        "--ca",
+        &pki.ca.display().to_string(),
+        "--cert",
+        &pki.client_cert.display().to_string(),
+        "--key",
+        &pki.client_key.display().to_string(),
+        "--json",
+        "status",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     let results = topo
         .lb
-        .run_in(|| {
-            let ok = Client::new(Endpoint::Tcp {
-                addr: "127.0.0.1:9180".into(),
-                token: TOKEN.into(),
-            })
-            .get::<Status>("/v1/status")
-            .map(|s| s.vips.len())
-            .map_err(|e| e.to_string());
-            let wrong = Client::new(Endpoint::Tcp {
-                addr: "127.0.0.1:9180".into(),
-                token: "wrong-token-0123456789".into(),
-            })
-            .call::<(), ChangeResult>("DELETE", "/v1/vips/http4", None)
-            .map_err(|e| (e.status(), e.to_string()));
+        .run_in(move || {
+            let ok = good
+                .get::<Status>("/v1/status")
+                .map(|s| s.vips.len())
+                .map_err(|e| e.to_string());
+            let wrong = wrong_token
+                .call::<(), ChangeResult>("DELETE", "/v1/vips/http4", None)
+                .map_err(|e| (e.status(), e.to_string()));
+            let refused: Vec<String> = [no_cert, wrong_ca, plain]
+                .iter()
+                .map(|c| match c.get::<Status>("/v1/status") {
+                    Ok(_) => "answered".to_string(),
+                    Err(e) => e.to_string(),
+                })
+                .collect();
+            let cli = std::process::Command::new(&bin).args(&cli_args).output();
             let text = fetch_metrics("127.0.0.1:9181");
-            (ok, wrong, text)
+            (ok, wrong, refused, cli, text)
         })
         .expect("lb thread");
+    let cli = results.3.expect("run the CLI");
+    assert!(
+        cli.status.success() && String::from_utf8_lossy(&cli.stdout).contains("\"http4\""),
+        "the CLI over TLS: {cli:?}"
+    );
+    let refused = &results.2;
+    assert!(
+        refused[0].contains("TLS") && refused[0].contains("--cert"),
+        "no client certificate: {}",
+        refused[0]
+    );
+    assert!(
+        refused[1].contains("TLS") && refused[1].contains("UnknownIssuer"),
+        "the wrong CA: {}",
+        refused[1]
+    );
+    assert_ne!(refused[2], "answered", "plain HTTP to the TLS listener");
     assert_eq!(results.0, Ok(6));
     let (code, message) = results.1.expect_err("a wrong token must be refused");
     assert_eq!(code, Some(401), "{message}");
@@ -206,7 +270,7 @@ fn the_tcp_listener_requires_its_token() {
         6,
         "a refused request changed the state"
     );
-    let text = results.2.expect("metrics page");
+    let text = results.4.expect("metrics page");
     for name in [
         "balancer_vip_packets_total{vip=\"http4\"}",
         "balancer_backend_weight{vip=\"http4\",backend=\"10.111.0.11\"} 1",

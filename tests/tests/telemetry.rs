@@ -550,6 +550,7 @@ fn reporters_push_and_serve_gpu_figures() {
                 Client::new(Endpoint::Tcp {
                     addr: format!("{LB4}:9180"),
                     token: token.into(),
+                    tls: None,
                 })
             };
             let bad = serde_json::json!({ "kv_usage": 1.5 });

@@ -1,22 +1,49 @@
-//! The CLI's client for the control API: HTTP/1.1 with JSON bodies over the daemon's Unix
-//! socket, or over TCP with a bearer token. Blocking, one request per connection.
+//! The CLI's client for the control API: HTTP/1.1 (hyper) with JSON bodies over the daemon's
+//! Unix socket, or over TCP with a bearer token, optionally in TLS (rustls). Blocking for its
+//! callers: each request runs on a small runtime of its own, one connection per request.
 
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::types::ErrorBody;
+use crate::http_client::error_chain;
+use crate::tls;
 
 /// Where the daemon listens.
 #[derive(Clone, Debug)]
 pub enum Endpoint {
     Unix(PathBuf),
-    Tcp { addr: String, token: String },
+    Tcp {
+        /// `host:port`; the host is also the name the daemon's certificate must hold.
+        addr: String,
+        token: String,
+        tls: Option<ClientTls>,
+    },
 }
+
+/// TLS to the daemon's TCP listener.
+#[derive(Clone, Debug, Default)]
+pub struct ClientTls {
+    /// The CA of the daemon's certificate; None: the system's roots.
+    pub ca: Option<PathBuf>,
+    /// A client certificate and key, for a listener that wants one (`api.client_ca`).
+    pub identity: Option<(PathBuf, PathBuf)>,
+}
+
+/// The CLI's names of the TLS settings, for error messages.
+const CLI_SETTINGS: tls::Settings = tls::Settings {
+    ca: "--ca",
+    cert: "--cert",
+    key: "--key",
+};
 
 /// Why a request failed.
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +54,8 @@ pub enum ClientError {
         #[source]
         source: std::io::Error,
     },
+    #[error("TLS with the daemon at {target} failed: {reason}")]
+    Tls { target: String, reason: String },
     #[error("{message}")]
     Api { status: u16, message: String },
     #[error("unexpected answer from the daemon: {0}")]
@@ -48,6 +77,9 @@ pub struct Client {
     endpoint: Endpoint,
     timeout: Duration,
 }
+
+trait Stream: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Stream for T {}
 
 impl Client {
     pub fn new(endpoint: Endpoint) -> Client {
@@ -72,47 +104,123 @@ impl Client {
         path: &str,
         body: Option<&[u8]>,
     ) -> Result<(u16, Vec<u8>), ClientError> {
+        let size = body.map_or(0, <[u8]>::len);
+        if size > super::server::MAX_BODY {
+            return Err(ClientError::Api {
+                status: 413,
+                message: format!(
+                    "the request body ({size} bytes) is larger than the API accepts ({} bytes)",
+                    super::server::MAX_BODY
+                ),
+            });
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| ClientError::Protocol(format!("starting the client runtime: {e}")))?;
+        runtime.block_on(async {
+            tokio::time::timeout(self.timeout, self.exchange(method, path, body))
+                .await
+                .map_err(|_| {
+                    ClientError::Protocol(format!(
+                        "no answer from {} within {} s",
+                        self.describe(),
+                        self.timeout.as_secs()
+                    ))
+                })?
+        })
+    }
+
+    async fn connect(&self) -> Result<Box<dyn Stream>, ClientError> {
         let connect = |e| ClientError::Connect {
             target: self.describe(),
             source: e,
         };
-        let mut stream: Box<dyn ReadWrite> = match &self.endpoint {
-            Endpoint::Unix(path) => {
-                let s = UnixStream::connect(path).map_err(connect)?;
-                s.set_read_timeout(Some(self.timeout)).map_err(connect)?;
-                Box::new(s)
+        match &self.endpoint {
+            Endpoint::Unix(path) => Ok(Box::new(
+                tokio::net::UnixStream::connect(path)
+                    .await
+                    .map_err(connect)?,
+            )),
+            Endpoint::Tcp { addr, tls, .. } => {
+                let tcp = tokio::net::TcpStream::connect(addr)
+                    .await
+                    .map_err(connect)?;
+                let _ = tcp.set_nodelay(true);
+                let Some(tls) = tls else {
+                    return Ok(Box::new(tcp));
+                };
+                let failed = |reason: String| ClientError::Tls {
+                    target: addr.clone(),
+                    reason,
+                };
+                let identity = tls
+                    .identity
+                    .as_ref()
+                    .map(|(c, k)| (c.as_path(), k.as_path()));
+                let config = tls::client_config(tls.ca.as_deref(), identity, CLI_SETTINGS)
+                    .map_err(failed)?;
+                let name = server_name(addr).map_err(failed)?;
+                let stream = tokio_rustls::TlsConnector::from(Arc::new(config))
+                    .connect(name, tcp)
+                    .await
+                    .map_err(|e| failed(error_chain(&e)))?;
+                Ok(Box::new(stream))
             }
-            Endpoint::Tcp { addr, .. } => {
-                let s = std::net::TcpStream::connect(addr).map_err(connect)?;
-                s.set_read_timeout(Some(self.timeout)).map_err(connect)?;
-                Box::new(s)
-            }
-        };
+        }
+    }
+
+    async fn exchange(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+    ) -> Result<(u16, Vec<u8>), ClientError> {
+        let protocol = |e: &dyn std::fmt::Display| ClientError::Protocol(e.to_string());
+        let stream = self.connect().await?;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| protocol(&e))?;
+        let driver = tokio::spawn(connection);
         let body = body.unwrap_or_default();
-        let mut request = format!(
-            "{method} {path} HTTP/1.1\r\nHost: balancer\r\nConnection: close\r\nAccept: application/json\r\nContent-Length: {}\r\n",
-            body.len()
-        );
+        let mut request = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "balancer")
+            .header("accept", "application/json");
         if !body.is_empty() {
-            request.push_str("Content-Type: application/json\r\n");
+            request = request.header("content-type", "application/json");
         }
         if let Endpoint::Tcp { token, .. } = &self.endpoint {
-            request.push_str(&format!("Authorization: Bearer {token}\r\n"));
+            request = request.header("authorization", format!("Bearer {token}"));
         }
-        request.push_str("\r\n");
-        let io = |e: std::io::Error| ClientError::Protocol(e.to_string());
-        // The daemon may answer (413, 400) and close before the whole body is sent: keep the
-        // write error, but read the answer first.
-        let written = stream
-            .write_all(request.as_bytes())
-            .and_then(|()| stream.write_all(body));
-        let mut reply = Vec::new();
-        let read = stream.read_to_end(&mut reply);
-        if reply.is_empty() {
-            written.map_err(io)?;
-            read.map_err(io)?;
-        }
-        parse_response(&reply)
+        let request = request
+            .body(Full::new(Bytes::copy_from_slice(body)))
+            .map_err(|e| protocol(&e))?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| match self.endpoint {
+                // A TLS listener that wants a client certificate closes the connection at
+                // the first request of a client without one (TLS 1.3 checks it late).
+                Endpoint::Tcp { tls: Some(_), .. } => ClientError::Tls {
+                    target: self.describe(),
+                    reason: format!(
+                        "{} (a listener with api.client_ca wants --cert and --key)",
+                        error_chain(&e)
+                    ),
+                },
+                _ => protocol(&error_chain(&e)),
+            })?;
+        let status = response.status().as_u16();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| protocol(&e))?
+            .to_bytes();
+        driver.abort();
+        Ok((status, bytes.to_vec()))
     }
 
     /// `GET path` as JSON.
@@ -143,49 +251,16 @@ impl Client {
     }
 }
 
-trait ReadWrite: Read + Write {}
-impl<T: Read + Write> ReadWrite for T {}
-
-/// Splits an HTTP/1.1 response into status and body (Content-Length or chunked).
-fn parse_response(reply: &[u8]) -> Result<(u16, Vec<u8>), ClientError> {
-    let end = reply
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| ClientError::Protocol("no HTTP header in the answer".into()))?;
-    let head = String::from_utf8_lossy(&reply[..end]);
-    let status: u16 = head
-        .lines()
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| ClientError::Protocol(format!("bad status line in {head:?}")))?;
-    let body = &reply[end + 4..];
-    let chunked = head.lines().any(|l| {
-        l.to_ascii_lowercase().starts_with("transfer-encoding:")
-            && l.to_ascii_lowercase().contains("chunked")
-    });
-    if !chunked {
-        return Ok((status, body.to_vec()));
-    }
-    let mut out = Vec::new();
-    let mut rest = body;
-    loop {
-        let line_end = rest
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .ok_or_else(|| ClientError::Protocol("truncated chunked body".into()))?;
-        let size = usize::from_str_radix(String::from_utf8_lossy(&rest[..line_end]).trim(), 16)
-            .map_err(|_| ClientError::Protocol("bad chunk size".into()))?;
-        rest = &rest[line_end + 2..];
-        if size == 0 {
-            return Ok((status, out));
-        }
-        if rest.len() < size + 2 {
-            return Err(ClientError::Protocol("truncated chunk".into()));
-        }
-        out.extend_from_slice(&rest[..size]);
-        rest = &rest[size + 2..];
-    }
+/// The name the daemon's certificate must hold: the host of `host:port` (an IP address, or a
+/// DNS name; `[v6]:port` unbracketed).
+fn server_name(addr: &str) -> Result<rustls::pki_types::ServerName<'static>, String> {
+    let host = match addr.rsplit_once(':') {
+        Some((host, port)) if port.parse::<u16>().is_ok() => host,
+        _ => return Err(format!("{addr:?} is not host:port")),
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|e| format!("{host:?} is not a host name or address: {e}"))
 }
 
 #[cfg(test)]
@@ -193,11 +268,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_plain_and_chunked_answers() {
-        let plain = b"HTTP/1.1 404 Not Found\r\ncontent-length: 5\r\n\r\nhello";
-        assert_eq!(parse_response(plain).unwrap(), (404, b"hello".to_vec()));
-        let chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n";
-        assert_eq!(parse_response(chunked).unwrap(), (200, b"abcde".to_vec()));
-        assert!(parse_response(b"garbage").is_err());
+    fn the_server_name_is_the_host_of_the_address() {
+        assert_eq!(
+            server_name("127.0.0.1:9180").unwrap(),
+            rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap()
+        );
+        assert_eq!(
+            server_name("[::1]:9180").unwrap(),
+            rustls::pki_types::ServerName::try_from("::1").unwrap()
+        );
+        assert_eq!(
+            server_name("lb1.example.net:9180").unwrap(),
+            rustls::pki_types::ServerName::try_from("lb1.example.net").unwrap()
+        );
+        assert!(server_name("127.0.0.1").unwrap_err().contains("host:port"));
     }
 }

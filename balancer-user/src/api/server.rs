@@ -121,8 +121,13 @@ pub fn router(state: ApiState) -> Router {
 
 /// The routes behind a bearer token (for the TCP listener).
 pub fn router_with_token(state: ApiState, token: String) -> Router {
+    token_guard(router(state), token)
+}
+
+/// `routes` answering 401 to a request without `Authorization: Bearer <token>`.
+pub fn token_guard(routes: Router, token: String) -> Router {
     let token = Arc::new(token);
-    router(state).layer(middleware::from_fn(
+    routes.layer(middleware::from_fn(
         move |headers: HeaderMap, request, next: Next| {
             let token = token.clone();
             async move {

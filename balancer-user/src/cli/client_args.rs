@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use balancer::api::client::{Client, ClientError, Endpoint};
+use balancer::api::client::{Client, ClientError, ClientTls, Endpoint};
 use balancer::config::DEFAULT_API_SOCKET;
 
 use super::{EXIT_CONFLICT, EXIT_FAILURE, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_UNAUTHORIZED};
@@ -22,6 +22,19 @@ pub struct ClientArgs {
     /// File holding the bearer token for --connect.
     #[arg(long, global = true)]
     pub token_file: Option<PathBuf>,
+    /// Use TLS to the --connect listener (its certificate checked against the system's roots,
+    /// or --ca; the name checked is the host of --connect). Ignored for the socket.
+    #[arg(long, global = true)]
+    pub tls: bool,
+    /// The CA (PEM) of the daemon's certificate; implies --tls.
+    #[arg(long, global = true)]
+    pub ca: Option<PathBuf>,
+    /// A client certificate (PEM) for a listener that wants one (api.client_ca); with --key.
+    #[arg(long, global = true)]
+    pub cert: Option<PathBuf>,
+    /// The key (PEM) of --cert.
+    #[arg(long, global = true)]
+    pub key: Option<PathBuf>,
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     pub json: bool,
@@ -35,18 +48,32 @@ impl ClientArgs {
             (Some(addr), Some(file)) => Endpoint::Tcp {
                 addr: addr.clone(),
                 token: balancer::api::server::read_token(file)?,
+                tls: self.tls_settings(),
             },
             (Some(_), None) => anyhow::bail!(self.check().unwrap_err()),
             _ => Endpoint::Unix(self.socket.clone()),
         }))
     }
 
-    /// Refuses options that do not go together (`--connect` without `--token-file`).
+    /// TLS to the TCP listener, when asked for.
+    fn tls_settings(&self) -> Option<ClientTls> {
+        (self.tls || self.ca.is_some() || self.cert.is_some()).then(|| ClientTls {
+            ca: self.ca.clone(),
+            identity: self.cert.clone().zip(self.key.clone()),
+        })
+    }
+
+    /// Refuses options that do not go together (`--connect` without `--token-file`, `--cert`
+    /// without `--key`).
     pub fn check(&self) -> Result<(), String> {
-        match (&self.connect, &self.token_file) {
-            (Some(addr), None) => Err(format!(
+        if let (Some(addr), None) = (&self.connect, &self.token_file) {
+            return Err(format!(
                 "--connect {addr} needs --token-file (the API's bearer token)"
-            )),
+            ));
+        }
+        match (&self.cert, &self.key) {
+            (Some(_), None) => Err("--cert needs --key (the certificate's key)".into()),
+            (None, Some(_)) => Err("--key needs --cert (the certificate it belongs to)".into()),
             _ => Ok(()),
         }
     }

@@ -7,6 +7,10 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
+use super::DEFAULT_API_SOCKET;
+use super::error::{ConfigError, invalid};
+use super::fields::{absolute_path, cert_and_key, optional_path, parse_socket_addr};
+use super::raw::RawApi;
 use crate::net::Prefix;
 
 /// How the XDP program is attached.
@@ -74,6 +78,35 @@ pub struct ApiConfig {
     pub listen: Option<SocketAddr>,
     /// File holding the bearer token the TCP listener requires.
     pub token_file: Option<PathBuf>,
+    /// TLS on the TCP listener.
+    pub tls: Option<ApiTls>,
+}
+
+impl ApiConfig {
+    pub(super) fn to_raw(&self) -> RawApi {
+        let path = |p: &PathBuf| p.display().to_string();
+        RawApi {
+            socket: Some(path(&self.socket)),
+            listen: self.listen.map(|l| l.to_string()),
+            token_file: self.token_file.as_ref().map(path),
+            cert: self.tls.as_ref().map(|t| path(&t.cert)),
+            key: self.tls.as_ref().map(|t| path(&t.key)),
+            client_ca: self
+                .tls
+                .as_ref()
+                .and_then(|t| t.client_ca.as_ref())
+                .map(path),
+        }
+    }
+}
+
+/// TLS of the API's TCP listener: its certificate and key (PEM), and optionally the CA whose
+/// client certificates it requires (beside the bearer token).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApiTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Option<PathBuf>,
 }
 
 /// The Prometheus exporter.
@@ -81,4 +114,62 @@ pub struct ApiConfig {
 pub struct MetricsConfig {
     /// Where `/metrics` is served; `None` = off.
     pub listen: Option<SocketAddr>,
+}
+
+/// The `[api]` section: the socket, and a TCP listener only with a token (and TLS only on it).
+pub(super) fn validate_api(raw: RawApi) -> Result<ApiConfig, ConfigError> {
+    let socket = match raw.socket {
+        Some(s) => absolute_path(s, "api.socket")?,
+        None => PathBuf::from(DEFAULT_API_SOCKET),
+    };
+    let listen = raw
+        .listen
+        .as_deref()
+        .map(|l| parse_socket_addr(l, "api.listen"))
+        .transpose()?;
+    let token_file = optional_path(raw.token_file, "api.token_file")?;
+    let cert = optional_path(raw.cert, "api.cert")?;
+    let key = optional_path(raw.key, "api.key")?;
+    let client_ca = optional_path(raw.client_ca, "api.client_ca")?;
+    if let (Some(listen), None) = (&listen, &token_file) {
+        return Err(invalid(
+            "api.listen",
+            format!("{:?}", listen.to_string()),
+            "a TCP listener needs api.token_file (a bearer token); refusing to serve the API unauthenticated",
+        ));
+    }
+    let identity = cert_and_key(cert, key, "api.cert", "api.key")?;
+    if listen.is_none() && (identity.is_some() || client_ca.is_some()) {
+        let k = if identity.is_some() {
+            "api.cert"
+        } else {
+            "api.client_ca"
+        };
+        return Err(invalid(
+            k,
+            "(set)",
+            "TLS applies to the TCP listener: set api.listen too",
+        ));
+    }
+    let tls = match (identity, client_ca) {
+        (Some((cert, key)), client_ca) => Some(ApiTls {
+            cert,
+            key,
+            client_ca,
+        }),
+        (None, Some(_)) => {
+            return Err(invalid(
+                "api.client_ca",
+                "(set)",
+                "client certificates are checked in TLS: set api.cert and api.key too",
+            ));
+        }
+        (None, None) => None,
+    };
+    Ok(ApiConfig {
+        socket,
+        listen,
+        token_file,
+        tls,
+    })
 }

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::error::{ConfigError, invalid};
-use super::fields::int_in;
+use super::fields::{int_in, optional_path};
 use super::raw::RawHealth;
 use super::{DEFAULT_HEALTH_INTERVAL_MS, DEFAULT_HEALTH_TIMEOUT_MS};
 
@@ -14,8 +14,20 @@ pub enum HealthCheckKind {
     None,
     /// A TCP connection to the backend's address and the check port must open.
     Tcp,
-    /// `GET path` on the backend's address and the check port must answer `expect_status`.
-    Http { path: String, expect_status: u16 },
+    /// `GET path` on the backend's address and the check port must answer `expect_status`;
+    /// over HTTPS when `tls` is set.
+    Http {
+        path: String,
+        expect_status: u16,
+        tls: Option<HealthTls>,
+    },
+}
+
+/// HTTPS checks: the backend's certificate must hold its address (an IP SAN) and be signed by
+/// `ca` (PEM), or by one of the system's roots.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HealthTls {
+    pub ca: Option<std::path::PathBuf>,
 }
 
 /// Health checking of a VIP's backends.
@@ -34,16 +46,25 @@ pub struct HealthConfig {
 
 impl HealthConfig {
     pub(super) fn to_raw(&self) -> RawHealth {
-        let (check, path, expect_status) = match &self.kind {
-            HealthCheckKind::None => ("none", None, None),
-            HealthCheckKind::Tcp => ("tcp", None, None),
+        let (check, path, expect_status, ca) = match &self.kind {
+            HealthCheckKind::None => ("none", None, None, None),
+            HealthCheckKind::Tcp => ("tcp", None, None, None),
             HealthCheckKind::Http {
                 path,
                 expect_status,
-            } => ("http", Some(path.clone()), Some(i64::from(*expect_status))),
+                tls,
+            } => (
+                if tls.is_some() { "https" } else { "http" },
+                Some(path.clone()),
+                Some(i64::from(*expect_status)),
+                tls.as_ref()
+                    .and_then(|t| t.ca.as_ref())
+                    .map(|p| p.display().to_string()),
+            ),
         };
         RawHealth {
             check: Some(check.into()),
+            ca,
             port: Some(self.port.into()),
             path,
             expect_status,
@@ -66,7 +87,7 @@ pub(super) fn validate_health(
     let kind = match check.as_str() {
         "none" => HealthCheckKind::None,
         "tcp" => HealthCheckKind::Tcp,
-        "http" => {
+        "http" | "https" => {
             let path = raw.path.clone().unwrap_or_else(|| "/".into());
             if !path.starts_with('/') || path.contains(char::is_whitespace) || path.len() > 1024 {
                 return Err(invalid(
@@ -79,26 +100,39 @@ pub(super) fn validate_health(
                 Some(v) => int_in(v, 100, 599, &key("expect_status"))?,
                 None => 200,
             };
+            let ca = optional_path(raw.ca.clone(), &key("ca"))?;
+            let tls = if check == "https" {
+                Some(HealthTls { ca })
+            } else if ca.is_some() {
+                return Err(invalid(
+                    key("ca"),
+                    "(set)",
+                    "applies to check = \"https\" only",
+                ));
+            } else {
+                None
+            };
             HealthCheckKind::Http {
                 path,
                 expect_status,
+                tls,
             }
         }
         other => {
             return Err(invalid(
                 key("check"),
                 format!("{other:?}"),
-                "expected \"none\", \"tcp\" or \"http\"",
+                "expected \"none\", \"tcp\", \"http\" or \"https\"",
             ));
         }
     };
     if !matches!(kind, HealthCheckKind::Http { .. })
-        && (raw.path.is_some() || raw.expect_status.is_some())
+        && (raw.path.is_some() || raw.expect_status.is_some() || raw.ca.is_some())
     {
         return Err(invalid(
             key("check"),
             format!("{check:?}"),
-            "path and expect_status apply to check = \"http\" only",
+            "path, expect_status and ca apply to check = \"http\" or \"https\" only",
         ));
     }
     let port = match raw.port {

@@ -21,11 +21,11 @@ mod tiers;
 mod vip;
 
 pub use balancer_common::maps::Scheduler;
-pub use daemon::{ApiConfig, AttachMode, ConntrackConfig, EncapConfig, MetricsConfig};
+pub use daemon::{ApiConfig, ApiTls, AttachMode, ConntrackConfig, EncapConfig, MetricsConfig};
 pub use error::ConfigError;
 pub(crate) use error::invalid;
 pub use fleet::{BgpConfig, EtcdAuth, EtcdTls, FleetConfig, RawBgp, RawFleet};
-pub use health::{HealthCheckKind, HealthConfig};
+pub use health::{HealthCheckKind, HealthConfig, HealthTls};
 pub use pools::PoolConfig;
 pub use raw::{
     RawApi, RawBackend, RawConfig, RawConntrack, RawEncap, RawHealth, RawMetrics, RawPolicy,
@@ -208,33 +208,7 @@ impl Config {
                 .map(|v| int_in(v, 576, 65_535, "encap.mtu"))
                 .transpose()?,
         };
-        let api = ApiConfig {
-            socket: match raw.api.socket {
-                Some(s) if s.starts_with('/') => PathBuf::from(s),
-                Some(s) => {
-                    return Err(invalid(
-                        "api.socket",
-                        format!("{s:?}"),
-                        "must be an absolute path",
-                    ));
-                }
-                None => PathBuf::from(DEFAULT_API_SOCKET),
-            },
-            listen: raw
-                .api
-                .listen
-                .as_deref()
-                .map(|l| parse_socket_addr(l, "api.listen"))
-                .transpose()?,
-            token_file: raw.api.token_file.map(PathBuf::from),
-        };
-        if let (Some(listen), None) = (&api.listen, &api.token_file) {
-            return Err(invalid(
-                "api.listen",
-                format!("{:?}", listen.to_string()),
-                "a TCP listener needs api.token_file (a bearer token); refusing to serve the API unauthenticated",
-            ));
-        }
+        let api = daemon::validate_api(raw.api)?;
         let metrics = MetricsConfig {
             listen: raw
                 .metrics
@@ -385,15 +359,7 @@ impl Config {
                 source_v6: self.encap.source_v6.map(|p| p.to_string()),
                 mtu: self.encap.mtu.map(i64::from),
             },
-            api: RawApi {
-                socket: Some(self.api.socket.display().to_string()),
-                listen: self.api.listen.map(|l| l.to_string()),
-                token_file: self
-                    .api
-                    .token_file
-                    .as_ref()
-                    .map(|p| p.display().to_string()),
-            },
+            api: self.api.to_raw(),
             metrics: RawMetrics {
                 listen: self.metrics.listen.map(|l| l.to_string()),
             },

@@ -5,6 +5,7 @@ use std::time::Duration;
 use super::error::{ConfigError, invalid};
 use super::fields::{int_in, required};
 use super::raw::RawPool;
+use super::telemetry::{RawAccess, ScrapeAccess, validate_access};
 use super::vip::{BackendConfig, Discovery, valid_name, validate_backend};
 
 /// Backends grouped for model routing: a VIP with `pool` and `model` gets the pool's backends
@@ -15,6 +16,8 @@ pub struct PoolConfig {
     pub discovery: Discovery,
     /// Between discovery rounds.
     pub interval: Duration,
+    /// How the discovery requests reach the backends (HTTP or HTTPS, certificates, a token).
+    pub access: ScrapeAccess,
     pub backends: Vec<BackendConfig>,
 }
 
@@ -64,6 +67,23 @@ pub(super) fn validate_pools(raw: Vec<RawPool>) -> Result<Vec<PoolConfig>, Confi
                 ));
             }
         };
+        let access = validate_access(
+            RawAccess {
+                scheme: p.scheme.clone(),
+                ca: p.ca.clone(),
+                cert: p.cert.clone(),
+                key: p.key.clone(),
+                bearer_token_file: p.bearer_token_file.clone(),
+            },
+            &format!("pool[{i}]"),
+        )?;
+        if discovery == Discovery::None && access.is_set() {
+            return Err(invalid(
+                key("scheme"),
+                format!("{:?}", p.scheme),
+                "scheme, ca, cert, key and bearer_token_file apply to discover = \"models\" or \"metrics\" only",
+            ));
+        }
         let interval = Duration::from_millis(match p.interval_ms {
             Some(v) => int_in(v, 100, 3_600_000, &key("interval_ms"))?,
             None => 2000,
@@ -92,6 +112,7 @@ pub(super) fn validate_pools(raw: Vec<RawPool>) -> Result<Vec<PoolConfig>, Confi
             name,
             discovery,
             interval,
+            access,
             backends,
         });
     }
@@ -109,12 +130,18 @@ impl PoolConfig {
                 ("metrics", Some(i64::from(*port)), Some(path.clone()))
             }
         };
+        let access = self.access.to_raw();
         RawPool {
             name: Some(self.name.clone()),
             discover: Some(discover.into()),
             port,
             path,
             interval_ms: Some(self.interval.as_millis() as i64),
+            scheme: access.scheme,
+            ca: access.ca,
+            cert: access.cert,
+            key: access.key,
+            bearer_token_file: access.bearer_token_file,
             backend: self.backends.iter().map(BackendConfig::to_raw).collect(),
         }
     }

@@ -71,6 +71,12 @@ pub struct RawApi {
     pub listen: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_file: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cert: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_ca: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -91,6 +97,8 @@ pub struct RawHealth {
     pub path: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expect_status: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub interval_ms: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -154,6 +162,18 @@ pub struct RawPool {
     pub path: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub interval_ms: Option<i64>,
+    /// http | https (discovery requests), and their certificates and token, as a VIP's
+    /// telemetry has them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cert: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bearer_token_file: Option<String>,
     #[serde(default)]
     pub backend: Vec<RawBackend>,
 }

@@ -51,8 +51,19 @@ pub struct ScrapeAccess {
     pub bearer_token_file: Option<PathBuf>,
 }
 
-fn validate_access(raw: &RawTelemetry, label: &str) -> Result<ScrapeAccess, ConfigError> {
-    let key = |k: &str| format!("{label}.telemetry.{k}");
+/// The access settings as written: `scheme`, `ca`, `cert`, `key`, `bearer_token_file`.
+#[derive(Default)]
+pub(super) struct RawAccess {
+    pub scheme: Option<String>,
+    pub ca: Option<String>,
+    pub cert: Option<String>,
+    pub key: Option<String>,
+    pub bearer_token_file: Option<String>,
+}
+
+/// Validates access settings; `prefix` names their table (`vip[0].telemetry`, `pool[1]`).
+pub(super) fn validate_access(raw: RawAccess, prefix: &str) -> Result<ScrapeAccess, ConfigError> {
+    let key = |k: &str| format!("{prefix}.{k}");
     let https = match raw.scheme.as_deref().unwrap_or("http") {
         "http" => false,
         "https" => true,
@@ -64,9 +75,9 @@ fn validate_access(raw: &RawTelemetry, label: &str) -> Result<ScrapeAccess, Conf
             ));
         }
     };
-    let ca = optional_path(raw.ca.clone(), &key("ca"))?;
-    let cert = optional_path(raw.cert.clone(), &key("cert"))?;
-    let tls_key = optional_path(raw.key.clone(), &key("key"))?;
+    let ca = optional_path(raw.ca, &key("ca"))?;
+    let cert = optional_path(raw.cert, &key("cert"))?;
+    let tls_key = optional_path(raw.key, &key("key"))?;
     if !https {
         for (k, v) in [("ca", &ca), ("cert", &cert), ("key", &tls_key)] {
             if v.is_some() {
@@ -79,22 +90,31 @@ fn validate_access(raw: &RawTelemetry, label: &str) -> Result<ScrapeAccess, Conf
         }
     }
     let identity = cert_and_key(cert, tls_key, &key("cert"), &key("key"))?;
-    let bearer_token_file =
-        optional_path(raw.bearer_token_file.clone(), &key("bearer_token_file"))?;
-    let scraping = raw.source.as_deref() == Some("scrape");
-    if !scraping && (https || bearer_token_file.is_some()) {
-        return Err(invalid(
-            key("scheme"),
-            format!("{:?}", raw.scheme),
-            "scheme, ca, cert, key and bearer_token_file apply to source = \"scrape\" only",
-        ));
-    }
+    let bearer_token_file = optional_path(raw.bearer_token_file, &key("bearer_token_file"))?;
     Ok(ScrapeAccess {
         https,
         ca,
         identity,
         bearer_token_file,
     })
+}
+
+impl ScrapeAccess {
+    /// Whether anything differs from plain HTTP without a token.
+    pub fn is_set(&self) -> bool {
+        *self != ScrapeAccess::default()
+    }
+
+    pub(super) fn to_raw(&self) -> RawAccess {
+        let path = |p: &std::path::PathBuf| p.display().to_string();
+        RawAccess {
+            scheme: self.https.then(|| "https".into()),
+            ca: self.ca.as_ref().map(path),
+            cert: self.identity.as_ref().map(|(c, _)| path(c)),
+            key: self.identity.as_ref().map(|(_, k)| path(k)),
+            bearer_token_file: self.bearer_token_file.as_ref().map(path),
+        }
+    }
 }
 
 pub(super) fn validate_telemetry(
@@ -171,7 +191,23 @@ pub(super) fn validate_telemetry(
             "port and extra apply to source = \"scrape\" only",
         ));
     }
-    let access = validate_access(&raw, label)?;
+    let access = validate_access(
+        RawAccess {
+            scheme: raw.scheme.clone(),
+            ca: raw.ca.clone(),
+            cert: raw.cert.clone(),
+            key: raw.key.clone(),
+            bearer_token_file: raw.bearer_token_file.clone(),
+        },
+        &format!("{label}.telemetry"),
+    )?;
+    if !matches!(source, TelemetrySource::Scrape(_)) && access.is_set() {
+        return Err(invalid(
+            key("scheme"),
+            format!("{:?}", raw.scheme),
+            "scheme, ca, cert, key and bearer_token_file apply to source = \"scrape\" only",
+        ));
+    }
     Ok(TelemetryConfig {
         source,
         interval: Duration::from_millis(interval),
@@ -195,6 +231,7 @@ pub(super) fn telemetry_to_raw(t: &TelemetryConfig) -> RawTelemetry {
                 .collect(),
         ),
     };
+    let access = t.access.to_raw();
     RawTelemetry {
         source: Some(source.into()),
         port,
@@ -203,11 +240,11 @@ pub(super) fn telemetry_to_raw(t: &TelemetryConfig) -> RawTelemetry {
         interval_ms: Some(t.interval.as_millis() as i64),
         timeout_ms: Some(t.timeout.as_millis() as i64),
         max_body_kib: Some((t.max_body / 1024) as i64),
-        scheme: t.access.https.then(|| "https".into()),
-        ca: (t.access.ca.as_ref()).map(|p| p.display().to_string()),
-        cert: (t.access.identity.as_ref()).map(|(c, _)| c.display().to_string()),
-        key: (t.access.identity.as_ref()).map(|(_, k)| k.display().to_string()),
-        bearer_token_file: (t.access.bearer_token_file.as_ref()).map(|p| p.display().to_string()),
+        scheme: access.scheme,
+        ca: access.ca,
+        cert: access.cert,
+        key: access.key,
+        bearer_token_file: access.bearer_token_file,
     }
 }
 

@@ -272,6 +272,38 @@ fn errors_name_the_key_and_the_value() {
             "api.listen = \"0.0.0.0:9180\": a TCP listener needs api.token_file",
         ),
         (
+            "interface = \"eth0\"\n[api]\ncert = \"/etc/b/api.pem\"\nkey = \"/etc/b/api-key.pem\"".into(),
+            "api.cert = (set): TLS applies to the TCP listener: set api.listen too",
+        ),
+        (
+            "interface = \"eth0\"\n[api]\nlisten = \"127.0.0.1:9180\"\ntoken_file = \"/t\"\ncert = \"/etc/b/api.pem\"".into(),
+            "api.key = (absent): api.cert needs the key of that certificate",
+        ),
+        (
+            "interface = \"eth0\"\n[api]\nlisten = \"127.0.0.1:9180\"\ntoken_file = \"/t\"\nclient_ca = \"/etc/b/ca.pem\"".into(),
+            "api.client_ca = (set): client certificates are checked in TLS",
+        ),
+        (
+            "interface = \"eth0\"\n[api]\nlisten = \"127.0.0.1:9180\"\ntoken_file = \"token\"".into(),
+            "api.token_file = \"token\": must be an absolute path",
+        ),
+        (
+            with_vip("address = \"10.0.0.1\"\nport = 80\n[vip.health]\ncheck = \"http\"\nca = \"/etc/b/ca.pem\""),
+            "vip[0].health.ca = (set): applies to check = \"https\" only",
+        ),
+        (
+            with_vip("address = \"10.0.0.1\"\nport = 80\n[vip.health]\ncheck = \"tcp\"\nca = \"/etc/b/ca.pem\""),
+            "path, expect_status and ca apply to check = \"http\" or \"https\" only",
+        ),
+        (
+            "interface = \"eth0\"\n[[pool]]\nname = \"p\"\nbearer_token_file = \"/t\"".into(),
+            "pool[0].scheme = None: scheme, ca, cert, key and bearer_token_file apply to discover",
+        ),
+        (
+            "interface = \"eth0\"\n[[pool]]\nname = \"p\"\ndiscover = \"models\"\nca = \"/etc/b/ca.pem\"".into(),
+            "pool[0].ca = (set): applies to scheme = \"https\" only",
+        ),
+        (
             "interface = \"eth0\"\n[metrics]\nlisten = \"localhost\"".into(),
             "metrics.listen = \"localhost\": not an address and port",
         ),
@@ -365,7 +397,8 @@ fn the_example_config_is_valid() {
         c.vips[0].health.kind,
         HealthCheckKind::Http {
             path: "/health".into(),
-            expect_status: 200
+            expect_status: 200,
+            tls: None,
         }
     );
     assert_eq!(c.metrics.listen, Some("127.0.0.1:9181".parse().unwrap()));
@@ -379,6 +412,9 @@ fn a_config_survives_its_own_toml() {
         kind: HealthCheckKind::Http {
             path: "/health".into(),
             expect_status: 204,
+            tls: Some(crate::config::HealthTls {
+                ca: Some("/etc/balancer/backends-ca.pem".into()),
+            }),
         },
         port: 8080,
         interval: Duration::from_millis(200),
@@ -585,4 +621,25 @@ fn a_metrics_port_alone_listens_on_loopback() {
     );
     let e = with("0").unwrap_err().to_string();
     assert!(e.contains("metrics.listen"), "{e}");
+}
+
+#[test]
+fn tls_settings_survive_their_own_toml() {
+    let c = Config::parse(
+        "interface = \"eth0\"\n[api]\nlisten = \"127.0.0.1:9180\"\ntoken_file = \"/etc/b/token\"\ncert = \"/etc/b/api.pem\"\nkey = \"/etc/b/api-key.pem\"\nclient_ca = \"/etc/b/ca.pem\"\n[[pool]]\nname = \"p\"\ndiscover = \"models\"\nscheme = \"https\"\nca = \"/etc/b/ca.pem\"\nbearer_token_file = \"/etc/b/pool-token\"\n[[pool.backend]]\naddress = \"10.0.0.5\"\n[[vip]]\naddress = \"10.0.0.1\"\nport = 80\n[vip.health]\ncheck = \"https\"\nca = \"/etc/b/ca.pem\"",
+    )
+    .unwrap();
+    let tls = c.api.tls.clone().expect("API TLS");
+    assert_eq!(tls.client_ca, Some(PathBuf::from("/etc/b/ca.pem")));
+    assert!(c.pools[0].access.https);
+    assert!(matches!(
+        &c.vips[0].health.kind,
+        HealthCheckKind::Http { tls: Some(t), .. } if t.ca == Some(PathBuf::from("/etc/b/ca.pem"))
+    ));
+    let text = c.to_toml();
+    assert_eq!(
+        Config::parse(&text).unwrap(),
+        c,
+        "round trip through:\n{text}"
+    );
 }

@@ -82,6 +82,9 @@ fn start(opts: &RunOptions) -> Result<Daemon> {
     if let Some(token) = &config.api.token_file {
         read_token(token)?;
     }
+    if let Some(tls) = &config.api.tls {
+        crate::api::listener::server_config(tls).map_err(anyhow::Error::msg)?;
+    }
     let pins = Pins::new(&config.pin_dir);
     pins.prepare()
         .with_context(|| format!("preparing the pin directory {}", config.pin_dir.display()))?;
@@ -247,6 +250,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     let api_socket = daemon.config.api.socket.clone();
     let api_listen = daemon.config.api.listen;
     let token_file = daemon.config.api.token_file.clone();
+    let api_tls = daemon.config.api.tls.clone();
     let metrics_listen = daemon.config.metrics.listen;
     let interface = daemon.config.interface.clone();
     let mode = daemon.config.attach_mode;
@@ -270,11 +274,20 @@ pub async fn run(opts: RunOptions) -> Result<()> {
             .await
             .with_context(|| format!("binding the API listener {addr}"))?;
         let app = router_with_token(api_state.clone(), token);
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(tcp, app).await {
-                tracing::error!("API TCP server: {e}");
+        match api_tls {
+            Some(files) => {
+                let config =
+                    crate::api::listener::server_config(&files).map_err(anyhow::Error::msg)?;
+                tokio::spawn(crate::api::listener::serve_tls(tcp, config, app));
             }
-        });
+            None => {
+                tokio::spawn(async move {
+                    if let Err(e) = axum::serve(tcp, app).await {
+                        tracing::error!("API TCP server: {e}");
+                    }
+                });
+            }
+        }
     }
     if let Some(addr) = metrics_listen {
         let tcp = tokio::net::TcpListener::bind(addr)

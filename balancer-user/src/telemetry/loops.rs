@@ -12,7 +12,7 @@ use super::scrape::scrape;
 use super::signals::Signals;
 use crate::balancer::Endpoint;
 use crate::config::{TelemetryConfig, TelemetrySource};
-use crate::http_client::HttpClient;
+use crate::http_client::{AccessNames, HttpClient};
 
 type Key = (Endpoint, Vec<IpAddr>, TelemetryConfig);
 
@@ -60,7 +60,7 @@ async fn run<P: TelemetryPort>(daemon: Arc<P>, name: String, (vip, backends, cfg
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // One pooled client for this VIP's pages (its scheme, CA, certificate and token); a
     // setting that cannot be used fails every scrape with its reason, which status shows.
-    let client = HttpClient::with_access(&cfg.access);
+    let client = HttpClient::with_access(&cfg.access, &AccessNames::TELEMETRY);
     if let Err(e) = &client {
         tracing::error!(vip = %name, "telemetry: {e}");
     }

@@ -55,6 +55,7 @@ pub async fn scrape(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http_client::AccessNames;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[tokio::test]
@@ -153,50 +154,27 @@ mod tests {
         connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     }
 
-    fn ca(name: &str) -> (String, rcgen::Issuer<'static, rcgen::KeyPair>) {
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, name);
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = params.self_signed(&key).unwrap();
-        (cert.pem(), rcgen::Issuer::new(params, key))
-    }
-
     async fn https_endpoint(page: &'static str, token: &'static str) -> HttpsEndpoint {
         use rustls::pki_types::pem::PemObject as _;
         use std::io::Write as _;
-        let dir = std::env::temp_dir().join(format!(
-            "balancer-https-scrape-{}-{}",
-            std::process::id(),
-            page.len()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let (ca_pem, issuer) = ca("scrape test CA");
-        let (other_pem, _) = ca("another CA");
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        params
-            .subject_alt_names
-            .push(rcgen::SanType::IpAddress([127, 0, 0, 1].into()));
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &issuer).unwrap();
-        std::fs::write(dir.join("ca.pem"), ca_pem).unwrap();
-        std::fs::write(dir.join("other-ca.pem"), other_pem).unwrap();
+        let pki = crate::tls::test_pki::Pki::new(&format!("scrape-{}", page.len()));
+        let other = crate::tls::test_pki::Pki::new(&format!("scrape-other-{}", page.len()));
+        let dir = pki.dir.clone();
+        let (cert_pem, key_pem) = pki.leaf("127.0.0.1", false);
+        std::fs::write(dir.join("ca.pem"), &pki.ca_pem).unwrap();
+        std::fs::write(dir.join("other-ca.pem"), &other.ca_pem).unwrap();
+        let _ = std::fs::remove_dir_all(&other.dir);
         std::fs::write(dir.join("token"), format!("{token}\n")).unwrap();
         std::fs::write(dir.join("wrong-token"), "not-it\n").unwrap();
         let chain =
-            vec![rustls::pki_types::CertificateDer::from_pem_slice(cert.pem().as_bytes()).unwrap()];
-        let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes())
+            vec![rustls::pki_types::CertificateDer::from_pem_slice(cert_pem.as_bytes()).unwrap()];
+        let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(crate::tls::provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
             .unwrap();
-        let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .unwrap();
         let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
         gz.write_all(page.as_bytes()).unwrap();
@@ -271,7 +249,9 @@ mod tests {
             identity: None,
             bearer_token_file: token.map(|f| e.dir.join(f)),
         };
-        let client = HttpClient::with_access(&access("ca.pem", Some("token"))).unwrap();
+        let client =
+            HttpClient::with_access(&access("ca.pem", Some("token")), &AccessNames::TELEMETRY)
+                .unwrap();
         for _ in 0..3 {
             let s = scrape(&client, e.addr.ip(), &pages, t, 1 << 20)
                 .await
@@ -284,7 +264,7 @@ mod tests {
         let err = |access: crate::config::ScrapeAccess| {
             let pages = pages.clone();
             async move {
-                let client = HttpClient::with_access(&access)?;
+                let client = HttpClient::with_access(&access, &AccessNames::TELEMETRY)?;
                 scrape(&client, e.addr.ip(), &pages, t, 1 << 20).await
             }
         };

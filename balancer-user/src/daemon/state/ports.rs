@@ -4,12 +4,11 @@
 
 use std::net::IpAddr;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use super::Daemon;
 use crate::balancer::Endpoint;
 use crate::config::{Discovery, FleetConfig, HealthConfig, RawVip, TelemetryConfig};
-use crate::discovery::DiscoveryPort;
+use crate::discovery::{DiscoveryPort, PoolDiscovery};
 use crate::fleet::agent::FleetPort;
 use crate::fleet::{FleetState, FleetStatus, FleetWeights, local_weights, vip_config};
 use crate::health::HealthPort;
@@ -68,7 +67,7 @@ impl TelemetryPort for Mutex<Daemon> {
 }
 
 impl DiscoveryPort for Mutex<Daemon> {
-    fn discovery_targets(&self) -> Vec<(String, Vec<IpAddr>, Discovery, Duration)> {
+    fn discovery_targets(&self) -> Vec<(String, PoolDiscovery)> {
         let Ok(d) = self.lock() else {
             return Vec::new();
         };
@@ -77,8 +76,13 @@ impl DiscoveryPort for Mutex<Daemon> {
             .iter()
             .filter(|p| p.discovery != Discovery::None)
             .map(|p| {
-                let backends = p.backends.iter().map(|b| b.address).collect();
-                (p.name.clone(), backends, p.discovery.clone(), p.interval)
+                let target = PoolDiscovery {
+                    backends: p.backends.iter().map(|b| b.address).collect(),
+                    how: p.discovery.clone(),
+                    interval: p.interval,
+                    access: p.access.clone(),
+                };
+                (p.name.clone(), target)
             })
             .collect()
     }

@@ -156,8 +156,10 @@ impl Daemon {
                     HealthCheckKind::Http {
                         path,
                         expect_status,
+                        tls,
                     } => {
-                        format!("http:{}{} -> {expect_status}", c.health.port, path)
+                        let scheme = if tls.is_some() { "https" } else { "http" };
+                        format!("{scheme}:{}{} -> {expect_status}", c.health.port, path)
                     }
                 },
                 packets: t.totals.packets,

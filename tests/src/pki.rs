@@ -1,7 +1,8 @@
-//! A secured etcd for the fleet tests: certificates made at run time (rcgen) and etcd's own
-//! users. One CA signs etcd's server certificate (for its address) and the balancers' client
-//! certificate; a second CA, which etcd does not trust and which signed nothing etcd shows,
-//! is the "wrong CA" of the error tests.
+//! Certificates for the TLS tests, made at run time (rcgen): one CA signs a server's
+//! certificate (for its address) and a client certificate; a second CA, which signed nothing
+//! the server shows or trusts, is the "wrong CA" of the error tests. For a secured etcd (the
+//! fleet tests) also etcd's arguments and its own users; the control API's TLS listener
+//! uses the same files.
 
 use std::fs;
 use std::net::IpAddr;
@@ -19,9 +20,9 @@ pub const USER_PREFIX: &str = "/balancer/";
 const ROOT_PASSWORD: &str = "root-secret-for-tests";
 const USER_PASSWORD: &str = "balancer-secret-for-tests";
 
-/// The files (PEM) of a secured etcd and its clients.
+/// The files (PEM) of a TLS server (a secured etcd, the API listener) and its clients.
 #[derive(Clone, Debug)]
-pub struct EtcdPki {
+pub struct TestPki {
     pub ca: PathBuf,
     pub server_cert: PathBuf,
     pub server_key: PathBuf,
@@ -62,9 +63,9 @@ fn leaf(
     Ok((cert.pem(), key.serialize_pem()))
 }
 
-impl EtcdPki {
-    /// Makes the certificates for an etcd at `server` under `dir`.
-    pub fn make(dir: &Path, server: IpAddr) -> Result<EtcdPki> {
+impl TestPki {
+    /// Makes the certificates for a server at `server` under `dir`.
+    pub fn make(dir: &Path, server: IpAddr) -> Result<TestPki> {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let (ca_pem, issuer) = ca("balancer tests etcd CA")?;
         let (other_pem, _) = ca("a CA etcd does not know")?;
@@ -81,7 +82,7 @@ impl EtcdPki {
             None,
             ExtendedKeyUsagePurpose::ClientAuth,
         )?;
-        let pki = EtcdPki {
+        let pki = TestPki {
             ca: dir.join("ca.pem"),
             server_cert: dir.join("etcd.pem"),
             server_key: dir.join("etcd-key.pem"),
