@@ -387,9 +387,15 @@ pub async fn run(opts: RunOptions) -> Result<()> {
             }
             _ = flows_every.tick() => {
                 let d = daemon.clone();
+                // The table is read without the daemon held: a fleet apply or an API
+                // change does not wait for it.
                 let _ = tokio::task::spawn_blocking(move || {
-                    if let Ok(mut d) = d.lock() {
-                        d.count_flows();
+                    let counter = d.lock().map(|d| d.flow_counter());
+                    if let Ok(counter) = counter {
+                        let counts = counter.and_then(|c| c.count());
+                        if let Ok(mut d) = d.lock() {
+                            d.set_flow_counts(counts);
+                        }
                     }
                 })
                 .await;

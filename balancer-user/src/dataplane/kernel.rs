@@ -14,7 +14,7 @@ use balancer_common::maps::{
 use balancer_common::stats::{COUNTERS, GlobalStats, TrafficStats};
 use balancer_common::vip_index::build_index;
 
-use super::{Dataplane, DataplaneError, add_traffic, sys};
+use super::{Dataplane, DataplaneError, FlowCounter, add_traffic, sys};
 
 /// The balancer program's maps, owned by the daemon.
 pub struct KernelDataplane {
@@ -181,24 +181,31 @@ impl KernelDataplane {
 impl Dataplane for KernelDataplane {
     /// Connection-table entries per backend id whose flow the client has not ended (tag set,
     /// value intact, not closed by FIN/RST).
-    fn flow_counts(&self) -> Result<HashMap<u32, u64>, DataplaneError> {
+    fn flow_counter(&self) -> Result<FlowCounter, DataplaneError> {
         let buckets = self.flows_buckets as usize;
-        let all: Vec<FlowBucket> = sys::read_mmapable(self.flows.fd().as_fd(), buckets)
-            .map_err(|e| DataplaneError::VipIndex(format!("reading the connection table: {e}")))?;
-        let mut counts = HashMap::new();
-        for bucket in &all {
-            for way in &bucket.ways {
-                if way.tag == 0 {
-                    continue;
-                }
-                if let Some(v) = FlowValue::unpack(way.value, way.tag)
-                    && !v.closed
-                {
-                    *counts.entry(u32::from(v.backend_id)).or_insert(0) += 1;
+        // A descriptor of its own: the count may run after this data plane is gone.
+        let fd = self.flows.fd().as_fd().try_clone_to_owned().map_err(|e| {
+            DataplaneError::VipIndex(format!("opening the connection table again: {e}"))
+        })?;
+        Ok(FlowCounter::later(move || {
+            let all: Vec<FlowBucket> = sys::read_mmapable(fd.as_fd(), buckets).map_err(|e| {
+                DataplaneError::VipIndex(format!("reading the connection table: {e}"))
+            })?;
+            let mut counts = HashMap::new();
+            for bucket in &all {
+                for way in &bucket.ways {
+                    if way.tag == 0 {
+                        continue;
+                    }
+                    if let Some(v) = FlowValue::unpack(way.value, way.tag)
+                        && !v.closed
+                    {
+                        *counts.entry(u32::from(v.backend_id)).or_insert(0) += 1;
+                    }
                 }
             }
-        }
-        Ok(counts)
+            Ok(counts)
+        }))
     }
 
     fn set_config(&mut self, config: &GlobalConfig) -> Result<(), DataplaneError> {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use balancer_common::maps::{Backend, GlobalConfig, MAX_BACKENDS, MAX_VIPS, VipKey, VipMeta};
 use balancer_common::stats::{GlobalStats, TrafficStats};
 
-use super::{Dataplane, DataplaneError};
+use super::{Dataplane, DataplaneError, FlowCounter};
 
 /// Kernel state kept in memory. Fields are public so tests can inspect them.
 #[derive(Debug, Default)]
@@ -98,8 +98,8 @@ impl Dataplane for MemoryDataplane {
     }
 
     /// No connection table in memory: the flows counted as active stand for it.
-    fn flow_counts(&self) -> Result<HashMap<u32, u64>, DataplaneError> {
-        self.active_flows()
+    fn flow_counter(&self) -> Result<FlowCounter, DataplaneError> {
+        Ok(FlowCounter::ready(self.active_flows()?))
     }
 
     fn publish_tables(&mut self, tables: &[(u32, &[u32])]) -> Result<(), DataplaneError> {

@@ -33,6 +33,28 @@ pub enum DataplaneError {
     Full { map: &'static str, capacity: u32 },
 }
 
+/// Flows per backend id, counted when [`FlowCounter::count`] runs (see
+/// [`Dataplane::flow_counter`]).
+pub struct FlowCounter(Box<dyn FnOnce() -> FlowCounts + Send>);
+
+type FlowCounts = Result<std::collections::HashMap<u32, u64>, DataplaneError>;
+
+impl FlowCounter {
+    /// A count to run later.
+    pub fn later(count: impl FnOnce() -> FlowCounts + Send + 'static) -> FlowCounter {
+        FlowCounter(Box::new(count))
+    }
+
+    /// A count already made.
+    pub fn ready(counts: std::collections::HashMap<u32, u64>) -> FlowCounter {
+        FlowCounter::later(move || Ok(counts))
+    }
+
+    pub fn count(self) -> FlowCounts {
+        (self.0)()
+    }
+}
+
 /// The kernel state the balancer writes and reads.
 ///
 /// Each call that changes what packets see is one atomic step: a packet sees all of it or
@@ -61,9 +83,14 @@ pub trait Dataplane {
     fn reset_active(&mut self, id: u32) -> Result<(), DataplaneError>;
     /// Active flows per backend id (ids with none are left out).
     fn active_flows(&self) -> Result<std::collections::HashMap<u32, u64>, DataplaneError>;
-    /// Connection-table entries per backend id whose flow the client has not ended (every
-    /// VIP's, whatever its scheduler).
-    fn flow_counts(&self) -> Result<std::collections::HashMap<u32, u64>, DataplaneError>;
+    /// A count of the connection-table entries per backend id whose flow the client has not
+    /// ended (every VIP's, whatever its scheduler), to run later: reading a large table takes
+    /// tens of milliseconds, which the daemon spends without holding its state.
+    fn flow_counter(&self) -> Result<FlowCounter, DataplaneError>;
+    /// [`Dataplane::flow_counter`], run now.
+    fn flow_counts(&self) -> Result<std::collections::HashMap<u32, u64>, DataplaneError> {
+        self.flow_counter()?.count()
+    }
     /// Makes each `(vip_id, table)` that VIP's Maglev table, each in one step (a packet sees a
     /// VIP's old table or its new one, never a mix).
     fn publish_tables(&mut self, tables: &[(u32, &[u32])]) -> Result<(), DataplaneError>;
@@ -119,8 +146,8 @@ impl<T: Dataplane + ?Sized> Dataplane for Box<T> {
     fn active_flows(&self) -> Result<std::collections::HashMap<u32, u64>, DataplaneError> {
         (**self).active_flows()
     }
-    fn flow_counts(&self) -> Result<std::collections::HashMap<u32, u64>, DataplaneError> {
-        (**self).flow_counts()
+    fn flow_counter(&self) -> Result<FlowCounter, DataplaneError> {
+        (**self).flow_counter()
     }
     fn publish_tables(&mut self, tables: &[(u32, &[u32])]) -> Result<(), DataplaneError> {
         (**self).publish_tables(tables)

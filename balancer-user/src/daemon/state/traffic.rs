@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use balancer_common::stats::TrafficStats;
 
 use super::Daemon;
+use crate::dataplane::{DataplaneError, FlowCounter};
 
 /// Traffic counters of one VIP or backend at the last reading, and the rates over the last
 /// rate interval (which started at `rate_base`).
@@ -114,10 +115,19 @@ impl Daemon {
     /// (FIN/RST). (The data plane's own counters exist only for the VIPs whose scheduler reads
     /// them; this count covers every VIP.)
     pub fn count_flows(&mut self) {
-        match self.balancer.dataplane().flow_counts() {
-            Ok(counts) => {
-                self.flows = counts;
-            }
+        let counts = self.flow_counter().and_then(FlowCounter::count);
+        self.set_flow_counts(counts);
+    }
+
+    /// The count of [`Daemon::count_flows`], to run without holding the daemon.
+    pub fn flow_counter(&self) -> Result<FlowCounter, DataplaneError> {
+        self.balancer.dataplane().flow_counter()
+    }
+
+    /// Takes a count made by [`Daemon::flow_counter`].
+    pub fn set_flow_counts(&mut self, counts: Result<HashMap<u32, u64>, DataplaneError>) {
+        match counts {
+            Ok(counts) => self.flows = counts,
             Err(e) => tracing::warn!("counting flows: {e}"),
         }
     }
