@@ -3,8 +3,9 @@
 //! member with TLS, client certificates and a password unless `--plain`); one backend's
 //! weight set through the leader's API `changes` times, each time to a value that moves its
 //! table; after each, every follower's API is read until its table has the leader's new
-//! fingerprint. Reported: from the leader's answer (its own table is live then) and from the
-//! request's start, p50 / p99 / max.
+//! fingerprint. Reported, p50 / p99 / max: from the leader's answer (its own table is live
+//! then) and from the request's start, by that polling; and from the daemons' own log stamps
+//! (no polling): the leader's answer to its publication and to every follower's table live.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -73,7 +73,7 @@ pub struct Daemon {
     vip_traffic: HashMap<u32, Sampled>,
     backend_traffic: HashMap<u32, Sampled>,
     rates_at: Option<Instant>,
-    /// Connection-table entries per backend id (refreshed by `count_flows`).
+    /// Connection-table entries per backend id (from `flow_counter`: each second, each status).
     flows: HashMap<u32, u64>,
     /// Backends under health checks: latest verdict known to the checker.
     pub checked: HashMap<(Endpoint, IpAddr), bool>,

@@ -105,26 +105,14 @@ impl Daemon {
         }
     }
 
-    /// Fresh counters and flow counts for an answer.
-    pub fn refresh(&mut self) {
-        self.sample();
-        self.count_flows();
-    }
-
-    /// Counts the active flows per backend: connection-table entries not ended by the client
-    /// (FIN/RST). (The data plane's own counters exist only for the VIPs whose scheduler reads
-    /// them; this count covers every VIP.)
-    pub fn count_flows(&mut self) {
-        let counts = self.flow_counter().and_then(FlowCounter::count);
-        self.set_flow_counts(counts);
-    }
-
-    /// The count of [`Daemon::count_flows`], to run without holding the daemon.
+    /// A count of the active flows per backend: connection-table entries not ended by the
+    /// client (FIN/RST), to run without holding the daemon. (The data plane's own counters
+    /// exist only for the VIPs whose scheduler reads them; this count covers every VIP.)
     pub fn flow_counter(&self) -> Result<FlowCounter, DataplaneError> {
         self.balancer.dataplane().flow_counter()
     }
 
-    /// Takes a count made by [`Daemon::flow_counter`].
+    /// Takes a count made by [`Daemon::flow_counter`] (an error is logged; the last stays).
     pub fn set_flow_counts(&mut self, counts: Result<HashMap<u32, u64>, DataplaneError>) {
         match counts {
             Ok(counts) => self.flows = counts,
