@@ -473,3 +473,136 @@ fn restarts_lose_nothing() {
         "forwarding paused for {longest:?}"
     );
 }
+
+/// A tmux server of its own for one test, killed when the test ends (also when it fails).
+struct Tmux {
+    server: String,
+}
+
+impl Tmux {
+    fn new(tag: &str) -> Tmux {
+        let tmux = Tmux {
+            server: format!("{PREFIX}-{tag}"),
+        };
+        let _ = tmux.run(&["kill-server"]);
+        tmux
+    }
+
+    fn run(&self, args: &[&str]) -> std::io::Result<std::process::Output> {
+        std::process::Command::new("tmux")
+            .args(["-L", &self.server])
+            .args(args)
+            .output()
+    }
+
+    /// The screen of `session` as text.
+    fn screen(&self, session: &str) -> String {
+        self.run(&["capture-pane", "-p", "-t", session])
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// Waits until the screen holds every one of `wanted`; returns the last screen.
+    fn wait_for(&self, session: &str, wanted: &[&str], limit: Duration) -> Result<String, String> {
+        let started = Instant::now();
+        loop {
+            let screen = self.screen(session);
+            if wanted.iter().all(|w| screen.contains(w)) {
+                return Ok(screen);
+            }
+            if started.elapsed() > limit {
+                return Err(screen);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.run(&["kill-server"]);
+    }
+}
+
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn top_shows_the_vips_and_backends_live_and_quits_on_q() {
+    let topo = rack("top");
+    let bin = balancer_tests::rack::binary("balancer").expect("balancer binary");
+    let tmux = Tmux::new("top");
+    let command = format!(
+        "{} --socket {} top --interval-ms 200",
+        bin.display(),
+        topo.api_socket().display()
+    );
+    let started = tmux
+        .run(&[
+            "new-session",
+            "-d",
+            "-s",
+            "top",
+            "-x",
+            "160",
+            "-y",
+            "70",
+            &command,
+        ])
+        .expect("tmux");
+    assert!(started.status.success(), "tmux: {started:?}");
+    let screen = tmux
+        .wait_for(
+            "top",
+            &[
+                "balancer top",
+                "http4",
+                "10.111.0.11",
+                "WEIGHT",
+                "SHARE",
+                "KV",
+                "HEALTH",
+            ],
+            Duration::from_secs(15),
+        )
+        .unwrap_or_else(|s| panic!("top never showed the rack's VIPs:\n{s}"));
+    assert!(screen.contains("udp6"), "every VIP is shown:\n{screen}");
+    println!("{screen}");
+    // A change shows within a refresh or two.
+    let (code, _, err) = topo
+        .cli(&["backend", "set-weight", "http4", "10.111.0.11", "7"])
+        .unwrap();
+    assert_eq!(code, 0, "{err}");
+    // The backend's row in http4's box (it serves other VIPs too).
+    let row = |screen: &str| {
+        screen
+            .lines()
+            .skip_while(|l| !l.contains(" http4 "))
+            .find(|l| l.contains("10.111.0.11"))
+            .map(str::to_string)
+            .unwrap_or_default()
+    };
+    let started = Instant::now();
+    while !row(&tmux.screen("top"))
+        .split_whitespace()
+        .any(|w| w == "7")
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the new weight never showed:\n{}",
+            tmux.screen("top")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    tmux.run(&["send-keys", "-t", "top", "q"]).unwrap();
+    let started = Instant::now();
+    while tmux
+        .run(&["has-session", "-t", "top"])
+        .is_ok_and(|o| o.status.success())
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "top did not quit on q:\n{}",
+            tmux.screen("top")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

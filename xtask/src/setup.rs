@@ -29,6 +29,8 @@ const HOST_PACKAGES: &[&str] = &[
     "haproxy",
     "bird2",
     "etcd-server",
+    // `balancer top`'s test drives it in tmux.
+    "tmux",
 ];
 /// Debian packages the daemon's build needs: protoc and the well-known protobuf types, for
 /// the etcd client's generated gRPC code (`etcd-client`'s build script runs protoc); and what

@@ -10,6 +10,7 @@ mod report;
 mod run;
 mod status;
 mod table;
+mod top;
 mod vip;
 mod weights;
 
@@ -42,6 +43,7 @@ pub const EXIT_UNAUTHORIZED: u8 = 5;
                   balancer status\n  \
                   balancer backend drain web 10.0.0.11\n  \
                   balancer weights\n  \
+                  balancer top\n  \
                   sudo balancer decap --interface eth0 --gue-port 6080\n  \
                   balancer report --serve 0.0.0.0:9400   # on a GPU backend\n\n\
                   Exit codes: 0 ok, 1 failure (daemon unreachable, kernel error), 2 invalid \
@@ -73,6 +75,7 @@ pub enum Command {
     CheckConfig(check_config::CheckConfigArgs),
     Decap(decap::DecapArgs),
     Report(report::ReportArgs),
+    Top(top::TopArgs),
 }
 
 pub fn init_logging(filter: &str) {
@@ -103,6 +106,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::CheckConfig(args) => check_config::run(args),
         Command::Decap(args) => decap::run(args),
         Command::Report(args) => report::run(args, &cli.client),
+        Command::Top(args) => top::run(args, &cli.client),
     }
 }
 
