@@ -16,6 +16,7 @@ const INSTALLED: &[&str] = &[
     "/usr/share/doc/balancer/README.md",
     "/usr/share/doc/balancer/docs/operating.md",
     "/usr/lib/tmpfiles.d/balancer.conf",
+    "/usr/share/balancer/prometheus/balancer.rules.yml",
 ];
 
 fn run(program: &str, args: &[&str]) -> (bool, String) {
@@ -117,6 +118,7 @@ fn the_debian_package_installs_checks_and_purges_cleanly() {
     for path in INSTALLED.iter().copied().chain([
         "/etc/balancer",
         "/usr/share/doc/balancer",
+        "/usr/share/balancer",
         "/lib/systemd/system/balancer.service",
         "/usr/lib/systemd/system/balancer.service",
     ]) {

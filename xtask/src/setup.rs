@@ -31,6 +31,8 @@ const HOST_PACKAGES: &[&str] = &[
     "etcd-server",
     // `balancer top`'s test drives it in tmux.
     "tmux",
+    // promtool, for the shipped alerting rules' tests.
+    "prometheus",
 ];
 /// Debian packages the daemon's build needs: protoc and the well-known protobuf types, for
 /// the etcd client's generated gRPC code (`etcd-client`'s build script runs protoc); and what

@@ -4,16 +4,46 @@
 use balancer_common::stats::{Counter, GlobalStats};
 
 use super::Families;
-use crate::api::types::{VipStatus, VipWeights};
+use crate::api::types::{Status, VipWeights};
 
 /// The scrape-time families: global counters (when the data plane could be read), per VIP and
-/// per backend traffic, health and table share, and per backend weights and telemetry.
-pub fn families(
-    global: Option<&GlobalStats>,
-    vips: &[VipStatus],
-    weights: &[VipWeights],
-) -> Families {
+/// per backend traffic, health and table share, per backend weights, saturation and
+/// telemetry; with `[bgp]` each VIP's announcement, with `[fleet]` this balancer's role and
+/// its link to etcd.
+pub fn families(global: Option<&GlobalStats>, status: &Status, weights: &[VipWeights]) -> Families {
+    let vips = &status.vips;
     let mut f = Families::default();
+    if let Some(fleet) = &status.fleet {
+        let instance = [("instance_name", fleet.instance.as_str())];
+        f.gauge(
+            "balancer_fleet_leader",
+            "1 while this balancer is its fleet's leader.",
+            &instance,
+            if fleet.role == "leader" { 1.0 } else { 0.0 },
+        );
+        f.gauge(
+            "balancer_fleet_etcd_up",
+            "1 while the last exchange with etcd succeeded.",
+            &instance,
+            if fleet.etcd == "ok" { 1.0 } else { 0.0 },
+        );
+        f.gauge(
+            "balancer_fleet_epoch",
+            "The fleet state epoch applied (or, on the leader, published) last.",
+            &instance,
+            fleet.epoch as f64,
+        );
+    }
+    if status.bgp.is_some() {
+        for vip in vips {
+            f.gauge(
+                "balancer_vip_announced",
+                "1 while the VIP is announced over BGP (it has a backend to serve and is not drained).",
+                &[("vip", vip.name.as_str())],
+                if vip.announced { 1.0 } else { 0.0 },
+            );
+        }
+    }
     if let Some(global) = global {
         // Labels come from the counters' own names: `xdp_pass` is action "pass", `drop_fragment`
         // reason "fragment"; the connection-table results keep their historical labels.
@@ -162,6 +192,16 @@ pub fn families(
                 &l,
                 f64::from(b.weight),
             );
+            f.gauge(
+                "balancer_backend_saturated",
+                "1 while the policy holds the backend saturated (KV cache, queue or GPU memory over its cut-off).",
+                &l,
+                if crate::policy::is_saturation(&b.reason) {
+                    1.0
+                } else {
+                    0.0
+                },
+            );
             let Some(s) = &b.signals else { continue };
             let inputs = [
                 (
@@ -230,15 +270,32 @@ mod tests {
     use super::*;
     use crate::metrics::Metrics;
 
+    fn status(fleet: Option<crate::fleet::FleetStatus>, bgp: bool) -> Status {
+        Status {
+            interface: "eth0".into(),
+            attach_mode: "native".into(),
+            pin_dir: "/sys/fs/bpf/balancer/eth0".into(),
+            uptime_secs: 1,
+            vips: Vec::new(),
+            fleet,
+            bgp: bgp.then(|| crate::api::types::BgpStatus {
+                announced: Vec::new(),
+                drained: Vec::new(),
+                last_error: None,
+            }),
+        }
+    }
+
     #[test]
     fn every_data_plane_counter_is_exposed_once() {
         let mut global = GlobalStats::default();
         for (i, c) in global.counters.iter_mut().enumerate() {
             *c = 7_000_001 + i as u64;
         }
-        let text = Metrics::new()
-            .unwrap()
-            .render(families(Some(&global), &[], &[]));
+        let text =
+            Metrics::new()
+                .unwrap()
+                .render(families(Some(&global), &status(None, false), &[]));
         for counter in Counter::ALL {
             let value = format!(" {}\n", global.get(counter));
             assert_eq!(
@@ -258,7 +315,132 @@ mod tests {
             assert!(text.contains(line), "{line} in\n{text}");
         }
         // Without the data plane, no global families at all (not zeros).
-        let text = Metrics::new().unwrap().render(families(None, &[], &[]));
+        let text = Metrics::new()
+            .unwrap()
+            .render(families(None, &status(None, false), &[]));
         assert!(!text.contains("balancer_drops_total"), "{text}");
+        assert!(!text.contains("balancer_fleet_leader"), "{text}");
+    }
+
+    #[test]
+    fn the_fleet_role_and_etcd_link_are_gauges() {
+        let fleet = crate::fleet::FleetStatus {
+            instance: "lb1".into(),
+            role: "leader".into(),
+            leader: Some("lb1".into()),
+            epoch: 42,
+            etcd: "etcd unreachable".into(),
+            applied_secs_ago: None,
+        };
+        let text = Metrics::new()
+            .unwrap()
+            .render(families(None, &status(Some(fleet), true), &[]));
+        for line in [
+            "balancer_fleet_leader{instance_name=\"lb1\"} 1",
+            "balancer_fleet_etcd_up{instance_name=\"lb1\"} 0",
+            "balancer_fleet_epoch{instance_name=\"lb1\"} 42",
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
+    }
+
+    /// Every metric the shipped Prometheus rules read is one the daemon exposes (with a fleet,
+    /// BGP, a VIP with a backend, and a report).
+    #[test]
+    fn the_shipped_rules_read_only_metrics_the_daemon_exposes() {
+        use crate::api::types::{BackendStatus, VipStatus, WeightRow};
+        let fleet = crate::fleet::FleetStatus {
+            instance: "lb1".into(),
+            role: "follower".into(),
+            leader: Some("lb2".into()),
+            epoch: 1,
+            etcd: "ok".into(),
+            applied_secs_ago: Some(0.1),
+        };
+        let mut status = status(Some(fleet), true);
+        let backend: std::net::IpAddr = "10.0.0.21".parse().unwrap();
+        status.vips.push(VipStatus {
+            name: "llm".into(),
+            address: "10.100.0.2".parse().unwrap(),
+            port: 8000,
+            protocol: "tcp".into(),
+            forwarding: "l2-dsr".into(),
+            scheduler: "maglev".into(),
+            table_size: 65537,
+            table_fingerprint: "0".into(),
+            health_check: "none".into(),
+            packets: 1,
+            bytes: 1,
+            new_flows: 1,
+            pps: 0.0,
+            bps: 0.0,
+            flows: 1,
+            backends: vec![BackendStatus {
+                address: backend,
+                weight: 1,
+                drained: false,
+                healthy: true,
+                health: "healthy".into(),
+                table_share: 1.0,
+                flows: 1,
+                packets: 1,
+                bytes: 1,
+                new_flows: 1,
+                pps: 0.0,
+                bps: 0.0,
+                retiring: false,
+            }],
+            announced: true,
+        });
+        let weights = vec![VipWeights {
+            vip: "llm".into(),
+            policy: "composite".into(),
+            telemetry: "scrape".into(),
+            backends: vec![WeightRow {
+                address: backend,
+                configured_weight: 1,
+                weight: 0,
+                reason: "saturated: KV cache 97% >= 95%".into(),
+                signals: Some(crate::telemetry::signals::Signals {
+                    kv_usage: Some(0.97),
+                    ..Default::default()
+                }),
+                report_age_ms: Some(100),
+                flows: 1,
+                reports: 1,
+                errors: 0,
+                last_error: None,
+            }],
+        }];
+        let global = GlobalStats::default();
+        let text = Metrics::new()
+            .unwrap()
+            .render(families(Some(&global), &status, &weights));
+        let exposed: std::collections::BTreeSet<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        let rules = include_str!("../../../packaging/prometheus/balancer.rules.yml");
+        let mut read = std::collections::BTreeSet::new();
+        for word in rules.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':')) {
+            if word.starts_with("balancer_") {
+                read.insert(word);
+            }
+        }
+        assert!(read.len() >= 10, "{read:?}");
+        let missing: Vec<_> = read.iter().filter(|n| !exposed.contains(*n)).collect();
+        assert!(
+            missing.is_empty(),
+            "the rules read {missing:?}, which the daemon does not expose:\n{text}"
+        );
+        assert!(
+            text.contains("balancer_backend_saturated{vip=\"llm\",backend=\"10.0.0.21\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("balancer_vip_announced{vip=\"llm\"} 1"),
+            "{text}"
+        );
     }
 }

@@ -8,6 +8,10 @@ pub mod exposition;
 use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
 use prometheus::{Encoder, Histogram, HistogramOpts, IntCounterVec, Opts, Registry, TextEncoder};
 
+/// Where table changes come from: API changes, SIGHUP reloads, model discovery, weight
+/// rounds, the fleet's weights (the `origin` of `balancer_table_publish_errors_total`).
+pub const PUBLISH_ORIGINS: [&str; 5] = ["api", "sighup", "discovery", "weights", "fleet"];
+
 /// The daemon's registered metrics.
 pub struct Metrics {
     registry: Registry,
@@ -23,6 +27,8 @@ pub struct Metrics {
     pub health_transitions: IntCounterVec,
     /// Changes refused or failed, by origin.
     pub change_errors: IntCounterVec,
+    /// Valid changes or weight rounds the data plane did not take, by origin.
+    pub publish_errors: IntCounterVec,
     /// Scrapes and pushed reports by outcome.
     pub reports: IntCounterVec,
     /// Weight rounds that changed a VIP's table.
@@ -65,6 +71,13 @@ impl Metrics {
                 Opts::new("balancer_change_errors_total", "Configuration changes refused or failed."),
                 &["origin"],
             )?,
+            publish_errors: IntCounterVec::new(
+                Opts::new(
+                    "balancer_table_publish_errors_total",
+                    "Valid changes and weight rounds whose tables the data plane did not take (the last ones stay in force).",
+                ),
+                &["origin"],
+            )?,
             reports: IntCounterVec::new(
                 Opts::new("balancer_backend_reports_total", "Backend metrics scraped or pushed, by result."),
                 &["vip", "backend", "result"],
@@ -91,6 +104,11 @@ impl Metrics {
         m.registry
             .register(Box::new(m.health_transitions.clone()))?;
         m.registry.register(Box::new(m.change_errors.clone()))?;
+        m.registry.register(Box::new(m.publish_errors.clone()))?;
+        // Every origin from 0, so that an alert on its increase sees the first failure.
+        for origin in PUBLISH_ORIGINS {
+            m.publish_errors.with_label_values(&[origin]);
+        }
         m.registry.register(Box::new(m.reports.clone()))?;
         m.registry.register(Box::new(m.weight_changes.clone()))?;
         m.registry

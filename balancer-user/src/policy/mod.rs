@@ -212,6 +212,12 @@ enum Verdict {
     Score(f64, String),
 }
 
+/// Whether a decision's reason says the backend is saturated (KV cache, queue or GPU memory
+/// over its cut-off; a stale report "treated as saturated" is staleness, not this).
+pub fn is_saturation(reason: &str) -> bool {
+    reason.starts_with("saturated: ")
+}
+
 fn pct(v: f64) -> String {
     format!("{:.0}%", v * 100.0)
 }

@@ -72,6 +72,12 @@ impl Daemon {
                 .change_errors
                 .with_label_values(&[origin])
                 .inc();
+            if e.is_publish_failure() {
+                self.metrics
+                    .publish_errors
+                    .with_label_values(&[origin])
+                    .inc();
+            }
             tracing::warn!(origin, "change refused: {e}");
         }
         result

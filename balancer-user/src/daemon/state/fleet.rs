@@ -28,6 +28,10 @@ impl Daemon {
                 Some(None)
             }
             Err(e) => {
+                self.metrics
+                    .publish_errors
+                    .with_label_values(&["fleet"])
+                    .inc();
                 tracing::error!("applying the fleet's weights: {e}");
                 None
             }

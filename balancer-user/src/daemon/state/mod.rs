@@ -57,6 +57,13 @@ pub enum ChangeError {
     Dataplane(#[from] crate::balancer::BalancerError),
 }
 
+impl ChangeError {
+    /// A valid change the data plane did not take (the tables in force stay).
+    pub fn is_publish_failure(&self) -> bool {
+        matches!(self, ChangeError::Failed(_) | ChangeError::Dataplane(_))
+    }
+}
+
 /// The daemon.
 pub struct Daemon {
     pub config: Config,

@@ -61,6 +61,12 @@ impl TelemetryPort for Mutex<Daemon> {
             d.record_scrape(vip, name, backend, result);
         }
         if let Err(e) = d.weight_round(name) {
+            if e.is_publish_failure() {
+                d.metrics
+                    .publish_errors
+                    .with_label_values(&["weights"])
+                    .inc();
+            }
             tracing::error!(vip = %name, "weight round: {e}");
         }
     }

@@ -252,7 +252,7 @@ impl Daemon {
         let global = self.balancer.global_stats().ok();
         self.metrics.render(crate::metrics::exposition::families(
             global.as_ref(),
-            &self.vip_statuses(),
+            &self.status(),
             &self.weights(),
         ))
     }
