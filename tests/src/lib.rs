@@ -17,6 +17,7 @@ pub mod load;
 pub mod netns;
 pub mod openai;
 pub mod packet;
+pub mod pages;
 pub mod pki;
 pub mod rack;
 pub mod sim;

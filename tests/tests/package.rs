@@ -17,6 +17,7 @@ const INSTALLED: &[&str] = &[
     "/usr/share/doc/balancer/docs/operating.md",
     "/usr/lib/tmpfiles.d/balancer.conf",
     "/usr/share/balancer/prometheus/balancer.rules.yml",
+    "/usr/share/balancer/grafana/balancer-dashboard.json",
 ];
 
 fn run(program: &str, args: &[&str]) -> (bool, String) {

@@ -344,10 +344,10 @@ mod tests {
         }
     }
 
-    /// Every metric the shipped Prometheus rules read is one the daemon exposes (with a fleet,
-    /// BGP, a VIP with a backend, and a report).
+    /// Every metric the shipped Prometheus rules and Grafana dashboard read is one the daemon
+    /// exposes (with a fleet, BGP, a VIP with a backend, and a report).
     #[test]
-    fn the_shipped_rules_read_only_metrics_the_daemon_exposes() {
+    fn the_shipped_rules_and_dashboard_read_only_metrics_the_daemon_exposes() {
         use crate::api::types::{BackendStatus, VipStatus, WeightRow};
         let fleet = crate::fleet::FleetStatus {
             instance: "lb1".into(),
