@@ -75,6 +75,19 @@ pub struct Settings {
     pub key: &'static str,
 }
 
+impl Settings {
+    /// A certificate and key that do not go together (or that rustls refuses), both named.
+    fn pair_error(&self, cert: &Path, key: &Path, e: &rustls::Error) -> String {
+        format!(
+            "{} {} and {} {}: {e}",
+            self.cert,
+            cert.display(),
+            self.key,
+            key.display()
+        )
+    }
+}
+
 /// A client configuration: trust `ca` (or the system's roots), and present `identity` (a
 /// certificate chain and key file) when given.
 pub fn client_config(
@@ -91,15 +104,9 @@ pub fn client_config(
         Some((cert, key)) => {
             let chain = read_certs(cert, names.cert)?;
             let key_der = read_key(key, names.key)?;
-            builder.with_client_auth_cert(chain, key_der).map_err(|e| {
-                format!(
-                    "{} {} and {} {}: {e}",
-                    names.cert,
-                    cert.display(),
-                    names.key,
-                    key.display()
-                )
-            })
+            builder
+                .with_client_auth_cert(chain, key_der)
+                .map_err(|e| names.pair_error(cert, key, &e))
         }
     }
 }
@@ -129,15 +136,9 @@ pub fn server_config(
     };
     let chain = read_certs(cert, names.cert)?;
     let key_der = read_key(key, names.key)?;
-    let mut config = builder.with_single_cert(chain, key_der).map_err(|e| {
-        format!(
-            "{} {} and {} {}: {e}",
-            names.cert,
-            cert.display(),
-            names.key,
-            key.display()
-        )
-    })?;
+    let mut config = builder
+        .with_single_cert(chain, key_der)
+        .map_err(|e| names.pair_error(cert, key, &e))?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(config)
 }
