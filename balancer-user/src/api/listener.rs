@@ -92,6 +92,7 @@ mod tests {
         let client_cert = write(&dir, "client.pem", &client_id.0);
         let client_key = write(&dir, "client-key.pem", &client_id.1);
         let other_ca = write(&dir, "other-ca.pem", &other.ca_pem);
+        let _ = std::fs::remove_dir_all(&other.dir);
         let token = "0123456789abcdef-token".to_string();
 
         let runtime = tokio::runtime::Runtime::new().unwrap();
