@@ -1,6 +1,7 @@
 //! Backend health checks: a task per checked backend probes it (TCP connect, or HTTP(S) GET
-//! with an expected status, through the shared HTTP client) every interval; `fall` consecutive failures make it unhealthy (it leaves
-//! its VIP's table and its flows are re-hashed), `rise` consecutive successes bring it back.
+//! with an expected status, through the shared HTTP client) every interval; `fall`
+//! consecutive failures make it unhealthy (it leaves its VIP's table and its flows are
+//! re-hashed), `rise` consecutive successes bring it back.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -233,9 +234,10 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(wrong_status, "status 200, expected 204");
-        Prober::new(&https(&ca)).probe(tls_addr).await.unwrap();
-        // The connection is not kept: each probe shows the backend accepts.
-        Prober::new(&https(&ca)).probe(tls_addr).await.unwrap();
+        // One prober, probing again: each probe is a request of its own.
+        let prober = Prober::new(&https(&ca));
+        prober.probe(tls_addr).await.unwrap();
+        prober.probe(tls_addr).await.unwrap();
         let untrusted = Prober::new(&https(&other_ca))
             .probe(tls_addr)
             .await

@@ -11,6 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::config::ScrapeAccess;
+use crate::error_text::error_chain;
 use crate::tls;
 
 /// The names of the settings a client was made from, for error messages.
@@ -214,19 +215,4 @@ fn base_builder() -> reqwest::ClientBuilder {
         .no_proxy()
         .tcp_nodelay(true)
         .redirect(reqwest::redirect::Policy::none())
-}
-
-/// An error with its sources, each once (the useful part is often the innermost).
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let more = s.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        source = s.source();
-    }
-    text
 }

@@ -10,6 +10,7 @@ pub mod dataplane;
 pub mod decap;
 pub mod discovery;
 pub mod ebpf;
+pub mod error_text;
 pub mod fleet;
 pub mod health;
 pub mod http_client;

@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::types::ErrorBody;
-use crate::http_client::error_chain;
+use crate::error_text::error_chain;
 use crate::tls;
 
 /// Where the daemon listens.

@@ -2,7 +2,6 @@
 //! configured, on TCP with a bearer token. Every change goes through the same validation as
 //! the config file, is applied in one step, and is written back to the config file.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -173,21 +172,17 @@ pub fn read_token(path: &Path) -> anyhow::Result<String> {
     Ok(token)
 }
 
-/// Flow counts made now, without holding the daemon while the connection table is read (a
-/// large one takes tens of milliseconds; changes and fleet applies do not wait for it).
-async fn count_flows(
-    s: &ApiState,
-) -> Result<Result<HashMap<u32, u64>, crate::dataplane::DataplaneError>, ApiError> {
-    let counter = with_daemon(s, |d| Ok(d.flow_counter())).await?;
-    tokio::task::spawn_blocking(move || counter.and_then(|c| c.count()))
+/// Fresh flow counts for an answer (see [`Daemon::refresh_flow_counts`]).
+async fn refresh_flow_counts(s: &ApiState) -> Result<(), ApiError> {
+    let daemon = s.daemon.clone();
+    tokio::task::spawn_blocking(move || Daemon::refresh_flow_counts(&daemon))
         .await
         .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
 }
 
 async fn status(State(s): State<ApiState>) -> ApiResult<crate::api::types::Status> {
-    let counts = count_flows(&s).await?;
+    refresh_flow_counts(&s).await?;
     with_daemon(&s, |d| {
-        d.set_flow_counts(counts);
         d.sample();
         Ok(d.status())
     })
@@ -196,9 +191,8 @@ async fn status(State(s): State<ApiState>) -> ApiResult<crate::api::types::Statu
 }
 
 async fn stats(State(s): State<ApiState>) -> ApiResult<crate::api::types::Stats> {
-    let counts = count_flows(&s).await?;
+    refresh_flow_counts(&s).await?;
     with_daemon(&s, |d| {
-        d.set_flow_counts(counts);
         d.sample();
         d.stats()
     })

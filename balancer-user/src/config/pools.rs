@@ -77,10 +77,12 @@ pub(super) fn validate_pools(raw: Vec<RawPool>) -> Result<Vec<PoolConfig>, Confi
             },
             &format!("pool[{i}]"),
         )?;
-        if discovery == Discovery::None && access.is_set() {
+        if let Some(set) = access.first_set()
+            && discovery == Discovery::None
+        {
             return Err(invalid(
-                key("scheme"),
-                format!("{:?}", p.scheme),
+                key(set),
+                "(set)",
                 "scheme, ca, cert, key and bearer_token_file apply to discover = \"models\" or \"metrics\" only",
             ));
         }

@@ -100,9 +100,16 @@ pub(super) fn validate_access(raw: RawAccess, prefix: &str) -> Result<ScrapeAcce
 }
 
 impl ScrapeAccess {
-    /// Whether anything differs from plain HTTP without a token.
-    pub fn is_set(&self) -> bool {
-        *self != ScrapeAccess::default()
+    /// The first setting that differs from plain HTTP without a token, if any (`ca`, `cert`
+    /// and `key` come only with `scheme = "https"`).
+    pub(super) fn first_set(&self) -> Option<&'static str> {
+        if self.https {
+            Some("scheme")
+        } else if self.bearer_token_file.is_some() {
+            Some("bearer_token_file")
+        } else {
+            None
+        }
     }
 
     pub(super) fn to_raw(&self) -> RawAccess {
@@ -201,10 +208,12 @@ pub(super) fn validate_telemetry(
         },
         &format!("{label}.telemetry"),
     )?;
-    if !matches!(source, TelemetrySource::Scrape(_)) && access.is_set() {
+    if let Some(set) = access.first_set()
+        && !matches!(source, TelemetrySource::Scrape(_))
+    {
         return Err(invalid(
-            key("scheme"),
-            format!("{:?}", raw.scheme),
+            key(set),
+            "(set)",
             "scheme, ca, cert, key and bearer_token_file apply to source = \"scrape\" only",
         ));
     }

@@ -297,7 +297,7 @@ fn errors_name_the_key_and_the_value() {
         ),
         (
             "interface = \"eth0\"\n[[pool]]\nname = \"p\"\nbearer_token_file = \"/t\"".into(),
-            "pool[0].scheme = None: scheme, ca, cert, key and bearer_token_file apply to discover",
+            "pool[0].bearer_token_file = (set): scheme, ca, cert, key and bearer_token_file apply to discover",
         ),
         (
             "interface = \"eth0\"\n[[pool]]\nname = \"p\"\ndiscover = \"models\"\nca = \"/etc/b/ca.pem\"".into(),
@@ -365,7 +365,7 @@ fn errors_name_the_key_and_the_value() {
             with_vip(
                 "address = \"10.0.0.1\"\nport = 80\n[vip.telemetry]\nsource = \"push\"\nbearer_token_file = \"/etc/t\"",
             ),
-            "apply to source = \"scrape\" only",
+            "vip[0].telemetry.bearer_token_file = (set): scheme, ca, cert, key and bearer_token_file apply to source = \"scrape\" only",
         ),
         (
             with_vip(

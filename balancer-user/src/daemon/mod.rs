@@ -82,6 +82,7 @@ fn start(opts: &RunOptions) -> Result<Daemon> {
     if let Some(token) = &config.api.token_file {
         read_token(token)?;
     }
+    // Checked before the program is attached (the listener reads the files again later).
     if let Some(tls) = &config.api.tls {
         crate::api::listener::server_config(tls).map_err(anyhow::Error::msg)?;
     }
@@ -387,18 +388,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
             }
             _ = flows_every.tick() => {
                 let d = daemon.clone();
-                // The table is read without the daemon held: a fleet apply or an API
-                // change does not wait for it.
-                let _ = tokio::task::spawn_blocking(move || {
-                    let counter = d.lock().map(|d| d.flow_counter());
-                    if let Ok(counter) = counter {
-                        let counts = counter.and_then(|c| c.count());
-                        if let Ok(mut d) = d.lock() {
-                            d.set_flow_counts(counts);
-                        }
-                    }
-                })
-                .await;
+                let _ = tokio::task::spawn_blocking(move || Daemon::refresh_flow_counts(&d)).await;
             }
         }
     }

@@ -15,6 +15,7 @@ use tokio::sync::{Mutex, mpsc};
 
 use super::store::{Change, FleetStore, Held, KeyValue, Read, StoreError, Watch, WatchBatch};
 use crate::config::FleetConfig;
+use crate::error_text::{error_chain, with_sources};
 
 pub struct EtcdStore {
     config: FleetConfig,
@@ -193,23 +194,14 @@ impl EtcdStore {
 
 /// An error with its sources (the useful part of a TLS failure is often the innermost).
 fn describe(e: &etcd_client::Error) -> String {
-    let (mut text, mut source): (String, Option<&dyn std::error::Error>) = match e {
-        etcd_client::Error::GRpcStatus(s) => (
+    match e {
+        etcd_client::Error::GRpcStatus(s) => with_sources(
             format!("{:?}: {}", s.code(), s.message()),
             std::error::Error::source(s),
         ),
-        etcd_client::Error::TransportError(t) => (t.to_string(), std::error::Error::source(t)),
-        other => (other.to_string(), None),
-    };
-    while let Some(s) = source {
-        let next = s.to_string();
-        if !text.contains(&next) {
-            text.push_str(": ");
-            text.push_str(&next);
-        }
-        source = s.source();
+        etcd_client::Error::TransportError(t) => error_chain(t),
+        other => other.to_string(),
     }
-    text
 }
 
 fn key_value(kv: &etcd_client::KeyValue) -> KeyValue {

@@ -119,6 +119,19 @@ impl Daemon {
             Err(e) => tracing::warn!("counting flows: {e}"),
         }
     }
+
+    /// Counts the flows afresh, holding `daemon` only to start the count and to take it:
+    /// reading a large connection table takes tens of milliseconds, and changes, fleet
+    /// applies and weight rounds need not wait for it. Blocking.
+    pub fn refresh_flow_counts(daemon: &std::sync::Mutex<Daemon>) {
+        let Ok(counter) = daemon.lock().map(|d| d.flow_counter()) else {
+            return;
+        };
+        let counts = counter.and_then(FlowCounter::count);
+        if let Ok(mut d) = daemon.lock() {
+            d.set_flow_counts(counts);
+        }
+    }
 }
 
 #[cfg(test)]
