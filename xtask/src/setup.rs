@@ -214,44 +214,23 @@ fn ensure_bpf_linker(updated: &mut bool) -> Result<()> {
 /// The cargo-fuzz version the fuzz targets are run with.
 pub const CARGO_FUZZ_VERSION: &str = "0.13.2";
 
-fn ensure_cargo_fuzz() -> Result<()> {
-    if output("cargo", &["fuzz", "--version"]).is_some_and(|v| v.contains(CARGO_FUZZ_VERSION)) {
-        step(&format!("cargo-fuzz {CARGO_FUZZ_VERSION} present"));
+/// Installs the cargo subcommand `cargo <sub>` (crate `cargo-<sub>`) at `version` unless that
+/// version answers already.
+fn ensure_cargo_subcommand(sub: &str, version: &str) -> Result<()> {
+    let name = format!("cargo-{sub}");
+    if output("cargo", &[sub, "--version"]).is_some_and(|v| v.contains(version)) {
+        step(&format!("{name} {version} present"));
         return Ok(());
     }
     run_cmd(
         "cargo",
-        &[
-            "install",
-            "--locked",
-            "cargo-fuzz",
-            "--version",
-            CARGO_FUZZ_VERSION,
-        ],
+        &["install", "--locked", &name, "--version", version],
         &[],
     )
 }
 
 /// The cargo-deb version the Debian package is built with.
 pub const CARGO_DEB_VERSION: &str = "3.8.0";
-
-fn ensure_cargo_deb() -> Result<()> {
-    if output("cargo", &["deb", "--version"]).is_some_and(|v| v.contains(CARGO_DEB_VERSION)) {
-        step(&format!("cargo-deb {CARGO_DEB_VERSION} present"));
-        return Ok(());
-    }
-    run_cmd(
-        "cargo",
-        &[
-            "install",
-            "--locked",
-            "cargo-deb",
-            "--version",
-            CARGO_DEB_VERSION,
-        ],
-        &[],
-    )
-}
 
 fn ensure_bpffs() -> Result<()> {
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
@@ -282,8 +261,8 @@ pub fn run(real_servers: RealServers) -> Result<()> {
     install_packages(BUILD_PACKAGES, &mut updated)?;
     ensure_nightly()?;
     ensure_bpf_linker(&mut updated)?;
-    ensure_cargo_fuzz()?;
-    ensure_cargo_deb()?;
+    ensure_cargo_subcommand("fuzz", CARGO_FUZZ_VERSION)?;
+    ensure_cargo_subcommand("deb", CARGO_DEB_VERSION)?;
     if let Err(e) = ensure_bpffs() {
         step(&format!(
             "warning: could not mount bpffs ({e:#}); pinning will not work"
