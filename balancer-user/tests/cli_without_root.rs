@@ -90,11 +90,16 @@ protocol = "udp"
 }
 
 fn rig(tag: &str) -> Rig {
+    rig_with(tag, &config_text)
+}
+
+/// A rig whose config file is `text(dir)`.
+fn rig_with(tag: &str, text: &dyn Fn(&Path) -> String) -> Rig {
     let dir = std::env::temp_dir().join(format!("balancer-cli-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let config_path = dir.join("balancer.toml");
-    std::fs::write(&config_path, config_text(&dir)).unwrap();
+    std::fs::write(&config_path, text(&dir)).unwrap();
     let config = Config::load(&config_path).unwrap();
     let routes = RecordedRoutes::default();
     let host = Host {
@@ -644,4 +649,167 @@ fn check_config_and_report_run_without_the_kernel() {
         signals.gpu_memory_total_bytes,
         Some(81920.0 * 1024.0 * 1024.0)
     );
+}
+
+/// The rig's config with a service beside its VIPs: `api` on an IPv4 and an IPv6 address, TCP
+/// ports 80 and 443, one backend list that shares a host (10.111.0.11) with `http4`.
+fn service_config_text(dir: &Path) -> String {
+    config_text(dir)
+        + r#"
+[[vip]]
+name = "api"
+addresses = ["10.111.3.1", "fd00:111::3:1"]
+ports = [80, 443]
+
+  [[vip.backend]]
+  address = "10.111.0.11"
+  [[vip.backend]]
+  address = "10.111.0.14"
+"#
+}
+
+#[test]
+fn a_service_is_one_block_and_a_host_drains_in_one_command() {
+    let rig = rig_with("service", &service_config_text);
+    let path = rig.config_path.to_str().unwrap();
+    let out = rig.ok(&["check-config", path]);
+    assert!(
+        out.contains("service api expands to 4 VIPs: api-80-v4, api-443-v4, api-80-v6, api-443-v6")
+            && out.contains("[fd00:111::3:1]:443/tcp"),
+        "{out}"
+    );
+    let s: Status = rig.json(&["status"]);
+    assert_eq!(s.vips.len(), 7);
+    let out = rig.ok(&["vip", "list"]);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("api-443-v6") && l.ends_with("api")),
+        "{out}"
+    );
+    let holding = [
+        "http4",
+        "api-80-v4",
+        "api-443-v4",
+        "api-80-v6",
+        "api-443-v6",
+    ];
+
+    // One command drains the host everywhere, in one change; undrain brings it back.
+    let out = rig.ok(&["backend", "drain", "--everywhere", "10.111.0.11"]);
+    assert!(
+        out.contains("backend 10.111.0.11 drained in 5 VIP(s)"),
+        "{out}"
+    );
+    let s: Status = rig.json(&["status"]);
+    for vip in holding {
+        assert_eq!(
+            backend_weight(&s, vip, "10.111.0.11"),
+            (1, true, 0.0),
+            "{vip}"
+        );
+    }
+    assert_eq!(
+        backend_weight(&s, "api-80-v6", "10.111.0.14"),
+        (1, false, 1.0)
+    );
+    // The file still holds the service as one block, the backend drained in it.
+    let file = std::fs::read_to_string(&rig.config_path).unwrap();
+    assert_eq!(file.matches("[[vip]]").count(), 4, "{file}");
+    assert!(
+        file.contains("ports = [80, 443]") && file.contains("drained = true"),
+        "{file}"
+    );
+    rig.ok(&["reload"]);
+    let s: Status = rig.json(&["status"]);
+    assert_eq!(
+        backend_weight(&s, "api-443-v4", "10.111.0.11"),
+        (1, true, 0.0)
+    );
+    rig.ok(&["backend", "undrain", "--everywhere", "10.111.0.11"]);
+    let s: Status = rig.json(&["status"]);
+    for vip in holding {
+        assert!(!backend_weight(&s, vip, "10.111.0.11").1, "{vip}");
+    }
+
+    // Errors change nothing.
+    let before = std::fs::read_to_string(&rig.config_path).unwrap();
+    let (code, _, err) = rig.cli(&["backend", "drain", "--everywhere", "10.111.9.9"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("no VIP has backend 10.111.9.9"), "{err}");
+    let (code, _, err) = rig.cli(&["backend", "drain", "--everywhere", "10.111.0.11", "http4"]);
+    assert_eq!(code, 2, "{err}");
+    let (code, _, err) = rig.cli(&["backend", "drain", "http4"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("<ADDRESS>"), "{err}");
+    let (status, body) = rig
+        .client()
+        .raw("POST", "/v1/backends/not-an-ip/drain", None)
+        .unwrap();
+    assert_eq!(status, 400, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(std::fs::read_to_string(&rig.config_path).unwrap(), before);
+
+    // A member changed on its own: the file lists the members one by one, and reads back.
+    rig.ok(&["backend", "drain", "api-443-v6", "10.111.0.14"]);
+    let file = std::fs::read_to_string(&rig.config_path).unwrap();
+    assert_eq!(file.matches("[[vip]]").count(), 7, "{file}");
+    rig.ok(&["reload"]);
+    let s: Status = rig.json(&["status"]);
+    assert!(backend_weight(&s, "api-443-v6", "10.111.0.14").1);
+    assert!(!backend_weight(&s, "api-80-v6", "10.111.0.14").1);
+
+    // Removed everywhere; then a service added by the CLI (all VIPs or none).
+    let out = rig.ok(&["backend", "del", "--everywhere", "10.111.0.11"]);
+    assert!(out.contains("removed in 5 VIP(s)"), "{out}");
+    // Out of every table; status shows it removed while its flows' grace period runs.
+    let s: Status = rig.json(&["status"]);
+    for v in &s.vips {
+        for b in v
+            .backends
+            .iter()
+            .filter(|b| b.address.to_string() == "10.111.0.11")
+        {
+            assert_eq!(
+                (b.health.as_str(), b.table_share),
+                ("removed", 0.0),
+                "{}",
+                v.name
+            );
+        }
+    }
+    let listed: Vec<serde_json::Value> = rig.json(&["backend", "list", "api-80-v6"]);
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let out = rig.ok(&[
+        "vip",
+        "add",
+        "chat",
+        "--address",
+        "10.111.4.1",
+        "--address",
+        "fd00:111::4:1",
+        "--port",
+        "8000",
+        "--protocol",
+        "tcp",
+        "--protocol",
+        "udp",
+    ]);
+    assert!(
+        out.contains("4 VIPs added: chat-tcp-v4, chat-udp-v4, chat-tcp-v6, chat-udp-v6"),
+        "{out}"
+    );
+    let (code, _, err) = rig.cli(&[
+        "vip",
+        "add",
+        "clash",
+        "--address",
+        "10.111.5.1",
+        "--address",
+        "10.111.3.1",
+        "--port",
+        "80",
+    ]);
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains("already serves 10.111.3.1:80/tcp"), "{err}");
+    let s: Status = rig.json(&["status"]);
+    assert_eq!(s.vips.len(), 11, "a refused service adds none of its VIPs");
 }

@@ -3,7 +3,7 @@
 //! SIGTERM, `--replace`) while traffic flows.
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use balancer::api::client::{Client, ClientTls, Endpoint};
@@ -604,5 +604,114 @@ fn top_shows_the_vips_and_backends_live_and_quits_on_q() {
             tmux.screen("top")
         );
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn a_dual_stack_multi_port_service_is_one_block_and_a_host_drains_in_one_command() {
+    use balancer::config::RawVip;
+    use balancer_tests::traffic::echo_open;
+
+    let mut topo = Topology::build(TopologyOptions::new("service")).expect("building the rack");
+    topo.attach_peer_pass(AttachMode::Native)
+        .expect("pass program");
+    let mut config = rack_config(&topo, "l2-dsr", AttachMode::Native);
+    // The rack's HTTP and echo VIPs, v4 and v6, as one service: one block, one backend list
+    // (the backends' IPv4 addresses: l2-dsr reaches the same hosts for both families).
+    let template = config.vip[0].clone();
+    config.vip.retain(|v| v.protocol.as_deref() == Some("udp"));
+    config.vip.push(RawVip {
+        name: Some("web".into()),
+        address: None,
+        addresses: vec![VIP4.to_string(), VIP6.to_string()],
+        port: None,
+        ports: vec![HTTP_PORT.into(), ECHO_PORT.into()],
+        protocol: None,
+        ..template
+    });
+    let text = to_toml(&config);
+    assert_eq!(text.matches("[[vip]]").count(), 3, "{text}");
+    topo.start_balancer(&text).expect("starting the balancer");
+    let config_path = topo.rack.log_dir.join("balancer.toml");
+    let (code, out, err) = topo
+        .cli(&["check-config", config_path.to_str().unwrap()])
+        .expect("cli");
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(
+            "service web expands to 4 VIPs: web-80-v4, web-9000-v4, web-80-v6, web-9000-v6"
+        ),
+        "{out}"
+    );
+
+    // Which backends serve 30 fresh connections to each of the four endpoints.
+    let endpoints: Vec<SocketAddr> = [IpAddr::from(VIP4), IpAddr::from(VIP6)]
+        .into_iter()
+        .flat_map(|a| [SocketAddr::new(a, HTTP_PORT), SocketAddr::new(a, ECHO_PORT)])
+        .collect();
+    let served = |topo: &Topology| -> Vec<BTreeMap<String, usize>> {
+        let endpoints = endpoints.clone();
+        topo.client
+            .run_in(move || {
+                endpoints
+                    .iter()
+                    .map(|&addr| {
+                        let mut served = BTreeMap::new();
+                        for _ in 0..30 {
+                            let name = if addr.port() == HTTP_PORT {
+                                http_get(addr, TIMEOUT).ok()
+                            } else {
+                                echo_open(addr, TIMEOUT).ok().map(|(name, _)| name)
+                            };
+                            *served
+                                .entry(name.unwrap_or_else(|| "failed".into()))
+                                .or_insert(0) += 1;
+                        }
+                        served
+                    })
+                    .collect()
+            })
+            .expect("client thread")
+    };
+    for (addr, s) in endpoints.iter().zip(served(&topo)) {
+        assert!(
+            !s.contains_key("failed") && s.contains_key("b1"),
+            "{addr}: {s:?}"
+        );
+    }
+
+    // One command drains host b1 in the four VIPs of the service and in udp4 at once; the
+    // file keeps one block for the service.
+    let b1 = backend4(0).to_string();
+    let (code, out, err) = topo
+        .cli(&["backend", "drain", "--everywhere", &b1])
+        .expect("cli");
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("drained in 5 VIP(s): udp4, web-80-v4, web-9000-v4, web-80-v6, web-9000-v6"),
+        "{out}"
+    );
+    for (addr, s) in endpoints.iter().zip(served(&topo)) {
+        assert!(
+            !s.contains_key("failed") && !s.contains_key("b1") && s.len() == 2,
+            "{addr} after the drain: {s:?}"
+        );
+    }
+    let file = std::fs::read_to_string(&config_path).unwrap();
+    assert_eq!(file.matches("[[vip]]").count(), 3, "{file}");
+    assert!(
+        file.contains("ports = [80, 9000]") && file.contains("drained = true"),
+        "{file}"
+    );
+    let (code, _, err) = topo
+        .cli(&["backend", "undrain", "--everywhere", &b1])
+        .expect("cli");
+    assert_eq!(code, 0, "{err}");
+    for (addr, s) in endpoints.iter().zip(served(&topo)) {
+        assert!(
+            !s.contains_key("failed") && s.contains_key("b1"),
+            "{addr}: {s:?}"
+        );
     }
 }

@@ -106,6 +106,12 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/vips/{name}/backends/{addr}/drain", post(drain))
         .route("/v1/vips/{name}/backends/{addr}/undrain", post(undrain))
         .route("/v1/weights", get(weights))
+        .route(
+            "/v1/backends/{addr}",
+            axum::routing::delete(del_backend_everywhere),
+        )
+        .route("/v1/backends/{addr}/drain", post(drain_everywhere))
+        .route("/v1/backends/{addr}/undrain", post(undrain_everywhere))
         .route("/v1/backends/{addr}/report", post(report))
         .route("/v1/reload", post(reload))
         .route("/v1/stop", post(stop))
@@ -297,6 +303,33 @@ async fn drain(
     UrlPath((name, addr)): UrlPath<(String, String)>,
 ) -> ApiResult<ChangeResult> {
     with_daemon(&s, move |d| d.drain_backend(&name, &addr, true))
+        .await
+        .map(Json)
+}
+
+async fn drain_everywhere(
+    State(s): State<ApiState>,
+    UrlPath(addr): UrlPath<String>,
+) -> ApiResult<ChangeResult> {
+    with_daemon(&s, move |d| d.drain_backend_everywhere(&addr, true))
+        .await
+        .map(Json)
+}
+
+async fn undrain_everywhere(
+    State(s): State<ApiState>,
+    UrlPath(addr): UrlPath<String>,
+) -> ApiResult<ChangeResult> {
+    with_daemon(&s, move |d| d.drain_backend_everywhere(&addr, false))
+        .await
+        .map(Json)
+}
+
+async fn del_backend_everywhere(
+    State(s): State<ApiState>,
+    UrlPath(addr): UrlPath<String>,
+) -> ApiResult<ChangeResult> {
+    with_daemon(&s, move |d| d.remove_backend_everywhere(&addr))
         .await
         .map(Json)
 }

@@ -15,7 +15,9 @@ use super::client_args::{ClientArgs, fail, print_json};
                         balancer backend set-weight web 10.0.0.11 5\n  \
                         balancer backend drain web 10.0.0.11     # no new flows; established ones continue\n  \
                         balancer backend undrain web 10.0.0.11\n  \
-                        balancer backend del web 10.0.0.11       # leaves the table; its flows continue for the grace period")]
+                        balancer backend del web 10.0.0.11       # leaves the table; its flows continue for the grace period\n  \
+                        balancer backend drain --everywhere 10.0.0.11   # every VIP that has it, in one change\n  \
+                        balancer backend undrain --everywhere 10.0.0.11")]
 pub struct BackendArgs {
     #[command(subcommand)]
     command: BackendCommand,
@@ -40,8 +42,8 @@ enum BackendCommand {
         #[arg(long)]
         tier: Option<String>,
     },
-    /// Remove a backend from a VIP.
-    Del { vip: String, address: IpAddr },
+    /// Remove a backend from a VIP (or, with --everywhere, from every VIP and pool).
+    Del(Target),
     /// Set a backend's weight (0 stops new flows, like drain).
     SetWeight {
         vip: String,
@@ -51,9 +53,36 @@ enum BackendCommand {
         weight: i64,
     },
     /// Stop sending new flows to a backend; established ones continue.
-    Drain { vip: String, address: IpAddr },
+    Drain(Target),
     /// Send new flows to a drained backend again, at its weight.
-    Undrain { vip: String, address: IpAddr },
+    Undrain(Target),
+}
+
+/// One backend of one VIP, or one backend everywhere.
+#[derive(Debug, clap::Args)]
+struct Target {
+    /// The VIP.
+    #[arg(required_unless_present = "everywhere", conflicts_with = "everywhere")]
+    vip: Option<String>,
+    /// The backend's address.
+    #[arg(required_unless_present = "everywhere", conflicts_with = "everywhere")]
+    address: Option<IpAddr>,
+    /// Act on this backend in every VIP (and pool) that has it, as one change: a host's
+    /// maintenance in one command.
+    #[arg(long, value_name = "ADDRESS")]
+    everywhere: Option<IpAddr>,
+}
+
+impl Target {
+    /// The API path of this backend, then `action`.
+    fn path(&self, action: &str) -> String {
+        match (&self.everywhere, &self.vip, &self.address) {
+            (Some(addr), _, _) => format!("/v1/backends/{addr}{action}"),
+            (None, Some(vip), Some(addr)) => format!("/v1/vips/{vip}/backends/{addr}{action}"),
+            // clap requires the VIP and the address without --everywhere.
+            _ => unreachable!("clap requires VIP and ADDRESS without --everywhere"),
+        }
+    }
 }
 
 pub fn run(args: BackendArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
@@ -114,9 +143,9 @@ pub fn run(args: BackendArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
                 ),
             )
         }
-        BackendCommand::Del { vip, address } => report(
+        BackendCommand::Del(target) => report(
             opts,
-            client.call::<(), ChangeResult>("DELETE", &path(&vip, &address, ""), None),
+            client.call::<(), ChangeResult>("DELETE", &target.path(""), None),
         ),
         BackendCommand::SetWeight {
             vip,
@@ -130,13 +159,13 @@ pub fn run(args: BackendArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
                 Some(&WeightBody { weight }),
             ),
         ),
-        BackendCommand::Drain { vip, address } => report(
+        BackendCommand::Drain(target) => report(
             opts,
-            client.call::<(), ChangeResult>("POST", &path(&vip, &address, "/drain"), None),
+            client.call::<(), ChangeResult>("POST", &target.path("/drain"), None),
         ),
-        BackendCommand::Undrain { vip, address } => report(
+        BackendCommand::Undrain(target) => report(
             opts,
-            client.call::<(), ChangeResult>("POST", &path(&vip, &address, "/undrain"), None),
+            client.call::<(), ChangeResult>("POST", &target.path("/undrain"), None),
         ),
     })
 }

@@ -31,6 +31,9 @@ pub fn run(args: CheckConfigArgs) -> anyhow::Result<ExitCode> {
         config.vips.len(),
         backends
     );
+    for line in balancer::config::service::describe(&config.vips) {
+        println!("  {line}");
+    }
     for vip in &config.vips {
         println!(
             "  {:<20} {}/{} {} table {} backends {}",

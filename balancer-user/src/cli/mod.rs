@@ -61,6 +61,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once per command line: the size of its largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     Run(run::RunArgs),

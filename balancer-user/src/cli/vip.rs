@@ -31,17 +31,19 @@ pub struct VipArgs {
 enum VipCommand {
     /// List the VIPs and their settings.
     List,
-    /// Add a VIP (its backends are added with `balancer backend add`).
+    /// Add a VIP (its backends are added with `balancer backend add`). Repeat --address (an
+    /// IPv4 and an IPv6 one), --port or --protocol for a service: one VIP for each
+    /// combination, named NAME-PORT-PROTOCOL-v4/v6 (a suffix for each repeated option).
     Add {
-        /// Name to refer to the VIP by.
+        /// Name to refer to the VIP (or the service) by.
         name: String,
-        #[arg(long)]
-        address: IpAddr,
-        #[arg(long)]
-        port: u16,
+        #[arg(long, required = true)]
+        address: Vec<IpAddr>,
+        #[arg(long, required = true)]
+        port: Vec<u16>,
         /// tcp or udp.
-        #[arg(long, default_value = "tcp")]
-        protocol: String,
+        #[arg(long, default_values_t = ["tcp".to_string()])]
+        protocol: Vec<String>,
         /// l2-dsr, ipip or gue.
         #[arg(long, default_value = "l2-dsr")]
         forwarding: String,
@@ -123,8 +125,8 @@ pub fn run(args: VipArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
             }
             Ok(vips) => {
                 println!(
-                    "{:<20} {:<28} {:<6} {:<8} {:>8} {:>8}  health",
-                    "NAME", "ENDPOINT", "PROTO", "MODE", "TABLE", "BACKENDS"
+                    "{:<20} {:<28} {:<6} {:<8} {:>8} {:>8}  {:<8} SERVICE",
+                    "NAME", "ENDPOINT", "PROTO", "MODE", "TABLE", "BACKENDS", "HEALTH"
                 );
                 for v in vips {
                     let addr = v.address.unwrap_or_default();
@@ -134,7 +136,7 @@ pub fn run(args: VipArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
                         format!("{addr}:{}", v.port.unwrap_or(0))
                     };
                     println!(
-                        "{:<20} {:<28} {:<6} {:<8} {:>8} {:>8}  {}",
+                        "{:<20} {:<28} {:<6} {:<8} {:>8} {:>8}  {:<8} {}",
                         v.name.unwrap_or_default(),
                         endpoint,
                         v.protocol.unwrap_or_default(),
@@ -143,7 +145,8 @@ pub fn run(args: VipArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
                         v.backend.len(),
                         v.health
                             .and_then(|h| h.check)
-                            .unwrap_or_else(|| "none".into())
+                            .unwrap_or_else(|| "none".into()),
+                        v.service.unwrap_or_else(|| "-".into())
                     );
                 }
                 ExitCode::SUCCESS
@@ -171,11 +174,26 @@ pub fn run(args: VipArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
             pool,
             model,
         } => {
+            // One value goes in the singular key, several make a service.
+            fn one_or_many<T>(mut v: Vec<T>) -> (Option<T>, Vec<T>) {
+                if v.len() == 1 {
+                    (v.pop(), Vec::new())
+                } else {
+                    (None, v)
+                }
+            }
+            let (address, addresses) = one_or_many(address.iter().map(IpAddr::to_string).collect());
+            let (port, ports) = one_or_many(port.into_iter().map(i64::from).collect());
+            let (protocol, protocols) = one_or_many(protocol);
             let body = RawVip {
                 name: Some(name),
-                address: Some(address.to_string()),
-                port: Some(port.into()),
-                protocol: Some(protocol),
+                address,
+                addresses,
+                port,
+                ports,
+                protocol,
+                protocols,
+                service: None,
                 forwarding: Some(forwarding),
                 gue_port: gue_port.map(i64::from),
                 table_size: table_size.map(i64::from),

@@ -14,6 +14,7 @@ mod fleet;
 mod health;
 mod pools;
 mod raw;
+pub mod service;
 mod telemetry;
 #[cfg(test)]
 mod tests;
@@ -134,6 +135,18 @@ impl Config {
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
         let raw: RawConfig = toml::from_str(text)
             .map_err(|e| ConfigError::Syntax(e.to_string().trim().to_string()))?;
+        if let Some((i, v)) = raw
+            .vip
+            .iter()
+            .enumerate()
+            .find(|(_, v)| v.service.is_some())
+        {
+            return Err(invalid(
+                format!("vip[{i}].service"),
+                format!("{:?}", v.service.as_deref().unwrap_or_default()),
+                "is set by the daemon; a service is a [[vip]] with a name and several addresses, ports or protocols",
+            ));
+        }
         Config::from_raw(raw)
     }
 
@@ -234,7 +247,12 @@ impl Config {
         let tiers = validate_tiers(raw.tier)?;
         let pools = validate_pools(raw.pool)?;
         let mut vips = Vec::with_capacity(raw.vip.len());
-        for (i, raw_vip) in raw.vip.into_iter().enumerate() {
+        let mut members = Vec::with_capacity(raw.vip.len());
+        for (i, block) in raw.vip.into_iter().enumerate() {
+            let label = format!("vip[{i}]");
+            members.extend(service::expand(block, &label)?.into_iter().map(|m| (i, m)));
+        }
+        for (i, raw_vip) in members {
             let vip = validate_vip(raw_vip, &format!("vip[{i}]"))?;
             for (j, b) in vip.backends.iter().enumerate() {
                 if let Some(t) = &b.tier
@@ -341,7 +359,8 @@ impl Config {
         self.vips.iter_mut().find(|v| v.name == name)
     }
 
-    /// The config in its file form, every setting spelled out.
+    /// The config in its raw form, every setting spelled out, one VIP per entry (each member
+    /// of a service marked with it): what the API's edits change.
     pub fn to_raw(&self) -> RawConfig {
         RawConfig {
             interface: Some(self.interface.clone()),
@@ -382,7 +401,11 @@ impl Config {
 
     /// The config as TOML that [`Config::parse`] reads back to an equal config.
     pub fn to_toml(&self) -> String {
-        let body = toml::to_string(&self.to_raw()).unwrap_or_default();
+        let raw = RawConfig {
+            vip: service::fold(&self.vips),
+            ..self.to_raw()
+        };
+        let body = toml::to_string(&raw).unwrap_or_default();
         format!(
             "# Managed by balancer: changes made through its API (balancer vip/backend ...) are\n\
              # written here. Edit by hand, then `balancer reload`.\n\n{body}"

@@ -86,7 +86,7 @@ pub struct RawMetrics {
     pub listen: Option<String>,
 }
 
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawHealth {
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -109,7 +109,7 @@ pub struct RawHealth {
     pub fall: Option<i64>,
 }
 
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawVip {
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -120,6 +120,18 @@ pub struct RawVip {
     pub port: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub protocol: Option<String>,
+    /// A service: several addresses (an IPv4 and an IPv6 one), ports or protocols with one
+    /// backend list, expanded into one VIP each (see `config::service`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub protocols: Vec<String>,
+    /// The service this VIP was expanded from: set by the expansion, shown by the API and kept
+    /// in the state file; a config file may not set it (see [`super::Config::parse`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub forwarding: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -178,7 +190,7 @@ pub struct RawPool {
     pub backend: Vec<RawBackend>,
 }
 
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawTelemetry {
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -212,7 +224,7 @@ pub struct RawTelemetry {
     pub bearer_token_file: Option<String>,
 }
 
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawPolicy {
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -251,7 +263,7 @@ pub struct RawPolicy {
     pub quantum: Option<i64>,
 }
 
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawBackend {
     #[serde(skip_serializing_if = "Option::is_none")]

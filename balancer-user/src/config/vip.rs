@@ -120,6 +120,8 @@ pub struct VipConfig {
     pub pool: Option<String>,
     pub model: Option<String>,
     pub backends: Vec<BackendConfig>,
+    /// The service (a `[[vip]]` block of several endpoints) this VIP is one endpoint of.
+    pub service: Option<String>,
 }
 
 impl VipConfig {
@@ -164,6 +166,10 @@ impl VipConfig {
                 .then(|| 1.0 + f64::from(self.load_bound_pct) / 100.0),
             pool: self.pool.clone(),
             model: self.model.clone(),
+            addresses: Vec::new(),
+            ports: Vec::new(),
+            protocols: Vec::new(),
+            service: self.service.clone(),
             // Backends joined from a pool are the pool's, not the VIP's.
             backend: self
                 .backends
@@ -293,6 +299,13 @@ pub fn validate_backend(raw: RawBackend, label: &str) -> Result<BackendConfig, C
 /// Validates one VIP; `label` prefixes the keys in errors (e.g. `vip[3]`).
 pub fn validate_vip(raw: RawVip, label: &str) -> Result<VipConfig, ConfigError> {
     let key = |k: &str| format!("{label}.{k}");
+    if super::service::is_service(&raw) {
+        return Err(invalid(
+            label,
+            format!("{:?}", raw.name.as_deref().unwrap_or_default()),
+            "lists several addresses, ports or protocols: expand the service first",
+        ));
+    }
     let address_text = required(raw.address, &key("address"))?;
     let address = parse_ip(&address_text, &key("address"))?;
     if address.is_unspecified() || address.is_multicast() || address.is_loopback() {
@@ -418,6 +431,7 @@ pub fn validate_vip(raw: RawVip, label: &str) -> Result<VipConfig, ConfigError> 
         pool: raw.pool,
         model: raw.model,
         backends,
+        service: raw.service,
     })
 }
 

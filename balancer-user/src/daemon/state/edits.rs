@@ -6,7 +6,9 @@ use std::net::IpAddr;
 
 use super::{ChangeError, Daemon};
 use crate::api::types::{ChangeResult, SchedulerBody};
-use crate::config::{MAX_WEIGHT, RawBackend, RawConfig, RawVip, validate_backend, validate_vip};
+use crate::config::{
+    MAX_WEIGHT, RawBackend, RawConfig, RawVip, service, validate_backend, validate_vip,
+};
 
 /// The raw VIP `name` in an edit, or the error that it is missing.
 fn raw_vip<'a>(c: &'a mut RawConfig, name: &str) -> Result<&'a mut RawVip, ChangeError> {
@@ -37,34 +39,48 @@ impl Daemon {
         Ok(address)
     }
 
-    /// Adds a VIP (no name: the one validation derives, so later commands find it).
+    /// Adds a VIP (no name: the one validation derives, so later commands find it), or a
+    /// service: one VIP per address, protocol and port it lists, all or none.
     pub fn add_vip(&mut self, raw: RawVip) -> Result<ChangeResult, ChangeError> {
-        let vip = validate_vip(raw.clone(), "vip")?;
-        if self.config.vip(&vip.name).is_some() {
-            return Err(ChangeError::Conflict(format!(
-                "a VIP named {:?} exists",
-                vip.name
-            )));
+        if raw.service.is_some() {
+            return Err(ChangeError::Invalid(
+                "service is set by the daemon: list addresses, ports or protocols instead".into(),
+            ));
         }
-        if let Some(other) = self
-            .config
-            .vips
-            .iter()
-            .find(|v| v.endpoint() == vip.endpoint())
-        {
-            return Err(ChangeError::Conflict(format!(
-                "VIP {:?} already serves {}/{}",
-                other.name,
-                std::net::SocketAddr::new(vip.address, vip.port),
-                vip.protocol
-            )));
-        }
-        let name = vip.name.clone();
-        self.edit(&format!("VIP {name} added"), |c| {
-            c.vip.push(RawVip {
-                name: Some(name.clone()),
-                ..raw
+        let mut added = Vec::new();
+        for member in service::expand(raw, "vip")? {
+            let vip = validate_vip(member.clone(), "vip")?;
+            if self.config.vip(&vip.name).is_some() {
+                return Err(ChangeError::Conflict(format!(
+                    "a VIP named {:?} exists",
+                    vip.name
+                )));
+            }
+            if let Some(other) = self
+                .config
+                .vips
+                .iter()
+                .find(|v| v.endpoint() == vip.endpoint())
+            {
+                return Err(ChangeError::Conflict(format!(
+                    "VIP {:?} already serves {}/{}",
+                    other.name,
+                    std::net::SocketAddr::new(vip.address, vip.port),
+                    vip.protocol
+                )));
+            }
+            added.push(RawVip {
+                name: Some(vip.name),
+                ..member
             });
+        }
+        let names: Vec<String> = added.iter().filter_map(|v| v.name.clone()).collect();
+        let what = match names.as_slice() {
+            [one] => format!("VIP {one} added"),
+            _ => format!("{} VIPs added: {}", names.len(), names.join(", ")),
+        };
+        self.edit(&what, |c| {
+            c.vip.extend(added);
             Ok(())
         })
     }
@@ -154,6 +170,65 @@ impl Daemon {
         let what = if drained { "drained" } else { "undrained" };
         self.edit_backend(name, addr, what, |b| {
             b.drained = drained.then_some(true);
+        })
+    }
+
+    /// Drains or undrains backend `addr` in every VIP (and pool) that has it, as one change:
+    /// a host's maintenance in one command.
+    pub fn drain_backend_everywhere(
+        &mut self,
+        addr: &str,
+        drained: bool,
+    ) -> Result<ChangeResult, ChangeError> {
+        let what = if drained { "drained" } else { "undrained" };
+        self.edit_backend_everywhere(addr, what, |list, address| {
+            for b in list.iter_mut().filter(|b| is_backend(b, address)) {
+                b.drained = drained.then_some(true);
+            }
+        })
+    }
+
+    /// Removes backend `addr` from every VIP (and pool) that has it, as one change.
+    pub fn remove_backend_everywhere(&mut self, addr: &str) -> Result<ChangeResult, ChangeError> {
+        self.edit_backend_everywhere(addr, "removed", |list, address| {
+            list.retain(|b| !is_backend(b, address));
+        })
+    }
+
+    /// Applies `f` to the backend lists of every VIP and pool, as one change; the VIPs that
+    /// have backend `addr` are named in the answer (none: not found).
+    fn edit_backend_everywhere(
+        &mut self,
+        addr: &str,
+        what: &str,
+        f: impl Fn(&mut Vec<RawBackend>, IpAddr),
+    ) -> Result<ChangeResult, ChangeError> {
+        let address = parse_backend(addr)?;
+        let vips: Vec<String> = self
+            .config
+            .vips
+            .iter()
+            .filter(|v| v.backend(address).is_some())
+            .map(|v| v.name.clone())
+            .collect();
+        if vips.is_empty() {
+            return Err(ChangeError::NotFound(format!(
+                "no VIP has backend {address}"
+            )));
+        }
+        let message = format!(
+            "backend {address} {what} in {} VIP(s): {}",
+            vips.len(),
+            vips.join(", ")
+        );
+        self.edit(&message, |c| {
+            for vip in &mut c.vip {
+                f(&mut vip.backend, address);
+            }
+            for pool in &mut c.pool {
+                f(&mut pool.backend, address);
+            }
+            Ok(())
         })
     }
 
