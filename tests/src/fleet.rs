@@ -366,6 +366,8 @@ impl Fleet {
             ..RawConfig::default()
         };
         config.api.socket = path(self.api_socket(i));
+        // Prometheus (the fleet's test of the rules) scrapes every balancer on its address.
+        config.metrics.listen = Some(format!("{}:9181", lb_addr(i)));
         config.fleet = self.fleet_settings(i);
         config.bgp.routes_v4 = path(self.bird_dir().join(format!("lb{}-vips4.conf", i + 1)));
         config.bgp.routes_v6 = path(self.bird_dir().join(format!("lb{}-vips6.conf", i + 1)));

@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 
 use balancer::config::{AttachMode, RawPolicy, RawTelemetry};
 use balancer_tests::configs::{to_toml, vip_mut};
+use balancer_tests::fleet::{Fleet, lb_addr};
+use balancer_tests::netns::Netns;
 use balancer_tests::pages::{dcgm_page, vllm_page, write_atomically};
+use balancer_tests::rack::Rack;
 use balancer_tests::topology::*;
 use balancer_tests::traffic::{http_get, http_get_status};
 
@@ -122,12 +125,11 @@ fn encode(query: &str) -> String {
 }
 
 /// The number of series `query` returns now (through `count(...)`, so that the answer is
-/// small), from the Prometheus in the balancer's namespace.
-fn series(topo: &Topology, query: &str) -> Result<f64, String> {
+/// small), from the Prometheus in namespace `ns`.
+fn series(ns: &Netns, query: &str) -> Result<f64, String> {
     let path = format!("/api/v1/query?query={}", encode(&format!("count({query})")));
     let addr: SocketAddr = PROMETHEUS.parse().unwrap();
-    let (status, body) = topo
-        .lb
+    let (status, body) = ns
         .run_in(move || http_get_status(addr, &path, TIMEOUT).map_err(|e| format!("{e:#}")))
         .map_err(|e| e.to_string())??;
     let value: serde_json::Value =
@@ -142,15 +144,10 @@ fn series(topo: &Topology, query: &str) -> Result<f64, String> {
 }
 
 /// Waits until `query` returns `want` series (or, with `want` None, any).
-fn wait_for(
-    topo: &Topology,
-    query: &str,
-    want: Option<f64>,
-    limit: Duration,
-) -> Result<f64, String> {
+fn wait_for(ns: &Netns, query: &str, want: Option<f64>, limit: Duration) -> Result<f64, String> {
     let started = Instant::now();
     loop {
-        let got = series(topo, query);
+        let got = series(ns, query);
         match &got {
             Ok(n) if want.map_or(*n > 0.0, |w| *n == w) => return Ok(*n),
             _ if started.elapsed() > limit => {
@@ -161,8 +158,41 @@ fn wait_for(
     }
 }
 
-/// Names only a fleet (`[fleet]`) or BGP (`[bgp]`) balancer exposes; the rack has neither (that
-/// the daemon exposes them is a unit test of the daemon's).
+/// Starts Debian's Prometheus in `ns`, scraping `targets` every second with the shipped rules.
+fn start_prometheus(rack: &mut Rack, ns: &Netns, targets: &[&str]) {
+    let prometheus_yml = rack.log_dir.join("prometheus.yml");
+    let targets: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
+    std::fs::write(
+        &prometheus_yml,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\nscrape_configs:\n  - job_name: balancer\n    static_configs:\n      - targets: [{}]\n",
+            dir("prometheus/balancer.rules.yml").display(),
+            targets.join(", ")
+        ),
+    )
+    .unwrap();
+    let (config_arg, storage_arg) = (
+        format!("--config.file={}", prometheus_yml.display()),
+        format!(
+            "--storage.tsdb.path={}",
+            rack.log_dir.join("tsdb").display()
+        ),
+    );
+    rack.spawn(
+        ns,
+        "prometheus",
+        &[
+            "/usr/bin/prometheus",
+            &config_arg,
+            &storage_arg,
+            &format!("--web.listen-address={PROMETHEUS}"),
+        ],
+    )
+    .expect("starting Prometheus");
+}
+
+/// Names only a fleet (`[fleet]`) or BGP (`[bgp]`) balancer exposes: the rack has neither, the
+/// fleet test below checks them.
 const FLEET_OR_BGP: &[&str] = &[
     "balancer_fleet_leader",
     "balancer_fleet_epoch",
@@ -199,34 +229,9 @@ fn a_real_prometheus_finds_every_series_the_rules_and_the_dashboard_read() {
     }
     topo.start_balancer(&to_toml(&config)).expect("balancer");
 
-    let log_dir = topo.rack.log_dir.clone();
-    let prometheus_yml = log_dir.join("prometheus.yml");
-    std::fs::write(
-        &prometheus_yml,
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\nscrape_configs:\n  - job_name: balancer\n    static_configs:\n      - targets: ['127.0.0.1:9181']\n",
-            dir("prometheus/balancer.rules.yml").display()
-        ),
-    )
-    .unwrap();
-    let (config_arg, storage_arg) = (
-        format!("--config.file={}", prometheus_yml.display()),
-        format!("--storage.tsdb.path={}", log_dir.join("tsdb").display()),
-    );
-    topo.rack
-        .spawn(
-            &topo.lb,
-            "prometheus",
-            &[
-                "/usr/bin/prometheus",
-                &config_arg,
-                &storage_arg,
-                &format!("--web.listen-address={PROMETHEUS}"),
-            ],
-        )
-        .expect("starting Prometheus");
+    start_prometheus(&mut topo.rack, &topo.lb, &["127.0.0.1:9181"]);
     wait_for(
-        &topo,
+        &topo.lb,
         "up{job=\"balancer\"} == 1",
         Some(1.0),
         Duration::from_secs(40),
@@ -246,7 +251,7 @@ fn a_real_prometheus_finds_every_series_the_rules_and_the_dashboard_read() {
         if FLEET_OR_BGP.iter().any(|n| query.contains(n)) {
             continue;
         }
-        wait_for(&topo, &query, None, Duration::from_secs(20))
+        wait_for(&topo.lb, &query, None, Duration::from_secs(20))
             .unwrap_or_else(|e| panic!("{source}: no series for {query}: {e}"));
         checked += 1;
     }
@@ -277,7 +282,82 @@ fn a_real_prometheus_finds_every_series_the_rules_and_the_dashboard_read() {
             1.0,
         ),
     ] {
-        wait_for(&topo, &query, Some(want), Duration::from_secs(20))
+        wait_for(&topo.lb, &query, Some(want), Duration::from_secs(20))
             .unwrap_or_else(|e| panic!("after b1 saturated: {e}"));
+    }
+}
+
+#[test]
+#[ignore = "needs root, network namespaces, BIRD, etcd and Debian's prometheus; run by cargo xtask test"]
+fn a_real_prometheus_sees_the_fleet_and_bgp_series_move() {
+    // Two balancers with [fleet] and [bgp]; Prometheus on the router scrapes both.
+    let mut f = Fleet::build("fprom", 2, 3).unwrap_or_else(|e| panic!("building the fleet: {e:#}"));
+    let targets: Vec<String> = (0..2).map(|i| format!("{}:9181", lb_addr(i))).collect();
+    let targets: Vec<&str> = targets.iter().map(String::as_str).collect();
+    start_prometheus(&mut f.rack, &f.router, &targets);
+    let ns = &f.router;
+    wait_for(
+        ns,
+        "up{job=\"balancer\"} == 1",
+        Some(2.0),
+        Duration::from_secs(40),
+    )
+    .unwrap_or_else(|e| panic!("Prometheus never scraped both balancers: {e}\n{}", f.logs()));
+
+    // Every rule and panel expression that reads a fleet or BGP series returns series.
+    let mut checked = 0;
+    for (source, query) in queries() {
+        if !FLEET_OR_BGP.iter().any(|n| query.contains(n)) {
+            continue;
+        }
+        wait_for(ns, &query, None, Duration::from_secs(20))
+            .unwrap_or_else(|e| panic!("{source}: no series for {query}: {e}"));
+        checked += 1;
+    }
+    assert!(checked >= 5, "only {checked} fleet and BGP queries checked");
+    for (query, want) in [
+        ("balancer_fleet_leader == 1", 1.0),
+        ("balancer_fleet_etcd_up == 1", 2.0),
+        ("balancer_fleet_epoch > 0", 2.0),
+        ("balancer_vip_announced == 1", 4.0),
+    ] {
+        wait_for(ns, query, Some(want), Duration::from_secs(20))
+            .unwrap_or_else(|e| panic!("the fleet at rest: {e}"));
+    }
+
+    // lb1 drains http4 from BGP: its announcement goes, the withdrawal alert is pending.
+    let lb1 = format!("instance=\"{}\"", targets[0]);
+    let drained = f.api(0).call::<(), balancer::api::types::ChangeResult>(
+        "POST",
+        "/v1/vips/http4/drain",
+        None,
+    );
+    assert!(drained.is_ok(), "{drained:?}");
+    for (query, want) in [
+        (
+            format!("balancer_vip_announced{{vip=\"http4\",{lb1}}} == 0"),
+            1.0,
+        ),
+        ("balancer_vip_announced == 1".to_string(), 3.0),
+        (
+            format!("ALERTS{{alertname=\"BalancerVipWithdrawn\",vip=\"http4\",{lb1}}}"),
+            1.0,
+        ),
+    ] {
+        wait_for(ns, &query, Some(want), Duration::from_secs(20))
+            .unwrap_or_else(|e| panic!("after lb1 drained http4: {e}"));
+    }
+
+    // etcd goes: no leader, etcd down on both, both alerts pending.
+    f.kill_etcd().unwrap();
+    let ns = &f.router;
+    for (query, want) in [
+        ("balancer_fleet_etcd_up == 0", 2.0),
+        ("max(balancer_fleet_leader) == 0", 1.0),
+        ("ALERTS{alertname=\"BalancerEtcdUnreachable\"}", 2.0),
+        ("ALERTS{alertname=\"BalancerFleetNoLeader\"}", 1.0),
+    ] {
+        wait_for(ns, query, Some(want), Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("after etcd went: {e}"));
     }
 }
