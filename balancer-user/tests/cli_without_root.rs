@@ -813,3 +813,49 @@ fn a_service_is_one_block_and_a_host_drains_in_one_command() {
     let s: Status = rig.json(&["status"]);
     assert_eq!(s.vips.len(), 11, "a refused service adds none of its VIPs");
 }
+
+/// The commands that need the kernel or a terminal (`run`, `decap`, `top`) refuse bad input
+/// before touching either: a clear error and exit code 2.
+#[test]
+fn run_decap_and_top_refuse_bad_input_before_the_kernel() {
+    let rig = rig("refusals");
+    let bad = rig.dir.join("bad.toml");
+    std::fs::write(
+        &bad,
+        config_text(&rig.dir).replace("port = 80", "port = 80000"),
+    )
+    .unwrap();
+    let missing = rig.dir.join("missing.toml");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["run", "--config", bad.to_str().unwrap()],
+            "vip[0].port = 80000: must be between 1 and 65535",
+        ),
+        (
+            vec!["run", "--config", missing.to_str().unwrap()],
+            "cannot read config file",
+        ),
+        (
+            vec!["decap", "--interface", "eth0", "--mode", "turbo"],
+            "expected \"native\" or \"skb\"",
+        ),
+        (vec!["decap"], "--interface"),
+        (
+            vec!["top", "--json"],
+            "for JSON use `balancer status --json`",
+        ),
+        (vec!["top"], "top needs a terminal"),
+    ];
+    for (args, want) in cases {
+        let (code, out, err) = rig.cli(&args);
+        assert_eq!(code, 2, "{args:?}: {out}{err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        // The reason once, not again as its own cause.
+        if want == "cannot read config file" {
+            assert_eq!(err.matches("No such file").count(), 1, "{err}");
+        }
+    }
+    // Nothing the daemon holds changed.
+    let s: Status = rig.json(&["status"]);
+    assert_eq!(s.vips.len(), 3);
+}

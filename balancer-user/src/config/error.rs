@@ -7,10 +7,12 @@ use std::path::PathBuf;
 /// `vip[0].backend[2].weight`), the offending value, and why it is wrong.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
+    /// The reason is in the message (shown alone by `check-config` and the API), so it is not
+    /// also a `source` that a chain of causes would print a second time.
+    #[error("cannot read config file {path}: {reason}")]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        reason: std::io::Error,
     },
     #[error("config is not valid TOML or has an unknown key: {0}")]
     Syntax(String),

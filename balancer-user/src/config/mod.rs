@@ -8,6 +8,8 @@
 //! network value types live in [`crate::net`]. Defaults are the `DEFAULT_*` constants here.
 
 mod daemon;
+#[cfg(test)]
+mod defaults_tests;
 mod error;
 mod fields;
 mod fleet;
@@ -124,9 +126,9 @@ impl Config {
 
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|reason| ConfigError::Read {
             path: path.to_path_buf(),
-            source,
+            reason,
         })?;
         Config::parse(&text)
     }
