@@ -32,6 +32,9 @@ pub const VIP_ACTIVE: &str = "VIP_ACTIVE";
 pub const RR_CURSOR: &str = "RR_CURSOR";
 /// Session persistence: LRU hash of [`AffinityKey`] -> [`AffinityValue`].
 pub const AFFINITY: &str = "AFFINITY";
+/// NAT forwarding: LRU hash of a reply's [`NatReplyKey`] -> [`NatReplyValue`] (the VIP to
+/// write back as its source, the client's next hop), one per flow to a `nat` VIP.
+pub const NAT_REPLIES: &str = "NAT_REPLIES";
 /// Priority tiers of IPv4 clients: LPM trie of source prefixes (`[u8; 4]` data) -> tier (u8).
 pub const TIER_V4: &str = "TIER_V4";
 /// Priority tiers of IPv6 clients: LPM trie of source prefixes (`[u8; 16]` data) -> tier (u8).
@@ -110,6 +113,9 @@ pub enum ForwardMode {
     Ipip = 1,
     /// Encapsulate in outer IP + UDP (GUE variant 1: the inner IP header follows the UDP header).
     Gue = 2,
+    /// Rewrite the destination address to the backend's (NAT); the backend's replies come back
+    /// through the balancer (its gateway), which writes the VIP back as their source.
+    Nat = 3,
 }
 
 impl ForwardMode {
@@ -118,6 +124,7 @@ impl ForwardMode {
             0 => Some(Self::L2Dsr),
             1 => Some(Self::Ipip),
             2 => Some(Self::Gue),
+            3 => Some(Self::Nat),
             _ => None,
         }
     }
@@ -277,6 +284,32 @@ pub struct AffinityKey {
 }
 const _: () = assert!(core::mem::size_of::<AffinityKey>() == 20);
 
+/// Key of [`NAT_REPLIES`]: a reply of a NAT flow as it leaves the backend (backend to client).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct NatReplyKey {
+    pub backend: RawAddr,
+    pub client: RawAddr,
+    /// Network byte order, as in the packet.
+    pub backend_port: u16,
+    pub client_port: u16,
+    pub proto: u8,
+    pub family: u8,
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(core::mem::size_of::<NatReplyKey>() == 40);
+
+/// Value of [`NAT_REPLIES`]: the VIP the client addressed, and the Ethernet source of the
+/// client's packets (the client, or its router), where replies go.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NatReplyValue {
+    pub vip: RawAddr,
+    pub client_mac: [u8; 6],
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(core::mem::size_of::<NatReplyValue>() == 24);
+
 /// Value of the session-persistence map: the client's backend and when it was last chosen.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -349,7 +382,10 @@ pub struct GlobalConfig {
     /// New flows per second per CPU above which the connection table stops taking entries and
     /// new flows use the consistent hash alone (flood mode). 0 = no limit.
     pub flood_threshold: u32,
-    pub _pad: u32,
+    /// 1 when a VIP forwards by NAT: packets not for a VIP are looked up in [`NAT_REPLIES`]
+    /// (a reply from a backend gets the VIP back as its source). 0 keeps the non-VIP path to
+    /// its one lookup. (Was padding, always 0: pinned maps of earlier builds read as "no NAT".)
+    pub nat: u32,
 }
 const _: () = assert!(core::mem::size_of::<GlobalConfig>() == 56);
 
@@ -393,7 +429,7 @@ pub const LAYOUT: u64 = (3 << 56)
     | core::mem::size_of::<crate::stats::TrafficStats>() as u64;
 
 /// The maps pinned under the daemon's pin directory (the program, its XDP link and these).
-pub const PINNED_MAPS: [&str; 15] = [
+pub const PINNED_MAPS: [&str; 16] = [
     VIPS,
     MAGLEV,
     BACKENDS,
@@ -406,6 +442,7 @@ pub const PINNED_MAPS: [&str; 15] = [
     VIP_ACTIVE,
     RR_CURSOR,
     AFFINITY,
+    NAT_REPLIES,
     TIER_V4,
     TIER_V6,
     TIER_DSCP,

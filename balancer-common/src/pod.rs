@@ -2,7 +2,8 @@
 //! (checked by the size assertions beside each definition), so any byte pattern is valid.
 
 use crate::maps::{
-    Backend, DecapAddrKey, DecapConfig, FlowBucket, FlowKey, GlobalConfig, VipKey, VipMeta, VipSlot,
+    Backend, DecapAddrKey, DecapConfig, FlowBucket, FlowKey, GlobalConfig, NatReplyKey,
+    NatReplyValue, VipKey, VipMeta, VipSlot,
 };
 use crate::stats::{DecapStats, GlobalStats, TrafficStats};
 
@@ -20,6 +21,10 @@ unsafe impl aya::Pod for FlowBucket {}
 unsafe impl aya::Pod for VipSlot {}
 // SAFETY: as above.
 unsafe impl aya::Pod for GlobalConfig {}
+// SAFETY: as above.
+unsafe impl aya::Pod for NatReplyKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for NatReplyValue {}
 // SAFETY: as above.
 unsafe impl aya::Pod for GlobalStats {}
 // SAFETY: as above.

@@ -44,3 +44,18 @@ pub fn sum_addr(words: &[u32; 4]) -> u64 {
     }
     sum
 }
+
+/// A checksum (as stored) after the first `N` 32-bit words of an address changed from `old`
+/// to `new` (both as stored in the packet): RFC 1624's incremental update, `~(~C + ~m + m')`.
+#[inline(always)]
+pub fn replace_addr<const N: usize>(check: u16, old: &[u32; 4], new: &[u32; 4]) -> u16 {
+    let mut sum = u64::from(!check);
+    let mut i = 0;
+    while i < N {
+        let gone = !old[i];
+        sum += u64::from(gone & 0xffff) + u64::from(gone >> 16);
+        sum += u64::from(new[i] & 0xffff) + u64::from(new[i] >> 16);
+        i += 1;
+    }
+    !fold(sum)
+}

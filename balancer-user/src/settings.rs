@@ -57,10 +57,11 @@ pub fn data_plane_settings(
         settings.encap_src_v6 = raw_from_ip(addr.into()).0;
         settings.encap_src_v6_hash_mask = mask;
     }
+    settings.nat = u32::from(config.vips.iter().any(|v| v.forwarding == Forwarding::Nat));
     for vip in config
         .vips
         .iter()
-        .filter(|v| v.forwarding != Forwarding::L2Dsr)
+        .filter(|v| matches!(v.forwarding, Forwarding::Ipip | Forwarding::Gue))
     {
         for b in &vip.backends {
             let missing = match b.address {
@@ -95,6 +96,24 @@ mod tests {
             mtu: 1500,
             addresses,
         }
+    }
+
+    #[test]
+    fn replies_are_looked_up_only_while_a_vip_forwards_by_nat() {
+        let vip = |forwarding: &str| {
+            Config::parse(&format!(
+                "interface = \"eth0\"\n[[vip]]\naddress = \"10.0.0.1\"\nport = 80\nforwarding = \"{forwarding}\"\n[[vip.backend]]\naddress = \"10.0.0.11\""
+            ))
+            .unwrap()
+        };
+        let iface = iface(vec![("10.0.0.2".parse().unwrap(), 24)]);
+        assert_eq!(data_plane_settings(&vip("nat"), &iface, 1).unwrap().nat, 1);
+        assert_eq!(
+            data_plane_settings(&vip("l2-dsr"), &iface, 1).unwrap().nat,
+            0
+        );
+        // NAT needs no encapsulation source.
+        assert!(data_plane_settings(&vip("nat"), &super::tests::iface(vec![]), 1).is_ok());
     }
 
     #[test]

@@ -76,7 +76,8 @@ pub fn forwarding_vips() -> Vec<RawVip> {
 }
 
 /// The packet fixtures' config: [`forwarding_vips`], plus IPv6 IPIP, IPv6 UDP over GUE on
-/// its own port, an IPv4 UDP VIP sharing `l2dsr4`'s address, and a VIP without backends; a
+/// its own port, an IPv4 UDP VIP sharing `l2dsr4`'s address, NAT VIPs (TCP and UDP on IPv4,
+/// TCP on IPv6), and a VIP without backends; a
 /// small connection table, no flood mode, no removal grace.
 pub fn packet_fixture() -> RawConfig {
     let mut vips = forwarding_vips();
@@ -92,7 +93,25 @@ pub fn packet_fixture() -> RawConfig {
     dns4.protocol = Some("udp".into());
     dns4.forwarding = Some("ipip".into());
     dns4.backend = backends(&["10.111.0.13"]);
-    vips.extend([ipip6, gue6, dns4, vip("empty", "10.111.1.9", 80)]);
+    let mut nat4 = vip("nat4", "10.111.1.5", 80);
+    nat4.forwarding = Some("nat".into());
+    nat4.backend = backends(&["10.111.0.21", "10.111.0.22"]);
+    let mut natdns4 = vip("natdns4", "10.111.1.5", 53);
+    natdns4.protocol = Some("udp".into());
+    natdns4.forwarding = Some("nat".into());
+    natdns4.backend = backends(&["10.111.0.23"]);
+    let mut nat6 = vip("nat6", "fd00:111:1::5", 80);
+    nat6.forwarding = Some("nat".into());
+    nat6.backend = backends(&["fd00:111::21", "fd00:111::22"]);
+    vips.extend([
+        ipip6,
+        gue6,
+        dns4,
+        nat4,
+        natdns4,
+        nat6,
+        vip("empty", "10.111.1.9", 80),
+    ]);
     RawConfig {
         encap: entropy_sources(),
         vip: vips,

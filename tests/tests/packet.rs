@@ -822,3 +822,113 @@ mod decap {
         assert_eq!((stats.ipip, stats.gue, stats.foreign), (3, 2, 1));
     }
 }
+
+/// `frame` with its Ethernet addresses replaced: to `dst`, from `src`.
+fn with_macs(mut frame: Vec<u8>, dst: [u8; 6], src: [u8; 6]) -> Vec<u8> {
+    frame[0..6].copy_from_slice(&dst);
+    frame[6..12].copy_from_slice(&src);
+    frame
+}
+
+#[test]
+#[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
+fn nat_rewrites_the_destination_and_the_replies_source() {
+    let mut h = harness();
+    // Expected frames are built whole by etherparse (checksums computed afresh), not patched.
+    for (client, vip, name, backends) in [
+        (
+            "10.9.0.1",
+            "10.111.1.5",
+            "nat4",
+            ["10.111.0.21", "10.111.0.22"],
+        ),
+        (
+            "2001:db8::5",
+            "fd00:111:1::5",
+            "nat6",
+            ["fd00:111::21", "fd00:111::22"],
+        ),
+    ] {
+        let (client, vip) = (ip(client), ip(vip));
+        for sport in [1000u16, 40000, 65535] {
+            let backend = h.table_backend(name, client, sport).unwrap();
+            assert!(backends.contains(&backend.to_string().as_str()));
+            for (syn, payload) in [(true, &b""[..]), (false, &b"GET / HTTP/1.1\r\n\r\n"[..])] {
+                let frame = tcp_frame(client, sport, vip, 80, syn, payload);
+                let (action, out) = h.run(&frame).unwrap();
+                assert_eq!(action_name(action), "XDP_TX", "{name} sport {sport}");
+                let want = with_macs(
+                    tcp_frame(client, sport, backend, 80, syn, payload),
+                    backend_mac(backend),
+                    LB_MAC,
+                );
+                assert_eq!(out, want, "{name} sport {sport}: client to backend");
+            }
+            // The backend's reply, sent to us (its gateway): the VIP's again, to the client.
+            let reply = with_macs(
+                tcp_frame(backend, 80, client, sport, false, b"HTTP/1.1 200 OK\r\n"),
+                LB_MAC,
+                backend_mac(backend),
+            );
+            let (action, out) = h.run(&reply).unwrap();
+            assert_eq!(
+                action_name(action),
+                "XDP_TX",
+                "{name} reply to sport {sport}"
+            );
+            let want = with_macs(
+                tcp_frame(vip, 80, client, sport, false, b"HTTP/1.1 200 OK\r\n"),
+                CLIENT_MAC,
+                LB_MAC,
+            );
+            assert_eq!(out, want, "{name} sport {sport}: reply to client");
+        }
+        // A packet from a backend that no NAT flow expects passes untouched.
+        let stray = with_macs(
+            tcp_frame(ip(backends[0]), 80, client, 999, false, b"x"),
+            LB_MAC,
+            backend_mac(ip(backends[0])),
+        );
+        let (action, out) = h.run(&stray).unwrap();
+        assert_eq!((action_name(action), out), ("XDP_PASS", stray), "{name}");
+    }
+
+    // UDP over IPv4, with a checksum and without one (zero stays zero).
+    let (client, vip, backend) = (ip("10.9.0.7"), ip("10.111.1.5"), ip("10.111.0.23"));
+    let query = udp_frame(client, 5353, vip, 53, b"query");
+    let (action, out) = h.run(&query).unwrap();
+    assert_eq!(action_name(action), "XDP_TX");
+    let want = with_macs(
+        udp_frame(client, 5353, backend, 53, b"query"),
+        backend_mac(backend),
+        LB_MAC,
+    );
+    assert_eq!(out, want, "UDP client to backend");
+    let answer = with_macs(
+        udp_frame(backend, 53, client, 5353, b"answer"),
+        LB_MAC,
+        backend_mac(backend),
+    );
+    let (action, out) = h.run(&answer).unwrap();
+    assert_eq!(action_name(action), "XDP_TX");
+    let want = with_macs(
+        udp_frame(vip, 53, client, 5353, b"answer"),
+        CLIENT_MAC,
+        LB_MAC,
+    );
+    assert_eq!(out, want, "UDP reply to client");
+    let no_sum = |mut f: Vec<u8>| {
+        f[14 + 20 + 6..14 + 20 + 8].copy_from_slice(&[0, 0]);
+        f
+    };
+    let (action, out) = h
+        .run(&no_sum(udp_frame(client, 5354, vip, 53, b"q")))
+        .unwrap();
+    assert_eq!(action_name(action), "XDP_TX");
+    let want = no_sum(with_macs(
+        udp_frame(client, 5354, backend, 53, b"q"),
+        backend_mac(backend),
+        LB_MAC,
+    ));
+    assert_eq!(out, want, "UDP without a checksum keeps none");
+}

@@ -64,7 +64,24 @@ fn base_frames() -> Vec<Vec<u8>> {
         tcp_frame(c6, 1008, ip("fd00:111::2"), 22, false, b"ssh"),
         with_vlan(&tcp_frame(c4, 1009, ip("10.111.1.2"), 80, true, b"vlan"), 9),
         tcp_frame(c4, 1010, ip("10.111.1.9"), 80, true, b""),
+        // NAT: client to VIP, and the backends' replies (one of each pair is the flow's).
+        tcp_frame(c4, 1011, ip("10.111.1.5"), 80, true, b"nat"),
+        udp_frame(c4, 1012, ip("10.111.1.5"), 53, b"nat query"),
+        tcp_frame(c6, 1013, ip("fd00:111:1::5"), 80, false, b"nat6"),
     ];
+    for (backend, sport, client, dport) in [
+        ("10.111.0.21", 80, c4, 1011),
+        ("10.111.0.22", 80, c4, 1011),
+        ("fd00:111::21", 80, c6, 1013),
+        ("fd00:111::22", 80, c6, 1013),
+    ] {
+        let mut reply = tcp_frame(ip(backend), sport, client, dport, false, b"reply");
+        reply[6..12].copy_from_slice(&backend_mac(ip(backend)));
+        frames.push(reply);
+    }
+    let mut answer = udp_frame(ip("10.111.0.23"), 53, c4, 1012, b"nat answer");
+    answer[6..12].copy_from_slice(&backend_mac(ip("10.111.0.23")));
+    frames.push(answer);
     let mut ping = Vec::new();
     PacketBuilder::ethernet2(CLIENT_MAC, LB_MAC)
         .ipv4([10, 9, 0, 1], [10, 111, 1, 1], 64)
@@ -122,20 +139,37 @@ struct Vips {
 
 impl Vips {
     fn new() -> Vips {
-        let v4 = ["10.111.1.1", "10.111.1.2", "10.111.1.3", "10.111.1.9"]
-            .iter()
-            .map(|s| s.parse::<std::net::Ipv4Addr>().unwrap().octets())
-            .collect();
-        let v6 = ["fd00:111:1::1", "fd00:111:1::2", "fd00:111:1::3"]
-            .iter()
-            .map(|s| s.parse::<std::net::Ipv6Addr>().unwrap().octets())
-            .collect();
+        let v4 = [
+            "10.111.1.1",
+            "10.111.1.2",
+            "10.111.1.3",
+            "10.111.1.5",
+            "10.111.1.9",
+        ]
+        .iter()
+        .map(|s| s.parse::<std::net::Ipv4Addr>().unwrap().octets())
+        .collect();
+        let v6 = [
+            "fd00:111:1::1",
+            "fd00:111:1::2",
+            "fd00:111:1::3",
+            "fd00:111:1::5",
+        ]
+        .iter()
+        .map(|s| s.parse::<std::net::Ipv6Addr>().unwrap().octets())
+        .collect();
         let backends: HashSet<IpAddr> = [
             "10.111.0.11",
             "10.111.0.12",
             "10.111.0.13",
             "fd00:111::11",
             "fd00:111::12",
+            // The NAT VIPs' backends.
+            "10.111.0.21",
+            "10.111.0.22",
+            "10.111.0.23",
+            "fd00:111::21",
+            "fd00:111::22",
         ]
         .iter()
         .map(|s| ip(s))
@@ -151,15 +185,30 @@ impl Vips {
 
     /// Whether the frame's IP destination is a VIP address (the fixed header must be present).
     fn addressed(&self, f: &[u8]) -> bool {
+        matches!(self.addrs(f), Some((_, dst)) if self.is_vip(dst))
+    }
+
+    /// The frame's IP source and destination, if its fixed header is present.
+    fn addrs(&self, f: &[u8]) -> Option<(IpAddr, IpAddr)> {
+        let a4 = |at: usize| IpAddr::from(<[u8; 4]>::try_from(&f[at..at + 4]).unwrap());
+        let a6 = |at: usize| IpAddr::from(<[u8; 16]>::try_from(&f[at..at + 16]).unwrap());
         match l3_of(f) {
-            Some((l3, 0x0800)) if f.len() >= l3 + 20 => self
-                .v4
-                .contains(&<[u8; 4]>::try_from(&f[l3 + 16..l3 + 20]).unwrap()),
-            Some((l3, 0x86dd)) if f.len() >= l3 + 40 => self
-                .v6
-                .contains(&<[u8; 16]>::try_from(&f[l3 + 24..l3 + 40]).unwrap()),
-            _ => false,
+            Some((l3, 0x0800)) if f.len() >= l3 + 20 => Some((a4(l3 + 12), a4(l3 + 16))),
+            Some((l3, 0x86dd)) if f.len() >= l3 + 40 => Some((a6(l3 + 8), a6(l3 + 24))),
+            _ => None,
         }
+    }
+
+    fn is_vip(&self, a: IpAddr) -> bool {
+        match a {
+            IpAddr::V4(a) => self.v4.contains(&a.octets()),
+            IpAddr::V6(a) => self.v6.contains(&a.octets()),
+        }
+    }
+
+    /// Whether the frame comes from a backend (a NAT flow's reply may be one).
+    fn from_backend(&self, f: &[u8]) -> bool {
+        matches!(self.addrs(f), Some((src, _)) if self.backends.contains(&src))
     }
 }
 
@@ -173,12 +222,16 @@ fn check_tx(vips: &Vips, input: &[u8], out: &[u8]) -> Result<(), String> {
         if to_backend && out[6..12] == input[0..6] && out[12..] == input[12..] {
             return Ok(());
         }
+        if nat_rewrite(vips, l3, input, out) {
+            return Ok(());
+        }
         // An echo reply: MACs and IP addresses swapped, ICMP type changed, nothing else.
         if out[0..6] == input[6..12] && out[6..12] == input[0..6] && out[12..l3] == input[12..l3] {
             return Ok(());
         }
         return Err(
-            "same-length TX that is neither an L2 DSR rewrite nor an answer to the sender".into(),
+            "same-length TX that is neither an L2 DSR rewrite, a NAT rewrite nor an answer to the sender"
+                .into(),
         );
     }
     if out.len() < input.len() {
@@ -229,6 +282,48 @@ fn check_tx(vips: &Vips, input: &[u8], out: &[u8]) -> Result<(), String> {
         return Err("inner packet changed".into());
     }
     Ok(())
+}
+
+/// A NAT rewrite: from us (the input's destination MAC), either a client's packet for a VIP
+/// now addressed to a backend (and its MAC), or a backend's reply now from a VIP; the frames differ in that address, the IPv4 header checksum (valid if it was) and one
+/// more 16-bit word (the TCP or UDP checksum), nothing else.
+fn nat_rewrite(vips: &Vips, l3: usize, input: &[u8], out: &[u8]) -> bool {
+    if out[6..12] != input[0..6] || out[12..l3] != input[12..l3] {
+        return false;
+    }
+    let (Some((in_src, in_dst)), Some((out_src, out_dst))) = (vips.addrs(input), vips.addrs(out))
+    else {
+        return false;
+    };
+    let to_mac = <[u8; 6]>::try_from(&out[0..6]).unwrap();
+    let forward = in_src == out_src
+        && vips.is_vip(in_dst)
+        && vips.backends.contains(&out_dst)
+        && vips.backend_macs.contains(&to_mac);
+    // A reply goes to the MAC the flow's client frames came from: mutated ones too, so any
+    // (the packet fixtures check the exact one).
+    let reply = in_dst == out_dst && vips.backends.contains(&in_src) && vips.is_vip(out_src);
+    if !forward && !reply {
+        return false;
+    }
+    let (addr, check) = match (out[l3] >> 4, forward) {
+        (4, true) => (l3 + 16..l3 + 20, Some(l3 + 10)),
+        (4, false) => (l3 + 12..l3 + 16, Some(l3 + 10)),
+        (_, true) => (l3 + 24..l3 + 40, None),
+        (_, false) => (l3 + 8..l3 + 24, None),
+    };
+    // The incremental update keeps a valid IPv4 header checksum valid (and a broken one broken).
+    let valid = |f: &[u8]| ones_complement_sum(&f[l3..l3 + 20]) == 0xffff;
+    if check.is_some() && valid(out) != valid(input) {
+        return false;
+    }
+    let mut other_words = std::collections::BTreeSet::new();
+    for i in 12..out.len() {
+        if out[i] != input[i] && !addr.contains(&i) && check.is_none_or(|c| i != c && i != c + 1) {
+            other_words.insert(i / 2);
+        }
+    }
+    other_words.len() <= 1
 }
 
 fn mutate(rng: &mut Rng, base: &[u8]) -> Vec<u8> {
@@ -335,6 +430,7 @@ fn a_million_malformed_frames() {
         let verdict = match action {
             XDP_PASS if out == frame => Ok(()),
             XDP_PASS => Err("XDP_PASS changed the frame".to_string()),
+            XDP_TX if !addressed && vips.from_backend(frame) => check_tx(&vips, frame, &out),
             _ if !addressed => Err(format!(
                 "{} for a frame not addressed to a VIP",
                 action_name(action)

@@ -30,6 +30,7 @@ pub(super) fn forward_mode(f: Forwarding) -> ForwardMode {
         Forwarding::L2Dsr => ForwardMode::L2Dsr,
         Forwarding::Ipip => ForwardMode::Ipip,
         Forwarding::Gue => ForwardMode::Gue,
+        Forwarding::Nat => ForwardMode::Nat,
     }
 }
 

@@ -512,3 +512,27 @@ fn tls_settings_survive_their_own_toml() {
         "round trip through:\n{text}"
     );
 }
+
+#[test]
+fn nat_vips_keep_their_backends_in_their_family() {
+    let c = Config::parse(&with_vip(
+        "address = \"10.0.0.1\"\nport = 80\nforwarding = \"nat\"\n[[vip.backend]]\naddress = \"10.0.0.11\"",
+    ))
+    .unwrap();
+    assert_eq!(c.vips[0].forwarding, Forwarding::Nat);
+    assert_eq!(Config::parse(&c.to_toml()).unwrap(), c);
+    let e = error_of(&with_vip(
+        "address = \"10.0.0.1\"\nport = 80\nforwarding = \"nat\"\n[[vip.backend]]\naddress = \"fd00::11\"",
+    ));
+    assert!(
+        e.contains("vip[0].backend[0].address = \"fd00::11\": a nat VIP's backends are of its address family"),
+        "{e}"
+    );
+    let e = error_of(&with_vip(
+        "address = \"10.0.0.1\"\nport = 80\nforwarding = \"snat\"",
+    ));
+    assert!(
+        e.contains("\"l2-dsr\", \"ipip\", \"gue\" or \"nat\""),
+        "{e}"
+    );
+}

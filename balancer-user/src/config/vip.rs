@@ -34,6 +34,9 @@ pub enum Forwarding {
     Ipip,
     /// IP-in-UDP (GUE variant 1); backends decapsulate and hold the VIP.
     Gue,
+    /// Destination NAT: the backend's address replaces the VIP's; backends need nothing, but
+    /// must route their replies to clients through the balancer (their gateway).
+    Nat,
 }
 
 impl fmt::Display for Forwarding {
@@ -42,6 +45,7 @@ impl fmt::Display for Forwarding {
             Forwarding::L2Dsr => "l2-dsr",
             Forwarding::Ipip => "ipip",
             Forwarding::Gue => "gue",
+            Forwarding::Nat => "nat",
         })
     }
 }
@@ -53,7 +57,8 @@ impl FromStr for Forwarding {
             "l2-dsr" => Ok(Forwarding::L2Dsr),
             "ipip" => Ok(Forwarding::Ipip),
             "gue" => Ok(Forwarding::Gue),
-            _ => Err("expected \"l2-dsr\", \"ipip\" or \"gue\"".into()),
+            "nat" => Ok(Forwarding::Nat),
+            _ => Err("expected \"l2-dsr\", \"ipip\", \"gue\" or \"nat\"".into()),
         }
     }
 }
@@ -398,6 +403,13 @@ pub fn validate_vip(raw: RawVip, label: &str) -> Result<VipConfig, ConfigError> 
     for (j, b) in raw.backend.into_iter().enumerate() {
         let blabel = format!("{label}.backend[{j}]");
         let backend = validate_backend(b, &blabel)?;
+        if forwarding == Forwarding::Nat && backend.address.is_ipv4() != address.is_ipv4() {
+            return Err(invalid(
+                format!("{blabel}.address"),
+                format!("{:?}", backend.address.to_string()),
+                "a nat VIP's backends are of its address family (the backend's address replaces the VIP's)",
+            ));
+        }
         if !seen.insert(backend.address) {
             return Err(invalid(
                 format!("{blabel}.address"),

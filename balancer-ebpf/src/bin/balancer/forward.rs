@@ -1,5 +1,6 @@
 //! Sending a packet to its backend: L2 direct server return (rewrite the Ethernet addresses),
-//! or encapsulation in an outer IP header (IPIP) or outer IP + UDP (GUE variant 1).
+//! encapsulation in an outer IP header (IPIP) or outer IP + UDP (GUE variant 1), or NAT
+//! (`nat`).
 
 use aya_ebpf::{
     bindings::xdp_action::{XDP_DROP, XDP_TX},
@@ -15,6 +16,10 @@ use balancer_ebpf::{
     headers::*,
     parse::{Frame, Ip},
 };
+
+/// The backend id [`to_backend`] takes for a VIP that does not forward by NAT (only NAT reads
+/// it).
+pub const NOT_NAT: u32 = u32::MAX;
 
 /// Bytes of L2 header saved across `bpf_xdp_adjust_head`: Ethernet plus two VLAN tags.
 const L2_MAX: usize = ETH_LEN + 2 * VLAN_LEN;
@@ -185,19 +190,23 @@ pub fn encap(
     Ok(())
 }
 
-/// Sends the packet to `backend` the way `vip` says. `entropy` is a per-flow value used by the
-/// encapsulating modes.
+/// Sends the packet to `backend` (id `id`) the way `vip` says. `entropy` is a per-flow value
+/// used by the encapsulating modes.
 #[inline(always)]
 pub fn to_backend(
     ctx: &XdpContext,
     ip: &Ip,
     vip: &VipMeta,
+    id: u32,
     backend: &Backend,
     cfg: &GlobalConfig,
     entropy: u32,
 ) -> Result<u32, EncapError> {
     if vip.mode == ForwardMode::L2Dsr as u8 {
         return Ok(l2_dsr(&Frame::of(ctx), backend));
+    }
+    if vip.mode == ForwardMode::Nat as u8 {
+        return Ok(crate::nat::balancer_nat_forward(ctx.ctx, id));
     }
     encap(ctx, ip, vip, backend, cfg, entropy)?;
     Ok(XDP_TX)

@@ -9,7 +9,7 @@ use aya_ebpf::{
 };
 use balancer_common::{
     addr::{FAMILY_V4, FAMILY_V6, RawAddr},
-    maps::{FlowKey, GlobalConfig, VipKey},
+    maps::{FlowKey, ForwardMode, GlobalConfig, VipKey},
     stats::{Counter, GlobalStats},
 };
 use balancer_ebpf::{
@@ -20,7 +20,7 @@ use balancer_ebpf::{
 
 use crate::{
     conntrack::pinned_backend,
-    forward::{EncapError, flow_entropy, push_headroom, to_backend},
+    forward::{EncapError, NOT_NAT, flow_entropy, push_headroom, to_backend},
     schedulers::from_table,
     stats::count,
     vip_index::find_vip,
@@ -298,6 +298,11 @@ fn forward_error(
     let Some(vip) = find_vip(&quoted.vip) else {
         return XDP_PASS;
     };
+    // Errors about a NAT flow would need their quoted header translated too: not done, so
+    // they are left to the host (which drops them: it does not hold the VIP).
+    if vip.mode == ForwardMode::Nat as u8 {
+        return XDP_PASS;
+    }
     let key = FlowKey {
         src: quoted.client,
         vip_id: vip.vip_id,
@@ -315,7 +320,7 @@ fn forward_error(
         },
     };
     let entropy = flow_entropy(&quoted.client, quoted.client_port);
-    match to_backend(ctx, ip, vip, backend, cfg, entropy) {
+    match to_backend(ctx, ip, vip, NOT_NAT, backend, cfg, entropy) {
         Ok(action) => {
             count(stats, Counter::IcmpErrorForwarded);
             action

@@ -8,7 +8,7 @@
 //! One module per concern, in the order a packet meets them: `vip_index`; `choose` (the
 //! decision) over `conntrack`, `tiers`, `persistence` and `schedulers`, with `backends` (which
 //! backend may take a VIP's flow), `active` (active-flow counts), `flood` and `clock`;
-//! `forward` (DSR, IPIP, GUE); `icmp` (errors about VIP flows, echo, PMTU); `stats`; `maps`.
+//! `forward` (DSR, IPIP, GUE) and `nat` (NAT, both ways); `icmp` (errors about VIP flows, echo, PMTU); `stats`; `maps`.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 // Atomic adds to shared counters: the BPF target has no compare-and-swap, so `core::sync::atomic`
@@ -26,6 +26,7 @@ mod flow;
 mod forward;
 mod icmp;
 mod maps;
+mod nat;
 mod persistence;
 mod schedulers;
 mod stats;
@@ -95,7 +96,7 @@ fn process(ctx: &XdpContext, stats: &mut GlobalStats) -> u32 {
             family: ip.family,
         };
         let Some(vip) = find_vip(&key) else {
-            return XDP_PASS;
+            return not_for_a_vip(ctx);
         };
         let kind = if ip.proto == IPPROTO_UDP {
             PacketKind::Udp
@@ -139,13 +140,23 @@ fn to_vip(
     add_traffic(VIP_STATS.get_ptr_mut(vip.vip_id), bytes, choice.new_flow);
     add_traffic(BACKEND_STATS.get_ptr_mut(choice.id), bytes, choice.new_flow);
     let entropy = flow_entropy(flow.src, flow.sport);
-    match to_backend(ctx, ip, vip, choice.backend, cfg, entropy) {
+    match to_backend(ctx, ip, vip, choice.id, choice.backend, cfg, entropy) {
         Ok(action) => action,
         Err(EncapError::TooBig { mtu }) => icmp::too_big(ctx, ip, mtu, stats),
         Err(EncapError::Failed) => {
             count(stats, Counter::DropEncapFailed);
             XDP_DROP
         }
+    }
+}
+
+/// A TCP/UDP packet not for a VIP: a NAT flow's reply gets its VIP back (only looked up while
+/// a VIP forwards by NAT); anything else passes untouched.
+#[inline(always)]
+fn not_for_a_vip(ctx: &XdpContext) -> u32 {
+    match CONFIG.get(0) {
+        Some(cfg) if cfg.nat != 0 => nat::balancer_nat_reply(ctx.ctx),
+        _ => XDP_PASS,
     }
 }
 

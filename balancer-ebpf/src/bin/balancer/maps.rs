@@ -9,7 +9,8 @@ use balancer_common::{
     maps::{
         AffinityKey, AffinityValue, BPF_F_MMAPABLE, Backend, DEFAULT_AFFINITY_ENTRIES,
         DEFAULT_FLOW_BUCKETS, FlowBucket, GlobalConfig, MAGLEV_TABLE_FLAGS, MAX_BACKENDS,
-        MAX_TABLE_ENTRIES, MAX_TIER_PREFIXES, MAX_VIPS, VIP_INDEX_FLAGS, VIP_INDEX_SLOTS, VipSlot,
+        MAX_TABLE_ENTRIES, MAX_TIER_PREFIXES, MAX_VIPS, NatReplyKey, NatReplyValue,
+        VIP_INDEX_FLAGS, VIP_INDEX_SLOTS, VipSlot,
     },
     stats::{GlobalStats, TrafficStats},
 };
@@ -78,6 +79,15 @@ pub static RR_CURSOR: PerCpuArray<u32, { MAX_VIPS as usize }> = PerCpuArray::new
 #[btf_map]
 pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue, { DEFAULT_AFFINITY_ENTRIES as usize }> =
     LruHashMap::new();
+
+/// NAT forwarding: the way back of each NAT flow's replies. The daemon sizes it from its
+/// config (one entry per connection-table flow).
+#[btf_map]
+pub static NAT_REPLIES: LruHashMap<
+    NatReplyKey,
+    NatReplyValue,
+    { DEFAULT_AFFINITY_ENTRIES as usize },
+> = LruHashMap::new();
 
 /// Priority tiers of IPv4 clients by source prefix (network-order address words).
 #[btf_map]
