@@ -181,6 +181,23 @@ impl Topology {
         Ok(())
     }
 
+    /// Makes the backends unmodified servers, as NAT forwarding serves them: no VIP on their
+    /// loopback, and their replies to the client routed through the balancer (its addresses as
+    /// their gateway to the client). Their link sends whole checksums and segments, as the
+    /// client's does: a veth hands native XDP a checksum offload left unfinished (and large
+    /// segments), which a frame sent back out with `XDP_TX` no longer carries; on a real NIC
+    /// what arrives is always whole.
+    pub fn unmodified_backends(&self) -> Result<()> {
+        for b in &self.backends {
+            b.sh(&format!(
+                "ip addr del {VIP4}/32 dev lo && ip -6 addr del {VIP6}/128 dev lo && \
+                 ip route add {CLIENT4}/32 via {LB4} && ip -6 route add {CLIENT6}/128 via {LB6} && \
+                 ethtool -K eth0 tx off tso off gso off >/dev/null"
+            ))?;
+        }
+        Ok(())
+    }
+
     fn start_backends(&mut self) -> Result<()> {
         for i in 0..self.backends.len() {
             self.start_backend_server(i)?;

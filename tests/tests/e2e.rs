@@ -23,7 +23,8 @@ struct Case {
 /// Builds the rack for `case` and starts the balancer (and decap for encapsulating modes).
 fn rack(case: &Case) -> Topology {
     let mut opts = TopologyOptions::new(case.tag);
-    if case.forwarding != "l2-dsr" {
+    let encapsulates = matches!(case.forwarding, "ipip" | "gue");
+    if encapsulates {
         // Room for the outer headers on the balancer's 1500-byte link.
         opts.client_mtu = 1400;
     }
@@ -32,9 +33,13 @@ fn rack(case: &Case) -> Topology {
         topo.attach_peer_pass(case.mode)
             .expect("pass program on the balancer's peer");
     }
-    if case.forwarding != "l2-dsr" {
+    if encapsulates {
         topo.start_decap(case.mode)
             .expect("starting decap on the backends");
+    }
+    if case.forwarding == "nat" {
+        topo.unmodified_backends()
+            .expect("backends without the VIP, routing replies through the balancer");
     }
     let mut config = rack_config(&topo, case.forwarding, case.mode);
     config.encap = rack_encap();
@@ -186,6 +191,26 @@ fn ping_works(topo: &Topology) {
             .exec(&["ping", "-c", "1", "-w", "5", "-i", "0.2", &target])
             .unwrap_or_else(|e| panic!("ping {target} from the client: {e:#}"));
     }
+}
+
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn nat_native() {
+    full_check(Case {
+        tag: "natn",
+        forwarding: "nat",
+        mode: AttachMode::Native,
+    });
+}
+
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn nat_skb() {
+    full_check(Case {
+        tag: "nats",
+        forwarding: "nat",
+        mode: AttachMode::Skb,
+    });
 }
 
 #[test]
