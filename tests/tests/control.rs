@@ -19,10 +19,18 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 const TOKEN: &str = "test-token-0123456789abcdef";
 
 fn rack(tag: &str) -> Topology {
+    rack_forwarding(tag, "l2-dsr")
+}
+
+/// The rack with its VIPs forwarding as `forwarding` says (`nat`: the backends unmodified).
+fn rack_forwarding(tag: &str, forwarding: &str) -> Topology {
     let mut topo = Topology::build(TopologyOptions::new(tag)).expect("building the test rack");
     topo.attach_peer_pass(AttachMode::Native)
         .expect("pass program");
-    let config = rack_config(&topo, "l2-dsr", AttachMode::Native);
+    if forwarding == "nat" {
+        topo.unmodified_backends().expect("unmodified backends");
+    }
+    let config = rack_config(&topo, forwarding, AttachMode::Native);
     topo.start_balancer(&to_toml(&config))
         .expect("starting the balancer");
     topo
@@ -376,7 +384,19 @@ fn unhealthy_backends_leave_the_table_and_return() {
 #[test]
 #[ignore = "needs root and network namespaces; run by cargo xtask test"]
 fn restarts_lose_nothing() {
-    let mut topo = rack("rst");
+    restarts_lose_nothing_when(rack("rst"));
+}
+
+/// The same with NAT: the pinned NAT_REPLIES keep every flow's way back across the restarts.
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn restarts_lose_no_nat_flow() {
+    restarts_lose_nothing_when(rack_forwarding("rstnat", "nat"));
+}
+
+/// 20 TCP streams and a UDP probe every 10 ms through a SIGKILL, a restart, a SIGTERM and a
+/// `--replace`: no stream breaks, no probe goes unanswered.
+fn restarts_lose_nothing_when(mut topo: Topology) {
     const STREAMS: usize = 20;
     let run_for = Duration::from_secs(20);
     let until = Instant::now() + run_for;

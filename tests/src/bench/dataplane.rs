@@ -114,6 +114,18 @@ fn config() -> String {
     to_toml(&config)
 }
 
+/// [`config`] with a NAT VIP beside: with one, the non-VIP path also looks for NAT replies, so
+/// the NAT paths run on a program of their own (and on this build only: a baseline object
+/// may not know NAT).
+fn nat_config() -> String {
+    let mut config: RawConfig = toml::from_str(&config()).expect("the benchmark's config");
+    let mut nat4 = crate::configs::vip("nat4", "10.111.1.5", 80);
+    nat4.forwarding = Some("nat".into());
+    nat4.backend = crate::configs::backends(&["10.111.0.21", "10.111.0.22"]);
+    config.vip.push(nat4);
+    to_toml(&config)
+}
+
 /// How a case is timed.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Method {
@@ -330,6 +342,42 @@ pub fn run(rounds: usize, repeat: u32, singles: u32, baseline: Option<&[u8]>) ->
             target: None,
         });
     }
+    // NAT: an established flow both ways, and non-VIP traffic while NAT is on.
+    let mut nat = Harness::new(&nat_config())?;
+    let nat_vip = ip("10.111.1.5");
+    nat.run(&tcp_frame(c4, 1004, nat_vip, 80, true, b""))?;
+    let nat_backend = nat.table_backend("nat4", c4, 1004)?;
+    let mut reply = tcp_frame(nat_backend, 80, c4, 1004, false, &payload);
+    reply[6..12].copy_from_slice(&crate::packet::backend_mac(nat_backend));
+    let nat_cases = vec![
+        Case {
+            key: "non_vip_nat_on",
+            what: "non-VIP TCP while a VIP forwards by NAT (a NAT_REPLIES miss)",
+            method: Method::Repeat,
+            frame: tcp_frame(c4, 2000, ip("10.111.0.2"), 22, false, &payload),
+            expect: XDP_PASS,
+            fresh_ports: false,
+            target: None,
+        },
+        Case {
+            key: "established_nat",
+            what: "established TCP, NAT to the backend (single runs: a run rewrites its input)",
+            method: Method::Single,
+            frame: tcp_frame(c4, 1004, nat_vip, 80, false, &payload),
+            expect: XDP_TX,
+            fresh_ports: false,
+            target: None,
+        },
+        Case {
+            key: "nat_reply",
+            what: "a NAT flow's reply, the VIP written back (single runs)",
+            method: Method::Single,
+            frame: reply,
+            expect: XDP_TX,
+            fresh_ports: false,
+            target: None,
+        },
+    ];
     let pass_frame = tcp_frame(c4, 2000, ip("10.111.0.2"), 22, false, &payload);
     let mut samples: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     let mut baseline_samples: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
@@ -360,6 +408,10 @@ pub fn run(rounds: usize, repeat: u32, singles: u32, baseline: Option<&[u8]>) ->
                 let ns = time_case(b, case, repeat, singles)?;
                 baseline_samples.entry(case.key).or_default().push(ns);
             }
+        }
+        for case in &nat_cases {
+            let ns = time_case(&mut nat, case, repeat, singles)?;
+            samples.entry(case.key).or_default().push(ns);
         }
     }
 
@@ -401,7 +453,7 @@ pub fn run(rounds: usize, repeat: u32, singles: u32, baseline: Option<&[u8]>) ->
         true,
         None,
     );
-    for case in &cases {
+    for case in cases.iter().chain(&nat_cases) {
         row(
             case.key,
             case.what,
