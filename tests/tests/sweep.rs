@@ -207,7 +207,7 @@ impl Vips {
     }
 
     /// Whether the frame comes from a backend (a NAT flow's reply may be one).
-    fn from_backend(&self, f: &[u8]) -> bool {
+    fn sent_by_a_backend(&self, f: &[u8]) -> bool {
         matches!(self.addrs(f), Some((src, _)) if self.backends.contains(&src))
     }
 }
@@ -430,7 +430,7 @@ fn a_million_malformed_frames() {
         let verdict = match action {
             XDP_PASS if out == frame => Ok(()),
             XDP_PASS => Err("XDP_PASS changed the frame".to_string()),
-            XDP_TX if !addressed && vips.from_backend(frame) => check_tx(&vips, frame, &out),
+            XDP_TX if !addressed && vips.sent_by_a_backend(frame) => check_tx(&vips, frame, &out),
             _ if !addressed => Err(format!(
                 "{} for a frame not addressed to a VIP",
                 action_name(action)
