@@ -75,6 +75,15 @@ pub fn forwarding_vips() -> Vec<RawVip> {
     ]
 }
 
+/// `nat4`: TCP port 80 of 10.111.1.5 by NAT to two backends (the packet fixtures' and the
+/// per-packet benchmark's).
+pub fn nat4() -> RawVip {
+    let mut v = vip("nat4", "10.111.1.5", 80);
+    v.forwarding = Some("nat".into());
+    v.backend = backends(&["10.111.0.21", "10.111.0.22"]);
+    v
+}
+
 /// The packet fixtures' config: [`forwarding_vips`], plus IPv6 IPIP, IPv6 UDP over GUE on
 /// its own port, an IPv4 UDP VIP sharing `l2dsr4`'s address, NAT VIPs (TCP and UDP on IPv4,
 /// TCP on IPv6), and a VIP without backends; a
@@ -93,9 +102,6 @@ pub fn packet_fixture() -> RawConfig {
     dns4.protocol = Some("udp".into());
     dns4.forwarding = Some("ipip".into());
     dns4.backend = backends(&["10.111.0.13"]);
-    let mut nat4 = vip("nat4", "10.111.1.5", 80);
-    nat4.forwarding = Some("nat".into());
-    nat4.backend = backends(&["10.111.0.21", "10.111.0.22"]);
     let mut natdns4 = vip("natdns4", "10.111.1.5", 53);
     natdns4.protocol = Some("udp".into());
     natdns4.forwarding = Some("nat".into());
@@ -107,7 +113,7 @@ pub fn packet_fixture() -> RawConfig {
         ipip6,
         gue6,
         dns4,
-        nat4,
+        nat4(),
         natdns4,
         nat6,
         vip("empty", "10.111.1.9", 80),

@@ -80,20 +80,15 @@ fn wait_weights(
     }
 }
 
-/// The peer addresses of the connections established on `port` in `ns`.
-fn established_peers(ns: &Netns, port: u16) -> BTreeSet<SocketAddr> {
+/// The peers of the server's sockets on `port` in any state (a short stream may already be
+/// closing when it is looked for).
+fn peers_in_any_state(ns: &Netns, port: u16) -> BTreeSet<SocketAddr> {
     let out = ns
-        .exec(&[
-            "ss",
-            "-Htn",
-            "state",
-            "established",
-            &format!("( sport = :{port} )"),
-        ])
+        .exec(&["ss", "-Htan", &format!("( sport = :{port} )")])
         .expect("ss");
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter_map(|l| l.split_whitespace().nth(3)?.parse().ok())
+        .filter_map(|l| l.split_whitespace().nth(4)?.parse().ok())
         .collect()
 }
 
@@ -214,16 +209,30 @@ fn real_vllm_servers_behind_the_vip_get_weights_from_their_real_metrics() {
             .expect("the stream connected");
         let placed = Instant::now();
         let landed_small = loop {
-            if established_peers(&topo.backends[0], PORT).contains(&local) {
+            if peers_in_any_state(&topo.backends[0], PORT).contains(&local) {
                 break true;
             }
-            if established_peers(&topo.backends[1], PORT).contains(&local) {
+            if peers_in_any_state(&topo.backends[1], PORT).contains(&local) {
                 break false;
             }
-            assert!(
-                placed.elapsed() < Duration::from_secs(5),
-                "connection {local} is established on neither server"
-            );
+            if placed.elapsed() > Duration::from_secs(5) {
+                let outcome = if h.is_finished() {
+                    format!(
+                        "{:?}",
+                        h.join()
+                            .map(|r| r.map(|c| c.map(|c| (c.status, c.text_chunks, c.done))))
+                    )
+                } else {
+                    "still running".into()
+                };
+                let seen: Vec<_> = topo.backends[..2]
+                    .iter()
+                    .map(|b| peers_in_any_state(b, PORT))
+                    .collect();
+                panic!(
+                    "connection {local} is on neither server (their peers: {seen:?}); its stream: {outcome}"
+                );
+            }
             std::thread::sleep(Duration::from_millis(20));
         };
         if landed_small {

@@ -119,10 +119,7 @@ fn config() -> String {
 /// may not know NAT).
 fn nat_config() -> String {
     let mut config: RawConfig = toml::from_str(&config()).expect("the benchmark's config");
-    let mut nat4 = crate::configs::vip("nat4", "10.111.1.5", 80);
-    nat4.forwarding = Some("nat".into());
-    nat4.backend = crate::configs::backends(&["10.111.0.21", "10.111.0.22"]);
-    config.vip.push(nat4);
+    config.vip.push(crate::configs::nat4());
     to_toml(&config)
 }
 
