@@ -51,16 +51,20 @@ pub enum Peer {
     Router,
     XdpNative,
     XdpSkb,
+    /// The balancer by NAT in front of unmodified backends (their replies come back through
+    /// it): the mode to set beside nftables DNAT.
+    XdpNat,
     Nftables,
     Haproxy,
 }
 
 impl Peer {
-    pub const ALL: [Peer; 6] = [
+    pub const ALL: [Peer; 7] = [
         Peer::Baseline,
         Peer::Router,
         Peer::XdpNative,
         Peer::XdpSkb,
+        Peer::XdpNat,
         Peer::Nftables,
         Peer::Haproxy,
     ];
@@ -72,6 +76,7 @@ impl Peer {
             Peer::Router => "router",
             Peer::XdpNative => "balancer",
             Peer::XdpSkb => "balancer_skb",
+            Peer::XdpNat => "balancer_nat",
             Peer::Nftables => "nftables",
             Peer::Haproxy => "haproxy",
         }
@@ -87,6 +92,7 @@ impl Peer {
             Peer::Router => "plain routing hop, no balancing",
             Peer::XdpNative => "balancer, XDP native, L2 DSR",
             Peer::XdpSkb => "balancer, XDP skb (generic), L2 DSR",
+            Peer::XdpNat => "balancer, XDP native, NAT (unmodified backends)",
             Peer::Nftables => "nftables DNAT (numgen/jhash)",
             Peer::Haproxy => "HAProxy, TCP mode",
         }
@@ -213,6 +219,12 @@ fn measure(peer: Peer, opts: &Options, cpus: usize) -> Result<Round> {
             let config = rack_config(&topo, "l2-dsr", mode);
             topo.start_balancer(&to_toml(&config))?;
         }
+        Peer::XdpNat => {
+            topo.attach_peer_pass(AttachMode::Native)?;
+            topo.unmodified_backends()?;
+            let config = rack_config(&topo, "nat", AttachMode::Native);
+            topo.start_balancer(&to_toml(&config))?;
+        }
         Peer::Nftables => setup_nftables(&topo)?,
         Peer::Haproxy => own_process = Some(start_haproxy(&mut topo)?),
     }
@@ -220,7 +232,7 @@ fn measure(peer: Peer, opts: &Options, cpus: usize) -> Result<Round> {
     if opts.pin {
         pin(&topo, cpus)?;
     }
-    let program = matches!(peer, Peer::XdpNative | Peer::XdpSkb)
+    let program = matches!(peer, Peer::XdpNative | Peer::XdpSkb | Peer::XdpNat)
         .then(|| balancer::pinning::Pins::new(topo.pin_dir()).program());
     // (CPU ns, runs) of the peer itself, where separable.
     let own = || -> Result<Option<(u64, u64)>> {
@@ -294,6 +306,7 @@ fn peer_tag(peer: Peer) -> &'static str {
         Peer::Router => "rtr",
         Peer::XdpNative => "xdp",
         Peer::XdpSkb => "skb",
+        Peer::XdpNat => "nat",
         Peer::Nftables => "nft",
         Peer::Haproxy => "hap",
     }

@@ -55,11 +55,11 @@ enum Bench {
         #[arg(long)]
         pin: bool,
         /// Peers measured, in order: baseline, router (a plain forwarding hop), balancer,
-        /// balancer_skb, nftables, haproxy.
+        /// balancer_skb, balancer_nat (NAT to unmodified backends), nftables, haproxy.
         #[arg(
             long,
             value_delimiter = ',',
-            default_value = "baseline,router,balancer,balancer_skb,nftables,haproxy"
+            default_value = "baseline,router,balancer,balancer_skb,balancer_nat,nftables,haproxy"
         )]
         peers: Vec<String>,
     },
@@ -191,7 +191,7 @@ fn main() -> Result<()> {
                 .iter()
                 .map(|p| {
                     e2e::Peer::by_key(p).ok_or_else(|| {
-                        anyhow::anyhow!("--peers: unknown peer {p:?} (baseline, router, balancer, balancer_skb, nftables, haproxy)")
+                        anyhow::anyhow!("--peers: unknown peer {p:?} (baseline, router, balancer, balancer_skb, balancer_nat, nftables, haproxy)")
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
