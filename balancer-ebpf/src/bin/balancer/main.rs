@@ -96,7 +96,7 @@ fn process(ctx: &XdpContext, stats: &mut GlobalStats) -> u32 {
             family: ip.family,
         };
         let Some(vip) = find_vip(&key) else {
-            return not_for_a_vip(ctx);
+            return not_for_a_vip(ctx, &ip);
         };
         let kind = if ip.proto == IPPROTO_UDP {
             PacketKind::Udp
@@ -153,9 +153,9 @@ fn to_vip(
 /// A TCP/UDP packet not for a VIP: a NAT flow's reply gets its VIP back (only looked up while
 /// a VIP forwards by NAT); anything else passes untouched.
 #[inline(always)]
-fn not_for_a_vip(ctx: &XdpContext) -> u32 {
+fn not_for_a_vip(ctx: &XdpContext, ip: &Ip) -> u32 {
     match CONFIG.get(0) {
-        Some(cfg) if cfg.nat != 0 => nat::balancer_nat_reply(ctx.ctx),
+        Some(cfg) if cfg.nat != 0 => nat::balancer_nat_reply(ctx.ctx, nat::pack(ip)),
         _ => XDP_PASS,
     }
 }

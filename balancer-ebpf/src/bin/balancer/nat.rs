@@ -3,8 +3,10 @@
 //! reply, routed back through this host (its gateway), gets the VIP back as its source and goes
 //! to the Ethernet address the client's packets came from. Checksums are updated incrementally.
 //!
-//! Both directions are global functions (verified once, on their own, with their own stack):
-//! they take the context (and the backend's id) and parse the packet again.
+//! Both directions are global functions (verified once, on their own, with their own stack).
+//! The reply's takes the entry function's parse as one integer ([`pack`]); the forward one takes
+//! the backend's id and parses again (handing it the parse too cost the entry function 16 bytes
+//! of stack, over the verifier's 512-byte limit along its deepest call chain).
 
 use aya_ebpf::{
     bindings::{
@@ -20,7 +22,7 @@ use balancer_common::{
 use balancer_ebpf::{
     csum,
     headers::{EthHdr, IPPROTO_TCP, IPPROTO_UDP, Ipv4Hdr, Ipv6Hdr, Ports, UdpHdr},
-    parse::{Frame, Shape, parse_ip, parse_l2},
+    parse::{Frame, Ip, Shape, parse_ip, parse_l2},
 };
 
 use crate::maps::{BACKENDS, NAT_REPLIES};
@@ -45,17 +47,45 @@ fn parse(ctx: *mut xdp_md) -> Option<Packet> {
     if ip.shape != Shape::Plain {
         return None;
     }
-    match ip.proto {
-        IPPROTO_TCP => frame.ptr::<TcpToCheck>(ip.l4_off).map(|_| ())?,
-        IPPROTO_UDP => frame.ptr::<UdpHdr>(ip.l4_off).map(|_| ())?,
+    checked(frame, pack(&ip))
+}
+
+/// Bounds on the offsets a global function is handed (the verifier knows nothing of them). A
+/// reply whose IPv6 extension headers run past them is not translated.
+const MAX_L3_OFF: u64 = 64;
+const MAX_L4_OFF: u64 = 1024;
+
+/// The caller's parse as one integer: offsets, family, protocol.
+#[inline(always)]
+pub fn pack(ip: &Ip) -> u64 {
+    ip.l3_off as u64
+        | (ip.l4_off as u64) << 16
+        | u64::from(ip.family) << 32
+        | u64::from(ip.proto) << 40
+}
+
+/// The packet [`pack`] describes, if its offsets are in bounds and its TCP or UDP header is
+/// present up to the checksum.
+#[inline(always)]
+fn checked(frame: Frame, layout: u64) -> Option<Packet> {
+    let l3_off = layout & 0xffff;
+    let l4_off = (layout >> 16) & 0xffff;
+    if l3_off > MAX_L3_OFF || l4_off > MAX_L4_OFF {
+        return None;
+    }
+    let (l3_off, l4_off) = (l3_off as usize, l4_off as usize);
+    let proto = (layout >> 40) as u8;
+    match proto {
+        IPPROTO_TCP => frame.ptr::<TcpToCheck>(l4_off).map(|_| ())?,
+        IPPROTO_UDP => frame.ptr::<UdpHdr>(l4_off).map(|_| ())?,
         _ => return None,
     }
     Some(Packet {
         frame,
-        l3_off: ip.l3_off,
-        l4_off: ip.l4_off,
-        family: ip.family,
-        proto: ip.proto,
+        l3_off,
+        l4_off,
+        family: (layout >> 32) as u8,
+        proto,
     })
 }
 
@@ -201,8 +231,8 @@ fn forward(ctx: *mut xdp_md, backend_id: u32) -> Option<u32> {
 /// packet again (the caller keeps nothing alive for it: the non-VIP path stays as it was).
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn balancer_nat_reply(ctx: *mut xdp_md) -> u32 {
-    let Some(p) = parse(ctx) else {
+pub extern "C" fn balancer_nat_reply(ctx: *mut xdp_md, layout: u64) -> u32 {
+    let Some(p) = checked(Frame::of(&XdpContext::new(ctx)), layout) else {
         return XDP_PASS;
     };
     let (Some((backend, client)), Some(ports)) = (p.addrs(), p.ports()) else {
