@@ -175,13 +175,7 @@ pub fn run(args: VipArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
             model,
         } => {
             // One value goes in the singular key, several make a service.
-            fn one_or_many<T>(mut v: Vec<T>) -> (Option<T>, Vec<T>) {
-                if v.len() == 1 {
-                    (v.pop(), Vec::new())
-                } else {
-                    (None, v)
-                }
-            }
+            use balancer::config::service::one_or_many;
             let (address, addresses) = one_or_many(address.iter().map(IpAddr::to_string).collect());
             let (port, ports) = one_or_many(port.into_iter().map(i64::from).collect());
             let (protocol, protocols) = one_or_many(protocol);

@@ -310,7 +310,8 @@ impl Config {
     /// Gives each VIP with a `pool` the pool's backends that serve its `model` according to
     /// `served` (pool -> backend -> models discovered), replacing those it had from the pool.
     /// A pool without discovery gives all its backends; with discovery, a backend joins once
-    /// its models are known. A backend the VIP lists itself keeps its own settings.
+    /// its models are known. A backend the VIP lists itself keeps its own settings. A `nat` VIP
+    /// takes only the pool's backends of its own address family.
     pub fn place_pool_backends(
         &mut self,
         served: &std::collections::HashMap<String, std::collections::HashMap<IpAddr, Vec<String>>>,
@@ -326,6 +327,11 @@ impl Config {
             };
             for b in &pool.backends {
                 if vip.backends.iter().any(|x| x.address == b.address) {
+                    continue;
+                }
+                // NAT writes the backend's address over the VIP's: only its own family serves.
+                if vip.forwarding == Forwarding::Nat && b.address.is_ipv4() != vip.address.is_ipv4()
+                {
                     continue;
                 }
                 let serves = match (&pool.discovery, &vip.model) {

@@ -138,25 +138,41 @@ pub fn expand(raw: RawVip, label: &str) -> Result<Vec<RawVip>, ConfigError> {
 /// written as its members, each a VIP of its own.
 pub fn fold(vips: &[VipConfig]) -> Vec<RawVip> {
     let mut out = Vec::new();
+    for group in groups(vips) {
+        match group {
+            Group::Plain(vip) => out.push(vip.to_raw()),
+            Group::Service(service, members) => match folded(service, &members) {
+                Some(block) => out.push(block),
+                None => out.extend(members.iter().map(|m| RawVip {
+                    service: None,
+                    ..m.to_raw()
+                })),
+            },
+        }
+    }
+    out
+}
+
+/// A VIP of its own, or a service and its members.
+enum Group<'a> {
+    Plain(&'a VipConfig),
+    Service(&'a str, Vec<&'a VipConfig>),
+}
+
+/// The VIPs grouped by service, in the order of each group's first VIP.
+fn groups(vips: &[VipConfig]) -> Vec<Group<'_>> {
+    let mut out = Vec::new();
     let mut done: HashSet<&str> = HashSet::new();
     for vip in vips {
-        let Some(service) = vip.service.as_deref() else {
-            out.push(vip.to_raw());
-            continue;
-        };
-        if !done.insert(service) {
-            continue;
-        }
-        let members: Vec<&VipConfig> = vips
-            .iter()
-            .filter(|v| v.service.as_deref() == Some(service))
-            .collect();
-        match folded(service, &members) {
-            Some(block) => out.push(block),
-            None => out.extend(members.iter().map(|m| RawVip {
-                service: None,
-                ..m.to_raw()
-            })),
+        match vip.service.as_deref() {
+            None => out.push(Group::Plain(vip)),
+            Some(service) if done.insert(service) => out.push(Group::Service(
+                service,
+                vips.iter()
+                    .filter(|v| v.service.as_deref() == Some(service))
+                    .collect(),
+            )),
+            Some(_) => {}
         }
     }
     out
@@ -210,7 +226,7 @@ fn folded(service: &str, members: &[&VipConfig]) -> Option<RawVip> {
 }
 
 /// A list of one value as the singular key, of several as the plural one.
-fn one_or_many<T>(mut items: Vec<T>) -> (Option<T>, Vec<T>) {
+pub fn one_or_many<T>(mut items: Vec<T>) -> (Option<T>, Vec<T>) {
     if items.len() == 1 {
         (items.pop(), Vec::new())
     } else {
@@ -218,27 +234,24 @@ fn one_or_many<T>(mut items: Vec<T>) -> (Option<T>, Vec<T>) {
     }
 }
 
-/// What a service block expands to, for `check-config`: "web: web-80-tcp, web-443-tcp".
+/// What each service block expands to, for `check-config`: "service web expands to 2 VIPs:
+/// web-80, web-443".
 pub fn describe(vips: &[VipConfig]) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut done: HashSet<&str> = HashSet::new();
-    for vip in vips {
-        if let Some(service) = vip.service.as_deref()
-            && done.insert(service)
-        {
-            let names: Vec<&str> = vips
-                .iter()
-                .filter(|v| v.service.as_deref() == Some(service))
-                .map(|v| v.name.as_str())
-                .collect();
-            out.push(format!(
+    groups(vips)
+        .into_iter()
+        .filter_map(|group| match group {
+            Group::Service(service, members) => Some(format!(
                 "service {service} expands to {} VIPs: {}",
-                names.len(),
-                names.join(", ")
-            ));
-        }
-    }
-    out
+                members.len(),
+                members
+                    .iter()
+                    .map(|m| m.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+            Group::Plain(_) => None,
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -528,6 +528,18 @@ fn nat_vips_keep_their_backends_in_their_family() {
         e.contains("vip[0].backend[0].address = \"fd00::11\": a nat VIP's backends are of its address family"),
         "{e}"
     );
+    // A pool's backends of the other family do not join a nat VIP.
+    let c = Config::parse(
+        "interface = \"eth0\"\n[[pool]]\nname = \"p\"\n[[pool.backend]]\naddress = \"10.0.0.12\"\n\
+         [[pool.backend]]\naddress = \"fd00::12\"\n[[vip]]\naddress = \"10.0.0.1\"\nport = 80\n\
+         forwarding = \"nat\"\npool = \"p\"\n[[vip]]\naddress = \"10.0.0.2\"\nport = 80\npool = \"p\"",
+    )
+    .unwrap();
+    let addresses = |v: &VipConfig| -> Vec<String> {
+        v.backends.iter().map(|b| b.address.to_string()).collect()
+    };
+    assert_eq!(addresses(&c.vips[0]), ["10.0.0.12"]);
+    assert_eq!(addresses(&c.vips[1]), ["10.0.0.12", "fd00::12"]);
     let e = error_of(&with_vip(
         "address = \"10.0.0.1\"\nport = 80\nforwarding = \"snat\"",
     ));

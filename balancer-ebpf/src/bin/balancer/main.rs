@@ -8,7 +8,8 @@
 //! One module per concern, in the order a packet meets them: `vip_index`; `choose` (the
 //! decision) over `conntrack`, `tiers`, `persistence` and `schedulers`, with `backends` (which
 //! backend may take a VIP's flow), `active` (active-flow counts), `flood` and `clock`;
-//! `forward` (DSR, IPIP, GUE) and `nat` (NAT, both ways); `icmp` (errors about VIP flows, echo, PMTU); `stats`; `maps`.
+//! `forward` (DSR, IPIP, GUE) and `nat` (NAT, both ways); `icmp` (errors about VIP flows,
+//! echo, PMTU); `stats`; `maps`.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 // Atomic adds to shared counters: the BPF target has no compare-and-swap, so `core::sync::atomic`

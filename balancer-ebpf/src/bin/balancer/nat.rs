@@ -28,8 +28,7 @@ use balancer_ebpf::{
 use crate::maps::{BACKENDS, NAT_REPLIES};
 
 /// What the global functions know of the packet: the frame, where its headers are, and its
-/// family and protocol. They parse it again from the context: the caller keeps nothing alive
-/// for them, so the main function's stack and the non-VIP path stay as they were.
+/// family and protocol.
 struct Packet {
     frame: Frame,
     l3_off: usize,
@@ -193,6 +192,11 @@ pub extern "C" fn balancer_nat_forward(ctx: *mut xdp_md, backend_id: u32) -> u32
 fn forward(ctx: *mut xdp_md, backend_id: u32) -> Option<u32> {
     let p = parse(ctx)?;
     let backend = BACKENDS.get(backend_id)?;
+    // The daemon gives a NAT VIP backends of its own family only; a packet is never half
+    // rewritten with another family's address.
+    if backend.family != p.family {
+        return None;
+    }
     let ((client, vip), ports) = (p.addrs()?, p.ports()?);
     let eth = p.frame.ptr::<EthHdr>(0)?;
     // SAFETY: bounds checked by `ptr`.
