@@ -35,6 +35,18 @@ pub const AFFINITY: &str = "AFFINITY";
 /// NAT forwarding: LRU hash of a reply's [`NatReplyKey`] -> [`NatReplyValue`] (the VIP to
 /// write back as its source, the client's next hop), one per flow to a `nat` VIP.
 pub const NAT_REPLIES: &str = "NAT_REPLIES";
+/// Source NAT: array by VIP id of [`SnatSource`] (family 0: the VIP does not translate
+/// sources).
+pub const SNAT_SOURCES: &str = "SNAT_SOURCES";
+/// Source NAT: hash of a client's flow ([`SnatFlowKey`]) -> [`SnatFlowValue`] (its backend,
+/// source address and port). Not LRU: an entry leaves only when the daemon expires it, with
+/// its [`SNAT_PORTS`] entry, so a port is never given to a second live flow.
+pub const SNAT_FLOWS: &str = "SNAT_FLOWS";
+/// Source NAT: hash of a reply's [`NatReplyKey`] (backend to the NAT source address and port)
+/// -> [`SnatPortValue`] (the client's flow). Inserted only if absent: the port allocator.
+pub const SNAT_PORTS: &str = "SNAT_PORTS";
+/// NAT counters: per-CPU array of one [`crate::stats::NatStats`].
+pub const NAT_STATS: &str = "NAT_STATS";
 /// Priority tiers of IPv4 clients: LPM trie of source prefixes (`[u8; 4]` data) -> tier (u8).
 pub const TIER_V4: &str = "TIER_V4";
 /// Priority tiers of IPv6 clients: LPM trie of source prefixes (`[u8; 16]` data) -> tier (u8).
@@ -310,6 +322,80 @@ pub struct NatReplyValue {
 }
 const _: () = assert!(core::mem::size_of::<NatReplyValue>() == 24);
 
+/// Source NAT of one VIP: the address its flows leave from and the ports they take.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SnatSource {
+    pub addr: RawAddr,
+    /// First port of the range, host byte order.
+    pub port_min: u16,
+    /// Ports in the range (0: none).
+    pub port_count: u16,
+    /// The address's family; 0 = no source NAT for this VIP.
+    pub family: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(core::mem::size_of::<SnatSource>() == 24);
+
+/// Key of [`SNAT_FLOWS`]: a client's flow to a VIP, as the client sends it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SnatFlowKey {
+    pub client: RawAddr,
+    pub vip: RawAddr,
+    /// Network byte order, as in the packet.
+    pub client_port: u16,
+    pub vip_port: u16,
+    pub proto: u8,
+    pub family: u8,
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(core::mem::size_of::<SnatFlowKey>() == 40);
+
+/// Value of [`SNAT_FLOWS`]: how the flow leaves for its backend.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SnatFlowValue {
+    pub backend: RawAddr,
+    /// The source address written in the flow's packets.
+    pub source: RawAddr,
+    /// Flow-clock tick of the client's last packet.
+    pub last_seen: u64,
+    /// The source port written, network byte order.
+    pub nat_port: u16,
+    /// 1 once the client sent FIN or RST (a SYN clears it).
+    pub closing: u8,
+    pub _pad: [u8; 5],
+}
+const _: () = assert!(core::mem::size_of::<SnatFlowValue>() == 48);
+
+/// Value of [`SNAT_PORTS`]: the client's flow a reply belongs to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SnatPortValue {
+    pub client: RawAddr,
+    pub vip: RawAddr,
+    /// The Ethernet source of the client's packets (the client, or its router).
+    pub client_mac: [u8; 6],
+    /// Network byte order.
+    pub client_port: u16,
+    /// Flow-clock tick of the backend's last reply (or of the flow's first packet).
+    pub last_seen: u64,
+    /// 1 once the backend sent FIN or RST.
+    pub closing: u8,
+    pub _pad: [u8; 7],
+}
+const _: () = assert!(core::mem::size_of::<SnatPortValue>() == 56);
+
+/// Free ports tried at random before a new source-NAT flow counts as "no port".
+pub const SNAT_PROBES: u32 = 32;
+
+/// [`GlobalConfig::nat`] bit: a VIP forwards by NAT with replies through this host as the
+/// backends' gateway ([`NAT_REPLIES`]).
+pub const NAT_GATEWAY: u32 = 1;
+/// [`GlobalConfig::nat`] bit: a VIP translates sources too ([`SNAT_PORTS`]).
+pub const NAT_SNAT: u32 = 2;
+
 /// Value of the session-persistence map: the client's backend and when it was last chosen.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -382,9 +468,10 @@ pub struct GlobalConfig {
     /// New flows per second per CPU above which the connection table stops taking entries and
     /// new flows use the consistent hash alone (flood mode). 0 = no limit.
     pub flood_threshold: u32,
-    /// 1 when a VIP forwards by NAT: packets not for a VIP are looked up in [`NAT_REPLIES`]
-    /// (a reply from a backend gets the VIP back as its source). 0 keeps the non-VIP path to
-    /// its one lookup. (Was padding, always 0: pinned maps of earlier builds read as "no NAT".)
+    /// [`NAT_GATEWAY`] and [`NAT_SNAT`] bits: while a VIP forwards by NAT, packets not for a
+    /// VIP are looked up in [`NAT_REPLIES`] and/or [`SNAT_PORTS`] (a reply from a backend gets
+    /// the VIP back as its source). 0 keeps the non-VIP path to its one lookup. (Was padding,
+    /// always 0: pinned maps of earlier builds read as "no NAT".)
     pub nat: u32,
 }
 const _: () = assert!(core::mem::size_of::<GlobalConfig>() == 56);
@@ -429,7 +516,7 @@ pub const LAYOUT: u64 = (3 << 56)
     | core::mem::size_of::<crate::stats::TrafficStats>() as u64;
 
 /// The maps pinned under the daemon's pin directory (the program, its XDP link and these).
-pub const PINNED_MAPS: [&str; 16] = [
+pub const PINNED_MAPS: [&str; 20] = [
     VIPS,
     MAGLEV,
     BACKENDS,
@@ -443,6 +530,10 @@ pub const PINNED_MAPS: [&str; 16] = [
     RR_CURSOR,
     AFFINITY,
     NAT_REPLIES,
+    SNAT_SOURCES,
+    SNAT_FLOWS,
+    SNAT_PORTS,
+    NAT_STATS,
     TIER_V4,
     TIER_V6,
     TIER_DSCP,

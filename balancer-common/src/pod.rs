@@ -3,9 +3,9 @@
 
 use crate::maps::{
     Backend, DecapAddrKey, DecapConfig, FlowBucket, FlowKey, GlobalConfig, NatReplyKey,
-    NatReplyValue, VipKey, VipMeta, VipSlot,
+    NatReplyValue, SnatFlowKey, SnatFlowValue, SnatPortValue, SnatSource, VipKey, VipMeta, VipSlot,
 };
-use crate::stats::{DecapStats, GlobalStats, TrafficStats};
+use crate::stats::{DecapStats, GlobalStats, NatStats, TrafficStats};
 
 // SAFETY: see the module docs; every field is an integer or an array of integers.
 unsafe impl aya::Pod for VipKey {}
@@ -35,3 +35,13 @@ unsafe impl aya::Pod for DecapConfig {}
 unsafe impl aya::Pod for DecapAddrKey {}
 // SAFETY: as above.
 unsafe impl aya::Pod for DecapStats {}
+// SAFETY: as above.
+unsafe impl aya::Pod for SnatSource {}
+// SAFETY: as above.
+unsafe impl aya::Pod for SnatFlowKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for SnatFlowValue {}
+// SAFETY: as above.
+unsafe impl aya::Pod for SnatPortValue {}
+// SAFETY: as above.
+unsafe impl aya::Pod for NatStats {}

@@ -145,3 +145,14 @@ pub struct DecapStats {
     pub malformed: u64,
 }
 const _: () = assert!(core::mem::size_of::<DecapStats>() == 32);
+
+/// NAT counters (one per-CPU entry).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NatStats {
+    /// New source-NAT flows dropped: no free port found for their backend.
+    pub no_port: u64,
+    /// New source-NAT flows dropped: the source-NAT tables are full.
+    pub table_full: u64,
+}
+const _: () = assert!(core::mem::size_of::<NatStats>() == 16);

@@ -59,3 +59,10 @@ pub fn replace_addr<const N: usize>(check: u16, old: &[u32; 4], new: &[u32; 4]) 
     }
     !fold(sum)
 }
+
+/// A checksum (as stored) after one 16-bit word (a port, as stored) changed from `old` to
+/// `new`: RFC 1624's `~(~C + ~m + m')`.
+#[inline(always)]
+pub fn replace_word(check: u16, old: u16, new: u16) -> u16 {
+    !fold(u64::from(!check) + u64::from(!old) + u64::from(new))
+}

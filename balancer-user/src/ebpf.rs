@@ -2,7 +2,7 @@
 
 use aya::programs::{ProgramError, Xdp, XdpMode};
 use aya::{Ebpf, EbpfLoader};
-use balancer_common::maps::{FLOW_WAYS, FLOWS, NAT_REPLIES};
+use balancer_common::maps::{FLOW_WAYS, FLOWS, NAT_REPLIES, SNAT_FLOWS, SNAT_PORTS};
 
 use crate::config::AttachMode;
 
@@ -66,6 +66,8 @@ pub fn load_balancer_object(object: &[u8], max_flows: u32) -> Result<Ebpf, LoadE
     let mut ebpf = EbpfLoader::new()
         .map_max_entries(FLOWS, flow_buckets(max_flows))
         .map_max_entries(NAT_REPLIES, max_flows)
+        .map_max_entries(SNAT_FLOWS, max_flows)
+        .map_max_entries(SNAT_PORTS, max_flows)
         .load(object)?;
     load_program(&mut ebpf, BALANCER_PROGRAM)?;
     Ok(ebpf)
@@ -85,6 +87,8 @@ pub fn load_balancer_pinned(
     let mut loader = EbpfLoader::new();
     loader.map_max_entries(FLOWS, flow_buckets(max_flows));
     loader.map_max_entries(NAT_REPLIES, max_flows);
+    loader.map_max_entries(SNAT_FLOWS, max_flows);
+    loader.map_max_entries(SNAT_PORTS, max_flows);
     for (name, path) in &paths {
         loader.map_pin_path(name, path.as_path());
     }

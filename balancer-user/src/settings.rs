@@ -2,11 +2,14 @@
 
 use std::net::IpAddr;
 
-use balancer_common::addr::raw_from_ip;
-use balancer_common::flow_cache::TICK_NS;
-use balancer_common::maps::GlobalConfig;
+use std::collections::HashMap;
 
-use crate::config::{Config, Forwarding};
+use balancer_common::addr::{FAMILY_V4, FAMILY_V6, raw_from_ip};
+use balancer_common::flow_cache::TICK_NS;
+use balancer_common::maps::{GlobalConfig, NAT_GATEWAY, NAT_SNAT, SnatSource};
+
+use crate::balancer::Endpoint;
+use crate::config::{Config, Forwarding, NatSource};
 use crate::ebpf::flow_buckets;
 use crate::net::{entropy_mask, network_v4, network_v6};
 use crate::netinfo::Interface;
@@ -22,6 +25,23 @@ pub enum SettingsError {
         family: &'static str,
         short: &'static str,
         interface: String,
+    },
+    #[error(
+        "VIP {vip} takes its NAT source from the interface, but {interface} has no {family} address: give it one or set nat_source to an address"
+    )]
+    NoNatSource {
+        vip: String,
+        family: &'static str,
+        interface: String,
+    },
+    #[error(
+        "nat.ports {first}-{last} overlaps the kernel's ephemeral ports {eph_first}-{eph_last} (net.ipv4.ip_local_port_range): the host's own connections could take a port a translated flow holds; pick ports outside it"
+    )]
+    NatPortsOverlapEphemeral {
+        first: u16,
+        last: u16,
+        eph_first: u16,
+        eph_last: u16,
     },
 }
 
@@ -57,7 +77,17 @@ pub fn data_plane_settings(
         settings.encap_src_v6 = raw_from_ip(addr.into()).0;
         settings.encap_src_v6_hash_mask = mask;
     }
-    settings.nat = u32::from(config.vips.iter().any(|v| v.forwarding == Forwarding::Nat));
+    let nat = config
+        .vips
+        .iter()
+        .filter(|v| v.forwarding == Forwarding::Nat);
+    for vip in nat {
+        settings.nat |= if vip.nat_source.is_some() {
+            NAT_SNAT
+        } else {
+            NAT_GATEWAY
+        };
+    }
     for vip in config
         .vips
         .iter()
@@ -81,6 +111,78 @@ pub fn data_plane_settings(
         }
     }
     Ok(settings)
+}
+
+/// The source NAT of each VIP that has one: its address (the interface's where the config
+/// says so) and the configured ports.
+pub fn snat_sources(
+    config: &Config,
+    iface: &Interface,
+) -> Result<HashMap<Endpoint, SnatSource>, SettingsError> {
+    let mut out = HashMap::new();
+    for vip in &config.vips {
+        let Some(source) = &vip.nat_source else {
+            continue;
+        };
+        let v4 = vip.address.is_ipv4();
+        let addr = match source {
+            NatSource::Interface => match v4 {
+                true => iface.first_v4().map(IpAddr::from),
+                false => iface.first_v6().map(IpAddr::from),
+            },
+            NatSource::Addresses(_) => source.address(v4),
+        };
+        let addr = addr.ok_or_else(|| SettingsError::NoNatSource {
+            vip: vip.name.clone(),
+            family: if v4 { "IPv4" } else { "IPv6" },
+            interface: iface.name.clone(),
+        })?;
+        let ports = &config.nat.ports;
+        out.insert(
+            vip.endpoint(),
+            SnatSource {
+                addr: raw_from_ip(addr).0,
+                port_min: *ports.start(),
+                port_count: (u32::from(*ports.end()) - u32::from(*ports.start()) + 1)
+                    .min(u32::from(u16::MAX)) as u16,
+                family: if v4 { FAMILY_V4 } else { FAMILY_V6 },
+                _pad: [0; 3],
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// Refuses source-NAT ports inside the kernel's ephemeral range `ephemeral` (read from
+/// `/proc/sys/net/ipv4/ip_local_port_range` by [`ephemeral_ports`]), while a VIP translates
+/// sources.
+pub fn check_nat_ports(
+    config: &Config,
+    ephemeral: Option<std::ops::RangeInclusive<u16>>,
+) -> Result<(), SettingsError> {
+    let (Some(eph), true) = (
+        ephemeral,
+        config.vips.iter().any(|v| v.nat_source.is_some()),
+    ) else {
+        return Ok(());
+    };
+    let ports = &config.nat.ports;
+    if ports.start() <= eph.end() && eph.start() <= ports.end() {
+        return Err(SettingsError::NatPortsOverlapEphemeral {
+            first: *ports.start(),
+            last: *ports.end(),
+            eph_first: *eph.start(),
+            eph_last: *eph.end(),
+        });
+    }
+    Ok(())
+}
+
+/// The kernel's ephemeral port range, if readable.
+pub fn ephemeral_ports() -> Option<std::ops::RangeInclusive<u16>> {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let mut it = text.split_whitespace().map(|p| p.parse::<u16>().ok());
+    Some(it.next()??..=it.next()??)
 }
 
 #[cfg(test)]
@@ -107,13 +209,82 @@ mod tests {
             .unwrap()
         };
         let iface = iface(vec![("10.0.0.2".parse().unwrap(), 24)]);
-        assert_eq!(data_plane_settings(&vip("nat"), &iface, 1).unwrap().nat, 1);
+        assert_eq!(
+            data_plane_settings(&vip("nat"), &iface, 1).unwrap().nat,
+            NAT_GATEWAY
+        );
         assert_eq!(
             data_plane_settings(&vip("l2-dsr"), &iface, 1).unwrap().nat,
             0
         );
         // NAT needs no encapsulation source.
         assert!(data_plane_settings(&vip("nat"), &super::tests::iface(vec![]), 1).is_ok());
+    }
+
+    #[test]
+    fn source_nat_takes_the_configured_or_the_interfaces_address() {
+        let cfg = |vips: &str, nat: &str| {
+            Config::parse(&format!("interface = \"eth0\"\n{nat}\n{vips}")).unwrap()
+        };
+        let vips = "[[vip]]\nname = \"a\"\naddress = \"10.0.0.1\"\nport = 80\nforwarding = \"nat\"\nnat_source = \"interface\"\n[[vip.backend]]\naddress = \"10.0.0.11\"\n\
+                    [[vip]]\nname = \"b\"\naddress = \"fd00::1\"\nport = 80\nforwarding = \"nat\"\nnat_source = [\"10.0.0.3\", \"fd00::3\"]\n[[vip.backend]]\naddress = \"fd00::11\"\n\
+                    [[vip]]\nname = \"c\"\naddress = \"10.0.0.1\"\nport = 81\nforwarding = \"nat\"\n[[vip.backend]]\naddress = \"10.0.0.11\"";
+        let config = cfg(vips, "[nat]\nports = \"2000-2999\"");
+        let iface = iface(vec![("10.0.0.2".parse().unwrap(), 24)]);
+        assert_eq!(
+            data_plane_settings(&config, &iface, 1).unwrap().nat,
+            NAT_GATEWAY | NAT_SNAT
+        );
+        let sources = snat_sources(&config, &iface).unwrap();
+        assert_eq!(sources.len(), 2, "c has no source NAT");
+        let a = &sources[&config.vip("a").unwrap().endpoint()];
+        assert_eq!(
+            (a.addr, a.port_min, a.port_count, a.family),
+            (
+                raw_from_ip("10.0.0.2".parse().unwrap()).0,
+                2000,
+                1000,
+                FAMILY_V4
+            )
+        );
+        let b = &sources[&config.vip("b").unwrap().endpoint()];
+        assert_eq!(b.addr, raw_from_ip("fd00::3".parse().unwrap()).0);
+        assert_eq!(b.family, FAMILY_V6);
+        // The interface has no IPv4 address: named in the error.
+        let e = snat_sources(&config, &super::tests::iface(vec![])).unwrap_err();
+        assert!(
+            e.to_string().contains(
+                "VIP a takes its NAT source from the interface, but eth0 has no IPv4 address"
+            ),
+            "{e}"
+        );
+        // Ports inside the ephemeral range are refused while a VIP translates sources.
+        assert!(check_nat_ports(&config, Some(32768..=60999)).is_ok());
+        let e = check_nat_ports(&config, Some(2500..=60999))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("nat.ports 2000-2999 overlaps the kernel's ephemeral ports 2500-60999"),
+            "{e}"
+        );
+        let whole = cfg(vips, "[nat]\nports = \"1-65535\"");
+        assert_eq!(
+            snat_sources(&whole, &iface).unwrap()[&config.vip("a").unwrap().endpoint()].port_count,
+            65535
+        );
+        assert!(
+            check_nat_ports(
+                &cfg(
+                    &vips
+                        .replace("nat_source = \"interface\"\n", "")
+                        .replace("nat_source = [\"10.0.0.3\", \"fd00::3\"]\n", ""),
+                    ""
+                ),
+                Some(1..=65535)
+            )
+            .is_ok(),
+            "no source NAT: no check"
+        );
     }
 
     #[test]

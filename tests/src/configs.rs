@@ -86,7 +86,8 @@ pub fn nat4() -> RawVip {
 
 /// The packet fixtures' config: [`forwarding_vips`], plus IPv6 IPIP, IPv6 UDP over GUE on
 /// its own port, an IPv4 UDP VIP sharing `l2dsr4`'s address, NAT VIPs (TCP and UDP on IPv4,
-/// TCP on IPv6), and a VIP without backends; a
+/// TCP on IPv6; the same with source NAT from the interface's IPv4 address 10.111.0.2 and
+/// from fd00:111::3), and a VIP without backends; a
 /// small connection table, no flood mode, no removal grace.
 pub fn packet_fixture() -> RawConfig {
     let mut vips = forwarding_vips();
@@ -109,6 +110,13 @@ pub fn packet_fixture() -> RawConfig {
     let mut nat6 = vip("nat6", "fd00:111:1::5", 80);
     nat6.forwarding = Some("nat".into());
     nat6.backend = backends(&["fd00:111::21", "fd00:111::22"]);
+    let snat = |name: &str, address: &str, port: u16, source: &[&str], to: &[&str]| {
+        let mut v = vip(name, address, port);
+        v.forwarding = Some("nat".into());
+        v.nat_source = source.iter().map(|s| s.to_string()).collect();
+        v.backend = backends(to);
+        v
+    };
     vips.extend([
         ipip6,
         gue6,
@@ -116,6 +124,31 @@ pub fn packet_fixture() -> RawConfig {
         nat4(),
         natdns4,
         nat6,
+        snat(
+            "snat4",
+            "10.111.1.6",
+            80,
+            &["interface"],
+            &["10.111.0.24", "10.111.0.25"],
+        ),
+        snat(
+            "snat6",
+            "fd00:111:1::6",
+            80,
+            &["10.111.0.3", "fd00:111::3"],
+            &["fd00:111::24"],
+        ),
+        {
+            let mut v = snat(
+                "snatdns4",
+                "10.111.1.6",
+                53,
+                &["interface"],
+                &["10.111.0.26"],
+            );
+            v.protocol = Some("udp".into());
+            v
+        },
         vip("empty", "10.111.1.9", 80),
     ]);
     RawConfig {

@@ -12,10 +12,11 @@ use aya::programs::{TestRun, TestRunOptions};
 use balancer::balancer::Balancer;
 use balancer::config::Config;
 use balancer::dataplane::kernel::KernelDataplane;
+use balancer::dataplane::{Dataplane as _, NatSweep, NatTimeouts};
 use balancer::ebpf;
 use balancer::net::MacAddr;
 use balancer::netinfo::Interface;
-use balancer::settings::data_plane_settings;
+use balancer::settings::{data_plane_settings, snat_sources};
 use balancer_common::addr::raw_from_ip;
 use balancer_common::flow_hash::{flow_hash, slot};
 use balancer_common::maps::GlobalConfig;
@@ -104,12 +105,14 @@ impl Harness {
         let config = Config::parse(config_text)?;
         let mut settings = data_plane_settings(&config, &fixture_interface(), 0x5eed)?;
         tweak(&mut settings);
+        let snat = snat_sources(&config, &fixture_interface())?;
         let mut object = ebpf::load_balancer_object(object, config.conntrack.max_flows)?;
         let dataplane = KernelDataplane::from_ebpf(&mut object)?;
         let mut balancer = Balancer::new(dataplane);
         balancer.set_settings(&settings)?;
         balancer.set_removal_grace(config.conntrack.removal_grace);
         balancer.set_tiers(&config.tiers)?;
+        balancer.set_snat_sources(snat);
         let macs: HashMap<IpAddr, MacAddr> = config
             .vips
             .iter()
@@ -136,6 +139,8 @@ impl Harness {
             .map(|b| (b.address, MacAddr(backend_mac(b.address))))
             .collect();
         self.balancer.set_tiers(&config.tiers)?;
+        self.balancer
+            .set_snat_sources(snat_sources(&config, &fixture_interface())?);
         self.balancer.apply(&config.vips, &macs)?;
         self.config = config;
         Ok(())
@@ -167,6 +172,16 @@ impl Harness {
             result.data_size_out as usize,
             result.duration,
         ))
+    }
+
+    /// Sweeps the source-NAT tables as the daemon does, with the flow clock at `now` ticks.
+    pub fn sweep_nat(&self, now: u64) -> Result<NatSweep> {
+        let timeouts = NatTimeouts::from_config(&self.config.nat);
+        Ok(self
+            .balancer
+            .dataplane()
+            .nat_sweeper()?
+            .run(now, &timeouts)?)
     }
 
     /// The program's file descriptor, for running it from another thread ([`run_fd`]).

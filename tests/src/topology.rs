@@ -198,6 +198,21 @@ impl Topology {
         Ok(())
     }
 
+    /// Makes the backends unmodified servers with no way to the client at all (its address
+    /// unreachable from them), as source NAT serves them: no VIP, no route back through the
+    /// balancer; they only ever answer the balancer's address. Whole checksums and segments
+    /// as in [`Topology::unmodified_backends`].
+    pub fn source_nat_backends(&self) -> Result<()> {
+        for b in &self.backends {
+            b.sh(&format!(
+                "ip addr del {VIP4}/32 dev lo && ip -6 addr del {VIP6}/128 dev lo && \
+                 ip route add unreachable {CLIENT4}/32 && ip -6 route add unreachable {CLIENT6}/128 && \
+                 ethtool -K eth0 tx off tso off gso off >/dev/null"
+            ))?;
+        }
+        Ok(())
+    }
+
     fn start_backends(&mut self) -> Result<()> {
         for i in 0..self.backends.len() {
             self.start_backend_server(i)?;
@@ -427,7 +442,13 @@ pub fn rack_config_weighted(
         ] {
             let mut v = vip(&format!("{service}{family}"), address, port);
             v.protocol = Some(protocol.into());
-            v.forwarding = Some(forwarding.into());
+            // "snat": NAT with source NAT from the balancer's interface address.
+            if forwarding == "snat" {
+                v.forwarding = Some("nat".into());
+                v.nat_source = vec!["interface".into()];
+            } else {
+                v.forwarding = Some(forwarding.into());
+            }
             v.gue_port = Some(GUE_PORT.into());
             v.backend = weights
                 .iter()

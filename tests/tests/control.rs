@@ -30,6 +30,10 @@ fn rack_forwarding(tag: &str, forwarding: &str) -> Topology {
     if forwarding == "nat" {
         topo.unmodified_backends().expect("unmodified backends");
     }
+    if forwarding == "snat" {
+        topo.source_nat_backends()
+            .expect("backends without a way to the client");
+    }
     let config = rack_config(&topo, forwarding, AttachMode::Native);
     topo.start_balancer(&to_toml(&config))
         .expect("starting the balancer");
@@ -392,6 +396,14 @@ fn restarts_lose_nothing() {
 #[ignore = "needs root and network namespaces; run by cargo xtask test"]
 fn restarts_lose_no_nat_flow() {
     restarts_lose_nothing_when(rack_forwarding("rstnat", "nat"));
+}
+
+/// The same with source NAT: the pinned SNAT_FLOWS and SNAT_PORTS keep every flow's port, and
+/// the restarted daemon's expiry sweeps leave live flows alone.
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn restarts_lose_no_source_nat_flow() {
+    restarts_lose_nothing_when(rack_forwarding("rstsnat", "snat"));
 }
 
 /// 20 TCP streams and a UDP probe every 10 ms through a SIGKILL, a restart, a SIGTERM and a

@@ -41,6 +41,10 @@ fn rack(case: &Case) -> Topology {
         topo.unmodified_backends()
             .expect("backends without the VIP, routing replies through the balancer");
     }
+    if case.forwarding == "snat" {
+        topo.source_nat_backends()
+            .expect("backends without the VIP and without a way to the client");
+    }
     let mut config = rack_config(&topo, case.forwarding, case.mode);
     config.encap = rack_encap();
     topo.start_balancer(&to_toml(&config))
@@ -191,6 +195,26 @@ fn ping_works(topo: &Topology) {
             .exec(&["ping", "-c", "1", "-w", "5", "-i", "0.2", &target])
             .unwrap_or_else(|e| panic!("ping {target} from the client: {e:#}"));
     }
+}
+
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn source_nat_native() {
+    full_check(Case {
+        tag: "snatn",
+        forwarding: "snat",
+        mode: AttachMode::Native,
+    });
+}
+
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn source_nat_skb() {
+    full_check(Case {
+        tag: "snats",
+        forwarding: "snat",
+        mode: AttachMode::Skb,
+    });
 }
 
 #[test]

@@ -932,3 +932,188 @@ fn nat_rewrites_the_destination_and_the_replies_source() {
     ));
     assert_eq!(out, want, "UDP without a checksum keeps none");
 }
+
+/// The source port of a frame's TCP or UDP header (no VLAN tags).
+fn source_port(frame: &[u8]) -> u16 {
+    let l4 = if frame[12..14] == [0x08, 0x00] {
+        34
+    } else {
+        54
+    };
+    u16::from_be_bytes([frame[l4], frame[l4 + 1]])
+}
+
+#[test]
+#[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
+fn source_nat_rewrites_both_addresses_and_a_port_and_replies_find_their_client() {
+    let mut h = harness();
+    // snat4: from the interface's address; snat6: from the configured IPv6 source.
+    for (client, vip, name, source, backends) in [
+        (
+            "10.9.0.1",
+            "10.111.1.6",
+            "snat4",
+            "10.111.0.2",
+            &["10.111.0.24", "10.111.0.25"][..],
+        ),
+        (
+            "2001:db8::5",
+            "fd00:111:1::6",
+            "snat6",
+            "fd00:111::3",
+            &["fd00:111::24"][..],
+        ),
+    ] {
+        let (client, vip, source) = (ip(client), ip(vip), ip(source));
+        let mut taken = std::collections::HashMap::new();
+        for sport in [1000u16, 40000, 65535, 1001, 1002] {
+            let backend = h.table_backend(name, client, sport).unwrap();
+            assert!(backends.contains(&backend.to_string().as_str()));
+            let mut port = None;
+            for (syn, payload) in [(true, &b""[..]), (false, &b"GET / HTTP/1.1\r\n\r\n"[..])] {
+                let frame = tcp_frame(client, sport, vip, 80, syn, payload);
+                let (action, out) = h.run(&frame).unwrap();
+                assert_eq!(action_name(action), "XDP_TX", "{name} sport {sport}");
+                let p = source_port(&out);
+                assert!((1024..=32767).contains(&p), "{name}: port {p} in nat.ports");
+                assert_eq!(*port.get_or_insert(p), p, "{name}: a flow keeps its port");
+                // Built whole by etherparse (checksums computed afresh), not patched.
+                let want = with_macs(
+                    tcp_frame(source, p, backend, 80, syn, payload),
+                    backend_mac(backend),
+                    LB_MAC,
+                );
+                assert_eq!(out, want, "{name} sport {sport}: client to backend");
+            }
+            let port = port.unwrap();
+            // No two live flows to one backend share a port.
+            assert_eq!(
+                taken.insert((backend, port), sport),
+                None,
+                "{name}: port {port} twice"
+            );
+            let reply = with_macs(
+                tcp_frame(backend, 80, source, port, false, b"HTTP/1.1 200 OK\r\n"),
+                LB_MAC,
+                backend_mac(backend),
+            );
+            let (action, out) = h.run(&reply).unwrap();
+            assert_eq!(action_name(action), "XDP_TX", "{name} reply to port {port}");
+            let want = with_macs(
+                tcp_frame(vip, 80, client, sport, false, b"HTTP/1.1 200 OK\r\n"),
+                CLIENT_MAC,
+                LB_MAC,
+            );
+            assert_eq!(out, want, "{name} sport {sport}: reply to client");
+        }
+        // A packet to the NAT source on a port no flow holds is the host's: untouched.
+        let stray = with_macs(
+            tcp_frame(ip(backends[0]), 80, source, 999, false, b"x"),
+            LB_MAC,
+            backend_mac(ip(backends[0])),
+        );
+        let (action, out) = h.run(&stray).unwrap();
+        assert_eq!((action_name(action), out), ("XDP_PASS", stray), "{name}");
+    }
+
+    // UDP, with a checksum and without one (zero stays zero).
+    let (client, vip, backend, source) = (
+        ip("10.9.0.7"),
+        ip("10.111.1.6"),
+        ip("10.111.0.26"),
+        ip("10.111.0.2"),
+    );
+    let (action, out) = h.run(&udp_frame(client, 5353, vip, 53, b"query")).unwrap();
+    assert_eq!(action_name(action), "XDP_TX");
+    let port = source_port(&out);
+    let want = with_macs(
+        udp_frame(source, port, backend, 53, b"query"),
+        backend_mac(backend),
+        LB_MAC,
+    );
+    assert_eq!(out, want, "UDP client to backend");
+    let answer = with_macs(
+        udp_frame(backend, 53, source, port, b"answer"),
+        LB_MAC,
+        backend_mac(backend),
+    );
+    let (action, out) = h.run(&answer).unwrap();
+    assert_eq!(action_name(action), "XDP_TX");
+    let want = with_macs(
+        udp_frame(vip, 53, client, 5353, b"answer"),
+        CLIENT_MAC,
+        LB_MAC,
+    );
+    assert_eq!(out, want, "UDP reply to client");
+    let no_sum = |mut f: Vec<u8>| {
+        f[14 + 20 + 6..14 + 20 + 8].copy_from_slice(&[0, 0]);
+        f
+    };
+    let (action, out) = h
+        .run(&no_sum(udp_frame(client, 5354, vip, 53, b"q")))
+        .unwrap();
+    assert_eq!(action_name(action), "XDP_TX");
+    let port = source_port(&out);
+    let want = no_sum(with_macs(
+        udp_frame(source, port, backend, 53, b"q"),
+        backend_mac(backend),
+        LB_MAC,
+    ));
+    assert_eq!(out, want, "UDP without a checksum keeps none");
+}
+
+#[test]
+#[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
+fn source_nat_ports_run_out_counted_and_come_back_when_flows_expire() {
+    // Four ports for the one backend of snatdns4.
+    let mut config = packet_fixture();
+    config.nat.ports = Some("20000-20003".into());
+    let mut h = Harness::new(&to_toml(&config)).unwrap();
+    let (vip, backend) = (ip("10.111.1.6"), ip("10.111.0.26"));
+    let send = |h: &mut Harness, sport: u16| {
+        let (action, out) = h
+            .run(&udp_frame(ip("10.9.0.8"), sport, vip, 53, b"q"))
+            .unwrap();
+        (action_name(action), source_port(&out))
+    };
+    let mut ports = std::collections::BTreeSet::new();
+    let mut first = 0;
+    for sport in 1..=4 {
+        let (action, port) = send(&mut h, sport);
+        assert_eq!(action, "XDP_TX");
+        ports.insert(port);
+        if sport == 1 {
+            first = port;
+        }
+    }
+    assert_eq!(ports, (20000..=20003).collect(), "four flows, four ports");
+    // A fifth flow finds no port: dropped and counted, the four keep theirs.
+    assert_eq!(send(&mut h, 5).0, "XDP_DROP");
+    assert_eq!(send(&mut h, 6).0, "XDP_DROP");
+    let now = balancer::dataplane::nat_expiry::now_ticks();
+    let swept = h.sweep_nat(now).unwrap();
+    assert_eq!((swept.flows, swept.expired), (4, 0));
+    assert_eq!((swept.stats.no_port, swept.stats.table_full), (2, 0));
+    assert_eq!(
+        send(&mut h, 1),
+        ("XDP_TX", first),
+        "a live flow keeps its port"
+    );
+    // Past the UDP timeout (120 s = 112 ticks) the flows give their ports back.
+    let swept = h.sweep_nat(now + 200).unwrap();
+    assert_eq!((swept.flows, swept.expired), (0, 4));
+    let reply = with_macs(
+        udp_frame(backend, 53, ip("10.111.0.2"), 20000, b"late"),
+        LB_MAC,
+        backend_mac(backend),
+    );
+    let (action, _) = h.run(&reply).unwrap();
+    assert_eq!(
+        action_name(action),
+        "XDP_PASS",
+        "an expired flow's port is the host's again"
+    );
+    let (action, port) = send(&mut h, 5);
+    assert_eq!(action, "XDP_TX", "a new flow finds a port again");
+    assert!(ports.contains(&port));
+}

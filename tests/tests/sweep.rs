@@ -68,6 +68,10 @@ fn base_frames() -> Vec<Vec<u8>> {
         tcp_frame(c4, 1011, ip("10.111.1.5"), 80, true, b"nat"),
         udp_frame(c4, 1012, ip("10.111.1.5"), 53, b"nat query"),
         tcp_frame(c6, 1013, ip("fd00:111:1::5"), 80, false, b"nat6"),
+        // Source NAT (their replies: `source_nat_replies`).
+        tcp_frame(c4, 1014, ip("10.111.1.6"), 80, true, b"snat"),
+        udp_frame(c4, 1015, ip("10.111.1.6"), 53, b"snat query"),
+        tcp_frame(c6, 1016, ip("fd00:111:1::6"), 80, true, b"snat"),
     ];
     for (backend, sport, client, dport) in [
         ("10.111.0.21", 80, c4, 1011),
@@ -135,6 +139,8 @@ struct Vips {
     v6: HashSet<[u8; 16]>,
     backend_macs: HashSet<[u8; 6]>,
     backends: HashSet<IpAddr>,
+    /// The source-NAT VIPs' source addresses.
+    nat_sources: HashSet<IpAddr>,
 }
 
 impl Vips {
@@ -144,6 +150,7 @@ impl Vips {
             "10.111.1.2",
             "10.111.1.3",
             "10.111.1.5",
+            "10.111.1.6",
             "10.111.1.9",
         ]
         .iter()
@@ -154,6 +161,7 @@ impl Vips {
             "fd00:111:1::2",
             "fd00:111:1::3",
             "fd00:111:1::5",
+            "fd00:111:1::6",
         ]
         .iter()
         .map(|s| s.parse::<std::net::Ipv6Addr>().unwrap().octets())
@@ -170,16 +178,23 @@ impl Vips {
             "10.111.0.23",
             "fd00:111::21",
             "fd00:111::22",
+            // The source-NAT VIPs' backends.
+            "10.111.0.24",
+            "10.111.0.25",
+            "10.111.0.26",
+            "fd00:111::24",
         ]
         .iter()
         .map(|s| ip(s))
         .collect();
+        let nat_sources = [ip("10.111.0.2"), ip("fd00:111::3")].into_iter().collect();
         let backend_macs = backends.iter().map(|b| backend_mac(*b)).collect();
         Vips {
             v4,
             v6,
             backend_macs,
             backends,
+            nat_sources,
         }
     }
 
@@ -285,8 +300,10 @@ fn check_tx(vips: &Vips, input: &[u8], out: &[u8]) -> Result<(), String> {
 }
 
 /// A NAT rewrite: from us (the input's destination MAC), either a client's packet for a VIP
-/// now addressed to a backend (and its MAC), or a backend's reply now from a VIP; the frames differ in that address, the IPv4 header checksum (valid if it was) and one
-/// more 16-bit word (the TCP or UDP checksum), nothing else.
+/// now addressed to a backend (and its MAC), or a backend's reply now from a VIP; the frames
+/// differ in that address, the IPv4 header checksum (valid if it was) and one more 16-bit word
+/// (the TCP or UDP checksum), nothing else. With source NAT the other address differs too (the
+/// NAT source for the client, or back), and one more word (the port it takes or gives back).
 fn nat_rewrite(vips: &Vips, l3: usize, input: &[u8], out: &[u8]) -> bool {
     if out[6..12] != input[0..6] || out[12..l3] != input[12..l3] {
         return false;
@@ -296,34 +313,95 @@ fn nat_rewrite(vips: &Vips, l3: usize, input: &[u8], out: &[u8]) -> bool {
         return false;
     };
     let to_mac = <[u8; 6]>::try_from(&out[0..6]).unwrap();
-    let forward = in_src == out_src
+    let forward_snat = vips.nat_sources.contains(&out_src) && in_src != out_src;
+    let forward = (in_src == out_src || forward_snat)
         && vips.is_vip(in_dst)
         && vips.backends.contains(&out_dst)
         && vips.backend_macs.contains(&to_mac);
     // A reply goes to the MAC the flow's client frames came from: mutated ones too, so any
     // (the packet fixtures check the exact one).
-    let reply = in_dst == out_dst && vips.backends.contains(&in_src) && vips.is_vip(out_src);
+    let reply_snat = vips.nat_sources.contains(&in_dst) && in_dst != out_dst;
+    let reply = (in_dst == out_dst || reply_snat)
+        && vips.backends.contains(&in_src)
+        && vips.is_vip(out_src);
     if !forward && !reply {
         return false;
     }
-    let (addr, check) = match (out[l3] >> 4, forward) {
-        (4, true) => (l3 + 16..l3 + 20, Some(l3 + 10)),
-        (4, false) => (l3 + 12..l3 + 16, Some(l3 + 10)),
-        (_, true) => (l3 + 24..l3 + 40, None),
-        (_, false) => (l3 + 8..l3 + 24, None),
+    let snat = (forward && forward_snat) || (reply && reply_snat);
+    let v4 = out[l3] >> 4 == 4;
+    let (src, dst) = if v4 {
+        (l3 + 12..l3 + 16, l3 + 16..l3 + 20)
+    } else {
+        (l3 + 8..l3 + 24, l3 + 24..l3 + 40)
     };
+    let check = v4.then_some(l3 + 10);
     // The incremental update keeps a valid IPv4 header checksum valid (and a broken one broken).
     let valid = |f: &[u8]| ones_complement_sum(&f[l3..l3 + 20]) == 0xffff;
     if check.is_some() && valid(out) != valid(input) {
         return false;
     }
+    let rewritten =
+        |i: usize| (forward || snat) && dst.contains(&i) || (!forward || snat) && src.contains(&i);
     let mut other_words = std::collections::BTreeSet::new();
     for i in 12..out.len() {
-        if out[i] != input[i] && !addr.contains(&i) && check.is_none_or(|c| i != c && i != c + 1) {
+        if out[i] != input[i] && !rewritten(i) && check.is_none_or(|c| i != c && i != c + 1) {
             other_words.insert(i / 2);
         }
     }
-    other_words.len() <= 1
+    other_words.len() <= if snat { 2 } else { 1 }
+}
+
+/// The replies of the source-NAT flows of `base_frames` (their ports are the program's
+/// choice: the flows are sent first).
+fn source_nat_replies(h: &mut Harness) -> Vec<Vec<u8>> {
+    let c4 = ip("10.9.0.1");
+    let c6 = ip("2001:db8::5");
+    let mut replies = Vec::new();
+    for (client, sport, vip, backends, source, udp) in [
+        (
+            c4,
+            1014,
+            "10.111.1.6",
+            &["10.111.0.24", "10.111.0.25"][..],
+            "10.111.0.2",
+            false,
+        ),
+        (
+            c4,
+            1015,
+            "10.111.1.6",
+            &["10.111.0.26"][..],
+            "10.111.0.2",
+            true,
+        ),
+        (
+            c6,
+            1016,
+            "fd00:111:1::6",
+            &["fd00:111::24"][..],
+            "fd00:111::3",
+            false,
+        ),
+    ] {
+        let frame = if udp {
+            udp_frame(client, sport, ip(vip), 53, b"snat query")
+        } else {
+            tcp_frame(client, sport, ip(vip), 80, true, b"snat")
+        };
+        let (_, out) = h.run(&frame).unwrap();
+        let l4 = if client.is_ipv4() { 34 } else { 54 };
+        let port = u16::from_be_bytes([out[l4], out[l4 + 1]]);
+        for backend in backends {
+            let mut reply = if udp {
+                udp_frame(ip(backend), 53, ip(source), port, b"snat answer")
+            } else {
+                tcp_frame(ip(backend), 80, ip(source), port, false, b"snat reply")
+            };
+            reply[6..12].copy_from_slice(&backend_mac(ip(backend)));
+            replies.push(reply);
+        }
+    }
+    replies
 }
 
 fn mutate(rng: &mut Rng, base: &[u8]) -> Vec<u8> {
@@ -417,7 +495,8 @@ fn a_million_malformed_frames() {
     let mut h =
         Harness::new(&to_toml(&packet_fixture())).expect("loading the balancer needs root and BPF");
     let vips = Vips::new();
-    let bases = base_frames();
+    let mut bases = base_frames();
+    bases.extend(source_nat_replies(&mut h));
     let mut rng = Rng(0x005e_ed0f_ba1a_2ce5);
     let mut run = 0usize;
     let mut actions = [0usize; 4];

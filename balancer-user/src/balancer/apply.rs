@@ -281,6 +281,12 @@ impl<D: Dataplane> Balancer<D> {
             .cloned()
             .collect();
         let meta = vip_meta(id, config);
+        // Source NAT is read with the VIP's packets: written before a new VIP is visible.
+        let snat = self.snat_plan.get(endpoint).copied().unwrap_or_default();
+        if self.snat_written.get(&id) != Some(&snat) {
+            self.dataplane.set_snat_source(id, &snat)?;
+            self.snat_written.insert(id, snat);
+        }
         let meta_changed = current
             .as_ref()
             .is_none_or(|c| vip_meta(id, &c.config) != meta);
@@ -507,6 +513,7 @@ impl<D: Dataplane> Balancer<D> {
                 self.retire_backend(&r.state)?;
             }
             self.vip_ids.give_back(vip.id);
+            self.snat_written.remove(&vip.id);
             tracing::info!(vip = %vip.config.name, "VIP removed");
         }
         Ok(())

@@ -25,7 +25,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use balancer_common::maglev::{self, MaglevError};
-use balancer_common::maps::{GlobalConfig, MAX_BACKENDS, MAX_VIPS};
+use balancer_common::maps::{GlobalConfig, MAX_BACKENDS, MAX_VIPS, SnatSource};
 use balancer_common::schedule;
 use balancer_common::stats::{GlobalStats, TrafficStats};
 
@@ -230,6 +230,9 @@ pub struct Balancer<D: Dataplane> {
     /// Time spent building and publishing tables since the last `apply` began.
     build_time: Duration,
     publish_time: Duration,
+    /// The source NAT each VIP should have (none: absent), and what is written per VIP id.
+    snat_plan: HashMap<Endpoint, SnatSource>,
+    snat_written: HashMap<u32, SnatSource>,
 }
 
 impl<D: Dataplane> Balancer<D> {
@@ -249,6 +252,8 @@ impl<D: Dataplane> Balancer<D> {
             tier_spill: 0,
             build_time: Duration::ZERO,
             publish_time: Duration::ZERO,
+            snat_plan: HashMap::new(),
+            snat_written: HashMap::new(),
         }
     }
 
@@ -314,6 +319,12 @@ impl<D: Dataplane> Balancer<D> {
 
     pub fn dataplane(&self) -> &D {
         &self.dataplane
+    }
+
+    /// Sets the source NAT of the VIPs (by endpoint; the rest have none), written by the next
+    /// [`Balancer::apply`].
+    pub fn set_snat_sources(&mut self, plan: HashMap<Endpoint, SnatSource>) {
+        self.snat_plan = plan;
     }
 
     /// Replaces the global data-plane settings.

@@ -44,12 +44,15 @@ enum VipCommand {
         /// tcp or udp.
         #[arg(long, default_values_t = ["tcp".to_string()])]
         protocol: Vec<String>,
-        /// l2-dsr, ipip or gue.
+        /// l2-dsr, ipip, gue or nat.
         #[arg(long, default_value = "l2-dsr")]
         forwarding: String,
         /// Outer UDP port for gue.
         #[arg(long)]
         gue_port: Option<u16>,
+        /// Source NAT for nat: "interface" or an address (repeat for one per family).
+        #[arg(long)]
+        nat_source: Vec<String>,
         /// Maglev table size (a prime).
         #[arg(long)]
         table_size: Option<u32>,
@@ -160,6 +163,7 @@ pub fn run(args: VipArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
             protocol,
             forwarding,
             gue_port,
+            nat_source,
             table_size,
             health,
             health_port,
@@ -190,6 +194,7 @@ pub fn run(args: VipArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
                 service: None,
                 forwarding: Some(forwarding),
                 gue_port: gue_port.map(i64::from),
+                nat_source,
                 table_size: table_size.map(i64::from),
                 health: Some(RawHealth {
                     check: Some(health),

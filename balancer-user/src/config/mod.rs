@@ -14,6 +14,7 @@ mod error;
 mod fields;
 mod fleet;
 mod health;
+mod nat;
 mod pools;
 mod raw;
 pub mod service;
@@ -29,10 +30,11 @@ pub use error::ConfigError;
 pub(crate) use error::invalid;
 pub use fleet::{BgpConfig, EtcdAuth, EtcdTls, FleetConfig, RawBgp, RawFleet};
 pub use health::{HealthCheckKind, HealthConfig, HealthTls};
+pub use nat::{NatConfig, NatSource};
 pub use pools::PoolConfig;
 pub use raw::{
-    RawApi, RawBackend, RawConfig, RawConntrack, RawEncap, RawHealth, RawMetrics, RawPolicy,
-    RawPool, RawTelemetry, RawTier, RawVip,
+    RawApi, RawBackend, RawConfig, RawConntrack, RawEncap, RawHealth, RawMetrics, RawNat,
+    RawPolicy, RawPool, RawTelemetry, RawTier, RawVip,
 };
 pub use telemetry::{ScrapeAccess, TelemetryConfig, TelemetrySource};
 pub use tiers::TierConfig;
@@ -93,6 +95,8 @@ pub struct Config {
     pub state_file: PathBuf,
     pub conntrack: ConntrackConfig,
     pub encap: EncapConfig,
+    /// Source NAT of `nat` VIPs with a `nat_source`.
+    pub nat: NatConfig,
     pub api: ApiConfig,
     pub metrics: MetricsConfig,
     /// Priority tiers (ids 1..=7 in order).
@@ -223,6 +227,7 @@ impl Config {
                 .map(|v| int_in(v, 576, 65_535, "encap.mtu"))
                 .transpose()?,
         };
+        let nat = nat::validate_nat(raw.nat)?;
         let api = daemon::validate_api(raw.api)?;
         let metrics = MetricsConfig {
             listen: raw
@@ -294,6 +299,7 @@ impl Config {
             state_file,
             conntrack,
             encap,
+            nat,
             api,
             metrics,
             tiers,
@@ -386,6 +392,7 @@ impl Config {
                 source_v6: self.encap.source_v6.map(|p| p.to_string()),
                 mtu: self.encap.mtu.map(i64::from),
             },
+            nat: self.nat.to_raw(),
             api: self.api.to_raw(),
             metrics: RawMetrics {
                 listen: self.metrics.listen.map(|l| l.to_string()),

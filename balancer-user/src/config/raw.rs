@@ -27,6 +27,8 @@ pub struct RawConfig {
     #[serde(default)]
     pub metrics: RawMetrics,
     #[serde(default)]
+    pub nat: RawNat,
+    #[serde(default)]
     pub fleet: RawFleet,
     #[serde(default)]
     pub bgp: RawBgp,
@@ -49,6 +51,44 @@ pub struct RawConntrack {
     pub flood_threshold: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub removal_grace_secs: Option<i64>,
+}
+
+/// `[nat]`: the source ports of source NAT and when its flows expire.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawNat {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ports: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tcp_idle_timeout_secs: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tcp_closed_timeout_secs: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub udp_idle_timeout_secs: Option<i64>,
+}
+
+/// A string, or a list of strings.
+fn string_or_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrList {
+        One(String),
+        List(Vec<String>),
+    }
+    match OneOrList::deserialize(d)
+        .map_err(|_| serde::de::Error::custom("expected a string or a list of strings"))?
+    {
+        OneOrList::One(s) => Ok(vec![s]),
+        OneOrList::List(l) => Ok(l),
+    }
+}
+
+/// One string as a string, several as a list.
+fn one_or_list<S: serde::Serializer>(items: &[String], s: S) -> Result<S::Ok, S::Error> {
+    match items {
+        [one] => s.serialize_str(one),
+        _ => items.serialize(s),
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -136,6 +176,15 @@ pub struct RawVip {
     pub forwarding: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gue_port: Option<i64>,
+    /// Source NAT of a `nat` VIP: `"interface"`, or an address (a list of one IPv4 and one
+    /// IPv6 address for a dual-stack service).
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "string_or_list",
+        serialize_with = "one_or_list"
+    )]
+    pub nat_source: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub table_size: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]

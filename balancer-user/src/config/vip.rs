@@ -18,6 +18,7 @@ use crate::policy::PolicyConfig;
 use super::error::{ConfigError, invalid};
 use super::fields::{float_in, int_in, parse_field, parse_ip, required};
 use super::health::{HealthConfig, validate_health};
+use super::nat::{NatSource, validate_nat_source};
 use super::raw::{RawBackend, RawVip};
 use super::telemetry::{
     TelemetryConfig, TelemetrySource, policy_to_raw, telemetry_to_raw, validate_policy,
@@ -108,6 +109,8 @@ pub struct VipConfig {
     pub forwarding: Forwarding,
     /// Outer UDP destination port (gue only).
     pub gue_port: u16,
+    /// Source NAT (nat only): flows leave from this address, so backends reply to us.
+    pub nat_source: Option<NatSource>,
     /// Maglev table size (prime).
     pub table_size: u32,
     pub health: HealthConfig,
@@ -161,6 +164,11 @@ impl VipConfig {
             protocol: Some(self.protocol.to_string()),
             forwarding: Some(self.forwarding.to_string()),
             gue_port: Some(self.gue_port.into()),
+            nat_source: self
+                .nat_source
+                .as_ref()
+                .map(NatSource::to_raw)
+                .unwrap_or_default(),
             table_size: Some(self.table_size.into()),
             health: Some(self.health.to_raw()),
             telemetry: Some(telemetry_to_raw(&self.telemetry)),
@@ -333,6 +341,7 @@ pub fn validate_vip(raw: RawVip, label: &str) -> Result<VipConfig, ConfigError> 
         Some(p) => int_in(p, 1, 65_535, &key("gue_port"))?,
         None => DEFAULT_GUE_PORT,
     };
+    let nat_source = validate_nat_source(raw.nat_source, forwarding, address, label)?;
     let table_size: u32 = match raw.table_size {
         Some(v) => int_in(v, 2, MAX_TABLE_SIZE.into(), &key("table_size"))?,
         None => DEFAULT_TABLE_SIZE,
@@ -433,6 +442,7 @@ pub fn validate_vip(raw: RawVip, label: &str) -> Result<VipConfig, ConfigError> 
         protocol,
         forwarding,
         gue_port,
+        nat_source,
         table_size,
         health,
         telemetry,

@@ -388,7 +388,11 @@ pub async fn run(opts: RunOptions) -> Result<()> {
             }
             _ = flows_every.tick() => {
                 let d = daemon.clone();
-                let _ = tokio::task::spawn_blocking(move || Daemon::refresh_flow_counts(&d)).await;
+                let _ = tokio::task::spawn_blocking(move || {
+                    Daemon::refresh_flow_counts(&d);
+                    Daemon::sweep_nat(&d);
+                })
+                .await;
             }
         }
     }

@@ -2,18 +2,21 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsFd, AsRawFd};
+use std::sync::{Arc, Mutex};
 
 use aya::Ebpf;
 use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
 use aya::maps::{Array, IterableMap as _, Map, MapData, MapError, PerCpuArray};
 use balancer_common::flow_cache::FlowValue;
 use balancer_common::maps::{
-    self as names, Backend, FlowBucket, GlobalConfig, MAGLEV_TABLE_FLAGS, VIP_INDEX_FLAGS,
-    VIP_INDEX_SLOTS, VipKey, VipMeta, VipSlot,
+    self as names, Backend, FlowBucket, GlobalConfig, MAGLEV_TABLE_FLAGS, NatReplyKey, SnatFlowKey,
+    SnatFlowValue, SnatPortValue, SnatSource, VIP_INDEX_FLAGS, VIP_INDEX_SLOTS, VipKey, VipMeta,
+    VipSlot,
 };
-use balancer_common::stats::{COUNTERS, GlobalStats, TrafficStats};
+use balancer_common::stats::{COUNTERS, GlobalStats, NatStats, TrafficStats};
 use balancer_common::vip_index::build_index;
 
+use super::nat_expiry::{NatSweeper, NatTables, sweep};
 use super::{Dataplane, DataplaneError, FlowCounter, add_traffic, sys};
 
 /// The balancer program's maps, owned by the daemon.
@@ -33,7 +36,57 @@ pub struct KernelDataplane {
     tier_v4: LpmTrie<MapData, u32, u8>,
     tier_v6: LpmTrie<MapData, [u32; 4], u8>,
     tier_dscp: Array<MapData, u8>,
+    snat_sources: Array<MapData, SnatSource>,
+    /// The source-NAT tables (shared with sweeps run later).
+    nat: Arc<Mutex<KernelNat>>,
     swap_started: Option<std::time::Instant>,
+}
+
+/// The source-NAT flow tables and counters.
+struct KernelNat {
+    ports: aya::maps::HashMap<MapData, NatReplyKey, SnatPortValue>,
+    flows: aya::maps::HashMap<MapData, SnatFlowKey, SnatFlowValue>,
+    stats: PerCpuArray<MapData, NatStats>,
+}
+
+impl NatTables for KernelNat {
+    fn ports(&self) -> Result<Vec<(NatReplyKey, SnatPortValue)>, DataplaneError> {
+        self.ports
+            .iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(map_err(names::SNAT_PORTS, "read"))
+    }
+    fn flow(&self, key: &SnatFlowKey) -> Result<Option<SnatFlowValue>, DataplaneError> {
+        match self.flows.get(key, 0) {
+            Ok(v) => Ok(Some(v)),
+            Err(MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(map_err(names::SNAT_FLOWS, "read")(e)),
+        }
+    }
+    fn remove_flow(&mut self, key: &SnatFlowKey) -> Result<(), DataplaneError> {
+        match self.flows.remove(key) {
+            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(map_err(names::SNAT_FLOWS, "remove")(e)),
+        }
+    }
+    fn remove_port(&mut self, key: &NatReplyKey) -> Result<(), DataplaneError> {
+        match self.ports.remove(key) {
+            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(map_err(names::SNAT_PORTS, "remove")(e)),
+        }
+    }
+    fn stats(&self) -> Result<NatStats, DataplaneError> {
+        let values = self
+            .stats
+            .get(&0, 0)
+            .map_err(map_err(names::NAT_STATS, "read"))?;
+        let mut sum = NatStats::default();
+        for v in values.iter() {
+            sum.no_port += v.no_port;
+            sum.table_full += v.table_full;
+        }
+        Ok(sum)
+    }
 }
 
 fn map_err(map: &'static str, op: &'static str) -> impl FnOnce(MapError) -> DataplaneError {
@@ -140,6 +193,12 @@ impl KernelDataplane {
             tier_v4: take(ebpf, names::TIER_V4)?,
             tier_v6: take(ebpf, names::TIER_V6)?,
             tier_dscp: take(ebpf, names::TIER_DSCP)?,
+            snat_sources: take(ebpf, names::SNAT_SOURCES)?,
+            nat: Arc::new(Mutex::new(KernelNat {
+                ports: take(ebpf, names::SNAT_PORTS)?,
+                flows: take(ebpf, names::SNAT_FLOWS)?,
+                stats: take(ebpf, names::NAT_STATS)?,
+            })),
             swap_started: None,
         })
     }
@@ -240,6 +299,20 @@ impl Dataplane for KernelDataplane {
         self.backends
             .set(id, backend, 0)
             .map_err(map_err(names::BACKENDS, "write"))
+    }
+
+    fn set_snat_source(&mut self, vip_id: u32, source: &SnatSource) -> Result<(), DataplaneError> {
+        self.snat_sources
+            .set(vip_id, source, 0)
+            .map_err(map_err(names::SNAT_SOURCES, "write"))
+    }
+
+    fn nat_sweeper(&self) -> Result<NatSweeper, DataplaneError> {
+        let nat = self.nat.clone();
+        Ok(NatSweeper::later(move |now, timeouts| {
+            let mut nat = nat.lock().unwrap_or_else(|p| p.into_inner());
+            sweep(&mut *nat, now, timeouts)
+        }))
     }
 
     fn set_tiers(

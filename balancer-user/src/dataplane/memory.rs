@@ -3,9 +3,14 @@
 
 use std::collections::HashMap;
 
-use balancer_common::maps::{Backend, GlobalConfig, MAX_BACKENDS, MAX_VIPS, VipKey, VipMeta};
+use std::sync::{Arc, Mutex};
+
+use balancer_common::maps::{
+    Backend, GlobalConfig, MAX_BACKENDS, MAX_VIPS, SnatSource, VipKey, VipMeta,
+};
 use balancer_common::stats::{GlobalStats, TrafficStats};
 
+use super::nat_expiry::{MemoryNat, NatSweeper, sweep};
 use super::{Dataplane, DataplaneError, FlowCounter};
 
 /// Kernel state kept in memory. Fields are public so tests can inspect them.
@@ -29,6 +34,9 @@ pub struct MemoryDataplane {
     /// Tier classification: prefixes and DSCP values.
     pub tier_prefixes: Vec<(std::net::IpAddr, u8, u8)>,
     pub tier_dscp: Vec<u8>,
+    /// Source NAT per VIP id, and its flow tables (shared with sweeps run later).
+    pub snat_sources: HashMap<u32, SnatSource>,
+    pub nat: Arc<Mutex<MemoryNat>>,
 }
 
 impl Dataplane for MemoryDataplane {
@@ -71,6 +79,25 @@ impl Dataplane for MemoryDataplane {
         }
         self.backends.insert(id, *backend);
         Ok(())
+    }
+
+    fn set_snat_source(&mut self, vip_id: u32, source: &SnatSource) -> Result<(), DataplaneError> {
+        if vip_id >= MAX_VIPS {
+            return Err(DataplaneError::Full {
+                map: "SNAT_SOURCES",
+                capacity: MAX_VIPS,
+            });
+        }
+        self.snat_sources.insert(vip_id, *source);
+        Ok(())
+    }
+
+    fn nat_sweeper(&self) -> Result<NatSweeper, DataplaneError> {
+        let nat = self.nat.clone();
+        Ok(NatSweeper::later(move |now, timeouts| {
+            let mut nat = nat.lock().unwrap_or_else(|p| p.into_inner());
+            sweep(&mut *nat, now, timeouts)
+        }))
     }
 
     fn set_tiers(

@@ -5,9 +5,12 @@
 
 pub mod kernel;
 pub mod memory;
+pub mod nat_expiry;
 pub(crate) mod sys;
 
-use balancer_common::maps::{Backend, GlobalConfig, VipKey, VipMeta};
+pub use nat_expiry::{NatSweep, NatSweeper, NatTimeouts};
+
+use balancer_common::maps::{Backend, GlobalConfig, SnatSource, VipKey, VipMeta};
 use balancer_common::stats::{GlobalStats, TrafficStats};
 
 /// A failed map operation.
@@ -72,6 +75,11 @@ pub trait Dataplane {
     ) -> Result<(), DataplaneError>;
     /// Writes a backend slot.
     fn set_backend(&mut self, id: u32, backend: &Backend) -> Result<(), DataplaneError>;
+    /// Writes VIP `vip_id`'s source NAT (family 0: none).
+    fn set_snat_source(&mut self, vip_id: u32, source: &SnatSource) -> Result<(), DataplaneError>;
+    /// A sweep of the source-NAT tables (see [`nat_expiry::sweep`]), to run later without the
+    /// daemon's lock.
+    fn nat_sweeper(&self) -> Result<NatSweeper, DataplaneError>;
     /// Replaces the priority-tier classification: client prefixes `(address, length, tier)`
     /// and the tier of each DSCP value (0: none).
     fn set_tiers(
@@ -132,6 +140,12 @@ impl<T: Dataplane + ?Sized> Dataplane for Box<T> {
     }
     fn set_backend(&mut self, id: u32, backend: &Backend) -> Result<(), DataplaneError> {
         (**self).set_backend(id, backend)
+    }
+    fn set_snat_source(&mut self, vip_id: u32, source: &SnatSource) -> Result<(), DataplaneError> {
+        (**self).set_snat_source(vip_id, source)
+    }
+    fn nat_sweeper(&self) -> Result<NatSweeper, DataplaneError> {
+        (**self).nat_sweeper()
     }
     fn set_tiers(
         &mut self,

@@ -6,7 +6,10 @@
 pub mod exposition;
 
 use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
-use prometheus::{Encoder, Histogram, HistogramOpts, IntCounterVec, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
 
 /// Where table changes come from: API changes, SIGHUP reloads, model discovery, weight
 /// rounds, the fleet's weights (the `origin` of `balancer_table_publish_errors_total`).
@@ -35,6 +38,13 @@ pub struct Metrics {
     pub weight_changes: IntCounterVec,
     /// Seconds from a round's reports to its table being live (policy, build, swap).
     pub weight_publish_seconds: Histogram,
+    /// Source NAT: flows holding a port, as of the last sweep.
+    pub nat_flows: IntGauge,
+    /// Source NAT: flows removed idle.
+    pub nat_expired: IntCounter,
+    /// Source NAT: new flows dropped for want of a port (`no_port`) or table space
+    /// (`table_full`).
+    pub nat_dropped: IntCounterVec,
 }
 
 impl Metrics {
@@ -93,6 +103,21 @@ impl Metrics {
                 )
                 .buckets(vec![0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1]),
             )?,
+            nat_flows: IntGauge::new(
+                "balancer_nat_source_flows",
+                "Source-NAT flows holding a source port (as of the last expiry sweep, each second).",
+            )?,
+            nat_expired: IntCounter::new(
+                "balancer_nat_source_flows_expired_total",
+                "Source-NAT flows removed after their idle or closed timeout ([nat]).",
+            )?,
+            nat_dropped: IntCounterVec::new(
+                Opts::new(
+                    "balancer_nat_source_dropped_total",
+                    "New source-NAT flows dropped: no free source port for their backend (no_port: widen [nat] ports or add a nat_source), or the source-NAT tables full (table_full: raise conntrack.max_flows).",
+                ),
+                &["reason"],
+            )?,
             registry,
         };
         m.registry.register(Box::new(m.table_rebuilds.clone()))?;
@@ -113,6 +138,12 @@ impl Metrics {
         m.registry.register(Box::new(m.weight_changes.clone()))?;
         m.registry
             .register(Box::new(m.weight_publish_seconds.clone()))?;
+        m.registry.register(Box::new(m.nat_flows.clone()))?;
+        m.registry.register(Box::new(m.nat_expired.clone()))?;
+        m.registry.register(Box::new(m.nat_dropped.clone()))?;
+        for reason in ["no_port", "table_full"] {
+            m.nat_dropped.with_label_values(&[reason]);
+        }
         Ok(m)
     }
 

@@ -206,7 +206,7 @@ pub fn to_backend(
         return Ok(l2_dsr(&Frame::of(ctx), backend));
     }
     if vip.mode == ForwardMode::Nat as u8 {
-        return Ok(crate::nat::balancer_nat_forward(ctx.ctx, id));
+        return Ok(crate::nat::balancer_nat_forward(ctx.ctx, id, vip.vip_id));
     }
     encap(ctx, ip, vip, backend, cfg, entropy)?;
     Ok(XDP_TX)

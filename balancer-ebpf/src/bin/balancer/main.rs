@@ -27,6 +27,9 @@ mod flow;
 mod forward;
 mod icmp;
 mod maps;
+// Keys and values go to the map helpers by reference into the scratch area: by value (as
+// clippy suggests) they would be copied to the stack the NAT functions keep small.
+#[allow(clippy::needless_borrows_for_generic_args)]
 mod nat;
 mod persistence;
 mod schedulers;
@@ -156,7 +159,7 @@ fn to_vip(
 #[inline(always)]
 fn not_for_a_vip(ctx: &XdpContext, ip: &Ip) -> u32 {
     match CONFIG.get(0) {
-        Some(cfg) if cfg.nat != 0 => nat::balancer_nat_reply(ctx.ctx, nat::pack(ip)),
+        Some(cfg) if cfg.nat != 0 => nat::balancer_nat_reply(ctx.ctx, nat::pack(ip, cfg.nat)),
         _ => XDP_PASS,
     }
 }

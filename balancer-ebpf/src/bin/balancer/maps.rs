@@ -2,17 +2,17 @@
 //! daemon resizes the connection table from its config before loading.
 
 use aya_ebpf::{
-    btf_maps::{Array, ArrayOfMaps, LpmTrie, LruHashMap, PerCpuArray},
+    btf_maps::{Array, ArrayOfMaps, HashMap, LpmTrie, LruHashMap, PerCpuArray},
     macros::btf_map,
 };
 use balancer_common::{
     maps::{
         AffinityKey, AffinityValue, BPF_F_MMAPABLE, Backend, DEFAULT_AFFINITY_ENTRIES,
         DEFAULT_FLOW_BUCKETS, FlowBucket, GlobalConfig, MAGLEV_TABLE_FLAGS, MAX_BACKENDS,
-        MAX_TABLE_ENTRIES, MAX_TIER_PREFIXES, MAX_VIPS, NatReplyKey, NatReplyValue,
-        VIP_INDEX_FLAGS, VIP_INDEX_SLOTS, VipSlot,
+        MAX_TABLE_ENTRIES, MAX_TIER_PREFIXES, MAX_VIPS, NatReplyKey, NatReplyValue, SnatFlowKey,
+        SnatFlowValue, SnatPortValue, SnatSource, VIP_INDEX_FLAGS, VIP_INDEX_SLOTS, VipSlot,
     },
-    stats::{GlobalStats, TrafficStats},
+    stats::{GlobalStats, NatStats, TrafficStats},
 };
 
 /// The VIP index (one inner array of slots, replaced whole when VIPs change). Besides VIPs it
@@ -88,6 +88,54 @@ pub static NAT_REPLIES: LruHashMap<
     NatReplyValue,
     { DEFAULT_AFFINITY_ENTRIES as usize },
 > = LruHashMap::new();
+
+/// Source NAT: each VIP's source address and port range (family 0: none).
+#[btf_map]
+pub static SNAT_SOURCES: Array<SnatSource, { MAX_VIPS as usize }> = Array::new();
+
+/// `BPF_F_NO_PREALLOC`: entries take memory when inserted, not all when the map is made.
+const NO_PREALLOC: usize = 1;
+
+/// Source NAT: each client flow's backend, source address and port. The daemon sizes it from
+/// its config and removes expired flows (with their ports). Allocated per entry: a host
+/// without source NAT pays nothing for its capacity.
+#[btf_map]
+pub static SNAT_FLOWS: HashMap<
+    SnatFlowKey,
+    SnatFlowValue,
+    { DEFAULT_AFFINITY_ENTRIES as usize },
+    NO_PREALLOC,
+> = HashMap::new();
+
+/// Source NAT: the port each reply comes back to, and its client flow. An entry is inserted
+/// only where none is (the port allocator); the daemon sizes and expires it like `SNAT_FLOWS`.
+#[btf_map]
+pub static SNAT_PORTS: HashMap<
+    NatReplyKey,
+    SnatPortValue,
+    { DEFAULT_AFFINITY_ENTRIES as usize },
+    NO_PREALLOC,
+> = HashMap::new();
+
+/// NAT counters (one per-CPU entry).
+#[btf_map]
+pub static NAT_STATS: PerCpuArray<NatStats, 1> = PerCpuArray::new();
+
+/// Room for the NAT functions' keys and values (one per-CPU entry, not pinned): on the stack
+/// they would take the NAT functions past the verifier's 512-byte limit along the call chain
+/// from the entry function.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct NatScratch {
+    pub reply: NatReplyKey,
+    pub flow_key: SnatFlowKey,
+    pub flow: SnatFlowValue,
+    pub way_back: SnatPortValue,
+    pub gateway: NatReplyValue,
+}
+
+#[btf_map]
+pub static NAT_SCRATCH: PerCpuArray<NatScratch, 1> = PerCpuArray::new();
 
 /// Priority tiers of IPv4 clients by source prefix (network-order address words).
 #[btf_map]

@@ -3,11 +3,19 @@
 //! reply, routed back through this host (its gateway), gets the VIP back as its source and goes
 //! to the Ethernet address the client's packets came from. Checksums are updated incrementally.
 //!
+//! With source NAT (the VIP has an entry in `SNAT_SOURCES`) the packet also leaves from the
+//! VIP's NAT source address and a port of its range, so the backend replies to this host
+//! whatever its routes. A new flow's port is found by inserting its reply key into
+//! `SNAT_PORTS` only where none is ([`SNAT_PROBES`] random tries), so no two live flows to one
+//! backend port share a source port; `SNAT_FLOWS` keeps the flow's choice. Neither map evicts:
+//! the daemon removes flows idle past their timeout (see `balancer_common::nat_expiry`).
+//!
 //! Both directions are global functions (verified once, on their own, with their own stack).
 //! The reply's takes the entry function's parse as one integer ([`pack`]); the forward one takes
 //! the backend's id and parses again (handing it the parse too cost the entry function 16 bytes
 //! of stack, over the verifier's 512-byte limit along its deepest call chain).
 
+use aya_ebpf::bindings::{BPF_ANY, BPF_NOEXIST};
 use aya_ebpf::{
     bindings::{
         xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
@@ -17,7 +25,7 @@ use aya_ebpf::{
 };
 use balancer_common::{
     addr::{FAMILY_V4, RawAddr},
-    maps::{NatReplyKey, NatReplyValue},
+    maps::{Backend, NAT_GATEWAY, NAT_SNAT, SNAT_PROBES, SnatSource},
 };
 use balancer_ebpf::{
     csum,
@@ -25,7 +33,20 @@ use balancer_ebpf::{
     parse::{Frame, Ip, Shape, parse_ip, parse_l2},
 };
 
-use crate::maps::{BACKENDS, NAT_REPLIES};
+use crate::{
+    clock::{now_ticks, random},
+    maps::{
+        BACKENDS, NAT_REPLIES, NAT_SCRATCH, NAT_STATS, NatScratch, SNAT_FLOWS, SNAT_PORTS,
+        SNAT_SOURCES,
+    },
+};
+
+/// `-E2BIG`: a hash map is full.
+const E2BIG: i32 = -7;
+/// TCP flags that end a connection.
+const FIN_OR_RST: u8 = 0x01 | 0x04;
+/// TCP SYN.
+const SYN: u8 = 0x02;
 
 /// What the global functions know of the packet: the frame, where its headers are, and its
 /// family and protocol.
@@ -46,7 +67,7 @@ fn parse(ctx: *mut xdp_md) -> Option<Packet> {
     if ip.shape != Shape::Plain {
         return None;
     }
-    checked(frame, pack(&ip))
+    checked(frame, pack(&ip, 0))
 }
 
 /// Bounds on the offsets a global function is handed (the verifier knows nothing of them). A
@@ -54,13 +75,15 @@ fn parse(ctx: *mut xdp_md) -> Option<Packet> {
 const MAX_L3_OFF: u64 = 64;
 const MAX_L4_OFF: u64 = 1024;
 
-/// The caller's parse as one integer: offsets, family, protocol.
+/// The caller's parse as one integer: offsets, family, protocol, and the `GlobalConfig::nat`
+/// bits (which reply tables to look in).
 #[inline(always)]
-pub fn pack(ip: &Ip) -> u64 {
+pub fn pack(ip: &Ip, nat: u32) -> u64 {
     ip.l3_off as u64
         | (ip.l4_off as u64) << 16
         | u64::from(ip.family) << 32
         | u64::from(ip.proto) << 40
+        | u64::from(nat & 0xff) << 48
 }
 
 /// The packet [`pack`] describes, if its offsets are in bounds and its TCP or UDP header is
@@ -92,25 +115,30 @@ fn checked(frame: Frame, layout: u64) -> Option<Packet> {
 #[repr(C)]
 struct TcpToCheck {
     _ports_seq_ack: [u32; 3],
-    _off_flags_window: [u16; 2],
+    _data_offset: u8,
+    flags: u8,
+    _window: u16,
     check: u16,
 }
 
 impl Packet {
-    /// The source and destination addresses.
+    /// Writes the source and destination addresses to `src` and `dst`.
     #[inline(always)]
-    fn addrs(&self) -> Option<(RawAddr, RawAddr)> {
+    fn addrs_into(&self, src: &mut RawAddr, dst: &mut RawAddr) -> Option<()> {
         if self.family == FAMILY_V4 {
             let h = self.frame.ptr::<Ipv4Hdr>(self.l3_off)?;
             // SAFETY: bounds checked by `ptr`.
             let h = unsafe { &*h };
-            Some(([h.saddr, 0, 0, 0], [h.daddr, 0, 0, 0]))
+            *src = [h.saddr, 0, 0, 0];
+            *dst = [h.daddr, 0, 0, 0];
         } else {
             let h = self.frame.ptr::<Ipv6Hdr>(self.l3_off)?;
             // SAFETY: bounds checked by `ptr`.
             let h = unsafe { &*h };
-            Some((h.saddr, h.daddr))
+            *src = h.saddr;
+            *dst = h.daddr;
         }
+        Some(())
     }
 
     #[inline(always)]
@@ -120,25 +148,64 @@ impl Packet {
         Some(unsafe { *p })
     }
 
+    /// The TCP flags (0 for UDP).
+    #[inline(always)]
+    fn tcp_flags(&self) -> u8 {
+        if self.proto != IPPROTO_TCP {
+            return 0;
+        }
+        match self.frame.ptr::<TcpToCheck>(self.l4_off) {
+            // SAFETY: bounds checked by `ptr`.
+            Some(t) => unsafe { (*t).flags },
+            None => 0,
+        }
+    }
+
+    /// The TCP or UDP checksum field.
+    #[inline(always)]
+    fn l4_check(&self) -> Option<*mut u16> {
+        match self.proto {
+            IPPROTO_TCP => {
+                let t = self.frame.ptr::<TcpToCheck>(self.l4_off)?;
+                // SAFETY: bounds checked by `ptr`.
+                Some(unsafe { &raw mut (*t).check })
+            }
+            IPPROTO_UDP => {
+                let u = self.frame.ptr::<UdpHdr>(self.l4_off)?;
+                // SAFETY: bounds checked by `ptr`.
+                Some(unsafe { &raw mut (*u).check })
+            }
+            _ => None,
+        }
+    }
+
+    /// Updates the TCP or UDP checksum with `update`; an IPv4 UDP checksum of zero means
+    /// "none" and stays so, a computed zero UDP checksum is written as 0xffff.
+    #[inline(always)]
+    fn update_l4_check(&self, update: impl FnOnce(u16) -> u16) -> Option<()> {
+        let l4_check = self.l4_check()?;
+        // SAFETY: bounds checked by `ptr` in `l4_check`.
+        let sum = unsafe { *l4_check };
+        if self.proto == IPPROTO_UDP && self.family == FAMILY_V4 && sum == 0 {
+            return Some(());
+        }
+        let mut updated = update(sum);
+        if self.proto == IPPROTO_UDP && updated == 0 {
+            updated = 0xffff;
+        }
+        // SAFETY: as above.
+        unsafe { *l4_check = updated };
+        Some(())
+    }
+
     /// Writes `new` as the destination (`dst`) or source address, and updates the IPv4 header
     /// checksum and the TCP or UDP checksum (whose pseudo-header holds the address). Each
     /// header is reached through one bounds-checked pointer, its fields at fixed offsets.
     #[inline(always)]
     fn rewrite(&self, dst: bool, old: &RawAddr, new: &RawAddr) -> Option<()> {
         let v4 = self.family == FAMILY_V4;
-        let l4_check: *mut u16 = match self.proto {
-            IPPROTO_TCP => {
-                let t = self.frame.ptr::<TcpToCheck>(self.l4_off)?;
-                // SAFETY: bounds checked by `ptr`.
-                unsafe { &raw mut (*t).check }
-            }
-            IPPROTO_UDP => {
-                let u = self.frame.ptr::<UdpHdr>(self.l4_off)?;
-                // SAFETY: bounds checked by `ptr`.
-                unsafe { &raw mut (*u).check }
-            }
-            _ => return None,
-        };
+        // Checked before anything is written.
+        self.l4_check()?;
         if v4 {
             let h = self.frame.ptr::<Ipv4Hdr>(self.l3_off)?;
             // SAFETY: bounds checked by `ptr`.
@@ -159,37 +226,52 @@ impl Packet {
                 h.saddr = *new;
             }
         }
-        // SAFETY: bounds checked by `ptr` above.
-        let sum = unsafe { *l4_check };
-        // An IPv4 UDP checksum of zero means "none": it stays so.
-        if self.proto == IPPROTO_UDP && v4 && sum == 0 {
-            return Some(());
-        }
-        let mut updated = if v4 {
-            csum::replace_addr::<1>(sum, old, new)
+        self.update_l4_check(|sum| {
+            if v4 {
+                csum::replace_addr::<1>(sum, old, new)
+            } else {
+                csum::replace_addr::<4>(sum, old, new)
+            }
+        })
+    }
+
+    /// Writes `new` (network byte order) as the destination (`dst`) or source port, and
+    /// updates the TCP or UDP checksum.
+    #[inline(always)]
+    fn rewrite_port(&self, dst: bool, new: u16) -> Option<()> {
+        let p = self.frame.ptr::<Ports>(self.l4_off)?;
+        self.l4_check()?;
+        // SAFETY: bounds checked by `ptr`.
+        let p = unsafe { &mut *p };
+        let old = if dst { p.dst } else { p.src };
+        if dst {
+            p.dst = new;
         } else {
-            csum::replace_addr::<4>(sum, old, new)
-        };
-        if self.proto == IPPROTO_UDP && updated == 0 {
-            updated = 0xffff;
+            p.src = new;
         }
-        // SAFETY: as above.
-        unsafe { *l4_check = updated };
-        Some(())
+        self.update_l4_check(|sum| csum::replace_word(sum, old, new))
     }
 }
 
 /// Sends a client's packet for a `nat` VIP to backend `backend_id`: records the reply's way
-/// back, writes the backend as the destination, and addresses the frame to the backend's next
-/// hop.
+/// back (or, if VIP `vip_id` translates sources, finds the flow's source port), writes the
+/// backend as the destination, and addresses the frame to the backend's next hop.
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn balancer_nat_forward(ctx: *mut xdp_md, backend_id: u32) -> u32 {
-    forward(ctx, backend_id).unwrap_or(XDP_DROP)
+pub extern "C" fn balancer_nat_forward(ctx: *mut xdp_md, backend_id: u32, vip_id: u32) -> u32 {
+    forward(ctx, backend_id, vip_id).unwrap_or(XDP_DROP)
+}
+
+/// This CPU's scratch area.
+#[inline(always)]
+fn scratch() -> Option<&'static mut NatScratch> {
+    let s = NAT_SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: this CPU's entry, used by one program run at a time.
+    Some(unsafe { &mut *s })
 }
 
 #[inline(always)]
-fn forward(ctx: *mut xdp_md, backend_id: u32) -> Option<u32> {
+fn forward(ctx: *mut xdp_md, backend_id: u32, vip_id: u32) -> Option<u32> {
     let p = parse(ctx)?;
     let backend = BACKENDS.get(backend_id)?;
     // The daemon gives a NAT VIP backends of its own family only; a packet is never half
@@ -197,74 +279,216 @@ fn forward(ctx: *mut xdp_md, backend_id: u32) -> Option<u32> {
     if backend.family != p.family {
         return None;
     }
-    let ((client, vip), ports) = (p.addrs()?, p.ports()?);
+    let s = scratch()?;
+    let ports = p.ports()?;
+    let flow = &mut s.flow_key;
+    p.addrs_into(&mut flow.client, &mut flow.vip)?;
+    flow.client_port = ports.src;
+    flow.vip_port = ports.dst;
+    flow.proto = p.proto;
+    flow.family = p.family;
+    flow._pad = [0; 2];
     let eth = p.frame.ptr::<EthHdr>(0)?;
     // SAFETY: bounds checked by `ptr`.
     let eth = unsafe { &mut *eth };
-    let key = NatReplyKey {
-        backend: backend.addr,
-        client,
-        backend_port: ports.dst,
-        client_port: ports.src,
-        proto: p.proto,
-        family: p.family,
-        _pad: [0; 2],
-    };
-    // A lookup keeps the entry recent in the LRU; it is written when missing or stale.
-    let known = NAT_REPLIES.get_ptr(key).is_some_and(|v| {
-        // SAFETY: a map value, valid for the program's run.
-        let v = unsafe { &*v };
-        v.vip == vip && v.client_mac == eth.src
-    });
-    if !known {
-        let way_back = NatReplyValue {
-            vip,
-            client_mac: eth.src,
-            _pad: [0; 2],
-        };
-        NAT_REPLIES.insert(key, way_back, 0).ok()?;
+    match SNAT_SOURCES.get(vip_id) {
+        Some(source) if source.family == p.family => {
+            let port = snat_port(&p, backend, source, s, eth.src)?;
+            p.rewrite(false, &s.flow_key.client, &source.addr)?;
+            p.rewrite_port(false, port)?;
+        }
+        _ => record_way_back(backend, s, eth.src)?,
     }
-    p.rewrite(true, &vip, &backend.addr)?;
+    p.rewrite(true, &s.flow_key.vip, &backend.addr)?;
     eth.src = eth.dst;
     eth.dst = backend.mac;
     Some(XDP_TX)
 }
 
+/// The reply key of the flow in `s.flow_key` as it leaves `backend` for `to` (the client, or
+/// the NAT source) and port `to_port`.
+#[inline(always)]
+fn reply_key(s: &mut NatScratch, backend: &Backend, to: &RawAddr, to_port: u16) {
+    let r = &mut s.reply;
+    r.backend = backend.addr;
+    r.client = *to;
+    r.backend_port = s.flow_key.vip_port;
+    r.client_port = to_port;
+    r.proto = s.flow_key.proto;
+    r.family = s.flow_key.family;
+    r._pad = [0; 2];
+}
+
+/// Gateway NAT: keeps the reply's way back in `NAT_REPLIES` (written when missing or stale).
+#[inline(always)]
+fn record_way_back(backend: &Backend, s: &mut NatScratch, client_mac: [u8; 6]) -> Option<()> {
+    let client = s.flow_key.client;
+    reply_key(s, backend, &client, s.flow_key.client_port);
+    // A lookup keeps the entry recent in the LRU.
+    let known = NAT_REPLIES.get_ptr(&s.reply).is_some_and(|v| {
+        // SAFETY: a map value, valid for the program's run.
+        let v = unsafe { &*v };
+        v.vip == s.flow_key.vip && v.client_mac == client_mac
+    });
+    if !known {
+        s.gateway.vip = s.flow_key.vip;
+        s.gateway.client_mac = client_mac;
+        s.gateway._pad = [0; 2];
+        NAT_REPLIES.insert(&s.reply, &s.gateway, 0).ok()?;
+    }
+    Some(())
+}
+
+/// Source NAT: the source port (network order) of the flow in `s.flow_key`, found in
+/// `SNAT_FLOWS` or allocated now. `None` (the packet is dropped) when no port is free or the
+/// tables are full, counted in `NAT_STATS`.
+#[inline(always)]
+fn snat_port(
+    p: &Packet,
+    backend: &Backend,
+    source: &SnatSource,
+    s: &mut NatScratch,
+    client_mac: [u8; 6],
+) -> Option<u16> {
+    let flags = p.tcp_flags();
+    let now = now_ticks();
+    if let Some(v) = SNAT_FLOWS.get_ptr_mut(&s.flow_key) {
+        // SAFETY: a map value, valid for the program's run; fields written whole.
+        let v = unsafe { &mut *v };
+        if v.backend == backend.addr && v.source == source.addr {
+            if v.last_seen != now {
+                v.last_seen = now;
+            }
+            if flags & FIN_OR_RST != 0 {
+                v.closing = 1;
+            } else if flags & SYN != 0 && v.closing != 0 {
+                v.closing = 0;
+            }
+            return Some(v.nat_port);
+        }
+    }
+    // A new flow (or one whose backend changed): claim a free port for it.
+    let closing = u8::from(flags & FIN_OR_RST != 0);
+    reply_key(s, backend, &source.addr, 0);
+    let w = &mut s.way_back;
+    w.client = s.flow_key.client;
+    w.vip = s.flow_key.vip;
+    w.client_mac = client_mac;
+    w.client_port = s.flow_key.client_port;
+    w.last_seen = now;
+    w.closing = closing;
+    w._pad = [0; 7];
+    let count = u32::from(source.port_count).max(1);
+    let mut claimed = false;
+    let mut full = source.port_count == 0;
+    let mut i = 0;
+    while i < SNAT_PROBES && !claimed && !full {
+        let port = u32::from(source.port_min) + random() % count;
+        s.reply.client_port = (port as u16).to_be();
+        match SNAT_PORTS.insert(&s.reply, &s.way_back, u64::from(BPF_NOEXIST)) {
+            Ok(()) => claimed = true,
+            Err(E2BIG) => full = true,
+            Err(_) => {}
+        }
+        i += 1;
+    }
+    if !claimed {
+        count_nat(full);
+        return None;
+    }
+    let f = &mut s.flow;
+    f.backend = backend.addr;
+    f.source = source.addr;
+    f.last_seen = now;
+    f.nat_port = s.reply.client_port;
+    f.closing = closing;
+    f._pad = [0; 5];
+    if SNAT_FLOWS
+        .insert(&s.flow_key, &s.flow, u64::from(BPF_ANY))
+        .is_err()
+    {
+        let _ = SNAT_PORTS.remove(&s.reply);
+        count_nat(true);
+        return None;
+    }
+    Some(s.reply.client_port)
+}
+
+/// Counts a new source-NAT flow dropped for want of a port (or of table space: `full`).
+#[inline(always)]
+fn count_nat(full: bool) {
+    if let Some(stats) = NAT_STATS.get_ptr_mut(0) {
+        // SAFETY: this CPU's entry.
+        let stats = unsafe { &mut *stats };
+        if full {
+            stats.table_full += 1;
+        } else {
+            stats.no_port += 1;
+        }
+    }
+}
+
 /// A TCP/UDP packet not for a VIP: if it is a NAT flow's reply, writes the VIP back as its
-/// source and sends it to the client's next hop (`XDP_TX`); else `XDP_PASS`. It parses the
-/// packet again (the caller keeps nothing alive for it: the non-VIP path stays as it was).
+/// source (and, for source NAT, the client back as its destination) and sends it to the
+/// client's next hop (`XDP_TX`); else `XDP_PASS`. `layout` is the caller's parse and NAT bits
+/// ([`pack`]).
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn balancer_nat_reply(ctx: *mut xdp_md, layout: u64) -> u32 {
-    let Some(p) = checked(Frame::of(&XdpContext::new(ctx)), layout) else {
-        return XDP_PASS;
-    };
-    let (Some((backend, client)), Some(ports)) = (p.addrs(), p.ports()) else {
-        return XDP_PASS;
-    };
-    let key = NatReplyKey {
-        backend,
-        client,
-        backend_port: ports.src,
-        client_port: ports.dst,
-        proto: p.proto,
-        family: p.family,
-        _pad: [0; 2],
-    };
-    let Some(way_back) = NAT_REPLIES.get_ptr(key) else {
-        return XDP_PASS;
-    };
-    // SAFETY: a map value, valid for the program's run; copied out at once.
-    let way_back = unsafe { *way_back };
-    let Some(eth) = p.frame.ptr::<EthHdr>(0) else {
-        return XDP_PASS;
-    };
-    if p.rewrite(false, &backend, &way_back.vip).is_none() {
-        return XDP_DROP;
+    reply(ctx, layout).unwrap_or(XDP_PASS)
+}
+
+#[inline(always)]
+fn reply(ctx: *mut xdp_md, layout: u64) -> Option<u32> {
+    let nat = (layout >> 48) as u32;
+    let p = checked(Frame::of(&XdpContext::new(ctx)), layout)?;
+    let s = scratch()?;
+    let ports = p.ports()?;
+    let r = &mut s.reply;
+    p.addrs_into(&mut r.backend, &mut r.client)?;
+    r.backend_port = ports.src;
+    r.client_port = ports.dst;
+    r.proto = p.proto;
+    r.family = p.family;
+    r._pad = [0; 2];
+    let eth = p.frame.ptr::<EthHdr>(0)?;
+    if nat & NAT_GATEWAY != 0
+        && let Some(way_back) = NAT_REPLIES.get_ptr(&s.reply)
+    {
+        // SAFETY: a map value, valid for the program's run.
+        let way_back = unsafe { &*way_back };
+        if p.rewrite(false, &s.reply.backend, &way_back.vip).is_none() {
+            return Some(XDP_DROP);
+        }
+        // SAFETY: bounds checked by `ptr`.
+        let eth = unsafe { &mut *eth };
+        eth.src = eth.dst;
+        eth.dst = way_back.client_mac;
+        return Some(XDP_TX);
     }
-    // SAFETY: bounds checked by `ptr`.
-    let eth = unsafe { &mut *eth };
-    eth.src = eth.dst;
-    eth.dst = way_back.client_mac;
-    XDP_TX
+    if nat & NAT_SNAT != 0
+        && let Some(flow) = SNAT_PORTS.get_ptr_mut(&s.reply)
+    {
+        // SAFETY: a map value, valid for the program's run; fields written whole.
+        let flow = unsafe { &mut *flow };
+        let now = now_ticks();
+        if flow.last_seen != now {
+            flow.last_seen = now;
+        }
+        if p.tcp_flags() & FIN_OR_RST != 0 {
+            flow.closing = 1;
+        }
+        if p.rewrite(false, &s.reply.backend, &flow.vip).is_none()
+            || p.rewrite(true, &s.reply.client, &flow.client).is_none()
+            || p.rewrite_port(true, flow.client_port).is_none()
+        {
+            return Some(XDP_DROP);
+        }
+        // SAFETY: bounds checked by `ptr`.
+        let eth = unsafe { &mut *eth };
+        eth.src = eth.dst;
+        eth.dst = flow.client_mac;
+        return Some(XDP_TX);
+    }
+    Some(XDP_PASS)
 }

@@ -135,11 +135,14 @@ impl Daemon {
         let mut settings =
             data_plane_settings(&new, &self.iface, self.balancer.settings().flow_seed)?;
         settings.flow_bucket_mask = self.balancer.settings().flow_bucket_mask;
+        crate::settings::check_nat_ports(&new, crate::settings::ephemeral_ports())?;
+        let snat = crate::settings::snat_sources(&new, &self.iface)?;
         if settings != *self.balancer.settings() {
             self.balancer.set_settings(&settings)?;
         }
         self.balancer.set_removal_grace(new.conntrack.removal_grace);
         self.balancer.set_tiers(&new.tiers)?;
+        self.balancer.set_snat_sources(snat);
         let report = self.balancer.apply(&new.vips, &macs);
         // Whatever happened, the kernel state is what the bookkeeping says: save it.
         self.persist_state();

@@ -8,6 +8,7 @@ mod changes;
 mod edits;
 mod fleet;
 mod health;
+mod nat;
 mod ports;
 mod traffic;
 mod views;
@@ -101,6 +102,8 @@ pub struct Daemon {
     /// Bumped whenever this balancer's own view (weights, VIPs) may have changed: a fleet
     /// leader publishes then, without waiting for its next tick.
     local_changes: tokio::sync::watch::Sender<u64>,
+    /// The data plane's source-NAT drop counters at the last sweep (none yet: `None`).
+    nat_seen: Option<balancer_common::stats::NatStats>,
 }
 
 impl Daemon {
@@ -168,6 +171,7 @@ impl Daemon {
             drained_vips: Default::default(),
             announcer: crate::fleet::bgp::Announcer::new(routes),
             local_changes: tokio::sync::watch::Sender::new(0),
+            nat_seen: None,
         }
     }
 }
@@ -185,7 +189,10 @@ pub fn configure(
 ) -> Result<crate::balancer::ApplyReport, ChangeError> {
     let mut settings = crate::settings::data_plane_settings(config, iface, flow_seed)?;
     settings.flow_bucket_mask = flow_buckets - 1;
+    crate::settings::check_nat_ports(config, crate::settings::ephemeral_ports())?;
+    let snat = crate::settings::snat_sources(config, iface)?;
     balancer.set_settings(&settings)?;
+    balancer.set_snat_sources(snat);
     balancer.set_removal_grace(config.conntrack.removal_grace);
     balancer.set_tiers(&config.tiers)?;
     Ok(balancer.apply(&config.vips, macs)?)

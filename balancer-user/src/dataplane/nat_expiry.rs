@@ -1,0 +1,267 @@
+//! Source NAT's flow expiry. The XDP program never evicts a source-NAT flow (an evicted flow
+//! could lose its port to a new flow while its packets still arrive); the daemon removes the
+//! flows idle past their timeout, both entries of each, once a second.
+
+use balancer_common::flow_cache::TICK_SHIFT;
+use balancer_common::maps::{NatReplyKey, SnatFlowKey, SnatFlowValue, SnatPortValue};
+use balancer_common::stats::NatStats;
+
+use super::DataplaneError;
+
+/// When a source-NAT flow is forgotten, in flow-clock ticks (2^30 ns).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NatTimeouts {
+    pub tcp_idle: u64,
+    /// After a FIN or RST either way.
+    pub tcp_closed: u64,
+    pub udp_idle: u64,
+}
+
+impl NatTimeouts {
+    pub fn from_config(nat: &crate::config::NatConfig) -> Self {
+        let ticks = |d: std::time::Duration| (d.as_nanos() as u64).div_ceil(1 << TICK_SHIFT);
+        NatTimeouts {
+            tcp_idle: ticks(nat.tcp_idle_timeout),
+            tcp_closed: ticks(nat.tcp_closed_timeout),
+            udp_idle: ticks(nat.udp_idle_timeout),
+        }
+    }
+}
+
+/// What a sweep found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NatSweep {
+    /// Source-NAT flows (ports held) after the sweep.
+    pub flows: u64,
+    /// Flows the sweep removed.
+    pub expired: u64,
+    /// The data plane's counters (summed over CPUs).
+    pub stats: NatStats,
+}
+
+/// The two source-NAT tables, as the sweep needs them.
+pub trait NatTables {
+    /// Every port held: its reply key and its flow.
+    fn ports(&self) -> Result<Vec<(NatReplyKey, SnatPortValue)>, DataplaneError>;
+    fn flow(&self, key: &SnatFlowKey) -> Result<Option<SnatFlowValue>, DataplaneError>;
+    fn remove_flow(&mut self, key: &SnatFlowKey) -> Result<(), DataplaneError>;
+    fn remove_port(&mut self, key: &NatReplyKey) -> Result<(), DataplaneError>;
+    fn stats(&self) -> Result<NatStats, DataplaneError>;
+}
+
+/// The client flow a held port belongs to.
+pub fn flow_key(reply: &NatReplyKey, port: &SnatPortValue) -> SnatFlowKey {
+    SnatFlowKey {
+        client: port.client,
+        vip: port.vip,
+        client_port: port.client_port,
+        vip_port: reply.backend_port,
+        proto: reply.proto,
+        family: reply.family,
+        _pad: [0; 2],
+    }
+}
+
+/// Whether a flow last seen at tick `last_seen` (either way) is over its timeout at `now`.
+pub fn expired(now: u64, last_seen: u64, closing: bool, proto: u8, t: &NatTimeouts) -> bool {
+    let limit = match (proto, closing) {
+        (6, false) => t.tcp_idle,
+        (6, true) => t.tcp_closed,
+        _ => t.udp_idle,
+    };
+    now.saturating_sub(last_seen) > limit
+}
+
+/// Removes the flows over their timeout at flow-clock tick `now`: the client's entry (when it
+/// still holds this port) first, then the port.
+pub fn sweep(
+    tables: &mut impl NatTables,
+    now: u64,
+    timeouts: &NatTimeouts,
+) -> Result<NatSweep, DataplaneError> {
+    let ports = tables.ports()?;
+    let mut result = NatSweep {
+        flows: ports.len() as u64,
+        ..NatSweep::default()
+    };
+    for (reply, port) in &ports {
+        let key = flow_key(reply, port);
+        // The client's entry, if it still holds this port (a flow whose backend changed
+        // holds another; this one then ages on the replies' clock alone).
+        let flow = tables
+            .flow(&key)?
+            .filter(|f| f.nat_port == reply.client_port && f.backend == reply.backend);
+        let last_seen = flow.map_or(port.last_seen, |f| f.last_seen.max(port.last_seen));
+        let closing = port.closing != 0 || flow.is_some_and(|f| f.closing != 0);
+        if !expired(now, last_seen, closing, reply.proto, timeouts) {
+            continue;
+        }
+        if flow.is_some() {
+            tables.remove_flow(&key)?;
+        }
+        tables.remove_port(reply)?;
+        result.expired += 1;
+        result.flows -= 1;
+    }
+    result.stats = tables.stats()?;
+    Ok(result)
+}
+
+/// The flow clock now (the XDP program's `bpf_ktime_get_coarse_ns() >> TICK_SHIFT`).
+pub fn now_ticks() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime with a valid timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    (ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64) >> TICK_SHIFT
+}
+
+/// A sweep to run later, without the daemon's lock (see [`super::Dataplane::nat_sweeper`]).
+pub struct NatSweeper(Box<SweepFn>);
+
+type NatSweepResult = Result<NatSweep, DataplaneError>;
+type SweepFn = dyn FnOnce(u64, &NatTimeouts) -> NatSweepResult + Send;
+
+impl NatSweeper {
+    pub fn later(sweep: impl FnOnce(u64, &NatTimeouts) -> NatSweepResult + Send + 'static) -> Self {
+        NatSweeper(Box::new(sweep))
+    }
+
+    pub fn run(self, now: u64, timeouts: &NatTimeouts) -> NatSweepResult {
+        (self.0)(now, timeouts)
+    }
+}
+
+/// Source-NAT tables in memory (the in-memory data plane's).
+#[derive(Debug, Default)]
+pub struct MemoryNat {
+    pub ports: std::collections::HashMap<NatReplyKey, SnatPortValue>,
+    pub flows: std::collections::HashMap<SnatFlowKey, SnatFlowValue>,
+    pub stats: NatStats,
+}
+
+impl NatTables for MemoryNat {
+    fn ports(&self) -> Result<Vec<(NatReplyKey, SnatPortValue)>, DataplaneError> {
+        Ok(self.ports.iter().map(|(k, v)| (*k, *v)).collect())
+    }
+    fn flow(&self, key: &SnatFlowKey) -> Result<Option<SnatFlowValue>, DataplaneError> {
+        Ok(self.flows.get(key).copied())
+    }
+    fn remove_flow(&mut self, key: &SnatFlowKey) -> Result<(), DataplaneError> {
+        self.flows.remove(key);
+        Ok(())
+    }
+    fn remove_port(&mut self, key: &NatReplyKey) -> Result<(), DataplaneError> {
+        self.ports.remove(key);
+        Ok(())
+    }
+    fn stats(&self) -> Result<NatStats, DataplaneError> {
+        Ok(self.stats)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: NatTimeouts = NatTimeouts {
+        tcp_idle: 100,
+        tcp_closed: 5,
+        udp_idle: 20,
+    };
+
+    /// A flow from client port `cport` holding source port `port` to backend `backend`, its
+    /// two sides last seen at `fwd` and `rev`.
+    fn add(
+        nat: &mut MemoryNat,
+        proto: u8,
+        cport: u16,
+        port: u16,
+        backend: u32,
+        fwd: u64,
+        rev: u64,
+    ) -> (NatReplyKey, SnatFlowKey) {
+        let reply = NatReplyKey {
+            backend: [backend, 0, 0, 0],
+            client: [9, 0, 0, 0],
+            backend_port: 80,
+            client_port: port,
+            proto,
+            family: 4,
+            _pad: [0; 2],
+        };
+        let value = SnatPortValue {
+            client: [7, 0, 0, 0],
+            vip: [5, 0, 0, 0],
+            client_port: cport,
+            last_seen: rev,
+            ..SnatPortValue::default()
+        };
+        let key = flow_key(&reply, &value);
+        nat.ports.insert(reply, value);
+        nat.flows.insert(
+            key,
+            SnatFlowValue {
+                backend: [backend, 0, 0, 0],
+                source: [9, 0, 0, 0],
+                last_seen: fwd,
+                nat_port: port,
+                ..SnatFlowValue::default()
+            },
+        );
+        (reply, key)
+    }
+
+    #[test]
+    fn timeouts_follow_protocol_and_state() {
+        assert!(
+            !expired(200, 100, false, 6, &T),
+            "TCP idle 100 ticks: not over"
+        );
+        assert!(expired(201, 100, false, 6, &T));
+        assert!(expired(106, 100, true, 6, &T), "closed TCP: 5 ticks");
+        assert!(!expired(105, 100, true, 6, &T));
+        assert!(expired(121, 100, false, 17, &T), "UDP: 20 ticks");
+        assert!(
+            !expired(50, 100, false, 17, &T),
+            "a clock behind the entry is no age"
+        );
+    }
+
+    #[test]
+    fn a_sweep_removes_idle_flows_with_their_ports_and_keeps_the_rest() {
+        let mut nat = MemoryNat::default();
+        // Idle both ways: goes.
+        let (idle_port, idle_flow) = add(&mut nat, 17, 1, 1001, 1, 10, 10);
+        // The client is quiet but the backend streams: stays.
+        let (streaming, _) = add(&mut nat, 17, 2, 1002, 1, 10, 95);
+        // The replies are quiet but the client sends: stays.
+        let (sending, _) = add(&mut nat, 6, 3, 1003, 1, 99, 10);
+        // Closed by the client, past the closed timeout: goes.
+        let (closed_port, closed_flow) = add(&mut nat, 6, 4, 1004, 1, 90, 90);
+        nat.flows.get_mut(&closed_flow).unwrap().closing = 1;
+        // A flow moved to backend 2 (new port 2005): its old port 1005 ages on its own clock
+        // and goes without taking the client's new entry with it.
+        let (old_port, moved) = add(&mut nat, 17, 5, 1005, 1, 10, 10);
+        let (new_port, _) = add(&mut nat, 17, 5, 2005, 2, 99, 99);
+        assert_eq!(nat.flows[&moved].nat_port, 2005);
+        nat.stats.no_port = 3;
+
+        let swept = sweep(&mut nat, 100, &T).unwrap();
+        assert_eq!((swept.expired, swept.flows), (3, 3));
+        assert_eq!(swept.stats.no_port, 3);
+        for gone in [idle_port, closed_port, old_port] {
+            assert!(!nat.ports.contains_key(&gone));
+        }
+        assert!(!nat.flows.contains_key(&idle_flow) && !nat.flows.contains_key(&closed_flow));
+        for kept in [streaming, sending, new_port] {
+            assert!(nat.ports.contains_key(&kept));
+        }
+        assert_eq!(
+            nat.flows[&moved].nat_port, 2005,
+            "the moved flow keeps its new port"
+        );
+    }
+}
