@@ -747,3 +747,95 @@ fn a_dual_stack_multi_port_service_is_one_block_and_a_host_drains_in_one_command
         );
     }
 }
+
+/// Source NAT with two ports per backend service: of 12 concurrent connections to one VIP
+/// port at most 6 (three backends) are admitted; the rest are dropped, and the metric and the
+/// log say so. Once the admitted ones close, their ports come back.
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn source_nat_port_exhaustion_is_counted_and_logged_and_ports_come_back() {
+    let mut topo = Topology::build(TopologyOptions::new("snatx")).expect("building the test rack");
+    topo.attach_peer_pass(AttachMode::Native)
+        .expect("pass program");
+    topo.source_nat_backends()
+        .expect("backends without a way to the client");
+    let mut config = rack_config(&topo, "snat", AttachMode::Native);
+    config.nat.ports = Some("20000-20001".into());
+    config.nat.tcp_closed_timeout_secs = Some(1);
+    config.metrics.listen = Some("127.0.0.1:9181".into());
+    topo.start_balancer(&to_toml(&config))
+        .expect("starting the balancer");
+
+    let addr = SocketAddr::new(VIP4.into(), ECHO_PORT);
+    let held = topo
+        .client
+        .spawn_in(move || {
+            let tries: Vec<_> = (0..12)
+                .map(|_| {
+                    std::thread::spawn(move || {
+                        std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(2500))
+                    })
+                })
+                .collect();
+            let streams: Vec<_> = tries
+                .into_iter()
+                .filter_map(|t| t.join().ok().and_then(Result::ok))
+                .collect();
+            let admitted = streams.len();
+            // Held open while the metrics are read.
+            std::thread::sleep(Duration::from_secs(4));
+            drop(streams);
+            admitted
+        })
+        .expect("client thread");
+    std::thread::sleep(Duration::from_secs(4));
+    let text = topo
+        .lb
+        .run_in(|| fetch_metrics("127.0.0.1:9181"))
+        .expect("lb thread")
+        .expect("metrics page");
+    let admitted = held.join().expect("client thread").expect("client");
+    let value = |series: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+    };
+    assert!(
+        (1..=6).contains(&admitted),
+        "{admitted} of 12 connections admitted with 2 ports for each of 3 backends\n{}",
+        topo.logs()
+    );
+    assert_eq!(value("balancer_nat_source_flows "), admitted as f64);
+    assert!(
+        value("balancer_nat_source_dropped_total{reason=\"no_port\"} ") >= (12 - admitted) as f64,
+        "every refused connection's SYN counted"
+    );
+    let log = topo.process("balancer").unwrap().log_text();
+    assert!(
+        log.contains("new flows found no free source port for their backend (nat.ports 20000-20001, 2 per backend address and port)"),
+        "no log line about the exhausted ports:\n{log}"
+    );
+    // Closed (FIN both ways) and past the 1 s closed timeout: every port is free again.
+    std::thread::sleep(Duration::from_secs(4));
+    let text = topo
+        .lb
+        .run_in(|| fetch_metrics("127.0.0.1:9181"))
+        .expect("lb thread")
+        .expect("metrics page");
+    let value = |series: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+    };
+    assert_eq!(value("balancer_nat_source_flows "), 0.0, "ports given back");
+    assert!(value("balancer_nat_source_flows_expired_total ") >= admitted as f64);
+    let name = topo
+        .client
+        .run_in(move || {
+            balancer_tests::traffic::http_get(SocketAddr::new(VIP4.into(), HTTP_PORT), TIMEOUT)
+                .map_err(|e| format!("{e:#}"))
+        })
+        .expect("client thread")
+        .expect("a new connection after the ports came back");
+    assert!(name.starts_with('b'));
+}
