@@ -13,6 +13,8 @@ use balancer_tests::topology::*;
 use balancer_tests::traffic::{echo_stream, http_get, udp_request};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
+/// A UDP port of the NAT racks' VIPs that no backend listens on.
+const CLOSED_UDP_PORT: u16 = 5399;
 
 struct Case {
     tag: &'static str,
@@ -47,6 +49,24 @@ fn rack(case: &Case) -> Topology {
     }
     let mut config = rack_config(&topo, case.forwarding, case.mode);
     config.encap = rack_encap();
+    if matches!(case.forwarding, "nat" | "snat") {
+        // A UDP port no backend listens on: their port-unreachable errors must reach the
+        // client translated (see `refused_udp_is_reported`).
+        for (name, address) in [("closed4", IpAddr::from(VIP4)), ("closed6", VIP6.into())] {
+            let mut v = config
+                .vip
+                .iter()
+                .find(|v| {
+                    v.name.as_deref() == Some(if address.is_ipv4() { "udp4" } else { "udp6" })
+                })
+                .expect("the rack's UDP VIP")
+                .clone();
+            v.name = Some(name.into());
+            v.address = Some(address.to_string());
+            v.port = Some(CLOSED_UDP_PORT.into());
+            config.vip.push(v);
+        }
+    }
     topo.start_balancer(&to_toml(&config))
         .expect("starting the balancer");
     topo
@@ -134,12 +154,38 @@ fn own_address_works(topo: &Topology) {
     server.join().expect("server thread");
 }
 
+/// A NAT flow's ICMP error comes back translated: the backend's port unreachable, about a
+/// datagram the client sent to the VIP, reaches the client's connected socket as "connection
+/// refused" (the kernel matches the quoted packet to the socket: untranslated, it would not).
+fn refused_udp_is_reported(topo: &Topology, vip: IpAddr) {
+    let addr = SocketAddr::new(vip, CLOSED_UDP_PORT);
+    let outcome = topo
+        .client
+        .run_in(move || match udp_request(addr, "anyone?", TIMEOUT) {
+            Ok(reply) => format!("a reply {reply:?}"),
+            Err(e) => match e.downcast_ref::<std::io::Error>().map(std::io::Error::kind) {
+                Some(std::io::ErrorKind::ConnectionRefused) => "refused".into(),
+                _ => format!("{e:#}"),
+            },
+        })
+        .expect("client thread");
+    assert_eq!(
+        outcome,
+        "refused",
+        "UDP to {addr} (no listener behind it)\n{}",
+        topo.logs()
+    );
+}
+
 fn full_check(case: Case) {
     let mut topo = rack(&case);
     for vip in [IpAddr::from(VIP4), IpAddr::from(VIP6)] {
         spread_over_backends(&topo, vip);
         udp_works(&topo, vip);
         long_stream_works(&topo, vip);
+        if matches!(case.forwarding, "nat" | "snat") {
+            refused_udp_is_reported(&topo, vip);
+        }
     }
     own_address_works(&topo);
     ping_works(&topo);

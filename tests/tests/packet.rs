@@ -1117,3 +1117,205 @@ fn source_nat_ports_run_out_counted_and_come_back_when_flows_expire() {
     assert_eq!(action, "XDP_TX", "a new flow finds a port again");
     assert!(ports.contains(&port));
 }
+
+/// A TCP (`udp` false) or UDP packet as an ICMP error quotes it, whole (checksums computed).
+fn quoted(src: IpAddr, sport: u16, dst: IpAddr, dport: u16, udp: bool) -> Vec<u8> {
+    let mut out = Vec::new();
+    let b = match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => PacketBuilder::ipv4(s.octets(), d.octets(), 61),
+        (IpAddr::V6(s), IpAddr::V6(d)) => PacketBuilder::ipv6(s.octets(), d.octets(), 61),
+        _ => unreachable!("one family"),
+    };
+    if udp {
+        b.udp(sport, dport).write(&mut out, b"quoted").unwrap();
+    } else {
+        b.tcp(sport, dport, 7, 1000).write(&mut out, &[]).unwrap();
+    }
+    out
+}
+
+/// An ICMP error frame (destination unreachable of `code`, or IPv6 packet too big when
+/// `code` is `None`) from `src` to `dst` quoting `quote`.
+fn icmp_error(
+    macs: ([u8; 6], [u8; 6]),
+    src: IpAddr,
+    dst: IpAddr,
+    code: Option<u8>,
+    quote: &[u8],
+) -> Vec<u8> {
+    let mut out = Vec::new();
+    let eth = PacketBuilder::ethernet2(macs.1, macs.0);
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => eth
+            .ipv4(s.octets(), d.octets(), 64)
+            .icmpv4_raw(3, code.unwrap_or(4), [0, 0, 5, 0xdc])
+            .write(&mut out, quote)
+            .unwrap(),
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            let (kind, code, rest) = match code {
+                Some(c) => (1, c, [0; 4]),
+                None => (2, 0, 1400u32.to_be_bytes()),
+            };
+            eth.ipv6(s.octets(), d.octets(), 64)
+                .icmpv6_raw(kind, code, rest)
+                .write(&mut out, quote)
+                .unwrap()
+        }
+        _ => unreachable!("one family"),
+    }
+    out
+}
+
+#[test]
+#[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
+fn icmp_errors_about_nat_flows_are_translated_like_the_flows() {
+    let mut h = harness();
+    let from_client = (LB_MAC, CLIENT_MAC);
+    let to_backend = |b: IpAddr| (backend_mac(b), LB_MAC);
+    let from_backend = |b: IpAddr| (LB_MAC, backend_mac(b));
+    let to_client = (CLIENT_MAC, LB_MAC);
+    let first_port = |h: &mut Harness, frame: Vec<u8>| {
+        let (action, out) = h.run(&frame).unwrap();
+        assert_eq!(action_name(action), "XDP_TX");
+        let l4 = if out[12..14] == [0x08, 0x00] { 34 } else { 54 };
+        u16::from_be_bytes([out[l4], out[l4 + 1]])
+    };
+    let check = |h: &mut Harness, what: &str, input: Vec<u8>, want: Vec<u8>| {
+        let (action, out) = h.run(&input).unwrap();
+        assert_eq!(action_name(action), "XDP_TX", "{what}");
+        assert_eq!(out, want, "{what}");
+    };
+
+    // Errors about replies, from a router on the clients' side to the VIP: to the backend,
+    // quoting what the backend sent.
+    let (client, vip) = (ip("10.9.0.40"), ip("10.111.1.5"));
+    first_port(&mut h, tcp_frame(client, 4000, vip, 80, true, b""));
+    let backend = h.table_backend("nat4", client, 4000).unwrap();
+    let router = ip("192.0.2.1");
+    check(
+        &mut h,
+        "gateway NAT, IPv4 fragmentation needed",
+        icmp_error(
+            from_client,
+            router,
+            vip,
+            None,
+            &quoted(vip, 80, client, 4000, false),
+        ),
+        icmp_error(
+            to_backend(backend),
+            router,
+            backend,
+            None,
+            &quoted(backend, 80, client, 4000, false),
+        ),
+    );
+    let (client, vip, source) = (ip("2001:db8::40"), ip("fd00:111:1::6"), ip("fd00:111::3"));
+    let port = first_port(&mut h, tcp_frame(client, 4001, vip, 80, true, b""));
+    let backend = ip("fd00:111::24");
+    let router = ip("2001:db8::1");
+    check(
+        &mut h,
+        "source NAT, IPv6 packet too big",
+        icmp_error(
+            from_client,
+            router,
+            vip,
+            None,
+            &quoted(vip, 80, client, 4001, false),
+        ),
+        icmp_error(
+            to_backend(backend),
+            router,
+            backend,
+            None,
+            &quoted(backend, 80, source, port, false),
+        ),
+    );
+
+    // Errors about a client's packets, from the backend (port unreachable) to the client or
+    // the NAT source: to the client, from the VIP, quoting what the client sent.
+    let (client, vip, backend) = (ip("10.9.0.41"), ip("10.111.1.5"), ip("10.111.0.23"));
+    first_port(&mut h, udp_frame(client, 5000, vip, 53, b"q"));
+    check(
+        &mut h,
+        "gateway NAT, IPv4 port unreachable",
+        icmp_error(
+            from_backend(backend),
+            backend,
+            client,
+            Some(3),
+            &quoted(client, 5000, backend, 53, true),
+        ),
+        icmp_error(
+            to_client,
+            vip,
+            client,
+            Some(3),
+            &quoted(client, 5000, vip, 53, true),
+        ),
+    );
+    let (client, vip, backend, source) = (
+        ip("10.9.0.42"),
+        ip("10.111.1.6"),
+        ip("10.111.0.26"),
+        ip("10.111.0.2"),
+    );
+    let port = first_port(&mut h, udp_frame(client, 5001, vip, 53, b"q"));
+    check(
+        &mut h,
+        "source NAT, IPv4 port unreachable",
+        icmp_error(
+            from_backend(backend),
+            backend,
+            source,
+            Some(3),
+            &quoted(source, port, backend, 53, true),
+        ),
+        icmp_error(
+            to_client,
+            vip,
+            client,
+            Some(3),
+            &quoted(client, 5001, vip, 53, true),
+        ),
+    );
+    // From a router between us and the backend: its address stays the source.
+    let (client, vip, backend, source) = (
+        ip("2001:db8::42"),
+        ip("fd00:111:1::6"),
+        ip("fd00:111::24"),
+        ip("fd00:111::3"),
+    );
+    let port = first_port(&mut h, tcp_frame(client, 5002, vip, 80, true, b""));
+    let router = ip("fd00:111::99");
+    check(
+        &mut h,
+        "source NAT, IPv6 unreachable from a router",
+        icmp_error(
+            from_backend(backend),
+            router,
+            source,
+            Some(0),
+            &quoted(source, port, backend, 80, false),
+        ),
+        icmp_error(
+            to_client,
+            router,
+            client,
+            Some(0),
+            &quoted(client, 5002, vip, 80, false),
+        ),
+    );
+
+    // An error quoting no NAT flow is the host's: untouched.
+    let stray = icmp_error(
+        from_backend(backend),
+        backend,
+        source,
+        Some(4),
+        &quoted(source, 999, backend, 80, false),
+    );
+    let (action, out) = h.run(&stray).unwrap();
+    assert_eq!((action_name(action), out), ("XDP_PASS", stray));
+}

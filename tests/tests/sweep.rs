@@ -105,6 +105,32 @@ fn base_frames() -> Vec<Vec<u8>> {
         .write(&mut err, &quoted[..28])
         .unwrap();
     frames.push(err);
+    // ICMP errors about NAT flows: a router's about a reply, to the VIP (flow 1011); the
+    // backend's port unreachable about a client's query, to the client (flow 1012).
+    let mut quoted = Vec::new();
+    PacketBuilder::ipv4([10, 111, 1, 5], [10, 9, 0, 1], 63)
+        .tcp(80, 1011, 1, 100)
+        .write(&mut quoted, &[])
+        .unwrap();
+    let mut err = Vec::new();
+    PacketBuilder::ethernet2(CLIENT_MAC, LB_MAC)
+        .ipv4([192, 0, 2, 1], [10, 111, 1, 5], 64)
+        .icmpv4_raw(3, 4, [0, 0, 5, 0xdc])
+        .write(&mut err, &quoted)
+        .unwrap();
+    frames.push(err);
+    let mut quoted = Vec::new();
+    PacketBuilder::ipv4([10, 9, 0, 1], [10, 111, 0, 23], 63)
+        .udp(1012, 53)
+        .write(&mut quoted, b"nat query")
+        .unwrap();
+    let mut err = Vec::new();
+    PacketBuilder::ethernet2(backend_mac(ip("10.111.0.23")), LB_MAC)
+        .ipv4([10, 111, 0, 23], [10, 9, 0, 1], 64)
+        .icmpv4_raw(3, 3, [0; 4])
+        .write(&mut err, &quoted)
+        .unwrap();
+    frames.push(err);
     frames
 }
 
@@ -225,6 +251,29 @@ impl Vips {
     fn sent_by_a_backend(&self, f: &[u8]) -> bool {
         matches!(self.addrs(f), Some((src, _)) if self.backends.contains(&src))
     }
+
+    /// Whether the frame is an ICMP error (of any sender) quoting a packet to a backend: a
+    /// NAT flow's, which goes to the flow's client.
+    fn quotes_a_packet_to_a_backend(&self, f: &[u8]) -> bool {
+        let Some((l3, et)) = l3_of(f) else {
+            return false;
+        };
+        let inner = match et {
+            0x0800 if f.len() > l3 + 9 && f[l3 + 9] == 1 => l3 + usize::from(f[l3] & 0xf) * 4 + 8,
+            0x86dd if f.len() > l3 + 6 && f[l3 + 6] == 58 => l3 + 48,
+            _ => return false,
+        };
+        let dst = match et {
+            0x0800 if f.len() >= inner + 20 => {
+                IpAddr::from(<[u8; 4]>::try_from(&f[inner + 16..inner + 20]).unwrap())
+            }
+            0x86dd if f.len() >= inner + 40 => {
+                IpAddr::from(<[u8; 16]>::try_from(&f[inner + 24..inner + 40]).unwrap())
+            }
+            _ => return false,
+        };
+        self.backends.contains(&dst)
+    }
 }
 
 /// Checks an `XDP_TX` output; `Err` says what is wrong.
@@ -237,7 +286,7 @@ fn check_tx(vips: &Vips, input: &[u8], out: &[u8]) -> Result<(), String> {
         if to_backend && out[6..12] == input[0..6] && out[12..] == input[12..] {
             return Ok(());
         }
-        if nat_rewrite(vips, l3, input, out) {
+        if nat_rewrite(vips, l3, input, out) || icmp_nat_rewrite(vips, l3, input, out) {
             return Ok(());
         }
         // An echo reply: MACs and IP addresses swapped, ICMP type changed, nothing else.
@@ -349,6 +398,50 @@ fn nat_rewrite(vips: &Vips, l3: usize, input: &[u8], out: &[u8]) -> bool {
         }
     }
     other_words.len() <= if snat { 2 } else { 1 }
+}
+
+/// An ICMP error about a NAT flow, translated: from us, to a backend (outer destination a
+/// backend) or to a client (outer source a VIP or unchanged); the ICMP checksum (with IPv6's
+/// pseudo-header) valid if it was, and the outer IPv4 header checksum too.
+fn icmp_nat_rewrite(vips: &Vips, l3: usize, input: &[u8], out: &[u8]) -> bool {
+    if out[6..12] != input[0..6] || out[12..l3] != input[12..l3] {
+        return false;
+    }
+    let (Some((in_src, _)), Some((out_src, out_dst))) = (vips.addrs(input), vips.addrs(out)) else {
+        return false;
+    };
+    let v4 = out[l3] >> 4 == 4;
+    let (proto, l4) = if v4 {
+        (out[l3 + 9], l3 + usize::from(out[l3] & 0xf) * 4)
+    } else {
+        (out[l3 + 6], l3 + 40)
+    };
+    if proto != if v4 { 1 } else { 58 } || l4 > out.len() {
+        return false;
+    }
+    let to_mac = <[u8; 6]>::try_from(&out[0..6]).unwrap();
+    let to_backend = vips.backend_macs.contains(&to_mac) && vips.backends.contains(&out_dst);
+    let to_client = out_src == in_src || vips.is_vip(out_src);
+    if !to_backend && !to_client {
+        return false;
+    }
+    let icmp_valid = |f: &[u8]| {
+        let (src, dst) = vips.addrs(f).unwrap();
+        let mut bytes = Vec::new();
+        if !v4 {
+            for a in [src, dst] {
+                if let IpAddr::V6(a) = a {
+                    bytes.extend_from_slice(&a.octets());
+                }
+            }
+            bytes.extend_from_slice(&((f.len() - l4) as u32).to_be_bytes());
+            bytes.extend_from_slice(&[0, 0, 0, 58]);
+        }
+        bytes.extend_from_slice(&f[l4..]);
+        ones_complement_sum(&bytes) == 0xffff
+    };
+    let header_valid = |f: &[u8]| !v4 || ones_complement_sum(&f[l3..l3 + 20]) == 0xffff;
+    icmp_valid(out) == icmp_valid(input) && header_valid(out) == header_valid(input)
 }
 
 /// The replies of the source-NAT flows of `base_frames` (their ports are the program's
@@ -509,7 +602,13 @@ fn a_million_malformed_frames() {
         let verdict = match action {
             XDP_PASS if out == frame => Ok(()),
             XDP_PASS => Err("XDP_PASS changed the frame".to_string()),
-            XDP_TX if !addressed && vips.sent_by_a_backend(frame) => check_tx(&vips, frame, &out),
+            XDP_TX
+                if !addressed
+                    && (vips.sent_by_a_backend(frame)
+                        || vips.quotes_a_packet_to_a_backend(frame)) =>
+            {
+                check_tx(&vips, frame, &out)
+            }
             _ if !addressed => Err(format!(
                 "{} for a frame not addressed to a VIP",
                 action_name(action)

@@ -73,9 +73,9 @@ pub fn tracked(slot: &Slot) -> Tracked {
 /// The backend the table pins a flow to, if it is tracked and its backend is still there
 /// (changes nothing: for packets about a flow, such as ICMP errors, rather than of it).
 #[inline(always)]
-pub fn pinned_backend(key: &FlowKey, cfg: &GlobalConfig) -> Option<&'static Backend> {
+pub fn pinned_backend(key: &FlowKey, cfg: &GlobalConfig) -> Option<(u32, &'static Backend)> {
     match tracked(&flow_slot(key, cfg)?) {
-        Tracked::Live(_, _, backend) => Some(backend),
+        Tracked::Live(_, value, backend) => Some((u32::from(value.backend_id), backend)),
         Tracked::Miss | Tracked::Gone => None,
     }
 }

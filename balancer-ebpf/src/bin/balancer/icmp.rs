@@ -298,27 +298,35 @@ fn forward_error(
     let Some(vip) = find_vip(&quoted.vip) else {
         return XDP_PASS;
     };
-    // Errors about a NAT flow would need their quoted header translated too: not done, so
-    // they are left to the host (which drops them: it does not hold the VIP).
-    if vip.mode == ForwardMode::Nat as u8 {
-        return XDP_PASS;
-    }
     let key = FlowKey {
         src: quoted.client,
         vip_id: vip.vip_id,
         sport: quoted.client_port,
         _pad: 0,
     };
-    let backend = match pinned_backend(&key, cfg) {
-        Some(backend) => backend,
+    let (id, backend) = match pinned_backend(&key, cfg) {
+        Some(pinned) => pinned,
         None => match from_table(vip, &quoted.client, quoted.client_port) {
-            Some((_, backend)) => backend,
+            Some(chosen) => chosen,
             None => {
                 count(stats, Counter::DropNoBackend);
                 return XDP_DROP;
             }
         },
     };
+    // A NAT flow's error is translated as the flow's packets are.
+    if vip.mode == ForwardMode::Nat as u8 {
+        let action = crate::nat_icmp::balancer_nat_icmp_to_backend(
+            ctx.ctx,
+            crate::nat::pack(ip, 0),
+            id,
+            vip.vip_id,
+        );
+        if action == XDP_TX {
+            count(stats, Counter::IcmpErrorForwarded);
+        }
+        return action;
+    }
     let entropy = flow_entropy(&quoted.client, quoted.client_port);
     match to_backend(ctx, ip, vip, NOT_NAT, backend, cfg, entropy) {
         Ok(action) => {

@@ -31,6 +31,8 @@ mod maps;
 // clippy suggests) they would be copied to the stack the NAT functions keep small.
 #[allow(clippy::needless_borrows_for_generic_args)]
 mod nat;
+#[allow(clippy::needless_borrows_for_generic_args)]
+mod nat_icmp;
 mod persistence;
 mod schedulers;
 mod stats;
@@ -164,6 +166,32 @@ fn not_for_a_vip(ctx: &XdpContext, ip: &Ip) -> u32 {
     }
 }
 
+/// A packet for none of the VIP addresses that is not plain TCP/UDP: an ICMP error about a
+/// NAT flow goes to the flow's client (only looked at while a VIP forwards by NAT); anything
+/// else passes untouched.
+#[inline(always)]
+fn not_for_a_vip_address(ctx: &XdpContext, ip: &Ip) -> u32 {
+    if ip.shape != Shape::Plain || !is_icmp(ip) {
+        return XDP_PASS;
+    }
+    match CONFIG.get(0) {
+        Some(cfg) if cfg.nat != 0 => {
+            nat_icmp::balancer_nat_icmp_to_client(ctx.ctx, nat::pack(ip, cfg.nat))
+        }
+        _ => XDP_PASS,
+    }
+}
+
+/// Whether the packet is ICMP of its own family (ICMP in IPv4, ICMPv6 in IPv6).
+#[inline(always)]
+fn is_icmp(ip: &Ip) -> bool {
+    if ip.family == balancer_common::addr::FAMILY_V4 {
+        ip.proto == IPPROTO_ICMP
+    } else {
+        ip.proto == IPPROTO_ICMPV6
+    }
+}
+
 /// Fragments, IPv4 options, malformed headers, ICMP and other protocols: only packets for a VIP
 /// address are ours; everything else passes untouched.
 #[inline(always)]
@@ -175,14 +203,15 @@ fn not_plain_transport(ctx: &XdpContext, frame: &Frame, ip: &Ip, stats: &mut Glo
         family: ip.family,
     };
     if find_vip(&key).is_none() {
-        return XDP_PASS;
+        return not_for_a_vip_address(ctx, ip);
     }
     let drop_reason = match ip.shape {
         Shape::Fragment => Counter::DropFragment,
         Shape::Options => Counter::DropIpOptions,
         Shape::Malformed => Counter::DropMalformed,
         Shape::Plain => match ip.proto {
-            IPPROTO_ICMP | IPPROTO_ICMPV6 => {
+            // ICMP of the packet's own family (ICMPv6's number in an IPv4 header is not ICMP).
+            IPPROTO_ICMP | IPPROTO_ICMPV6 if is_icmp(ip) => {
                 let Some(cfg) = CONFIG.get(0) else {
                     return XDP_PASS;
                 };

@@ -6,6 +6,7 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use balancer_common::{
+    addr::RawAddr,
     maps::{
         AffinityKey, AffinityValue, BPF_F_MMAPABLE, Backend, DEFAULT_AFFINITY_ENTRIES,
         DEFAULT_FLOW_BUCKETS, FlowBucket, GlobalConfig, MAGLEV_TABLE_FLAGS, MAX_BACKENDS,
@@ -132,6 +133,8 @@ pub struct NatScratch {
     pub flow: SnatFlowValue,
     pub way_back: SnatPortValue,
     pub gateway: NatReplyValue,
+    /// An ICMP error's outer source address (compared with the backend's).
+    pub outer_src: RawAddr,
 }
 
 #[btf_map]

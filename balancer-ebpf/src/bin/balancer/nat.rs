@@ -50,12 +50,12 @@ const SYN: u8 = 0x02;
 
 /// What the global functions know of the packet: the frame, where its headers are, and its
 /// family and protocol.
-struct Packet {
-    frame: Frame,
-    l3_off: usize,
-    l4_off: usize,
-    family: u8,
-    proto: u8,
+pub(crate) struct Packet {
+    pub(crate) frame: Frame,
+    pub(crate) l3_off: usize,
+    pub(crate) l4_off: usize,
+    pub(crate) family: u8,
+    pub(crate) proto: u8,
 }
 
 /// The packet of `ctx`, if it is plain TCP or UDP over IPv4 or IPv6 with its transport header
@@ -72,8 +72,8 @@ fn parse(ctx: *mut xdp_md) -> Option<Packet> {
 
 /// Bounds on the offsets a global function is handed (the verifier knows nothing of them). A
 /// reply whose IPv6 extension headers run past them is not translated.
-const MAX_L3_OFF: u64 = 64;
-const MAX_L4_OFF: u64 = 1024;
+pub(crate) const MAX_L3_OFF: u64 = 64;
+pub(crate) const MAX_L4_OFF: u64 = 1024;
 
 /// The caller's parse as one integer: offsets, family, protocol, and the `GlobalConfig::nat`
 /// bits (which reply tables to look in).
@@ -113,12 +113,12 @@ fn checked(frame: Frame, layout: u64) -> Option<Packet> {
 
 /// The fixed part of a TCP header, up to its checksum.
 #[repr(C)]
-struct TcpToCheck {
+pub(crate) struct TcpToCheck {
     _ports_seq_ack: [u32; 3],
     _data_offset: u8,
     flags: u8,
     _window: u16,
-    check: u16,
+    pub(crate) check: u16,
 }
 
 impl Packet {
@@ -264,7 +264,7 @@ pub extern "C" fn balancer_nat_forward(ctx: *mut xdp_md, backend_id: u32, vip_id
 
 /// This CPU's scratch area.
 #[inline(always)]
-fn scratch() -> Option<&'static mut NatScratch> {
+pub(crate) fn scratch() -> Option<&'static mut NatScratch> {
     let s = NAT_SCRATCH.get_ptr_mut(0)?;
     // SAFETY: this CPU's entry, used by one program run at a time.
     Some(unsafe { &mut *s })
