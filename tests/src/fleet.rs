@@ -80,6 +80,9 @@ pub struct Fleet {
     pub etcd: Netns,
     pub lbs: Vec<Netns>,
     pub backends: Vec<Netns>,
+    /// The VIPs forward by NAT with source NAT from each balancer's own address (else by L2
+    /// DSR).
+    pub source_nat: bool,
 }
 
 impl Fleet {
@@ -90,12 +93,28 @@ impl Fleet {
         Fleet::build_with(tag, balancers, backends, EtcdSecurity::Plain)
     }
 
+    /// [`Fleet::build`] with VIPs that forward by NAT with source NAT, each balancer from its
+    /// own address (so a flow's port is known to one balancer only).
+    pub fn build_source_nat(tag: &str, balancers: usize, backends: usize) -> Result<Fleet> {
+        Fleet::build_inner(tag, balancers, backends, EtcdSecurity::Plain, true)
+    }
+
     /// [`Fleet::build`] with etcd secured as `security` says.
     pub fn build_with(
         tag: &str,
         balancers: usize,
         backends: usize,
         security: EtcdSecurity,
+    ) -> Result<Fleet> {
+        Fleet::build_inner(tag, balancers, backends, security, false)
+    }
+
+    fn build_inner(
+        tag: &str,
+        balancers: usize,
+        backends: usize,
+        security: EtcdSecurity,
+        source_nat: bool,
     ) -> Result<Fleet> {
         tools_present()?;
         let rack = Rack::new(tag)?;
@@ -122,6 +141,7 @@ impl Fleet {
             etcd,
             lbs,
             backends: backend_ns,
+            source_nat,
         };
         fleet.wire()?;
         fleet.start_etcd()?;
@@ -169,6 +189,13 @@ impl Fleet {
                    net.ipv4.conf.eth0.arp_ignore=1 net.ipv4.conf.eth0.arp_announce=2 \
                    net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.eth0.rp_filter=0"
             ))?;
+        }
+        if self.source_nat {
+            // Whole checksums and segments from the backends, whose replies native XDP
+            // rewrites (see `Topology::unmodified_backends`).
+            for b in &self.backends {
+                b.sh("ethtool -K eth0 tx off tso off gso off >/dev/null")?;
+            }
         }
         // Native XDP on a veth sends its XDP_TX frames only to a peer with an XDP program.
         for i in 0..self.lbs.len() {
@@ -376,6 +403,10 @@ impl Fleet {
         for (name, port) in [("http4", HTTP_PORT), ("echo4", ECHO_PORT)] {
             let mut v = vip(name, VIP4, port);
             v.protocol = Some("tcp".into());
+            if self.source_nat {
+                v.forwarding = Some("nat".into());
+                v.nat_source = vec!["interface".into()];
+            }
             v.health = Some(tcp_health(200, 100, 2, 2));
             v.backend = (0..self.backends.len())
                 .map(|b| backend(backend_addr(b), Some(100)))

@@ -514,3 +514,93 @@ fn count(served: &[String]) -> std::collections::BTreeMap<&str, usize> {
     }
     m
 }
+
+/// With source NAT a flow's source port lives on the balancer that chose it. When ECMP moves
+/// the flow to another balancer (here: its balancer's host dies), that one has never seen it:
+/// it gives the flow a port of its own, the backend knows no connection from there and resets
+/// it, and the reset reaches the client. So every conversation of the dead balancer ends at
+/// once with a reset (none hangs), every one of the survivor's continues, and new connections
+/// work. (docs/operating.md: source NAT in a fleet.)
+#[test]
+#[ignore = "needs root, network namespaces, BIRD and etcd; run by cargo xtask test"]
+fn source_nat_flows_moved_to_another_balancer_are_reset_and_the_rest_continue() {
+    let mut f = Fleet::build_source_nat("fsnat", 2, 3)
+        .unwrap_or_else(|e| panic!("building the fleet: {e:#}"));
+    same_tables(&f, &[0, 1]);
+    let addr = SocketAddr::new(VIP4.into(), ECHO_PORT);
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let talkers = f
+        .client
+        .spawn_in(move || -> Result<Vec<Result<(), String>>, String> {
+            let mut streams = Vec::new();
+            for _ in 0..20 {
+                let mut s =
+                    TcpStream::connect_timeout(&addr, TIMEOUT).map_err(|e| e.to_string())?;
+                s.set_read_timeout(Some(Duration::from_secs(20)))
+                    .map_err(|e| e.to_string())?;
+                let mut name = [0u8; 3];
+                s.read_exact(&mut name)
+                    .map_err(|e| format!("greeting: {e}"))?;
+                streams.push(s);
+            }
+            let talk = |s: &mut TcpStream, r: usize| -> Result<(), std::io::Error> {
+                let msg = format!("round {r}\n");
+                s.write_all(msg.as_bytes())?;
+                let mut back = vec![0u8; msg.len()];
+                s.read_exact(&mut back)?;
+                if back != msg.as_bytes() {
+                    return Err(std::io::Error::other("echo differs"));
+                }
+                Ok(())
+            };
+            for (i, s) in streams.iter_mut().enumerate() {
+                talk(s, 0).map_err(|e| format!("stream {i} before: {e}"))?;
+            }
+            rx.recv_timeout(Duration::from_secs(30))
+                .map_err(|_| "no signal".to_string())?;
+            Ok(streams
+                .iter_mut()
+                .map(|s| {
+                    (1..4).try_for_each(|r| talk(s, r)).map_err(|e| {
+                        let reset = e.kind() == std::io::ErrorKind::ConnectionReset;
+                        if reset {
+                            "reset".into()
+                        } else {
+                            format!("{e}")
+                        }
+                    })
+                })
+                .collect())
+        })
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let on = [f.new_flows(0, "echo4"), f.new_flows(1, "echo4")];
+    assert_eq!(
+        on[0] + on[1],
+        20,
+        "each conversation counted by one balancer"
+    );
+    f.kill_balancer_host(0).unwrap();
+    f.wait_for_paths(1, Duration::from_secs(HOLD * 3)).unwrap();
+    tx.send(()).unwrap();
+    let outcomes = talkers
+        .join()
+        .unwrap()
+        .expect("client namespace")
+        .unwrap_or_else(|e| panic!("{e}\n{}", f.logs()));
+    let survived = outcomes.iter().filter(|o| o.is_ok()).count() as u64;
+    let reset = outcomes
+        .iter()
+        .filter(|o| o.as_ref().is_err_and(|e| e == "reset"))
+        .count() as u64;
+    println!(
+        "balancer 1 died holding {} of 20 conversations: {reset} reset, {survived} continued through balancer 2",
+        on[0]
+    );
+    assert_eq!(
+        (reset, survived),
+        (on[0], on[1]),
+        "the dead balancer's conversations are reset, the survivor's continue: {outcomes:?}"
+    );
+    assert_eq!(served(&f, 20), 20, "new connections through the survivor");
+}
