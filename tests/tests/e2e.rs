@@ -192,9 +192,10 @@ fn full_check(case: Case) {
     churn_breaks_nothing(&mut topo, &case);
 }
 
-/// 50 long-lived TCP connections keep streaming (every byte checked) while the weights change
-/// and then a backend is removed: none breaks — connections on other backends keep theirs
-/// (connection table), and those on the removed one keep it through its grace period.
+/// 50 long-lived TCP connections keep streaming (every byte checked) while the weights change,
+/// a backend is removed and another is drained: none breaks — connections on other backends
+/// keep theirs (connection table), those on the removed one keep it through its grace period,
+/// those on the drained one keep it (a drain takes only new flows away).
 fn churn_breaks_nothing(topo: &mut Topology, case: &Case) {
     const STREAMS: usize = 50;
     let until = std::time::Instant::now() + Duration::from_secs(4);
@@ -212,14 +213,24 @@ fn churn_breaks_nothing(topo: &mut Topology, case: &Case) {
     std::thread::sleep(Duration::from_millis(1000));
     let removed = weighted(topo, &[Some(5), Some(1), None]);
     topo.reload_balancer(&removed).expect("backend removal");
-    let per_backend = join_streams(streams, "during weight change / backend removal")
+    std::thread::sleep(Duration::from_millis(500));
+    // The operator's drain of host b2: both its addresses, every VIP, one command each.
+    for address in [backend4(1).to_string(), backend6(1).to_string()] {
+        let (code, _, err) = topo
+            .cli(&["backend", "drain", "--everywhere", &address])
+            .expect("cli");
+        assert_eq!(code, 0, "draining {address}: {err}");
+    }
+    let per_backend = join_streams(streams, "during weight change / backend removal / drain")
         .unwrap_or_else(|e| panic!("{e:#}\n{}", topo.logs()))
         .per_backend;
-    assert!(
-        per_backend.contains_key("b3"),
-        "no stream was on the removed backend b3: {per_backend:?}"
-    );
-    // New connections avoid the removed backend.
+    for (backend, what) in [("b3", "removed"), ("b2", "drained")] {
+        assert!(
+            per_backend.contains_key(backend),
+            "no stream was on the {what} backend {backend}: {per_backend:?}"
+        );
+    }
+    // New connections avoid the removed and the drained backend.
     for _ in 0..30 {
         let name = topo
             .client
@@ -229,7 +240,10 @@ fn churn_breaks_nothing(topo: &mut Topology, case: &Case) {
             })
             .expect("client thread")
             .expect("request after removal");
-        assert_ne!(name, "b3", "a new connection reached the removed backend");
+        assert!(
+            name != "b3" && name != "b2",
+            "a new connection reached {name}, removed or drained"
+        );
     }
 }
 
