@@ -391,3 +391,56 @@ fn path_mtu_discovery_through_an_encapsulating_balancer() {
         "no ICMP too-big was sent, yet the stream passed:\n{log}"
     );
 }
+
+/// The benchmark's independent generators (`bench e2e`) work through the balancer, so they do
+/// not rot between benchmark runs: wrk's new connections all answered, trafgen's small UDP
+/// packets reach the backends.
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn independent_generators_drive_the_balancer() {
+    use balancer_tests::bench::generators::{UdpTarget, trafgen, trafgen_config, wrk};
+    let topo = rack(&Case {
+        tag: "gens",
+        forwarding: "l2-dsr",
+        mode: AttachMode::Native,
+    });
+    let r = wrk(&topo.client, VIP4.into(), HTTP_PORT, 4, 1.0).expect("wrk");
+    assert!(
+        r.requests_per_s > 10.0 && r.errors == 0,
+        "wrk through the balancer: {r:?}"
+    );
+    let rx = |topo: &Topology| -> u64 {
+        topo.backends
+            .iter()
+            .map(|b| {
+                let out = b
+                    .exec(&["cat", "/sys/class/net/eth0/statistics/rx_packets"])
+                    .unwrap();
+                String::from_utf8_lossy(&out.stdout)
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap()
+            })
+            .sum()
+    };
+    let mac = |ns: &balancer_tests::netns::Netns, what: &str| -> [u8; 6] {
+        let out = ns.sh(what).unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        text.parse::<balancer::net::MacAddr>().unwrap().0
+    };
+    let own = mac(&topo.client, "cat /sys/class/net/eth0/address");
+    let lb = mac(&topo.lb, "cat /sys/class/net/eth0/address");
+    let config = trafgen_config(
+        own,
+        CLIENT4,
+        &[UdpTarget { mac: lb, dst: VIP4 }],
+        UDP_PORT,
+        18,
+    );
+    let path = topo.rack.log_dir.join("trafgen.cfg");
+    std::fs::write(&path, config).unwrap();
+    let before = rx(&topo);
+    trafgen(&topo.client, "eth0", &path, Duration::from_secs(1)).expect("trafgen");
+    let arrived = rx(&topo) - before;
+    assert!(arrived > 1000, "{arrived} packets reached the backends");
+}

@@ -17,7 +17,8 @@ use anyhow::{Context as _, Result, bail};
 /// bpf-linker version and the LLVM major version it is built against.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_MAJOR: u32 = 22;
-/// Debian packages the tests and benchmarks run (nftables and HAProxy are `bench e2e`'s peers;
+/// Debian packages the tests and benchmarks run (nftables and HAProxy are `bench e2e`'s peers,
+/// wrk and trafgen its independent generators;
 /// BIRD and etcd run the fleet tests).
 const HOST_PACKAGES: &[&str] = &[
     "iproute2",
@@ -27,6 +28,9 @@ const HOST_PACKAGES: &[&str] = &[
     "util-linux",
     "nftables",
     "haproxy",
+    // `bench e2e`'s independent generators: wrk (connections), trafgen (small UDP packets).
+    "wrk",
+    "netsniff-ng",
     "bird2",
     "etcd-server",
     // `balancer top`'s test drives it in tmux.

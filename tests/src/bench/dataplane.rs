@@ -123,6 +123,18 @@ fn nat_config() -> String {
     to_toml(&config)
 }
 
+/// [`nat_config`] with a source-NAT VIP beside (TCP 10.111.1.6:80 from 10.111.0.2): the
+/// non-VIP path then looks in both reply tables.
+fn snat_config() -> String {
+    let mut config: RawConfig = toml::from_str(&nat_config()).expect("the benchmark's config");
+    let mut v = crate::configs::vip("snat4", "10.111.1.6", 80);
+    v.forwarding = Some("nat".into());
+    v.nat_source = vec!["10.111.0.2".into()];
+    v.backend = crate::configs::backends(&["10.111.0.24", "10.111.0.25"]);
+    config.vip.push(v);
+    to_toml(&config)
+}
+
 /// How a case is timed.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Method {
@@ -375,6 +387,51 @@ pub fn run(rounds: usize, repeat: u32, singles: u32, baseline: Option<&[u8]>) ->
             target: None,
         },
     ];
+    // Source NAT: an established flow both ways (its port is the program's choice: the first
+    // packet's output tells it), and non-VIP traffic with both reply tables in use.
+    let mut snat = Harness::new(&snat_config())?;
+    let snat_vip = ip("10.111.1.6");
+    let (_, first) = snat.run(&tcp_frame(c4, 1005, snat_vip, 80, true, b""))?;
+    let snat_port = u16::from_be_bytes([first[34], first[35]]);
+    let snat_backend = snat.table_backend("snat4", c4, 1005)?;
+    let mut snat_reply = tcp_frame(
+        snat_backend,
+        80,
+        ip("10.111.0.2"),
+        snat_port,
+        false,
+        &payload,
+    );
+    snat_reply[6..12].copy_from_slice(&crate::packet::backend_mac(snat_backend));
+    let snat_cases = vec![
+        Case {
+            key: "non_vip_snat_on",
+            what: "non-VIP TCP while VIPs forward by NAT and source NAT (two reply-table misses)",
+            method: Method::Repeat,
+            frame: tcp_frame(c4, 2000, ip("10.111.0.2"), 22, false, &payload),
+            expect: XDP_PASS,
+            fresh_ports: false,
+            target: None,
+        },
+        Case {
+            key: "established_snat",
+            what: "established TCP, NAT and source NAT to the backend (single runs)",
+            method: Method::Single,
+            frame: tcp_frame(c4, 1005, snat_vip, 80, false, &payload),
+            expect: XDP_TX,
+            fresh_ports: false,
+            target: None,
+        },
+        Case {
+            key: "snat_reply",
+            what: "a source-NAT flow's reply, the VIP and the client written back (single runs)",
+            method: Method::Single,
+            frame: snat_reply,
+            expect: XDP_TX,
+            fresh_ports: false,
+            target: None,
+        },
+    ];
     let pass_frame = tcp_frame(c4, 2000, ip("10.111.0.2"), 22, false, &payload);
     let mut samples: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     let mut baseline_samples: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
@@ -408,6 +465,10 @@ pub fn run(rounds: usize, repeat: u32, singles: u32, baseline: Option<&[u8]>) ->
         }
         for case in &nat_cases {
             let ns = time_case(&mut nat, case, repeat, singles)?;
+            samples.entry(case.key).or_default().push(ns);
+        }
+        for case in &snat_cases {
+            let ns = time_case(&mut snat, case, repeat, singles)?;
             samples.entry(case.key).or_default().push(ns);
         }
     }
@@ -450,7 +511,7 @@ pub fn run(rounds: usize, repeat: u32, singles: u32, baseline: Option<&[u8]>) ->
         true,
         None,
     );
-    for case in cases.iter().chain(&nat_cases) {
+    for case in cases.iter().chain(&nat_cases).chain(&snat_cases) {
         row(
             case.key,
             case.what,

@@ -14,6 +14,10 @@
 //! - requests per second on keep-alive HTTP connections;
 //! - small UDP datagrams per second through the VIP (request/reply, windowed);
 //! - p50/p99 latency of both TCP phases;
+//! - the same two rates from independent generators (Debian's `wrk` for new connections, one
+//!   request each with `Connection: close`; `trafgen` from netsniff-ng blasting small UDP
+//!   packets over many source ports, counted where they arrive: the backends' links), so the
+//!   ratios do not rest on the project's own client alone;
 //! - CPU: the whole host's busy time per client packet (everything: generator, servers,
 //!   kernel; the difference to the baseline is what the peer adds), and the peer's own cost
 //!   where it is separable: the XDP program's run time per packet (BPF run-time stats) and
@@ -54,18 +58,25 @@ pub enum Peer {
     /// The balancer by NAT in front of unmodified backends (their replies come back through
     /// it): the mode to set beside nftables DNAT.
     XdpNat,
+    /// The balancer by NAT with source NAT (backends with no route to the client): beside
+    /// nftables DNAT with masquerade.
+    XdpSnat,
     Nftables,
+    /// nftables DNAT plus masquerade (source NAT), the backends routing nothing through it.
+    NftablesSnat,
     Haproxy,
 }
 
 impl Peer {
-    pub const ALL: [Peer; 7] = [
+    pub const ALL: [Peer; 9] = [
         Peer::Baseline,
         Peer::Router,
         Peer::XdpNative,
         Peer::XdpSkb,
         Peer::XdpNat,
+        Peer::XdpSnat,
         Peer::Nftables,
+        Peer::NftablesSnat,
         Peer::Haproxy,
     ];
 
@@ -77,7 +88,9 @@ impl Peer {
             Peer::XdpNative => "balancer",
             Peer::XdpSkb => "balancer_skb",
             Peer::XdpNat => "balancer_nat",
+            Peer::XdpSnat => "balancer_snat",
             Peer::Nftables => "nftables",
+            Peer::NftablesSnat => "nftables_snat",
             Peer::Haproxy => "haproxy",
         }
     }
@@ -93,7 +106,9 @@ impl Peer {
             Peer::XdpNative => "balancer, XDP native, L2 DSR",
             Peer::XdpSkb => "balancer, XDP skb (generic), L2 DSR",
             Peer::XdpNat => "balancer, XDP native, NAT (unmodified backends)",
+            Peer::XdpSnat => "balancer, XDP native, NAT + source NAT",
             Peer::Nftables => "nftables DNAT (numgen/jhash)",
+            Peer::NftablesSnat => "nftables DNAT + masquerade",
             Peer::Haproxy => "HAProxy, TCP mode",
         }
     }
@@ -130,12 +145,17 @@ struct Phase {
     busy: f64,
 }
 
-/// The three phases of one peer in one round.
+/// The phases of one peer in one round.
 #[derive(Clone, Debug, Default)]
 struct Round {
     conn: Phase,
     keepalive: Phase,
     udp: Option<Phase>,
+    /// New connections per second by `wrk`.
+    wrk: Phase,
+    /// Small UDP packets per second by `trafgen`, as they reached the backends (`errors`:
+    /// the ones sent that did not).
+    trafgen: Option<Phase>,
 }
 
 pub fn run(opts: &Options) -> Result<Figures> {
@@ -145,8 +165,14 @@ pub fn run(opts: &Options) -> Result<Figures> {
     if opts.peers.contains(&Peer::Haproxy) && which("haproxy").is_none() {
         bail!("haproxy is not installed: run `cargo xtask setup`");
     }
-    if opts.peers.contains(&Peer::Nftables) && which("nft").is_none() {
+    let nft = opts.peers.contains(&Peer::Nftables) || opts.peers.contains(&Peer::NftablesSnat);
+    if nft && which("nft").is_none() {
         bail!("nft is not installed: run `cargo xtask setup`");
+    }
+    for (tool, package) in [("wrk", "wrk"), ("trafgen", "netsniff-ng")] {
+        if which(tool).is_none() {
+            bail!("{tool} is not installed: run `cargo xtask setup` (Debian package {package})");
+        }
     }
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     if opts.pin && cpus < 2 {
@@ -175,7 +201,7 @@ pub fn run(opts: &Options) -> Result<Figures> {
             let r = measure(peer, opts, cpus)
                 .with_context(|| format!("round {} with {}", round + 1, peer.label()))?;
             println!(
-                "  round {} {:<13} conn/s {:>8.0}  keep-alive req/s {:>8.0}  UDP pps {:>8}  busy {:>3.0}%",
+                "  round {} {:<13} conn/s {:>8.0}  keep-alive req/s {:>8.0}  UDP pps {:>8}  busy {:>3.0}%  wrk conn/s {:>8.0}  trafgen pps {:>8}",
                 round + 1,
                 peer.key(),
                 r.conn.rate,
@@ -183,7 +209,11 @@ pub fn run(opts: &Options) -> Result<Figures> {
                 r.udp
                     .as_ref()
                     .map_or("n/a".to_string(), |u| format!("{:.0}", u.rate)),
-                r.conn.busy * 100.0
+                r.conn.busy * 100.0,
+                r.wrk.rate,
+                r.trafgen
+                    .as_ref()
+                    .map_or("n/a".to_string(), |u| format!("{:.0}", u.rate)),
             );
             results.entry(peer.key()).or_default().push(r);
         }
@@ -216,24 +246,34 @@ fn measure(peer: Peer, opts: &Options, cpus: usize) -> Result<Round> {
             if mode == AttachMode::Native {
                 topo.attach_peer_pass(mode)?;
             }
-            let config = rack_config(&topo, "l2-dsr", mode);
+            let config = bench_config(rack_config(&topo, "l2-dsr", mode));
             topo.start_balancer(&to_toml(&config))?;
         }
         Peer::XdpNat => {
             topo.attach_peer_pass(AttachMode::Native)?;
             topo.unmodified_backends()?;
-            let config = rack_config(&topo, "nat", AttachMode::Native);
+            let config = bench_config(rack_config(&topo, "nat", AttachMode::Native));
             topo.start_balancer(&to_toml(&config))?;
         }
-        Peer::Nftables => setup_nftables(&topo)?,
+        Peer::XdpSnat => {
+            topo.attach_peer_pass(AttachMode::Native)?;
+            topo.source_nat_backends()?;
+            let config = bench_config(rack_config(&topo, "snat", AttachMode::Native));
+            topo.start_balancer(&to_toml(&config))?;
+        }
+        Peer::Nftables => setup_nftables(&topo, false)?,
+        Peer::NftablesSnat => setup_nftables(&topo, true)?,
         Peer::Haproxy => own_process = Some(start_haproxy(&mut topo)?),
     }
     tune(&topo)?;
     if opts.pin {
         pin(&topo, cpus)?;
     }
-    let program = matches!(peer, Peer::XdpNative | Peer::XdpSkb | Peer::XdpNat)
-        .then(|| balancer::pinning::Pins::new(topo.pin_dir()).program());
+    let program = matches!(
+        peer,
+        Peer::XdpNative | Peer::XdpSkb | Peer::XdpNat | Peer::XdpSnat
+    )
+    .then(|| balancer::pinning::Pins::new(topo.pin_dir()).program());
     // (CPU ns, runs) of the peer itself, where separable.
     let own = || -> Result<Option<(u64, u64)>> {
         match (&program, own_process) {
@@ -291,13 +331,176 @@ fn measure(peer: Peer, opts: &Options, cpus: usize) -> Result<Round> {
             busy: busy_ns as f64 / total_ns.max(1) as f64,
         }));
     }
+    // The independent generators.
+    let cpu0 = host_cpu()?;
+    let pkts0 = client_tx_packets(&topo.client)?;
+    let wrk = wrk_phase(&topo, opts, &target)?;
+    let (cpu1, pkts1) = (host_cpu()?, client_tx_packets(&topo.client)?);
+    let wrk = Phase {
+        host_ns_per_packet: (cpu1.0 - cpu0.0) as f64 / pkts1.saturating_sub(pkts0).max(1) as f64,
+        busy: (cpu1.0 - cpu0.0) as f64 / (cpu1.1 - cpu0.1).max(1) as f64,
+        ..wrk
+    };
+    let trafgen = if peer == Peer::Haproxy {
+        None
+    } else {
+        let own0 = own()?;
+        let mut phase = trafgen_phase(&topo, opts, peer, &target)?;
+        if let (Some((t0, n0)), Some((t1, n1))) = (own0, own()?)
+            && program.is_some()
+            && n1 > n0
+        {
+            phase.own_ns_per_packet = Some((t1 - t0) as f64 / (n1 - n0) as f64);
+        }
+        Some(phase)
+    };
     drop(topo);
     let mut phases = phases.into_iter();
     Ok(Round {
         conn: phases.next().flatten().unwrap_or_default(),
         keepalive: phases.next().flatten().unwrap_or_default(),
         udp: phases.next().flatten(),
+        wrk,
+        trafgen,
     })
+}
+
+/// `wrk` with the phase's connections (split over the targets, one `wrk` each, at once): new
+/// connections per second (summed), the worst p50 and p99, errors.
+fn wrk_phase(topo: &Topology, opts: &Options, targets: &[IpAddr]) -> Result<Phase> {
+    let per_target = (opts.connections / targets.len()).max(1);
+    let client = &topo.client;
+    let results: Vec<Result<super::generators::WrkResult>> = std::thread::scope(|scope| {
+        let runs: Vec<_> = targets
+            .iter()
+            .map(|&t| {
+                scope.spawn(move || {
+                    super::generators::wrk(client, t, HTTP_PORT, per_target, opts.seconds)
+                })
+            })
+            .collect();
+        runs.into_iter()
+            .map(|r| {
+                r.join()
+                    .map_err(|_| anyhow::anyhow!("a wrk thread panicked"))?
+            })
+            .collect()
+    });
+    let mut phase = Phase::default();
+    for r in results {
+        let r = r?;
+        phase.rate += r.requests_per_s;
+        phase.errors += r.errors;
+        phase.p50_us = phase.p50_us.max(r.p50_us);
+        phase.p99_us = phase.p99_us.max(r.p99_us);
+    }
+    Ok(phase)
+}
+
+/// `trafgen` blasting 64-byte UDP frames (18 bytes of payload) at the targets for the phase's
+/// length: the rate at which they reached the backends' links, and how many did not.
+fn trafgen_phase(topo: &Topology, opts: &Options, peer: Peer, targets: &[IpAddr]) -> Result<Phase> {
+    let mac_of = |ns: &Netns, addr: IpAddr| -> Result<[u8; 6]> {
+        // One ping resolves it if the warm-up did not.
+        ns.exec(&["ping", "-c", "1", "-W", "1", &addr.to_string()])?;
+        let out = ns.exec(&["ip", "-j", "neigh", "show", &addr.to_string()])?;
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        let text = v[0]["lladdr"]
+            .as_str()
+            .with_context(|| format!("no neighbour entry for {addr} in {}", ns.name()))?;
+        Ok(text
+            .parse::<balancer::net::MacAddr>()
+            .map_err(anyhow::Error::msg)?
+            .0)
+    };
+    let own_mac = {
+        let out = topo.client.exec(&["ip", "-j", "link", "show", "eth0"])?;
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        let text = v[0]["address"]
+            .as_str()
+            .context("the client's MAC")?
+            .to_string();
+        text.parse::<balancer::net::MacAddr>()
+            .map_err(anyhow::Error::msg)?
+            .0
+    };
+    // Direct to the backends (baseline), else through the balancer's address (the router
+    // peer routes the backends' addresses, the rest the VIP).
+    let mut udp_targets = Vec::new();
+    for t in targets {
+        let IpAddr::V4(dst) = *t else {
+            bail!("trafgen targets are IPv4");
+        };
+        let mac = if peer == Peer::Baseline {
+            mac_of(&topo.client, *t)?
+        } else {
+            mac_of(&topo.client, LB4.into())?
+        };
+        udp_targets.push(super::generators::UdpTarget { mac, dst });
+    }
+    let config = super::generators::trafgen_config(own_mac, CLIENT4, &udp_targets, UDP_PORT, 18);
+    let path = topo.rack.log_dir.join("trafgen.cfg");
+    std::fs::write(&path, config)?;
+    let received = |topo: &Topology| -> Result<u64> {
+        let mut sum = 0;
+        for b in &topo.backends {
+            sum += link_packets(b, "rx")?;
+        }
+        Ok(sum)
+    };
+    let (sent0, got0) = (client_tx_packets(&topo.client)?, received(topo)?);
+    let cpu0 = host_cpu()?;
+    let started = Instant::now();
+    let trace = std::env::var_os("BALANCER_BENCH_TRACE").is_some();
+    let sampler = trace.then(|| {
+        let name = topo.client.name().to_string();
+        std::thread::spawn(move || {
+            let mut series = Vec::new();
+            for _ in 0..40 {
+                let out =
+                    crate::netns::run("ip", &["-n", &name, "-s", "-j", "link", "show", "eth0"]);
+                if let Ok(out) = out
+                    && let Ok(v) = serde_json::from_slice::<serde_json::Value>(&out.stdout)
+                {
+                    series.push(v[0]["stats64"]["tx"]["packets"].as_u64().unwrap_or(0));
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            series
+        })
+    });
+    let restarts = super::generators::trafgen(
+        &topo.client,
+        "eth0",
+        &path,
+        Duration::from_secs_f64(opts.seconds),
+    )?;
+    let elapsed = started.elapsed().as_secs_f64();
+    if let Some(s) = sampler {
+        let series = s.join().unwrap_or_default();
+        let deltas: Vec<u64> = series.windows(2).map(|w| (w[1] - w[0]) * 4).collect();
+        println!("    trafgen tx pps every 250 ms: {deltas:?}; restarted {restarts} times");
+    }
+    let cpu1 = host_cpu()?;
+    let (sent, got) = (
+        client_tx_packets(&topo.client)?.saturating_sub(sent0),
+        received(topo)?.saturating_sub(got0),
+    );
+    Ok(Phase {
+        rate: got as f64 / elapsed,
+        errors: sent.saturating_sub(got),
+        host_ns_per_packet: (cpu1.0 - cpu0.0) as f64 / sent.max(1) as f64,
+        busy: (cpu1.0 - cpu0.0) as f64 / (cpu1.1 - cpu0.1).max(1) as f64,
+        ..Phase::default()
+    })
+}
+
+/// The rack's config with a connection table of a production size: the rack's own (64 Ki
+/// flows, small for tests) would thrash under trafgen's 64,000 flows, a limit none of the
+/// peers has (nftables' conntrack holds 256 Ki).
+fn bench_config(mut config: balancer::config::RawConfig) -> balancer::config::RawConfig {
+    config.conntrack.max_flows = Some(1 << 20);
+    config
 }
 
 fn peer_tag(peer: Peer) -> &'static str {
@@ -307,7 +510,9 @@ fn peer_tag(peer: Peer) -> &'static str {
         Peer::XdpNative => "xdp",
         Peer::XdpSkb => "skb",
         Peer::XdpNat => "nat",
+        Peer::XdpSnat => "snat",
         Peer::Nftables => "nft",
+        Peer::NftablesSnat => "nfts",
         Peer::Haproxy => "hap",
     }
 }
@@ -328,8 +533,10 @@ fn tune(topo: &Topology) -> Result<()> {
 
 /// nftables DNAT in the balancer namespace, as kube-proxy's nftables mode balances: a random
 /// backend per new TCP connection, a hash of the source for UDP. The backends route replies to
-/// the client through the balancer namespace so conntrack can undo the NAT.
-fn setup_nftables(topo: &Topology) -> Result<()> {
+/// the client through the balancer namespace so conntrack can undo the NAT; with `masquerade`
+/// the translated flows leave from the balancer's address instead (source NAT, as kube-proxy
+/// does for traffic that would not come back), and the backends route nothing through it.
+fn setup_nftables(topo: &Topology, masquerade: bool) -> Result<()> {
     let map = (0..topo.backends.len())
         .map(|i| format!("{i} : {}", backend4(i)))
         .collect::<Vec<_>>()
@@ -342,7 +549,13 @@ fn setup_nftables(topo: &Topology) -> Result<()> {
          \x20   ip daddr {VIP4} tcp dport {{ {HTTP_PORT}, 9000 }} dnat to numgen random mod {n} map {{ {map} }}\n\
          \x20   ip daddr {VIP4} udp dport {UDP_PORT} dnat to jhash ip saddr . udp sport mod {n} seed 0x5eed map {{ {map} }}\n\
          \x20 }}\n\
-         }}\n"
+         {postrouting}\
+         }}\n",
+        postrouting = if masquerade {
+            "  chain postrouting {\n    type nat hook postrouting priority srcnat; policy accept;\n    ct status dnat masquerade\n  }\n"
+        } else {
+            ""
+        }
     );
     let path = topo.rack.log_dir.join("nftables.conf");
     std::fs::write(&path, ruleset)?;
@@ -353,6 +566,10 @@ fn setup_nftables(topo: &Topology) -> Result<()> {
         path.display()
     ))
     .context("loading the nftables ruleset")?;
+    if masquerade {
+        topo.source_nat_backends()?;
+        return Ok(());
+    }
     for b in &topo.backends {
         b.sh(&format!(
             "ip route add {CLIENT4}/32 via {LB4}; sysctl -qw net.ipv4.conf.all.accept_redirects=0"
@@ -672,14 +889,16 @@ fn host_cpu() -> Result<(u64, u64)> {
 
 /// Packets the client namespace's eth0 sent.
 fn client_tx_packets(client: &Netns) -> Result<u64> {
-    let out = crate::netns::run(
-        "ip",
-        &["-n", client.name(), "-s", "-j", "link", "show", "eth0"],
-    )?;
+    link_packets(client, "tx")
+}
+
+/// Packets `ns`'s eth0 sent (`"tx"`) or received (`"rx"`).
+fn link_packets(ns: &Netns, way: &str) -> Result<u64> {
+    let out = crate::netns::run("ip", &["-n", ns.name(), "-s", "-j", "link", "show", "eth0"])?;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("ip -j link output")?;
-    v[0]["stats64"]["tx"]["packets"]
+    v[0]["stats64"][way]["packets"]
         .as_u64()
-        .context("no tx packet count in `ip -s -j link`")
+        .with_context(|| format!("no {way} packet count in `ip -s -j link`"))
 }
 
 fn which(program: &str) -> Option<std::path::PathBuf> {
@@ -707,7 +926,7 @@ fn report(opts: &Options, results: &BTreeMap<&'static str, Vec<Round>>) -> Figur
     let base = results.get(Peer::Baseline.key());
     let base_of = |f: &dyn Fn(&Round) -> Option<f64>| base.and_then(|b| stat(b, f)).map(|s| s.0);
     type Getter = fn(&Round) -> Option<f64>;
-    let columns: [(&str, &str, Getter); 9] = [
+    let columns: [(&str, &str, Getter); 12] = [
         ("conn_per_s", "conn/s", |r| Some(r.conn.rate)),
         ("keepalive_rps", "keep-alive req/s", |r| {
             Some(r.keepalive.rate)
@@ -726,6 +945,11 @@ fn report(opts: &Options, results: &BTreeMap<&'static str, Vec<Round>>) -> Figur
         }),
         ("own_cpu_ns_per_packet", "own ns/pkt", |r| {
             r.conn.own_ns_per_packet
+        }),
+        ("wrk_conn_per_s", "wrk conn/s", |r| Some(r.wrk.rate)),
+        ("wrk_conn_p99_us", "wrk p99 µs", |r| Some(r.wrk.p99_us)),
+        ("trafgen_udp_pps", "trafgen pps", |r| {
+            r.trafgen.as_ref().map(|t| t.rate)
         }),
     ];
     println!();
@@ -757,9 +981,27 @@ fn report(opts: &Options, results: &BTreeMap<&'static str, Vec<Round>>) -> Figur
         }
         let errors: u64 = rounds
             .iter()
-            .map(|r| r.conn.errors + r.keepalive.errors + r.udp.as_ref().map_or(0, |u| u.errors))
+            .map(|r| {
+                r.conn.errors
+                    + r.keepalive.errors
+                    + r.udp.as_ref().map_or(0, |u| u.errors)
+                    + r.wrk.errors
+            })
             .sum();
         figures.insert(format!("errors_{}", peer.key()), errors as f64);
+        if let Some(t) = stat(rounds, |r| {
+            r.trafgen.as_ref().map(|t| {
+                let sent = t.rate * opts.seconds + t.errors as f64;
+                t.rate * opts.seconds / sent.max(1.0)
+            })
+        }) {
+            figures.insert(format!("trafgen_delivered_fraction_{}", peer.key()), t.0);
+        }
+        if let Some(t) = stat(rounds, |r| {
+            r.trafgen.as_ref().and_then(|t| t.own_ns_per_packet)
+        }) {
+            figures.insert(format!("trafgen_own_cpu_ns_per_packet_{}", peer.key()), t.0);
+        }
         if let Some(b) = stat(rounds, |r| Some(r.conn.busy)) {
             figures.insert(format!("host_busy_fraction_{}", peer.key()), b.0);
         }
@@ -791,6 +1033,13 @@ fn report(opts: &Options, results: &BTreeMap<&'static str, Vec<Round>>) -> Figur
             ),
             ("udp_pps", "UDP", |r| r.udp.as_ref().map(|u| u.rate), false),
             ("conn_p99", "conn p99", |r| Some(r.conn.p99_us), true),
+            ("wrk_conn_per_s", "wrk conn/s", |r| Some(r.wrk.rate), false),
+            (
+                "trafgen_udp_pps",
+                "trafgen",
+                |r| r.trafgen.as_ref().map(|t| t.rate),
+                false,
+            ),
         ] {
             match (stat(rounds, get), base_of(&get)) {
                 (Some((m, _)), Some(b)) if m > 0.0 && b > 0.0 => {
@@ -803,15 +1052,29 @@ fn report(opts: &Options, results: &BTreeMap<&'static str, Vec<Round>>) -> Figur
         }
         println!("{line}");
     }
-    for peer in [Peer::Nftables, Peer::Haproxy] {
-        for (key, name) in [("conn_per_s", "conn/s"), ("udp_pps", "UDP pps")] {
+    // Each mode beside its fair peer.
+    for (ours, theirs) in [
+        (Peer::XdpNative, Peer::Nftables),
+        (Peer::XdpNative, Peer::Haproxy),
+        (Peer::XdpNat, Peer::Nftables),
+        (Peer::XdpSnat, Peer::NftablesSnat),
+    ] {
+        for (key, name) in [
+            ("conn_per_s", "conn/s"),
+            ("udp_pps", "UDP pps"),
+            ("wrk_conn_per_s", "wrk conn/s"),
+            ("trafgen_udp_pps", "trafgen pps"),
+        ] {
             if let (Some(&b), Some(&p)) = (
-                figures.get(&format!("{key}_balancer")),
-                figures.get(&format!("{key}_{}", peer.key())),
+                figures.get(&format!("{key}_{}", ours.key())),
+                figures.get(&format!("{key}_{}", theirs.key())),
             ) && p > 0.0
             {
-                println!("  balancer / {}: {name} {:.2}×", peer.key(), b / p);
-                figures.insert(format!("{key}_ratio_balancer_to_{}", peer.key()), b / p);
+                println!("  {} / {}: {name} {:.2}×", ours.key(), theirs.key(), b / p);
+                figures.insert(
+                    format!("{key}_ratio_{}_to_{}", ours.key(), theirs.key()),
+                    b / p,
+                );
             }
         }
     }

@@ -7,6 +7,7 @@ pub mod control;
 pub mod dataplane;
 pub mod e2e;
 pub mod fleet;
+pub mod generators;
 pub mod llm;
 
 use std::collections::BTreeMap;

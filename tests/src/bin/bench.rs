@@ -55,11 +55,12 @@ enum Bench {
         #[arg(long)]
         pin: bool,
         /// Peers measured, in order: baseline, router (a plain forwarding hop), balancer,
-        /// balancer_skb, balancer_nat (NAT to unmodified backends), nftables, haproxy.
+        /// balancer_skb, balancer_nat (NAT to unmodified backends), balancer_snat (NAT with
+        /// source NAT), nftables, nftables_snat (DNAT + masquerade), haproxy.
         #[arg(
             long,
             value_delimiter = ',',
-            default_value = "baseline,router,balancer,balancer_skb,balancer_nat,nftables,haproxy"
+            default_value = "baseline,router,balancer,balancer_skb,balancer_nat,balancer_snat,nftables,nftables_snat,haproxy"
         )]
         peers: Vec<String>,
     },
@@ -191,7 +192,7 @@ fn main() -> Result<()> {
                 .iter()
                 .map(|p| {
                     e2e::Peer::by_key(p).ok_or_else(|| {
-                        anyhow::anyhow!("--peers: unknown peer {p:?} (baseline, router, balancer, balancer_skb, balancer_nat, nftables, haproxy)")
+                        anyhow::anyhow!("--peers: unknown peer {p:?} (baseline, router, balancer, balancer_skb, balancer_nat, balancer_snat, nftables, nftables_snat, haproxy)")
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
