@@ -311,6 +311,18 @@ pub struct NatReplyKey {
 }
 const _: () = assert!(core::mem::size_of::<NatReplyKey>() == 40);
 
+impl NatReplyKey {
+    /// Sets everything but the addresses (ports in network byte order).
+    #[inline(always)]
+    pub fn set_ports(&mut self, backend_port: u16, client_port: u16, proto: u8, family: u8) {
+        self.backend_port = backend_port;
+        self.client_port = client_port;
+        self.proto = proto;
+        self.family = family;
+        self._pad = [0; 2];
+    }
+}
+
 /// Value of [`NAT_REPLIES`]: the VIP the client addressed, and the Ethernet source of the
 /// client's packets (the client, or its router), where replies go.
 #[repr(C)]
@@ -351,6 +363,18 @@ pub struct SnatFlowKey {
     pub _pad: [u8; 2],
 }
 const _: () = assert!(core::mem::size_of::<SnatFlowKey>() == 40);
+
+impl SnatFlowKey {
+    /// Sets everything but the addresses (ports in network byte order).
+    #[inline(always)]
+    pub fn set_ports(&mut self, client_port: u16, vip_port: u16, proto: u8, family: u8) {
+        self.client_port = client_port;
+        self.vip_port = vip_port;
+        self.proto = proto;
+        self.family = family;
+        self._pad = [0; 2];
+    }
+}
 
 /// Value of [`SNAT_FLOWS`]: how the flow leaves for its backend.
 #[repr(C)]

@@ -298,6 +298,13 @@ fn the_tcp_listener_serves_tls_and_requires_a_client_certificate_and_its_token()
 }
 
 /// `GET /metrics` over plain TCP.
+/// The value of the series (its name and labels, up to the value) on a metrics page.
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+}
+
 fn fetch_metrics(addr: &str) -> Result<String, String> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
@@ -795,11 +802,7 @@ fn source_nat_port_exhaustion_is_counted_and_logged_and_ports_come_back() {
         .expect("lb thread")
         .expect("metrics page");
     let admitted = held.join().expect("client thread").expect("client");
-    let value = |series: &str| -> f64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
-    };
+    let value = |series: &str| metric(&text, series);
     assert!(
         (1..=6).contains(&admitted),
         "{admitted} of 12 connections admitted with 2 ports for each of 3 backends\n{}",
@@ -822,11 +825,7 @@ fn source_nat_port_exhaustion_is_counted_and_logged_and_ports_come_back() {
         .run_in(|| fetch_metrics("127.0.0.1:9181"))
         .expect("lb thread")
         .expect("metrics page");
-    let value = |series: &str| -> f64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
-    };
+    let value = |series: &str| metric(&text, series);
     assert_eq!(value("balancer_nat_source_flows "), 0.0, "ports given back");
     assert!(value("balancer_nat_source_flows_expired_total ") >= admitted as f64);
     let name = topo

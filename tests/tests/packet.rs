@@ -894,43 +894,13 @@ fn nat_rewrites_the_destination_and_the_replies_source() {
     }
 
     // UDP over IPv4, with a checksum and without one (zero stays zero).
-    let (client, vip, backend) = (ip("10.9.0.7"), ip("10.111.1.5"), ip("10.111.0.23"));
-    let query = udp_frame(client, 5353, vip, 53, b"query");
-    let (action, out) = h.run(&query).unwrap();
-    assert_eq!(action_name(action), "XDP_TX");
-    let want = with_macs(
-        udp_frame(client, 5353, backend, 53, b"query"),
-        backend_mac(backend),
-        LB_MAC,
+    udp_both_ways(
+        &mut h,
+        ip("10.9.0.7"),
+        ip("10.111.1.5"),
+        ip("10.111.0.23"),
+        None,
     );
-    assert_eq!(out, want, "UDP client to backend");
-    let answer = with_macs(
-        udp_frame(backend, 53, client, 5353, b"answer"),
-        LB_MAC,
-        backend_mac(backend),
-    );
-    let (action, out) = h.run(&answer).unwrap();
-    assert_eq!(action_name(action), "XDP_TX");
-    let want = with_macs(
-        udp_frame(vip, 53, client, 5353, b"answer"),
-        CLIENT_MAC,
-        LB_MAC,
-    );
-    assert_eq!(out, want, "UDP reply to client");
-    let no_sum = |mut f: Vec<u8>| {
-        f[14 + 20 + 6..14 + 20 + 8].copy_from_slice(&[0, 0]);
-        f
-    };
-    let (action, out) = h
-        .run(&no_sum(udp_frame(client, 5354, vip, 53, b"q")))
-        .unwrap();
-    assert_eq!(action_name(action), "XDP_TX");
-    let want = no_sum(with_macs(
-        udp_frame(client, 5354, backend, 53, b"q"),
-        backend_mac(backend),
-        LB_MAC,
-    ));
-    assert_eq!(out, want, "UDP without a checksum keeps none");
 }
 
 /// The source port of a frame's TCP or UDP header (no VLAN tags).
@@ -1017,49 +987,13 @@ fn source_nat_rewrites_both_addresses_and_a_port_and_replies_find_their_client()
     }
 
     // UDP, with a checksum and without one (zero stays zero).
-    let (client, vip, backend, source) = (
+    udp_both_ways(
+        &mut h,
         ip("10.9.0.7"),
         ip("10.111.1.6"),
         ip("10.111.0.26"),
-        ip("10.111.0.2"),
+        Some(ip("10.111.0.2")),
     );
-    let (action, out) = h.run(&udp_frame(client, 5353, vip, 53, b"query")).unwrap();
-    assert_eq!(action_name(action), "XDP_TX");
-    let port = source_port(&out);
-    let want = with_macs(
-        udp_frame(source, port, backend, 53, b"query"),
-        backend_mac(backend),
-        LB_MAC,
-    );
-    assert_eq!(out, want, "UDP client to backend");
-    let answer = with_macs(
-        udp_frame(backend, 53, source, port, b"answer"),
-        LB_MAC,
-        backend_mac(backend),
-    );
-    let (action, out) = h.run(&answer).unwrap();
-    assert_eq!(action_name(action), "XDP_TX");
-    let want = with_macs(
-        udp_frame(vip, 53, client, 5353, b"answer"),
-        CLIENT_MAC,
-        LB_MAC,
-    );
-    assert_eq!(out, want, "UDP reply to client");
-    let no_sum = |mut f: Vec<u8>| {
-        f[14 + 20 + 6..14 + 20 + 8].copy_from_slice(&[0, 0]);
-        f
-    };
-    let (action, out) = h
-        .run(&no_sum(udp_frame(client, 5354, vip, 53, b"q")))
-        .unwrap();
-    assert_eq!(action_name(action), "XDP_TX");
-    let port = source_port(&out);
-    let want = no_sum(with_macs(
-        udp_frame(source, port, backend, 53, b"q"),
-        backend_mac(backend),
-        LB_MAC,
-    ));
-    assert_eq!(out, want, "UDP without a checksum keeps none");
 }
 
 #[test]
@@ -1318,4 +1252,59 @@ fn icmp_errors_about_nat_flows_are_translated_like_the_flows() {
     );
     let (action, out) = h.run(&stray).unwrap();
     assert_eq!((action_name(action), out), ("XDP_PASS", stray));
+}
+
+/// A UDP flow from `client` port 5353 to `vip` port 53 by NAT to `backend` (from `source` and a
+/// port of its choosing with source NAT), its answer back, and a datagram without a checksum
+/// (zero stays zero); expected frames built whole by etherparse.
+fn udp_both_ways(
+    h: &mut Harness,
+    client: IpAddr,
+    vip: IpAddr,
+    backend: IpAddr,
+    source: Option<IpAddr>,
+) {
+    let (action, out) = h.run(&udp_frame(client, 5353, vip, 53, b"query")).unwrap();
+    assert_eq!(action_name(action), "XDP_TX");
+    let (from, port) = match source {
+        Some(s) => (s, source_port(&out)),
+        None => (client, 5353),
+    };
+    let want = with_macs(
+        udp_frame(from, port, backend, 53, b"query"),
+        backend_mac(backend),
+        LB_MAC,
+    );
+    assert_eq!(out, want, "UDP client to backend");
+    let answer = with_macs(
+        udp_frame(backend, 53, from, port, b"answer"),
+        LB_MAC,
+        backend_mac(backend),
+    );
+    let (action, out) = h.run(&answer).unwrap();
+    assert_eq!(action_name(action), "XDP_TX");
+    let want = with_macs(
+        udp_frame(vip, 53, client, 5353, b"answer"),
+        CLIENT_MAC,
+        LB_MAC,
+    );
+    assert_eq!(out, want, "UDP reply to client");
+    let no_sum = |mut f: Vec<u8>| {
+        f[14 + 20 + 6..14 + 20 + 8].copy_from_slice(&[0, 0]);
+        f
+    };
+    let (action, out) = h
+        .run(&no_sum(udp_frame(client, 5354, vip, 53, b"q")))
+        .unwrap();
+    assert_eq!(action_name(action), "XDP_TX");
+    let (from, port) = match source {
+        Some(s) => (s, source_port(&out)),
+        None => (client, 5354),
+    };
+    let want = no_sum(with_macs(
+        udp_frame(from, port, backend, 53, b"q"),
+        backend_mac(backend),
+        LB_MAC,
+    ));
+    assert_eq!(out, want, "UDP without a checksum keeps none");
 }

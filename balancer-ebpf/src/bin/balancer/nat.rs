@@ -72,8 +72,8 @@ fn parse(ctx: *mut xdp_md) -> Option<Packet> {
 
 /// Bounds on the offsets a global function is handed (the verifier knows nothing of them). A
 /// reply whose IPv6 extension headers run past them is not translated.
-pub(crate) const MAX_L3_OFF: u64 = 64;
-pub(crate) const MAX_L4_OFF: u64 = 1024;
+const MAX_L3_OFF: u64 = 64;
+const MAX_L4_OFF: u64 = 1024;
 
 /// The caller's parse as one integer: offsets, family, protocol, and the `GlobalConfig::nat`
 /// bits (which reply tables to look in).
@@ -86,16 +86,23 @@ pub fn pack(ip: &Ip, nat: u32) -> u64 {
         | u64::from(nat & 0xff) << 48
 }
 
-/// The packet [`pack`] describes, if its offsets are in bounds and its TCP or UDP header is
-/// present up to the checksum.
+/// The L3 and L4 offsets of a [`pack`]ed parse, if within the bounds the global functions
+/// accept (the verifier knows nothing of them).
 #[inline(always)]
-fn checked(frame: Frame, layout: u64) -> Option<Packet> {
+pub(crate) fn offsets(layout: u64) -> Option<(usize, usize)> {
     let l3_off = layout & 0xffff;
     let l4_off = (layout >> 16) & 0xffff;
     if l3_off > MAX_L3_OFF || l4_off > MAX_L4_OFF {
         return None;
     }
-    let (l3_off, l4_off) = (l3_off as usize, l4_off as usize);
+    Some((l3_off as usize, l4_off as usize))
+}
+
+/// The packet [`pack`] describes, if its offsets are in bounds and its TCP or UDP header is
+/// present up to the checksum.
+#[inline(always)]
+fn checked(frame: Frame, layout: u64) -> Option<Packet> {
+    let (l3_off, l4_off) = offsets(layout)?;
     let proto = (layout >> 40) as u8;
     match proto {
         IPPROTO_TCP => frame.ptr::<TcpToCheck>(l4_off).map(|_| ())?,
@@ -283,11 +290,7 @@ fn forward(ctx: *mut xdp_md, backend_id: u32, vip_id: u32) -> Option<u32> {
     let ports = p.ports()?;
     let flow = &mut s.flow_key;
     p.addrs_into(&mut flow.client, &mut flow.vip)?;
-    flow.client_port = ports.src;
-    flow.vip_port = ports.dst;
-    flow.proto = p.proto;
-    flow.family = p.family;
-    flow._pad = [0; 2];
+    flow.set_ports(ports.src, ports.dst, p.proto, p.family);
     let eth = p.frame.ptr::<EthHdr>(0)?;
     // SAFETY: bounds checked by `ptr`.
     let eth = unsafe { &mut *eth };
@@ -312,11 +315,8 @@ fn reply_key(s: &mut NatScratch, backend: &Backend, to: &RawAddr, to_port: u16) 
     let r = &mut s.reply;
     r.backend = backend.addr;
     r.client = *to;
-    r.backend_port = s.flow_key.vip_port;
-    r.client_port = to_port;
-    r.proto = s.flow_key.proto;
-    r.family = s.flow_key.family;
-    r._pad = [0; 2];
+    let f = &s.flow_key;
+    r.set_ports(f.vip_port, to_port, f.proto, f.family);
 }
 
 /// Gateway NAT: keeps the reply's way back in `NAT_REPLIES` (written when missing or stale).
@@ -446,11 +446,7 @@ fn reply(ctx: *mut xdp_md, layout: u64) -> Option<u32> {
     let ports = p.ports()?;
     let r = &mut s.reply;
     p.addrs_into(&mut r.backend, &mut r.client)?;
-    r.backend_port = ports.src;
-    r.client_port = ports.dst;
-    r.proto = p.proto;
-    r.family = p.family;
-    r._pad = [0; 2];
+    r.set_ports(ports.src, ports.dst, p.proto, p.family);
     let eth = p.frame.ptr::<EthHdr>(0)?;
     if nat & NAT_GATEWAY != 0
         && let Some(way_back) = NAT_REPLIES.get_ptr(&s.reply)

@@ -28,7 +28,7 @@ use balancer_ebpf::{csum, headers::*, parse::Frame};
 
 use crate::{
     maps::{BACKENDS, NAT_REPLIES, SNAT_FLOWS, SNAT_PORTS, SNAT_SOURCES},
-    nat::{MAX_L3_OFF, MAX_L4_OFF, TcpToCheck, scratch},
+    nat::{TcpToCheck, offsets, scratch},
 };
 
 /// An ICMP error quoting a TCP or UDP packet: where its headers are.
@@ -63,12 +63,7 @@ fn checked(
     outer_src: &mut RawAddr,
 ) -> Option<IcmpError> {
     let frame = Frame::of(&XdpContext::new(ctx));
-    let l3_off = layout & 0xffff;
-    let l4_off = (layout >> 16) & 0xffff;
-    if l3_off > MAX_L3_OFF || l4_off > MAX_L4_OFF {
-        return None;
-    }
-    let (l3_off, l4_off) = (l3_off as usize, l4_off as usize);
+    let (l3_off, l4_off) = offsets(layout)?;
     let family = (layout >> 32) as u8;
     let proto = (layout >> 40) as u8;
     let icmp_of_family = if family == FAMILY_V4 {
@@ -325,11 +320,12 @@ pub extern "C" fn balancer_nat_icmp_to_backend(
     ) else {
         return XDP_PASS;
     };
-    flow.vip_port = m.inner_ports.src;
-    flow.client_port = m.inner_ports.dst;
-    flow.proto = m.inner_proto;
-    flow.family = m.family;
-    flow._pad = [0; 2];
+    flow.set_ports(
+        m.inner_ports.dst,
+        m.inner_ports.src,
+        m.inner_proto,
+        m.family,
+    );
     let Some(backend) = BACKENDS.get(backend_id) else {
         return XDP_PASS;
     };
@@ -374,11 +370,12 @@ pub extern "C" fn balancer_nat_icmp_to_client(ctx: *mut xdp_md, layout: u64) -> 
     let Some(mut m) = checked(ctx, layout, &mut r.client, &mut r.backend, &mut s.outer_src) else {
         return XDP_PASS;
     };
-    r.client_port = m.inner_ports.src;
-    r.backend_port = m.inner_ports.dst;
-    r.proto = m.inner_proto;
-    r.family = m.family;
-    r._pad = [0; 2];
+    r.set_ports(
+        m.inner_ports.dst,
+        m.inner_ports.src,
+        m.inner_proto,
+        m.family,
+    );
     let from_backend = s.outer_src == s.reply.backend;
     if nat & NAT_GATEWAY != 0
         && let Some(w) = NAT_REPLIES.get_ptr(&s.reply)
