@@ -4,7 +4,7 @@ use std::net::IpAddr;
 
 use std::collections::HashMap;
 
-use balancer_common::addr::{FAMILY_V4, FAMILY_V6, raw_from_ip};
+use balancer_common::addr::raw_from_ip;
 use balancer_common::flow_cache::TICK_NS;
 use balancer_common::maps::{GlobalConfig, NAT_GATEWAY, NAT_SNAT, SnatSource};
 
@@ -126,10 +126,8 @@ pub fn snat_sources(
         };
         let v4 = vip.address.is_ipv4();
         let addr = match source {
-            NatSource::Interface => match v4 {
-                true => iface.first_v4().map(IpAddr::from),
-                false => iface.first_v6().map(IpAddr::from),
-            },
+            NatSource::Interface if v4 => iface.first_v4().map(IpAddr::from),
+            NatSource::Interface => iface.first_v6().map(IpAddr::from),
             NatSource::Addresses(_) => source.address(v4),
         };
         let addr = addr.ok_or_else(|| SettingsError::NoNatSource {
@@ -137,15 +135,14 @@ pub fn snat_sources(
             family: if v4 { "IPv4" } else { "IPv6" },
             interface: iface.name.clone(),
         })?;
-        let ports = &config.nat.ports;
+        let (addr, family) = raw_from_ip(addr);
         out.insert(
             vip.endpoint(),
             SnatSource {
-                addr: raw_from_ip(addr).0,
-                port_min: *ports.start(),
-                port_count: (u32::from(*ports.end()) - u32::from(*ports.start()) + 1)
-                    .min(u32::from(u16::MAX)) as u16,
-                family: if v4 { FAMILY_V4 } else { FAMILY_V6 },
+                addr,
+                port_min: *config.nat.ports.start(),
+                port_count: config.nat.port_count(),
+                family,
                 _pad: [0; 3],
             },
         );
@@ -189,6 +186,7 @@ pub fn ephemeral_ports() -> Option<std::ops::RangeInclusive<u16>> {
 mod tests {
     use super::*;
     use crate::net::MacAddr;
+    use balancer_common::addr::{FAMILY_V4, FAMILY_V6};
 
     fn iface(addresses: Vec<(IpAddr, u8)>) -> Interface {
         Interface {

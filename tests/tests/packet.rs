@@ -849,48 +849,8 @@ fn nat_rewrites_the_destination_and_the_replies_source() {
             ["fd00:111::21", "fd00:111::22"],
         ),
     ] {
-        let (client, vip) = (ip(client), ip(vip));
-        for sport in [1000u16, 40000, 65535] {
-            let backend = h.table_backend(name, client, sport).unwrap();
-            assert!(backends.contains(&backend.to_string().as_str()));
-            for (syn, payload) in [(true, &b""[..]), (false, &b"GET / HTTP/1.1\r\n\r\n"[..])] {
-                let frame = tcp_frame(client, sport, vip, 80, syn, payload);
-                let (action, out) = h.run(&frame).unwrap();
-                assert_eq!(action_name(action), "XDP_TX", "{name} sport {sport}");
-                let want = with_macs(
-                    tcp_frame(client, sport, backend, 80, syn, payload),
-                    backend_mac(backend),
-                    LB_MAC,
-                );
-                assert_eq!(out, want, "{name} sport {sport}: client to backend");
-            }
-            // The backend's reply, sent to us (its gateway): the VIP's again, to the client.
-            let reply = with_macs(
-                tcp_frame(backend, 80, client, sport, false, b"HTTP/1.1 200 OK\r\n"),
-                LB_MAC,
-                backend_mac(backend),
-            );
-            let (action, out) = h.run(&reply).unwrap();
-            assert_eq!(
-                action_name(action),
-                "XDP_TX",
-                "{name} reply to sport {sport}"
-            );
-            let want = with_macs(
-                tcp_frame(vip, 80, client, sport, false, b"HTTP/1.1 200 OK\r\n"),
-                CLIENT_MAC,
-                LB_MAC,
-            );
-            assert_eq!(out, want, "{name} sport {sport}: reply to client");
-        }
-        // A packet from a backend that no NAT flow expects passes untouched.
-        let stray = with_macs(
-            tcp_frame(ip(backends[0]), 80, client, 999, false, b"x"),
-            LB_MAC,
-            backend_mac(ip(backends[0])),
-        );
-        let (action, out) = h.run(&stray).unwrap();
-        assert_eq!((action_name(action), out), ("XDP_PASS", stray), "{name}");
+        let sports = [1000, 40000, 65535];
+        tcp_both_ways(&mut h, name, ip(client), ip(vip), &backends, None, &sports);
     }
 
     // UDP over IPv4, with a checksum and without one (zero stays zero).
@@ -934,56 +894,9 @@ fn source_nat_rewrites_both_addresses_and_a_port_and_replies_find_their_client()
             &["fd00:111::24"][..],
         ),
     ] {
-        let (client, vip, source) = (ip(client), ip(vip), ip(source));
-        let mut taken = std::collections::HashMap::new();
-        for sport in [1000u16, 40000, 65535, 1001, 1002] {
-            let backend = h.table_backend(name, client, sport).unwrap();
-            assert!(backends.contains(&backend.to_string().as_str()));
-            let mut port = None;
-            for (syn, payload) in [(true, &b""[..]), (false, &b"GET / HTTP/1.1\r\n\r\n"[..])] {
-                let frame = tcp_frame(client, sport, vip, 80, syn, payload);
-                let (action, out) = h.run(&frame).unwrap();
-                assert_eq!(action_name(action), "XDP_TX", "{name} sport {sport}");
-                let p = source_port(&out);
-                assert!((1024..=32767).contains(&p), "{name}: port {p} in nat.ports");
-                assert_eq!(*port.get_or_insert(p), p, "{name}: a flow keeps its port");
-                // Built whole by etherparse (checksums computed afresh), not patched.
-                let want = with_macs(
-                    tcp_frame(source, p, backend, 80, syn, payload),
-                    backend_mac(backend),
-                    LB_MAC,
-                );
-                assert_eq!(out, want, "{name} sport {sport}: client to backend");
-            }
-            let port = port.unwrap();
-            // No two live flows to one backend share a port.
-            assert_eq!(
-                taken.insert((backend, port), sport),
-                None,
-                "{name}: port {port} twice"
-            );
-            let reply = with_macs(
-                tcp_frame(backend, 80, source, port, false, b"HTTP/1.1 200 OK\r\n"),
-                LB_MAC,
-                backend_mac(backend),
-            );
-            let (action, out) = h.run(&reply).unwrap();
-            assert_eq!(action_name(action), "XDP_TX", "{name} reply to port {port}");
-            let want = with_macs(
-                tcp_frame(vip, 80, client, sport, false, b"HTTP/1.1 200 OK\r\n"),
-                CLIENT_MAC,
-                LB_MAC,
-            );
-            assert_eq!(out, want, "{name} sport {sport}: reply to client");
-        }
-        // A packet to the NAT source on a port no flow holds is the host's: untouched.
-        let stray = with_macs(
-            tcp_frame(ip(backends[0]), 80, source, 999, false, b"x"),
-            LB_MAC,
-            backend_mac(ip(backends[0])),
-        );
-        let (action, out) = h.run(&stray).unwrap();
-        assert_eq!((action_name(action), out), ("XDP_PASS", stray), "{name}");
+        let sports = [1000, 40000, 65535, 1001, 1002];
+        let source = Some(ip(source));
+        tcp_both_ways(&mut h, name, ip(client), ip(vip), backends, source, &sports);
     }
 
     // UDP, with a checksum and without one (zero stays zero).
@@ -1307,4 +1220,85 @@ fn udp_both_ways(
         LB_MAC,
     ));
     assert_eq!(out, want, "UDP without a checksum keeps none");
+}
+
+/// TCP flows from `client` ports `sports` to `vip` port 80 by NAT (from `source` and a port of
+/// the program's choosing with source NAT): a SYN and a request each, checked against frames
+/// built whole by etherparse (checksums computed afresh, not patched), then the backend's
+/// reply back to the client; with source NAT each flow keeps its port, within `nat.ports`, and
+/// no two live flows to one backend share one. A packet from a backend that no NAT flow
+/// expects passes untouched.
+fn tcp_both_ways(
+    h: &mut Harness,
+    name: &str,
+    client: IpAddr,
+    vip: IpAddr,
+    backends: &[&str],
+    source: Option<IpAddr>,
+    sports: &[u16],
+) {
+    let mut taken = std::collections::HashMap::new();
+    for &sport in sports {
+        let backend = h.table_backend(name, client, sport).unwrap();
+        assert!(backends.contains(&backend.to_string().as_str()));
+        let mut port = None;
+        for (syn, payload) in [(true, &b""[..]), (false, &b"GET / HTTP/1.1\r\n\r\n"[..])] {
+            let frame = tcp_frame(client, sport, vip, 80, syn, payload);
+            let (action, out) = h.run(&frame).unwrap();
+            assert_eq!(action_name(action), "XDP_TX", "{name} sport {sport}");
+            let from = match source {
+                Some(s) => {
+                    let p = source_port(&out);
+                    assert!((1024..=32767).contains(&p), "{name}: port {p} in nat.ports");
+                    assert_eq!(*port.get_or_insert(p), p, "{name}: a flow keeps its port");
+                    (s, p)
+                }
+                None => (client, sport),
+            };
+            let want = with_macs(
+                tcp_frame(from.0, from.1, backend, 80, syn, payload),
+                backend_mac(backend),
+                LB_MAC,
+            );
+            assert_eq!(out, want, "{name} sport {sport}: client to backend");
+        }
+        // The backend's reply, to the client (via us, its gateway) or to the NAT source.
+        let to = match (source, port) {
+            (Some(s), Some(port)) => {
+                assert_eq!(
+                    taken.insert((backend, port), sport),
+                    None,
+                    "{name}: port {port} twice"
+                );
+                (s, port)
+            }
+            _ => (client, sport),
+        };
+        let reply = with_macs(
+            tcp_frame(backend, 80, to.0, to.1, false, b"HTTP/1.1 200 OK\r\n"),
+            LB_MAC,
+            backend_mac(backend),
+        );
+        let (action, out) = h.run(&reply).unwrap();
+        assert_eq!(
+            action_name(action),
+            "XDP_TX",
+            "{name} reply to port {}",
+            to.1
+        );
+        let want = with_macs(
+            tcp_frame(vip, 80, client, sport, false, b"HTTP/1.1 200 OK\r\n"),
+            CLIENT_MAC,
+            LB_MAC,
+        );
+        assert_eq!(out, want, "{name} sport {sport}: reply to client");
+    }
+    let stray_to = source.unwrap_or(client);
+    let stray = with_macs(
+        tcp_frame(ip(backends[0]), 80, stray_to, 999, false, b"x"),
+        LB_MAC,
+        backend_mac(ip(backends[0])),
+    );
+    let (action, out) = h.run(&stray).unwrap();
+    assert_eq!((action_name(action), out), ("XDP_PASS", stray), "{name}");
 }

@@ -42,6 +42,11 @@ impl Default for NatConfig {
 }
 
 impl NatConfig {
+    /// How many ports the range holds (at most 65,535: port 0 is never one).
+    pub fn port_count(&self) -> u16 {
+        (u32::from(*self.ports.end()) - u32::from(*self.ports.start()) + 1) as u16
+    }
+
     pub fn to_raw(&self) -> RawNat {
         RawNat {
             ports: Some(format!("{}-{}", self.ports.start(), self.ports.end())),

@@ -176,24 +176,30 @@ pub fn to_vip_address(
     if icmp.kind == echo_request && icmp.code == 0 {
         return echo(frame, ip, icmp, echo_reply);
     }
-    let is_error = if ip.family == FAMILY_V4 {
+    if !is_error(ip.family, icmp.kind) {
+        return XDP_PASS;
+    }
+    forward_error(ctx, frame, ip, cfg, stats)
+}
+
+/// Whether an ICMP (`family` IPv4) or ICMPv6 message of type `kind` is an error that quotes
+/// the packet it is about.
+#[inline(always)]
+pub fn is_error(family: u8, kind: u8) -> bool {
+    if family == FAMILY_V4 {
         matches!(
-            icmp.kind,
+            kind,
             ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED | ICMP_PARAMETER_PROBLEM
         )
     } else {
         matches!(
-            icmp.kind,
+            kind,
             ICMPV6_DEST_UNREACH
                 | ICMPV6_PACKET_TOO_BIG
                 | ICMPV6_TIME_EXCEEDED
                 | ICMPV6_PARAMETER_PROBLEM
         )
-    };
-    if !is_error {
-        return XDP_PASS;
     }
-    forward_error(ctx, frame, ip, cfg, stats)
 }
 
 /// Turns an echo request into the reply, in place.

@@ -8,7 +8,7 @@
 //! whatever its routes. A new flow's port is found by inserting its reply key into
 //! `SNAT_PORTS` only where none is ([`SNAT_PROBES`] random tries), so no two live flows to one
 //! backend port share a source port; `SNAT_FLOWS` keeps the flow's choice. Neither map evicts:
-//! the daemon removes flows idle past their timeout (see `balancer_common::nat_expiry`).
+//! the daemon removes flows idle past their timeout (`balancer::dataplane::nat_expiry`).
 //!
 //! Both directions are global functions (verified once, on their own, with their own stack).
 //! The reply's takes the entry function's parse as one integer ([`pack`]); the forward one takes
@@ -30,7 +30,7 @@ use balancer_common::{
 use balancer_ebpf::{
     csum,
     headers::{EthHdr, IPPROTO_TCP, IPPROTO_UDP, Ipv4Hdr, Ipv6Hdr, Ports, UdpHdr},
-    parse::{Frame, Ip, Shape, parse_ip, parse_l2},
+    parse::{Frame, Ip, Shape, TCP_FIN, TCP_RST, TCP_SYN, parse_ip, parse_l2, parse_tcp_flags},
 };
 
 use crate::{
@@ -44,9 +44,7 @@ use crate::{
 /// `-E2BIG`: a hash map is full.
 const E2BIG: i32 = -7;
 /// TCP flags that end a connection.
-const FIN_OR_RST: u8 = 0x01 | 0x04;
-/// TCP SYN.
-const SYN: u8 = 0x02;
+const FIN_OR_RST: u8 = TCP_FIN | TCP_RST;
 
 /// What the global functions know of the packet: the frame, where its headers are, and its
 /// family and protocol.
@@ -122,9 +120,7 @@ fn checked(frame: Frame, layout: u64) -> Option<Packet> {
 #[repr(C)]
 pub(crate) struct TcpToCheck {
     _ports_seq_ack: [u32; 3],
-    _data_offset: u8,
-    flags: u8,
-    _window: u16,
+    _off_flags_window: [u16; 2],
     pub(crate) check: u16,
 }
 
@@ -161,11 +157,7 @@ impl Packet {
         if self.proto != IPPROTO_TCP {
             return 0;
         }
-        match self.frame.ptr::<TcpToCheck>(self.l4_off) {
-            // SAFETY: bounds checked by `ptr`.
-            Some(t) => unsafe { (*t).flags },
-            None => 0,
-        }
+        parse_tcp_flags(&self.frame, self.l4_off).unwrap_or(0)
     }
 
     /// The TCP or UDP checksum field.
@@ -361,7 +353,7 @@ fn snat_port(
             }
             if flags & FIN_OR_RST != 0 {
                 v.closing = 1;
-            } else if flags & SYN != 0 && v.closing != 0 {
+            } else if flags & TCP_SYN != 0 && v.closing != 0 {
                 v.closing = 0;
             }
             return Some(v.nat_port);

@@ -27,6 +27,7 @@ use balancer_common::{
 use balancer_ebpf::{csum, headers::*, parse::Frame};
 
 use crate::{
+    icmp::is_error,
     maps::{BACKENDS, NAT_REPLIES, SNAT_FLOWS, SNAT_PORTS, SNAT_SOURCES},
     nat::{TcpToCheck, offsets, scratch},
 };
@@ -76,22 +77,7 @@ fn checked(
     }
     let icmp = frame.ptr::<IcmpHdr>(l4_off)?;
     // SAFETY: bounds checked by `ptr`.
-    let kind = unsafe { (*icmp).kind };
-    let error = if family == FAMILY_V4 {
-        matches!(
-            kind,
-            ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED | ICMP_PARAMETER_PROBLEM
-        )
-    } else {
-        matches!(
-            kind,
-            ICMPV6_DEST_UNREACH
-                | ICMPV6_PACKET_TOO_BIG
-                | ICMPV6_TIME_EXCEEDED
-                | ICMPV6_PARAMETER_PROBLEM
-        )
-    };
-    if !error {
+    if !is_error(family, unsafe { (*icmp).kind }) {
         return None;
     }
     let inner_l3 = l4_off + ICMP_LEN;

@@ -1,8 +1,6 @@
 //! Source NAT's upkeep: once a second, flows idle past their timeout give their ports back,
 //! and new flows dropped for want of a port or of table space are counted and logged.
 
-use balancer_common::stats::NatStats;
-
 use crate::dataplane::DataplaneError;
 use crate::dataplane::nat_expiry::{NatSweep, NatTimeouts, now_ticks};
 
@@ -12,23 +10,23 @@ impl Daemon {
     /// Sweeps the source-NAT tables, holding `daemon` only to start the sweep and to record
     /// it (a sweep of many flows takes a while). Blocking.
     pub fn sweep_nat(daemon: &std::sync::Mutex<Daemon>) {
-        let Ok((sweeper, timeouts, translating)) = daemon.lock().map(|d| {
+        let Ok((sweeper, timeouts)) = daemon.lock().map(|d| {
             (
                 d.balancer.dataplane().nat_sweeper(),
                 NatTimeouts::from_config(&d.config.nat),
-                d.config.vips.iter().any(|v| v.nat_source.is_some()),
             )
         }) else {
             return;
         };
         let swept = sweeper.and_then(|s| s.run(now_ticks(), &timeouts));
         if let Ok(mut d) = daemon.lock() {
-            d.record_nat_sweep(swept, translating);
+            d.record_nat_sweep(swept);
         }
     }
 
     /// Takes a sweep's result into the metrics, and logs new drops.
-    fn record_nat_sweep(&mut self, swept: Result<NatSweep, DataplaneError>, translating: bool) {
+    /// (The first sweep only takes the counters: drops before this daemon are not its news.)
+    fn record_nat_sweep(&mut self, swept: Result<NatSweep, DataplaneError>) {
         let swept = match swept {
             Ok(s) => s,
             Err(e) => {
@@ -50,7 +48,7 @@ impl Daemon {
         m.nat_dropped
             .with_label_values(&["table_full"])
             .inc_by(full);
-        if translating && self.nat_seen.is_some() {
+        if self.nat_seen.is_some() {
             let ports = &self.config.nat.ports;
             if no_port > 0 {
                 tracing::warn!(
@@ -59,7 +57,7 @@ impl Daemon {
                     "source NAT: {no_port} new flows found no free source port for their backend (nat.ports {}-{}, {} per backend address and port); widen [nat] ports, add backends or give VIPs another nat_source",
                     ports.start(),
                     ports.end(),
-                    u32::from(*ports.end()) - u32::from(*ports.start()) + 1,
+                    self.config.nat.port_count(),
                 );
             }
             if full > 0 {
@@ -71,9 +69,6 @@ impl Daemon {
                 );
             }
         }
-        self.nat_seen = Some(NatStats {
-            no_port: swept.stats.no_port,
-            table_full: swept.stats.table_full,
-        });
+        self.nat_seen = Some(swept.stats);
     }
 }
