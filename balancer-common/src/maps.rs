@@ -47,6 +47,11 @@ pub const SNAT_FLOWS: &str = "SNAT_FLOWS";
 pub const SNAT_PORTS: &str = "SNAT_PORTS";
 /// NAT counters: per-CPU array of one [`crate::stats::NatStats`].
 pub const NAT_STATS: &str = "NAT_STATS";
+/// The two links of NAT forwarding when the backends are on another interface than the
+/// clients: array of one [`NatLinks`] (all zero: one link, frames leave where they came in).
+pub const NAT_LINKS: &str = "NAT_LINKS";
+/// Frames NAT sent to its other link: per-CPU array of one [`crate::stats::NatLinkStats`].
+pub const NAT_LINK_STATS: &str = "NAT_LINK_STATS";
 /// Priority tiers of IPv4 clients: LPM trie of source prefixes (`[u8; 4]` data) -> tier (u8).
 pub const TIER_V4: &str = "TIER_V4";
 /// Priority tiers of IPv6 clients: LPM trie of source prefixes (`[u8; 16]` data) -> tier (u8).
@@ -349,6 +354,24 @@ pub struct SnatSource {
 }
 const _: () = assert!(core::mem::size_of::<SnatSource>() == 24);
 
+/// The links of NAT forwarding (the single entry of [`NAT_LINKS`]): the program runs on both;
+/// a NAT VIP's packet leaves on the backends' link, a reply (or an ICMP error about a flow) on
+/// the clients', by `bpf_redirect` when it came in on the other one. `backend_ifindex` 0: one
+/// link for both.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NatLinks {
+    /// Interface index of the clients' link (the daemon's `interface`).
+    pub client_ifindex: u32,
+    /// Interface index of the backends' link (`[nat] interface`); 0: the clients' link.
+    pub backend_ifindex: u32,
+    /// The MAC frames leaving on the clients' link come from.
+    pub client_mac: [u8; 6],
+    /// The MAC frames leaving on the backends' link come from.
+    pub backend_mac: [u8; 6],
+}
+const _: () = assert!(core::mem::size_of::<NatLinks>() == 20);
+
 /// Key of [`SNAT_FLOWS`]: a client's flow to a VIP, as the client sends it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -540,7 +563,7 @@ pub const LAYOUT: u64 = (3 << 56)
     | core::mem::size_of::<crate::stats::TrafficStats>() as u64;
 
 /// The maps pinned under the daemon's pin directory (the program, its XDP link and these).
-pub const PINNED_MAPS: [&str; 20] = [
+pub const PINNED_MAPS: [&str; 22] = [
     VIPS,
     MAGLEV,
     BACKENDS,
@@ -558,6 +581,8 @@ pub const PINNED_MAPS: [&str; 20] = [
     SNAT_FLOWS,
     SNAT_PORTS,
     NAT_STATS,
+    NAT_LINKS,
+    NAT_LINK_STATS,
     TIER_V4,
     TIER_V6,
     TIER_DSCP,

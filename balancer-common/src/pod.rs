@@ -2,10 +2,10 @@
 //! (checked by the size assertions beside each definition), so any byte pattern is valid.
 
 use crate::maps::{
-    Backend, DecapAddrKey, DecapConfig, FlowBucket, FlowKey, GlobalConfig, NatReplyKey,
+    Backend, DecapAddrKey, DecapConfig, FlowBucket, FlowKey, GlobalConfig, NatLinks, NatReplyKey,
     NatReplyValue, SnatFlowKey, SnatFlowValue, SnatPortValue, SnatSource, VipKey, VipMeta, VipSlot,
 };
-use crate::stats::{DecapStats, GlobalStats, NatStats, TrafficStats};
+use crate::stats::{DecapStats, GlobalStats, NatLinkStats, NatStats, TrafficStats};
 
 // SAFETY: see the module docs; every field is an integer or an array of integers.
 unsafe impl aya::Pod for VipKey {}
@@ -45,3 +45,7 @@ unsafe impl aya::Pod for SnatFlowValue {}
 unsafe impl aya::Pod for SnatPortValue {}
 // SAFETY: as above.
 unsafe impl aya::Pod for NatStats {}
+// SAFETY: as above.
+unsafe impl aya::Pod for NatLinks {}
+// SAFETY: as above.
+unsafe impl aya::Pod for NatLinkStats {}

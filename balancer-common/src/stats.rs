@@ -156,3 +156,15 @@ pub struct NatStats {
     pub table_full: u64,
 }
 const _: () = assert!(core::mem::size_of::<NatStats>() == 16);
+
+/// Frames NAT forwarding sent to its other link with `XDP_REDIRECT` (one per-CPU entry; see
+/// [`crate::maps::NatLinks`]). The global counters count these as none of pass, tx or drop.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NatLinkStats {
+    /// Client packets (and ICMP errors about replies) sent to the backends' link.
+    pub to_backends: u64,
+    /// Replies (and ICMP errors about client packets) sent to the clients' link.
+    pub to_clients: u64,
+}
+const _: () = assert!(core::mem::size_of::<NatLinkStats>() == 16);

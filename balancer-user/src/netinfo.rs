@@ -8,6 +8,8 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
+use balancer_common::maps::NatLinks;
+
 use crate::net::MacAddr;
 
 /// A network interface.
@@ -122,6 +124,67 @@ fn addresses_of(name: &str) -> io::Result<Vec<(IpAddr, u8)>> {
     // SAFETY: `head` came from getifaddrs.
     unsafe { libc::freeifaddrs(head) };
     Ok(out)
+}
+
+/// The interfaces the program runs on: the clients' (`interface`) and, when `[nat] interface`
+/// names another, the one `nat` VIPs' backends are on and reply on.
+#[derive(Clone, Debug)]
+pub struct Links {
+    pub clients: Interface,
+    pub nat_backends: Option<Interface>,
+}
+
+impl Links {
+    /// One link for everything.
+    pub fn one(iface: Interface) -> Links {
+        Links {
+            clients: iface,
+            nat_backends: None,
+        }
+    }
+
+    /// The interface the backends of a VIP are reached on (`nat`: the VIP forwards by NAT).
+    pub fn of_backends(&self, nat: bool) -> &Interface {
+        match &self.nat_backends {
+            Some(link) if nat => link,
+            _ => &self.clients,
+        }
+    }
+
+    /// What the data plane's `NAT_LINKS` holds: both links, or all zero for one.
+    pub fn nat_links(&self) -> NatLinks {
+        match &self.nat_backends {
+            Some(backends) => NatLinks {
+                client_ifindex: self.clients.index,
+                backend_ifindex: backends.index,
+                client_mac: self.clients.mac.0,
+                backend_mac: backends.mac.0,
+            },
+            None => NatLinks::default(),
+        }
+    }
+
+    /// The next-hop MACs of `wanted` (address, whether it serves a `nat` VIP), each resolved
+    /// on the link it is reached on.
+    pub fn resolve(
+        &self,
+        next_hops: &dyn NextHops,
+        wanted: &[(IpAddr, bool)],
+        timeout: Duration,
+    ) -> Result<HashMap<IpAddr, MacAddr>, NeighbourError> {
+        let mut macs = HashMap::new();
+        for nat in [false, true] {
+            let addresses: Vec<IpAddr> = wanted
+                .iter()
+                .filter(|(_, n)| *n == nat)
+                .map(|(a, _)| *a)
+                .collect();
+            if !addresses.is_empty() {
+                macs.extend(next_hops.resolve(self.of_backends(nat), &addresses, timeout)?);
+            }
+        }
+        Ok(macs)
+    }
 }
 
 /// Why a next-hop MAC could not be found.
@@ -452,6 +515,55 @@ mod netlink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_backend_is_resolved_on_its_link() {
+        /// Answers with the index of the interface it was asked on.
+        struct ByLink;
+        impl NextHops for ByLink {
+            fn resolve(
+                &self,
+                iface: &Interface,
+                addresses: &[IpAddr],
+                _timeout: Duration,
+            ) -> Result<HashMap<IpAddr, MacAddr>, NeighbourError> {
+                let index = iface.index as u8;
+                Ok(addresses
+                    .iter()
+                    .map(|a| (*a, MacAddr([2, 0, 0, 0, 0, index])))
+                    .collect())
+            }
+        }
+        let link = |name: &str, index: u32| Interface {
+            name: name.into(),
+            index,
+            mac: MacAddr([2, 0, 0, 0, 1, index as u8]),
+            mtu: 1500,
+            addresses: vec![],
+        };
+        let (dsr, nat): (IpAddr, IpAddr) =
+            ("10.0.0.11".parse().unwrap(), "10.1.0.11".parse().unwrap());
+        let wanted = [(dsr, false), (nat, true)];
+        let one = Links::one(link("eth0", 2));
+        let macs = one.resolve(&ByLink, &wanted, Duration::ZERO).unwrap();
+        assert_eq!((macs[&dsr].0[5], macs[&nat].0[5]), (2, 2));
+        assert_eq!(one.nat_links(), NatLinks::default(), "one link: all zero");
+        let two = Links {
+            clients: link("eth0", 2),
+            nat_backends: Some(link("eth1", 3)),
+        };
+        let macs = two.resolve(&ByLink, &wanted, Duration::ZERO).unwrap();
+        assert_eq!((macs[&dsr].0[5], macs[&nat].0[5]), (2, 3));
+        assert_eq!(
+            two.nat_links(),
+            NatLinks {
+                client_ifindex: 2,
+                backend_ifindex: 3,
+                client_mac: [2, 0, 0, 0, 1, 2],
+                backend_mac: [2, 0, 0, 0, 1, 3],
+            }
+        );
+    }
 
     #[test]
     fn loopback_is_found() {

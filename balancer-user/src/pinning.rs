@@ -1,4 +1,5 @@
-//! The daemon's pinned state under bpffs: the maps, the program and its XDP link. Pinned, they
+//! The daemon's pinned state under bpffs: the maps, the program and its XDP links (one on the
+//! clients' interface, one on the NAT backends' when `[nat] interface` is set). Pinned, they
 //! outlive the daemon, so forwarding and the connection table survive a restart (or a
 //! SIGKILL); a restarted daemon adopts them instead of loading afresh. The bookkeeping that
 //! goes with them (which VIP and backend has which id) is a JSON state file beside them
@@ -8,6 +9,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use balancer_common::maps::PINNED_MAPS;
+
+/// Names of the pinned links on the NAT backends' interface begin so.
+const NAT_LINK_PREFIX: &str = "link-nat-";
 
 /// `statfs` magic of the BPF filesystem.
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
@@ -39,6 +43,31 @@ impl Pins {
         self.dir.join("link")
     }
 
+    /// The link on the NAT backends' interface `interface` (`[nat] interface`); bpffs takes
+    /// no dots in names, so a VLAN's `eth0.100` is pinned as `link-nat-eth0_100`.
+    pub fn nat_link(&self, interface: &str) -> PathBuf {
+        self.dir
+            .join(format!("{NAT_LINK_PREFIX}{}", interface.replace('.', "_")))
+    }
+
+    /// The NAT backends' links pinned here (one, unless the config named another interface
+    /// since).
+    pub fn nat_links(&self) -> io::Result<Vec<PathBuf>> {
+        let mut links = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let entry = entry?;
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(NAT_LINK_PREFIX)
+            {
+                links.push(entry.path());
+            }
+        }
+        links.sort();
+        Ok(links)
+    }
+
     /// Whether an earlier daemon left a pinned, attached program here.
     pub fn has_link(&self) -> bool {
         self.link().exists()
@@ -67,7 +96,13 @@ impl Pins {
     /// Unpins everything: the link (which detaches the program once nothing else holds it),
     /// the program and the maps (freed once unused), then the directory.
     pub fn remove(&self) -> io::Result<()> {
-        let mut names: Vec<PathBuf> = vec![self.link(), self.program()];
+        let mut names: Vec<PathBuf> = vec![self.link()];
+        match self.nat_links() {
+            Ok(links) => names.extend(links),
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            Err(_) => {}
+        }
+        names.push(self.program());
         names.extend(PINNED_MAPS.iter().map(|m| self.map(m)));
         for path in names {
             match std::fs::remove_file(&path) {

@@ -17,7 +17,7 @@ use balancer::dataplane::memory::MemoryDataplane;
 use balancer::fleet::bgp::RecordedRoutes;
 use balancer::metrics::Metrics;
 use balancer::net::MacAddr;
-use balancer::netinfo::{DerivedNextHops, Interface};
+use balancer::netinfo::{DerivedNextHops, Interface, Links};
 use balancer::pinning::Pins;
 
 /// A daemon serving its API on `<dir>/api.sock`, on its own runtime thread.
@@ -103,13 +103,13 @@ fn rig_with(tag: &str, text: &dyn Fn(&Path) -> String) -> Rig {
     let config = Config::load(&config_path).unwrap();
     let routes = RecordedRoutes::default();
     let host = Host {
-        iface: Interface {
+        links: Links::one(Interface {
             name: "lb0".into(),
             index: 7,
             mac: MacAddr([2, 0, 0, 0, 0, 1]),
             mtu: 1500,
             addresses: vec![("10.111.0.1".parse().unwrap(), 24)],
-        },
+        }),
         pins: Pins::new(dir.join("pins")),
         next_hops: Box::new(DerivedNextHops),
         neighbour_timeout: Duration::from_secs(1),

@@ -172,7 +172,7 @@ impl Fleet {
             self.rack.plug(port, host, &[format!("{addr}/24")])?;
         }
         // The client's own link to the router.
-        veth(&self.router, "client", &self.client)?;
+        veth(&self.router, "client", &self.client, "eth0")?;
         self.router.sh(
             "ip addr add 10.112.0.1/24 dev client && ip link set client up; \
              sysctl -qw net.ipv4.ip_forward=1 net.ipv4.fib_multipath_hash_policy=1 \

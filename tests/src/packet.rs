@@ -26,6 +26,7 @@ pub const XDP_ABORTED: u32 = 0;
 pub const XDP_DROP: u32 = 1;
 pub const XDP_PASS: u32 = 2;
 pub const XDP_TX: u32 = 3;
+pub const XDP_REDIRECT: u32 = 4;
 
 /// The balancer's MAC in fixtures (frames for VIPs are addressed to it).
 pub const LB_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
@@ -48,6 +49,7 @@ pub fn action_name(action: u32) -> &'static str {
         XDP_DROP => "XDP_DROP",
         XDP_PASS => "XDP_PASS",
         XDP_TX => "XDP_TX",
+        XDP_REDIRECT => "XDP_REDIRECT",
         _ => "XDP_?",
     }
 }

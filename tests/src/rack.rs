@@ -61,7 +61,26 @@ impl Rack {
 
     /// Plugs `host` into the bridge: `port` on the bridge, `eth0` in `host` with `addresses`.
     pub fn plug(&self, port: &str, host: &Netns, addresses: &[String]) -> Result<()> {
-        plug(&self.bridge, port, host, addresses)
+        plug(&self.bridge, "br0", port, host, "eth0", addresses)
+    }
+
+    /// Adds a second bridge `br1` to the rack namespace: another link (see
+    /// [`Rack::plug_second`]).
+    pub fn add_second_bridge(&self) -> Result<()> {
+        self.bridge
+            .sh("ip link add br1 type bridge && ip link set br1 up")?;
+        Ok(())
+    }
+
+    /// Plugs `host` into the second bridge: `port` on it, `host_if` in `host` with `addresses`.
+    pub fn plug_second(
+        &self,
+        port: &str,
+        host: &Netns,
+        host_if: &str,
+        addresses: &[String],
+    ) -> Result<()> {
+        plug(&self.bridge, "br1", port, host, host_if, addresses)
     }
 
     /// Attaches the XDP pass program to bridge port `port` (see [`attach_pass`]).
@@ -362,8 +381,8 @@ pub fn start_daemon(ns: &Netns, name: &str, config: &Path, log_dir: &Path) -> Re
     Ok(p)
 }
 
-/// A veth pair from `from` (its end named `port`) to `to` (its end named `eth0`), both down.
-pub fn veth(from: &Netns, port: &str, to: &Netns) -> Result<()> {
+/// A veth pair from `from` (its end named `port`) to `to` (its end named `to_if`), both down.
+pub fn veth(from: &Netns, port: &str, to: &Netns, to_if: &str) -> Result<()> {
     let args = [
         "-n",
         from.name(),
@@ -374,7 +393,7 @@ pub fn veth(from: &Netns, port: &str, to: &Netns) -> Result<()> {
         "veth",
         "peer",
         "name",
-        "eth0",
+        to_if,
         "netns",
         to.name(),
     ];
@@ -382,20 +401,30 @@ pub fn veth(from: &Netns, port: &str, to: &Netns) -> Result<()> {
     Ok(())
 }
 
-/// Connects `host` to the bridge `br0` of `rack` by a veth pair: `port` on the bridge, `eth0`
-/// in `host` with `addresses` (CIDR), up.
-pub fn plug(rack: &Netns, port: &str, host: &Netns, addresses: &[String]) -> Result<()> {
-    veth(rack, port, host)?;
+/// Connects `host` to the bridge `bridge` of `rack` by a veth pair: `port` on the bridge,
+/// `host_if` in `host` with `addresses` (CIDR), up.
+pub fn plug(
+    rack: &Netns,
+    bridge: &str,
+    port: &str,
+    host: &Netns,
+    host_if: &str,
+    addresses: &[String],
+) -> Result<()> {
+    veth(rack, port, host, host_if)?;
     let r = rack.name();
-    run("ip", &["-n", r, "link", "set", port, "master", "br0", "up"])?;
-    let mut script = String::from(
-        "sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.eth0.accept_dad=0 2>/dev/null || true",
+    run(
+        "ip",
+        &["-n", r, "link", "set", port, "master", bridge, "up"],
+    )?;
+    let mut script = format!(
+        "sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.{host_if}.accept_dad=0 2>/dev/null || true"
     );
     for a in addresses {
         let nodad = if a.contains(':') { " nodad" } else { "" };
-        script.push_str(&format!("; ip addr add {a} dev eth0{nodad}"));
+        script.push_str(&format!("; ip addr add {a} dev {host_if}{nodad}"));
     }
-    script.push_str("; ip link set eth0 up");
+    script.push_str(&format!("; ip link set {host_if} up"));
     host.sh(&script)?;
     Ok(())
 }

@@ -8,6 +8,9 @@
 //!                       │              └─ b3 10.111.0.13
 //! ```
 //!
+//! With [`TopologyOptions::client_link`] the client sits on a second bridge (`br1`,
+//! 10.110.0.0/24), reaching the balancer's `eth1`.
+//!
 //! The client routes the VIP prefixes (10.111.1.0/24, fd00:111:1::/64) through the balancer;
 //! backends hold the VIPs on `lo` (LVS-DR style) and answer the client directly. Everything is
 //! torn down on drop: processes killed, namespaces deleted.
@@ -20,7 +23,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail};
-use balancer::config::{AttachMode, RawApi, RawConfig, RawConntrack, RawEncap};
+use balancer::config::{AttachMode, RawApi, RawConfig, RawConntrack, RawEncap, RawNat};
 
 use crate::configs::{backend, vip};
 use crate::netns::Netns;
@@ -32,6 +35,12 @@ pub const LB4: Ipv4Addr = Ipv4Addr::new(10, 111, 0, 2);
 pub const LB6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x111, 0, 0, 0, 0, 0, 2);
 pub const CLIENT4: Ipv4Addr = Ipv4Addr::new(10, 111, 0, 10);
 pub const CLIENT6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x111, 0, 0, 0, 0, 0, 0x10);
+/// With [`TopologyOptions::client_link`]: the client and the balancer's `eth1` on their own
+/// link (`br1`, 10.110.0.0/24, fd00:110::/64).
+pub const CLIENT_LINK_CLIENT4: Ipv4Addr = Ipv4Addr::new(10, 110, 0, 10);
+pub const CLIENT_LINK_CLIENT6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x110, 0, 0, 0, 0, 0, 0x10);
+pub const CLIENT_LINK_LB4: Ipv4Addr = Ipv4Addr::new(10, 110, 0, 2);
+pub const CLIENT_LINK_LB6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x110, 0, 0, 0, 0, 0, 2);
 pub const HTTP_PORT: u16 = 80;
 pub const ECHO_PORT: u16 = 9000;
 pub const UDP_PORT: u16 = 5353;
@@ -90,6 +99,11 @@ pub struct TopologyOptions {
     pub backends: usize,
     /// MTU of the client's link (lower it for encapsulating modes).
     pub client_mtu: u32,
+    /// The client on a link of its own (bridge `br1`), which the balancer reaches on a
+    /// second interface `eth1`; the backends stay on `br0` and the balancer's `eth0`. What
+    /// NAT's `[nat] interface` is for: the rack config then names `eth1` as the interface
+    /// and `eth0` as the NAT backends' link.
+    pub client_link: bool,
 }
 
 impl TopologyOptions {
@@ -98,6 +112,7 @@ impl TopologyOptions {
             tag: tag.to_string(),
             backends: 3,
             client_mtu: 1500,
+            client_link: false,
         }
     }
 }
@@ -138,20 +153,36 @@ impl Topology {
     }
 
     fn wire(&mut self) -> Result<()> {
-        let mut hosts: Vec<(&Netns, String, String, String)> = vec![
-            (
-                &self.client,
-                "client".into(),
-                format!("{CLIENT4}/24"),
-                format!("{CLIENT6}/64"),
-            ),
-            (
-                &self.lb,
-                "lb".into(),
-                format!("{LB4}/24"),
-                format!("{LB6}/64"),
-            ),
+        let mut hosts: Vec<(&Netns, String, String, String)> = vec![(
+            &self.lb,
+            "lb".into(),
+            format!("{LB4}/24"),
+            format!("{LB6}/64"),
+        )];
+        let client_addresses = [
+            format!("{}/24", self.client4()),
+            format!("{}/64", self.client6()),
         ];
+        if self.opts.client_link {
+            self.rack.add_second_bridge()?;
+            self.rack
+                .plug_second("client", &self.client, "eth0", &client_addresses)?;
+            self.rack.plug_second(
+                "lbc",
+                &self.lb,
+                "eth1",
+                &[
+                    format!("{CLIENT_LINK_LB4}/24"),
+                    format!("{CLIENT_LINK_LB6}/64"),
+                ],
+            )?;
+            // The balancer routes between its links (the backends' own traffic to clients,
+            // and the client's to the balancer's other address).
+            self.lb
+                .sh("sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1")?;
+        } else {
+            self.rack.plug("client", &self.client, &client_addresses)?;
+        }
         for (i, b) in self.backends.iter().enumerate() {
             hosts.push((
                 b,
@@ -165,10 +196,12 @@ impl Topology {
         }
         self.client.sh(&format!(
             "ip link set eth0 mtu {mtu}; \
-             ip route add 10.111.1.0/24 via {LB4}; ip -6 route add fd00:111:1::/64 via {LB6}; \
+             ip route add 10.111.1.0/24 via {lb4}; ip -6 route add fd00:111:1::/64 via {lb6}; \
              ethtool -K eth0 tx off tso off gso off >/dev/null 2>&1 || \
                {{ echo 'ethtool is missing: run cargo xtask setup' >&2; exit 1; }}",
             mtu = self.opts.client_mtu,
+            lb4 = self.lb4(),
+            lb6 = self.lb6(),
         ))?;
         for b in &self.backends {
             b.sh(&format!(
@@ -191,8 +224,10 @@ impl Topology {
         for b in &self.backends {
             b.sh(&format!(
                 "ip addr del {VIP4}/32 dev lo && ip -6 addr del {VIP6}/128 dev lo && \
-                 ip route add {CLIENT4}/32 via {LB4} && ip -6 route add {CLIENT6}/128 via {LB6} && \
-                 ethtool -K eth0 tx off tso off gso off >/dev/null"
+                 ip route add {client4}/32 via {LB4} && ip -6 route add {client6}/128 via {LB6} && \
+                 ethtool -K eth0 tx off tso off gso off >/dev/null",
+                client4 = self.client4(),
+                client6 = self.client6(),
             ))?;
         }
         Ok(())
@@ -206,11 +241,45 @@ impl Topology {
         for b in &self.backends {
             b.sh(&format!(
                 "ip addr del {VIP4}/32 dev lo && ip -6 addr del {VIP6}/128 dev lo && \
-                 ip route add unreachable {CLIENT4}/32 && ip -6 route add unreachable {CLIENT6}/128 && \
-                 ethtool -K eth0 tx off tso off gso off >/dev/null"
+                 ip route add unreachable {client4}/32 && ip -6 route add unreachable {client6}/128 && \
+                 ethtool -K eth0 tx off tso off gso off >/dev/null",
+                client4 = self.client4(),
+                client6 = self.client6(),
             ))?;
         }
         Ok(())
+    }
+
+    /// The client's addresses (on its own link with [`TopologyOptions::client_link`]).
+    pub fn client4(&self) -> Ipv4Addr {
+        if self.opts.client_link {
+            CLIENT_LINK_CLIENT4
+        } else {
+            CLIENT4
+        }
+    }
+    pub fn client6(&self) -> Ipv6Addr {
+        if self.opts.client_link {
+            CLIENT_LINK_CLIENT6
+        } else {
+            CLIENT6
+        }
+    }
+
+    /// The balancer's addresses on the client's link.
+    pub fn lb4(&self) -> Ipv4Addr {
+        if self.opts.client_link {
+            CLIENT_LINK_LB4
+        } else {
+            LB4
+        }
+    }
+    pub fn lb6(&self) -> Ipv6Addr {
+        if self.opts.client_link {
+            CLIENT_LINK_LB6
+        } else {
+            LB6
+        }
     }
 
     fn start_backends(&mut self) -> Result<()> {
@@ -294,7 +363,11 @@ impl Topology {
     /// Attaches an XDP pass-through program to the rack side of the balancer's link: in native
     /// mode a veth only receives `XDP_TX` frames when its peer has an XDP program.
     pub fn attach_peer_pass(&mut self, mode: AttachMode) -> Result<()> {
-        self.rack.attach_pass("lb", mode)
+        self.rack.attach_pass("lb", mode)?;
+        if self.opts.client_link {
+            self.rack.attach_pass("lbc", mode)?;
+        }
+        Ok(())
     }
 
     /// A second balancer on the rack (namespace `lb2`, 10.111.0.3 / fd00:111::3), running the
@@ -466,8 +539,19 @@ pub fn rack_config_weighted(
             vips.push(v);
         }
     }
+    // On two links the clients' is eth1 and NAT's backends are on eth0.
+    let (interface, nat) = if topo.opts.client_link {
+        let nat = RawNat {
+            interface: Some("eth0".into()),
+            ..RawNat::default()
+        };
+        ("eth1", nat)
+    } else {
+        ("eth0", RawNat::default())
+    };
     RawConfig {
-        interface: Some("eth0".into()),
+        interface: Some(interface.into()),
+        nat,
         attach_mode: Some(mode.to_string()),
         pin_dir: Some(topo.pin_dir().display().to_string()),
         state_file: Some(topo.rack.log_dir.join("state.json").display().to_string()),

@@ -12,6 +12,7 @@ use balancer::config::AttachMode;
 use balancer_tests::configs::{tcp_health, to_toml, vip_mut};
 use balancer_tests::netns::PREFIX;
 use balancer_tests::pki::TestPki;
+use balancer_tests::rack::poll;
 use balancer_tests::topology::*;
 use balancer_tests::traffic::http_get;
 
@@ -24,7 +25,12 @@ fn rack(tag: &str) -> Topology {
 
 /// The rack with its VIPs forwarding as `forwarding` says (`nat`: the backends unmodified).
 fn rack_forwarding(tag: &str, forwarding: &str) -> Topology {
-    let mut topo = Topology::build(TopologyOptions::new(tag)).expect("building the test rack");
+    rack_forwarding_on(TopologyOptions::new(tag), forwarding)
+}
+
+/// Like [`rack_forwarding`] on the rack `opts` describes.
+fn rack_forwarding_on(opts: TopologyOptions, forwarding: &str) -> Topology {
+    let mut topo = Topology::build(opts).expect("building the test rack");
     topo.attach_peer_pass(AttachMode::Native)
         .expect("pass program");
     if forwarding == "nat" {
@@ -413,9 +419,44 @@ fn restarts_lose_no_source_nat_flow() {
     restarts_lose_nothing_when(rack_forwarding("rstsnat", "snat"));
 }
 
+/// The same with NAT's backends on another link than the clients (`[nat] interface`): both
+/// pinned links are adopted and replaced; `balancer stop --detach` then takes the program off
+/// both interfaces.
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn restarts_lose_nothing_on_two_links() {
+    let mut opts = TopologyOptions::new("rst2l");
+    opts.client_link = true;
+    let mut topo = rack_forwarding_on(opts, "nat");
+    let xdp_on = |topo: &Topology| -> Vec<String> {
+        ["eth0", "eth1"]
+            .into_iter()
+            .filter(|dev| {
+                let out = topo.lb.exec(&["ip", "-d", "link", "show", "dev", dev]);
+                String::from_utf8_lossy(&out.expect("ip link").stdout).contains("prog/xdp")
+            })
+            .map(String::from)
+            .collect()
+    };
+    assert_eq!(xdp_on(&topo), ["eth0", "eth1"], "attached to both links");
+    topo = restarts_lose_nothing_when(topo);
+    let log = topo.process("balancer").unwrap().log_text();
+    assert!(log.contains("program replaced atomically"), "{log}");
+    let (code, _, err) = topo.cli(&["stop", "--detach"]).expect("cli");
+    assert_eq!(code, 0, "{err}");
+    let detached = poll(Duration::from_secs(10), || {
+        xdp_on(&topo).is_empty().then_some(())
+    });
+    assert!(
+        detached.is_some(),
+        "still attached after stop --detach: {:?}",
+        xdp_on(&topo)
+    );
+}
+
 /// 20 TCP streams and a UDP probe every 10 ms through a SIGKILL, a restart, a SIGTERM and a
 /// `--replace`: no stream breaks, no probe goes unanswered.
-fn restarts_lose_nothing_when(mut topo: Topology) {
+fn restarts_lose_nothing_when(mut topo: Topology) -> Topology {
     const STREAMS: usize = 20;
     let run_for = Duration::from_secs(20);
     let until = Instant::now() + run_for;
@@ -511,6 +552,7 @@ fn restarts_lose_nothing_when(mut topo: Topology) {
         longest < Duration::from_millis(500),
         "forwarding paused for {longest:?}"
     );
+    topo
 }
 
 /// A tmux server of its own for one test, killed when the test ends (also when it fails).

@@ -20,11 +20,15 @@ struct Case {
     tag: &'static str,
     forwarding: &'static str,
     mode: AttachMode,
+    /// The client on a link of its own (the balancer's `eth1`), the backends on `eth0`
+    /// (`[nat] interface`).
+    two_links: bool,
 }
 
 /// Builds the rack for `case` and starts the balancer (and decap for encapsulating modes).
 fn rack(case: &Case) -> Topology {
     let mut opts = TopologyOptions::new(case.tag);
+    opts.client_link = case.two_links;
     let encapsulates = matches!(case.forwarding, "ipip" | "gue");
     if encapsulates {
         // Room for the outer headers on the balancer's 1500-byte link.
@@ -127,9 +131,10 @@ fn long_stream_works(topo: &Topology, vip: IpAddr) {
 
 /// A TCP service on the balancer's own address still answers (not for a VIP: passed).
 fn own_address_works(topo: &Topology) {
+    let lb4 = topo.lb4();
     let listener = topo
         .lb
-        .run_in(|| TcpListener::bind((LB4, 8080)))
+        .run_in(move || TcpListener::bind((lb4, 8080)))
         .expect("lb thread")
         .expect("bind on the balancer's address");
     let server = std::thread::spawn(move || {
@@ -140,8 +145,8 @@ fn own_address_works(topo: &Topology) {
     });
     let reply = topo
         .client
-        .run_in(|| -> std::io::Result<String> {
-            let mut s = TcpStream::connect_timeout(&SocketAddr::from((LB4, 8080)), TIMEOUT)?;
+        .run_in(move || -> std::io::Result<String> {
+            let mut s = TcpStream::connect_timeout(&SocketAddr::from((lb4, 8080)), TIMEOUT)?;
             s.set_read_timeout(Some(TIMEOUT))?;
             s.write_all(b"ping!")?;
             let mut buf = [0u8; 5];
@@ -190,6 +195,23 @@ fn full_check(case: Case) {
     own_address_works(&topo);
     ping_works(&topo);
     churn_breaks_nothing(&mut topo, &case);
+    if case.two_links {
+        frames_crossed_between_the_links(&topo);
+    }
+}
+
+/// On two links every NAT frame crossed to the other one: `balancer stats` counts them both
+/// ways, and nothing went back out where it came in (`xdp_tx` stays 0: no VIP forwards
+/// otherwise in this rack).
+fn frames_crossed_between_the_links(topo: &Topology) {
+    let (code, out, err) = topo.cli(&["stats", "--json"]).expect("cli");
+    assert_eq!(code, 0, "{err}");
+    let stats: serde_json::Value = serde_json::from_str(&out).expect("stats JSON");
+    let counter = |name: &str| stats["counters"][name].as_u64().unwrap_or(0);
+    for name in ["nat_redirect_to_backends", "nat_redirect_to_clients"] {
+        assert!(counter(name) > 1000, "{name} = {}: {out}", counter(name));
+    }
+    assert_eq!(counter("xdp_tx"), 0, "{out}");
 }
 
 /// 50 long-lived TCP connections keep streaming (every byte checked) while the weights change,
@@ -250,7 +272,7 @@ fn churn_breaks_nothing(topo: &mut Topology, case: &Case) {
 /// ICMP to the balancer's own addresses still gets answers (and ARP/ND resolved them): one
 /// answer within 5 s (IPv6 duplicate address detection may hold the first echo back).
 fn ping_works(topo: &Topology) {
-    for target in [LB4.to_string(), LB6.to_string()] {
+    for target in [topo.lb4().to_string(), topo.lb6().to_string()] {
         topo.client
             .exec(&["ping", "-c", "1", "-w", "5", "-i", "0.2", &target])
             .unwrap_or_else(|e| panic!("ping {target} from the client: {e:#}"));
@@ -264,6 +286,7 @@ fn source_nat_native() {
         tag: "snatn",
         forwarding: "snat",
         mode: AttachMode::Native,
+        two_links: false,
     });
 }
 
@@ -274,6 +297,32 @@ fn source_nat_skb() {
         tag: "snats",
         forwarding: "snat",
         mode: AttachMode::Skb,
+        two_links: false,
+    });
+}
+
+/// NAT with the backends on another link than the clients (`[nat] interface`): the program
+/// runs on both and moves each frame to the other link; both return-path variants, native
+/// mode (each link's peer has a pass program, as `XDP_REDIRECT` into a veth needs).
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn nat_on_two_links_native() {
+    full_check(Case {
+        tag: "nat2l",
+        forwarding: "nat",
+        mode: AttachMode::Native,
+        two_links: true,
+    });
+}
+
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn source_nat_on_two_links_skb() {
+    full_check(Case {
+        tag: "snat2l",
+        forwarding: "snat",
+        mode: AttachMode::Skb,
+        two_links: true,
     });
 }
 
@@ -284,6 +333,7 @@ fn nat_native() {
         tag: "natn",
         forwarding: "nat",
         mode: AttachMode::Native,
+        two_links: false,
     });
 }
 
@@ -294,6 +344,7 @@ fn nat_skb() {
         tag: "nats",
         forwarding: "nat",
         mode: AttachMode::Skb,
+        two_links: false,
     });
 }
 
@@ -304,6 +355,7 @@ fn l2_dsr_native() {
         tag: "dsrn",
         forwarding: "l2-dsr",
         mode: AttachMode::Native,
+        two_links: false,
     });
 }
 
@@ -314,6 +366,7 @@ fn l2_dsr_skb() {
         tag: "dsrs",
         forwarding: "l2-dsr",
         mode: AttachMode::Skb,
+        two_links: false,
     });
 }
 
@@ -324,6 +377,7 @@ fn ipip_native() {
         tag: "ipipn",
         forwarding: "ipip",
         mode: AttachMode::Native,
+        two_links: false,
     });
 }
 
@@ -334,6 +388,7 @@ fn ipip_skb() {
         tag: "ipips",
         forwarding: "ipip",
         mode: AttachMode::Skb,
+        two_links: false,
     });
 }
 
@@ -344,6 +399,7 @@ fn gue_native() {
         tag: "guen",
         forwarding: "gue",
         mode: AttachMode::Native,
+        two_links: false,
     });
 }
 
@@ -354,6 +410,7 @@ fn gue_skb() {
         tag: "gues",
         forwarding: "gue",
         mode: AttachMode::Skb,
+        two_links: false,
     });
 }
 
@@ -403,6 +460,7 @@ fn independent_generators_drive_the_balancer() {
         tag: "gens",
         forwarding: "l2-dsr",
         mode: AttachMode::Native,
+        two_links: false,
     });
     let r = wrk(&topo.client, VIP4.into(), HTTP_PORT, 4, 1.0).expect("wrk");
     assert!(

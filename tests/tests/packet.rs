@@ -863,6 +863,84 @@ fn nat_rewrites_the_destination_and_the_replies_source() {
     );
 }
 
+#[test]
+#[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
+fn nat_on_two_links_sends_each_way_out_of_the_other_link() {
+    use balancer::dataplane::Dataplane as _;
+    use balancer_common::maps::NatLinks;
+    // `BPF_PROG_TEST_RUN` runs every frame as if it came in on `lo` (index 1): it plays the
+    // clients' link, then the backends'. Index 7777 is the other link (the test run only
+    // returns the verdict; nothing is sent).
+    const LO: u32 = 1;
+    const OTHER: u32 = 7777;
+    const CLIENT_LINK_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xc1, 0x01];
+    const BACKEND_LINK_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xb1, 0x01];
+    let links = |client_ifindex, backend_ifindex| NatLinks {
+        client_ifindex,
+        backend_ifindex,
+        client_mac: CLIENT_LINK_MAC,
+        backend_mac: BACKEND_LINK_MAC,
+    };
+    let mut h = harness();
+    for (client, vip, name, source) in [
+        ("10.9.0.1", "10.111.1.5", "nat4", None),
+        ("2001:db8::5", "fd00:111:1::5", "nat6", None),
+        ("10.9.0.1", "10.111.1.6", "snat4", Some(ip("10.111.0.2"))),
+    ] {
+        let (client, vip, sport) = (ip(client), ip(vip), 4321);
+        let backend = h.table_backend(name, client, sport).unwrap();
+        // A client's packet, in on the clients' link: out on the backends', from its MAC.
+        h.balancer.set_nat_links(&links(LO, OTHER)).unwrap();
+        let frame = tcp_frame(client, sport, vip, 80, true, b"");
+        let (action, out) = h.run(&frame).unwrap();
+        assert_eq!(
+            action_name(action),
+            "XDP_REDIRECT",
+            "{name}: to the backend"
+        );
+        let from = match source {
+            Some(s) => (s, source_port(&out)),
+            None => (client, sport),
+        };
+        let want = with_macs(
+            tcp_frame(from.0, from.1, backend, 80, true, b""),
+            backend_mac(backend),
+            BACKEND_LINK_MAC,
+        );
+        assert_eq!(out, want, "{name}: client to backend");
+        // Its reply, in on the backends' link: out on the clients', from its MAC.
+        h.balancer.set_nat_links(&links(OTHER, LO)).unwrap();
+        let reply = with_macs(
+            tcp_frame(backend, 80, from.0, from.1, false, b"ok"),
+            BACKEND_LINK_MAC,
+            backend_mac(backend),
+        );
+        let (action, out) = h.run(&reply).unwrap();
+        assert_eq!(action_name(action), "XDP_REDIRECT", "{name}: to the client");
+        let want = with_macs(
+            tcp_frame(vip, 80, client, sport, false, b"ok"),
+            CLIENT_MAC,
+            CLIENT_LINK_MAC,
+        );
+        assert_eq!(out, want, "{name}: reply to client");
+        // A reply that came in on the clients' link already goes back out there (XDP_TX).
+        h.balancer.set_nat_links(&links(LO, OTHER)).unwrap();
+        let (action, out) = h.run(&reply).unwrap();
+        assert_eq!(
+            action_name(action),
+            "XDP_TX",
+            "{name}: reply on the clients' link"
+        );
+        assert_eq!(out, with_macs(want, CLIENT_MAC, BACKEND_LINK_MAC));
+    }
+    let sent = h.balancer.dataplane().nat_link_stats().unwrap();
+    assert_eq!((sent.to_backends, sent.to_clients), (3, 3));
+    // Not NAT: a DSR VIP's packet stays on its link whatever the NAT links are.
+    let frame = tcp_frame(ip("10.9.0.1"), 1000, ip("10.111.1.1"), 80, true, b"");
+    let (action, _) = h.run(&frame).unwrap();
+    assert_eq!(action_name(action), "XDP_TX", "l2dsr4");
+}
+
 /// The source port of a frame's TCP or UDP header (no VLAN tags).
 fn source_port(frame: &[u8]) -> u16 {
     let l4 = if frame[12..14] == [0x08, 0x00] {

@@ -25,7 +25,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use balancer_common::maglev::{self, MaglevError};
-use balancer_common::maps::{GlobalConfig, MAX_BACKENDS, MAX_VIPS, SnatSource};
+use balancer_common::maps::{GlobalConfig, MAX_BACKENDS, MAX_VIPS, NatLinks, SnatSource};
 use balancer_common::schedule;
 use balancer_common::stats::{GlobalStats, TrafficStats};
 
@@ -325,6 +325,11 @@ impl<D: Dataplane> Balancer<D> {
     /// [`Balancer::apply`].
     pub fn set_snat_sources(&mut self, plan: HashMap<Endpoint, SnatSource>) {
         self.snat_plan = plan;
+    }
+
+    /// Writes the links NAT forwarding sends frames on (see [`NatLinks`]).
+    pub fn set_nat_links(&mut self, links: &NatLinks) -> Result<(), BalancerError> {
+        Ok(self.dataplane.set_nat_links(links)?)
     }
 
     /// Replaces the global data-plane settings.

@@ -103,3 +103,15 @@ pub(super) fn cert_and_key(
         )),
     }
 }
+
+/// Checks that `name` (the value of `key`) can be a network interface's name.
+pub(super) fn check_interface_name(name: &str, key: &str) -> Result<(), ConfigError> {
+    if name.is_empty() || name.len() > 15 || name.contains(['/', ' ']) {
+        return Err(invalid(
+            key,
+            format!("{name:?}"),
+            "not a network interface name (1-15 characters, no '/' or spaces)",
+        ));
+    }
+    Ok(())
+}

@@ -51,7 +51,7 @@ use balancer_common::maps::MAX_VIPS;
 
 use crate::net::Prefix;
 
-use fields::{int_in, parse_field, parse_socket_addr, required};
+use fields::{check_interface_name, int_in, parse_field, parse_socket_addr, required};
 use fleet::{validate_bgp, validate_fleet};
 use pools::validate_pools;
 use tiers::validate_tiers;
@@ -114,14 +114,18 @@ pub struct Config {
 
 impl Config {
     /// The backends (of every VIP, each once, sorted) whose next-hop MAC the config does not
-    /// give: the daemon resolves theirs.
-    pub fn backends_without_mac(&self) -> Vec<IpAddr> {
-        let mut wanted: Vec<IpAddr> = self
+    /// give: the daemon resolves theirs. Each with whether it serves a `nat` VIP (those are
+    /// reached on `nat.interface` when it is set).
+    pub fn backends_without_mac(&self) -> Vec<(IpAddr, bool)> {
+        let mut wanted: Vec<(IpAddr, bool)> = self
             .vips
             .iter()
-            .flat_map(|v| v.backends.iter())
-            .filter(|b| b.mac.is_none())
-            .map(|b| b.address)
+            .flat_map(|v| {
+                let nat = v.forwarding == Forwarding::Nat;
+                v.backends.iter().map(move |b| (b, nat))
+            })
+            .filter(|(b, _)| b.mac.is_none())
+            .map(|(b, nat)| (b.address, nat))
             .collect();
         wanted.sort();
         wanted.dedup();
@@ -159,13 +163,7 @@ impl Config {
     /// Validates a config's raw form.
     pub fn from_raw(raw: RawConfig) -> Result<Config, ConfigError> {
         let interface = required(raw.interface, "interface")?;
-        if interface.is_empty() || interface.len() > 15 || interface.contains(['/', ' ']) {
-            return Err(invalid(
-                "interface",
-                format!("{interface:?}"),
-                "not a network interface name (1-15 characters, no '/' or spaces)",
-            ));
-        }
+        check_interface_name(&interface, "interface")?;
         let attach_mode = match raw.attach_mode {
             Some(m) => parse_field(&m, "attach_mode")?,
             None => AttachMode::Native,
@@ -227,7 +225,7 @@ impl Config {
                 .map(|v| int_in(v, 576, 65_535, "encap.mtu"))
                 .transpose()?,
         };
-        let nat = nat::validate_nat(raw.nat)?;
+        let nat = nat::validate_nat(raw.nat, &interface)?;
         let api = daemon::validate_api(raw.api)?;
         let metrics = MetricsConfig {
             listen: raw

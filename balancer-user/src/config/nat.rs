@@ -1,12 +1,12 @@
-//! `[nat]` and a VIP's `nat_source`: source NAT for `nat` VIPs (the backends then need
-//! nothing at all: their replies come back to the balancer's address).
+//! `[nat]` and a VIP's `nat_source`: the link `nat` VIPs' backends are on, and source NAT
+//! (the backends then need nothing at all: their replies come back to the balancer's address).
 
 use std::net::IpAddr;
 use std::ops::RangeInclusive;
 use std::time::Duration;
 
 use super::error::{ConfigError, invalid};
-use super::fields::int_in;
+use super::fields::{check_interface_name, int_in};
 use super::raw::RawNat;
 use super::vip::Forwarding;
 
@@ -20,9 +20,13 @@ pub const DEFAULT_NAT_TCP_CLOSED_SECS: u64 = 30;
 /// A UDP flow with no packet either way for this long is forgotten.
 pub const DEFAULT_NAT_UDP_IDLE_SECS: u64 = 120;
 
-/// Source NAT settings, shared by every VIP with a `nat_source`.
+/// NAT settings: the backends' link, and source NAT's ports and timeouts (shared by every VIP
+/// with a `nat_source`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct NatConfig {
+    /// The interface `nat` VIPs' backends are on and their replies arrive on, when it is not
+    /// `interface` (the clients'): the program runs on both and moves frames between them.
+    pub interface: Option<String>,
     /// The source ports flows take, per backend address and port.
     pub ports: RangeInclusive<u16>,
     pub tcp_idle_timeout: Duration,
@@ -33,6 +37,7 @@ pub struct NatConfig {
 impl Default for NatConfig {
     fn default() -> Self {
         NatConfig {
+            interface: None,
             ports: DEFAULT_NAT_PORTS,
             tcp_idle_timeout: Duration::from_secs(DEFAULT_NAT_TCP_IDLE_SECS),
             tcp_closed_timeout: Duration::from_secs(DEFAULT_NAT_TCP_CLOSED_SECS),
@@ -49,6 +54,7 @@ impl NatConfig {
 
     pub fn to_raw(&self) -> RawNat {
         RawNat {
+            interface: self.interface.clone(),
             ports: Some(format!("{}-{}", self.ports.start(), self.ports.end())),
             tcp_idle_timeout_secs: Some(self.tcp_idle_timeout.as_secs() as i64),
             tcp_closed_timeout_secs: Some(self.tcp_closed_timeout.as_secs() as i64),
@@ -84,7 +90,18 @@ impl NatSource {
     }
 }
 
-pub fn validate_nat(raw: RawNat) -> Result<NatConfig, ConfigError> {
+/// Validates `[nat]`; `interface` is the config's (the clients' link).
+pub fn validate_nat(raw: RawNat, interface: &str) -> Result<NatConfig, ConfigError> {
+    if let Some(name) = &raw.interface {
+        check_interface_name(name, "nat.interface")?;
+        if name == interface {
+            return Err(invalid(
+                "nat.interface",
+                format!("{name:?}"),
+                "is the clients' interface already; leave nat.interface out when the backends are on the same link",
+            ));
+        }
+    }
     let secs = |v: Option<i64>, default: u64, key: &str| -> Result<Duration, ConfigError> {
         Ok(Duration::from_secs(match v {
             Some(v) => int_in(v, 1, 7 * 86_400, key)?,
@@ -96,6 +113,7 @@ pub fn validate_nat(raw: RawNat) -> Result<NatConfig, ConfigError> {
         None => DEFAULT_NAT_PORTS,
     };
     Ok(NatConfig {
+        interface: raw.interface,
         ports,
         tcp_idle_timeout: secs(
             raw.tcp_idle_timeout_secs,
@@ -211,6 +229,40 @@ mod tests {
         ] {
             let e = parse_ports(text).unwrap_err().to_string();
             assert!(e.contains("nat.ports") && e.contains(why), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_backends_link_is_another_interface() {
+        let nat = |interface: &str| {
+            crate::config::Config::parse(&format!(
+                "interface = \"eth0\"\n[nat]\ninterface = \"{interface}\""
+            ))
+        };
+        let config = nat("eth1.100").unwrap();
+        assert_eq!(config.nat.interface.as_deref(), Some("eth1.100"));
+        assert_eq!(
+            crate::config::Config::parse(&config.to_toml()).unwrap(),
+            config,
+            "written back as read"
+        );
+        assert_eq!(
+            crate::config::Config::parse("interface = \"eth0\"")
+                .unwrap()
+                .nat
+                .interface,
+            None
+        );
+        for (name, why) in [
+            ("eth0", "is the clients' interface already"),
+            ("a/b", "not a network interface name"),
+            ("", "not a network interface name"),
+        ] {
+            let e = nat(name).unwrap_err().to_string();
+            assert!(
+                e.contains("nat.interface") && e.contains(why),
+                "{name}: {e}"
+            );
         }
     }
 

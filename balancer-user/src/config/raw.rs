@@ -53,10 +53,13 @@ pub struct RawConntrack {
     pub removal_grace_secs: Option<i64>,
 }
 
-/// `[nat]`: the source ports of source NAT and when its flows expire.
+/// `[nat]`: the interface of the backends' link (when not `interface`), the source ports of
+/// source NAT and when its flows expire.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawNat {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interface: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ports: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]

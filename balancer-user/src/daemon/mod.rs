@@ -9,6 +9,7 @@
 //! --detach` (or `POST /v1/stop {"detach": true}`) detaches it and removes the pinned state.
 //! SIGHUP re-reads the config file.
 
+mod attach;
 pub mod state;
 
 use std::collections::HashMap;
@@ -19,8 +20,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use aya::programs::links::{FdLink, PinnedLink};
-use aya::programs::xdp::XdpLink;
 use balancer_common::stats::Counter;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
@@ -31,11 +30,11 @@ use crate::config::Config;
 use crate::dataplane::DynDataplane;
 use crate::dataplane::kernel::KernelDataplane;
 use crate::discovery::DiscoveryLoops;
-use crate::ebpf::{self, xdp_mode};
+use crate::ebpf;
 use crate::health::HealthChecks;
 use crate::metrics::Metrics;
 use crate::net::MacAddr;
-use crate::netinfo::{Interface, KernelNextHops, resolve_next_hops};
+use crate::netinfo::{Interface, KernelNextHops, Links};
 use crate::pinning::Pins;
 use crate::telemetry::loops::TelemetryLoops;
 use state::{Daemon, Host};
@@ -50,14 +49,16 @@ pub struct RunOptions {
     pub replace: bool,
 }
 
-/// Next-hop MACs for the backends of `config` that do not name one.
+/// Next-hop MACs for the backends of `config` that do not name one, each on its link.
 pub fn backend_macs(
     config: &Config,
-    iface: &Interface,
+    links: &Links,
     timeout: Duration,
 ) -> Result<HashMap<IpAddr, MacAddr>> {
     let wanted = config.backends_without_mac();
-    resolve_next_hops(iface, &wanted, timeout).context("resolving backend MAC addresses")
+    links
+        .resolve(&KernelNextHops, &wanted, timeout)
+        .context("resolving backend MAC addresses")
 }
 
 fn read_snapshot(path: &Path) -> Result<Snapshot> {
@@ -78,7 +79,17 @@ fn start(opts: &RunOptions) -> Result<Daemon> {
             opts.config_path.display()
         )
     })?;
-    let macs = backend_macs(&config, &iface, opts.neighbour_timeout)?;
+    let nat_backends = match &config.nat.interface {
+        Some(name) => Some(Interface::by_name(name).with_context(|| {
+            format!("nat.interface {name:?} from {}", opts.config_path.display())
+        })?),
+        None => None,
+    };
+    let links = Links {
+        clients: iface,
+        nat_backends,
+    };
+    let macs = backend_macs(&config, &links, opts.neighbour_timeout)?;
     if let Some(token) = &config.api.token_file {
         read_token(token)?;
     }
@@ -134,7 +145,7 @@ fn start(opts: &RunOptions) -> Result<Daemon> {
             "the pinned connection table keeps its size; a new conntrack.max_flows takes effect after `balancer stop --detach`"
         );
     }
-    let report = state::configure(&mut balancer, &config, &iface, seed, buckets, &macs)?;
+    let report = state::configure(&mut balancer, &config, &links, seed, buckets, &macs)?;
     tracing::info!(
         vips = balancer.vips().count(),
         published = report.tables_published,
@@ -143,27 +154,23 @@ fn start(opts: &RunOptions) -> Result<Daemon> {
         "tables published"
     );
 
-    if adopting {
-        if opts.replace {
-            let program = ebpf::program(&mut object, ebpf::BALANCER_PROGRAM)?;
-            let pinned =
-                PinnedLink::from_pin(pins.link()).context("opening the pinned XDP link")?;
-            let link = XdpLink::try_from(FdLink::from(pinned))
-                .context("the pinned link is not an XDP link")?;
-            program
-                .attach_to_link(link)
-                .context("replacing the program in the XDP link")?;
-            let _ = std::fs::remove_file(pins.program());
-            program
-                .pin(pins.program())
-                .context("pinning the new program")?;
-            tracing::info!("program replaced atomically; maps and connection table kept");
-        } else {
-            tracing::info!(
-                pin_dir = %pins.dir().display(),
-                "adopted the pinned program and maps: forwarding never stopped"
-            );
+    let how = match (adopting, opts.replace) {
+        (false, _) => attach::Start::Fresh,
+        (true, false) => attach::Start::Adopt,
+        (true, true) => attach::Start::Replace,
+    };
+    attach::attach_links(&mut object, &pins, &config, how)?;
+    match how {
+        attach::Start::Replace => {
+            tracing::info!("program replaced atomically; maps and connection table kept")
         }
+        attach::Start::Adopt => tracing::info!(
+            pin_dir = %pins.dir().display(),
+            "adopted the pinned program and maps: forwarding never stopped"
+        ),
+        attach::Start::Fresh => {}
+    }
+    if how == attach::Start::Adopt || how == attach::Start::Replace {
         match aya::programs::ProgramInfo::from_pin(pins.program())
             .ok()
             .map(|info| aya_log::EbpfLogger::init_from_id(info.id()))
@@ -172,28 +179,13 @@ fn start(opts: &RunOptions) -> Result<Daemon> {
             _ => tracing::debug!("no eBPF log channel for the adopted program"),
         }
     } else {
-        let program = ebpf::program(&mut object, ebpf::BALANCER_PROGRAM)?;
-        let link_id = program
-            .attach(&config.interface, xdp_mode(config.attach_mode))
-            .with_context(|| {
-                format!(
-                    "attaching XDP to {} in {} mode",
-                    config.interface, config.attach_mode
-                )
-            })?;
-        let link = program.take_link(link_id)?;
-        let fd_link = FdLink::try_from(link)
-            .context("the XDP attachment is not a BPF link (kernel too old to pin it)")?;
-        fd_link.pin(pins.link()).context("pinning the XDP link")?;
-        let _ = std::fs::remove_file(pins.program());
-        program.pin(pins.program()).context("pinning the program")?;
         match aya_log::EbpfLogger::init(&mut object) {
             Ok(logger) => spawn_ebpf_logger(logger),
             Err(e) => tracing::debug!("no eBPF log channel: {e}"),
         }
     }
     let host = Host {
-        iface,
+        links,
         pins,
         next_hops: Box::new(KernelNextHops),
         neighbour_timeout: opts.neighbour_timeout,

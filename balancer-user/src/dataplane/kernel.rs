@@ -9,11 +9,11 @@ use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
 use aya::maps::{Array, IterableMap as _, Map, MapData, MapError, PerCpuArray};
 use balancer_common::flow_cache::FlowValue;
 use balancer_common::maps::{
-    self as names, Backend, FlowBucket, GlobalConfig, MAGLEV_TABLE_FLAGS, NatReplyKey, SnatFlowKey,
-    SnatFlowValue, SnatPortValue, SnatSource, VIP_INDEX_FLAGS, VIP_INDEX_SLOTS, VipKey, VipMeta,
-    VipSlot,
+    self as names, Backend, FlowBucket, GlobalConfig, MAGLEV_TABLE_FLAGS, NatLinks, NatReplyKey,
+    SnatFlowKey, SnatFlowValue, SnatPortValue, SnatSource, VIP_INDEX_FLAGS, VIP_INDEX_SLOTS,
+    VipKey, VipMeta, VipSlot,
 };
-use balancer_common::stats::{COUNTERS, GlobalStats, NatStats, TrafficStats};
+use balancer_common::stats::{COUNTERS, GlobalStats, NatLinkStats, NatStats, TrafficStats};
 use balancer_common::vip_index::build_index;
 
 use super::nat_expiry::{NatSweeper, NatTables, sweep};
@@ -37,6 +37,8 @@ pub struct KernelDataplane {
     tier_v6: LpmTrie<MapData, [u32; 4], u8>,
     tier_dscp: Array<MapData, u8>,
     snat_sources: Array<MapData, SnatSource>,
+    nat_links: Array<MapData, NatLinks>,
+    nat_link_stats: PerCpuArray<MapData, NatLinkStats>,
     /// The source-NAT tables (shared with sweeps run later).
     nat: Arc<Mutex<KernelNat>>,
     swap_started: Option<std::time::Instant>,
@@ -194,6 +196,8 @@ impl KernelDataplane {
             tier_v6: take(ebpf, names::TIER_V6)?,
             tier_dscp: take(ebpf, names::TIER_DSCP)?,
             snat_sources: take(ebpf, names::SNAT_SOURCES)?,
+            nat_links: take(ebpf, names::NAT_LINKS)?,
+            nat_link_stats: take(ebpf, names::NAT_LINK_STATS)?,
             nat: Arc::new(Mutex::new(KernelNat {
                 ports: take(ebpf, names::SNAT_PORTS)?,
                 flows: take(ebpf, names::SNAT_FLOWS)?,
@@ -305,6 +309,25 @@ impl Dataplane for KernelDataplane {
         self.snat_sources
             .set(vip_id, source, 0)
             .map_err(map_err(names::SNAT_SOURCES, "write"))
+    }
+
+    fn set_nat_links(&mut self, links: &NatLinks) -> Result<(), DataplaneError> {
+        self.nat_links
+            .set(0, links, 0)
+            .map_err(map_err(names::NAT_LINKS, "write"))
+    }
+
+    fn nat_link_stats(&self) -> Result<NatLinkStats, DataplaneError> {
+        let values = self
+            .nat_link_stats
+            .get(&0, 0)
+            .map_err(map_err(names::NAT_LINK_STATS, "read"))?;
+        Ok(values
+            .iter()
+            .fold(NatLinkStats::default(), |sum, v| NatLinkStats {
+                to_backends: sum.to_backends + v.to_backends,
+                to_clients: sum.to_clients + v.to_clients,
+            }))
     }
 
     fn nat_sweeper(&self) -> Result<NatSweeper, DataplaneError> {

@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use balancer_common::maps::{
-    Backend, GlobalConfig, MAX_BACKENDS, MAX_VIPS, SnatSource, VipKey, VipMeta,
+    Backend, GlobalConfig, MAX_BACKENDS, MAX_VIPS, NatLinks, SnatSource, VipKey, VipMeta,
 };
-use balancer_common::stats::{GlobalStats, TrafficStats};
+use balancer_common::stats::{GlobalStats, NatLinkStats, TrafficStats};
 
 use super::nat_expiry::{MemoryNat, NatSweeper, sweep};
 use super::{Dataplane, DataplaneError, FlowCounter};
@@ -37,6 +37,9 @@ pub struct MemoryDataplane {
     /// Source NAT per VIP id, and its flow tables (shared with sweeps run later).
     pub snat_sources: HashMap<u32, SnatSource>,
     pub nat: Arc<Mutex<MemoryNat>>,
+    /// NAT's links, and the frames it sent to the other one.
+    pub nat_links: NatLinks,
+    pub nat_link_stats: NatLinkStats,
 }
 
 impl Dataplane for MemoryDataplane {
@@ -90,6 +93,15 @@ impl Dataplane for MemoryDataplane {
         }
         self.snat_sources.insert(vip_id, *source);
         Ok(())
+    }
+
+    fn set_nat_links(&mut self, links: &NatLinks) -> Result<(), DataplaneError> {
+        self.nat_links = *links;
+        Ok(())
+    }
+
+    fn nat_link_stats(&self) -> Result<NatLinkStats, DataplaneError> {
+        Ok(self.nat_link_stats)
     }
 
     fn nat_sweeper(&self) -> Result<NatSweeper, DataplaneError> {

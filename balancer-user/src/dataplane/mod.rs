@@ -10,8 +10,8 @@ pub(crate) mod sys;
 
 pub use nat_expiry::{NatSweep, NatSweeper, NatTimeouts};
 
-use balancer_common::maps::{Backend, GlobalConfig, SnatSource, VipKey, VipMeta};
-use balancer_common::stats::{GlobalStats, TrafficStats};
+use balancer_common::maps::{Backend, GlobalConfig, NatLinks, SnatSource, VipKey, VipMeta};
+use balancer_common::stats::{GlobalStats, NatLinkStats, TrafficStats};
 
 /// A failed map operation.
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +77,10 @@ pub trait Dataplane {
     fn set_backend(&mut self, id: u32, backend: &Backend) -> Result<(), DataplaneError>;
     /// Writes VIP `vip_id`'s source NAT (family 0: none).
     fn set_snat_source(&mut self, vip_id: u32, source: &SnatSource) -> Result<(), DataplaneError>;
+    /// Writes the links NAT forwarding sends frames on (all zero: the one link they came in on).
+    fn set_nat_links(&mut self, links: &NatLinks) -> Result<(), DataplaneError>;
+    /// Frames NAT sent to its other link, summed over CPUs.
+    fn nat_link_stats(&self) -> Result<NatLinkStats, DataplaneError>;
     /// A sweep of the source-NAT tables (see [`nat_expiry::sweep`]), to run later without the
     /// daemon's lock.
     fn nat_sweeper(&self) -> Result<NatSweeper, DataplaneError>;
@@ -143,6 +147,12 @@ impl<T: Dataplane + ?Sized> Dataplane for Box<T> {
     }
     fn set_snat_source(&mut self, vip_id: u32, source: &SnatSource) -> Result<(), DataplaneError> {
         (**self).set_snat_source(vip_id, source)
+    }
+    fn set_nat_links(&mut self, links: &NatLinks) -> Result<(), DataplaneError> {
+        (**self).set_nat_links(links)
+    }
+    fn nat_link_stats(&self) -> Result<NatLinkStats, DataplaneError> {
+        (**self).nat_link_stats()
     }
     fn nat_sweeper(&self) -> Result<NatSweeper, DataplaneError> {
         (**self).nat_sweeper()

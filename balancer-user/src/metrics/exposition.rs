@@ -1,16 +1,24 @@
 //! The families read at scrape time from the data plane's counters and the daemon's views
 //! (VIP and backend status, weights and the reports behind them), in Prometheus form.
 
-use balancer_common::stats::{Counter, GlobalStats};
+use balancer_common::stats::{Counter, GlobalStats, NatLinkStats};
 
 use super::Families;
 use crate::api::types::{Status, VipWeights};
+
+/// The data plane's counters read at a scrape.
+#[derive(Clone, Debug, Default)]
+pub struct Counters {
+    pub global: GlobalStats,
+    /// Frames NAT sent to its other link.
+    pub nat_links: NatLinkStats,
+}
 
 /// The scrape-time families: global counters (when the data plane could be read), per VIP and
 /// per backend traffic, health and table share, per backend weights, saturation and
 /// telemetry; with `[bgp]` each VIP's announcement, with `[fleet]` this balancer's role and
 /// its link to etcd.
-pub fn families(global: Option<&GlobalStats>, status: &Status, weights: &[VipWeights]) -> Families {
+pub fn families(counters: Option<&Counters>, status: &Status, weights: &[VipWeights]) -> Families {
     let vips = &status.vips;
     let mut f = Families::default();
     if let Some(fleet) = &status.fleet {
@@ -44,7 +52,24 @@ pub fn families(global: Option<&GlobalStats>, status: &Status, weights: &[VipWei
             );
         }
     }
-    if let Some(global) = global {
+    if let Some(Counters { global, nat_links }) = counters {
+        f.counter(
+            "balancer_xdp_actions_total",
+            "Packets by XDP verdict.",
+            &[("action", "redirect")],
+            (nat_links.to_backends + nat_links.to_clients) as f64,
+        );
+        for (to, frames) in [
+            ("backends", nat_links.to_backends),
+            ("clients", nat_links.to_clients),
+        ] {
+            f.counter(
+                "balancer_nat_redirected_total",
+                "Frames NAT sent to its other link ([nat] interface): client packets to the backends' link, replies to the clients'.",
+                &[("to", to)],
+                frames as f64,
+            );
+        }
         // Labels come from the counters' own names: `xdp_pass` is action "pass", `drop_fragment`
         // reason "fragment"; the connection-table results keep their historical labels.
         for counter in Counter::ALL {
@@ -292,10 +317,17 @@ mod tests {
         for (i, c) in global.counters.iter_mut().enumerate() {
             *c = 7_000_001 + i as u64;
         }
+        let counters = Counters {
+            global,
+            nat_links: NatLinkStats {
+                to_backends: 9_000_001,
+                to_clients: 9_000_002,
+            },
+        };
         let text =
             Metrics::new()
                 .unwrap()
-                .render(families(Some(&global), &status(None, false), &[]));
+                .render(families(Some(&counters), &status(None, false), &[]));
         for counter in Counter::ALL {
             let value = format!(" {}\n", global.get(counter));
             assert_eq!(
@@ -307,6 +339,9 @@ mod tests {
         }
         for line in [
             "balancer_xdp_actions_total{action=\"pass\"} 7000001",
+            "balancer_xdp_actions_total{action=\"redirect\"} 18000003",
+            "balancer_nat_redirected_total{to=\"backends\"} 9000001",
+            "balancer_nat_redirected_total{to=\"clients\"} 9000002",
             "balancer_drops_total{reason=\"no_backend\"}",
             "balancer_drops_total{reason=\"encap_failed\"}",
             "balancer_conntrack_lookups_total{result=\"udp_expired\"}",
@@ -412,10 +447,10 @@ mod tests {
                 last_error: None,
             }],
         }];
-        let global = GlobalStats::default();
-        let text = Metrics::new()
-            .unwrap()
-            .render(families(Some(&global), &status, &weights));
+        let text =
+            Metrics::new()
+                .unwrap()
+                .render(families(Some(&Counters::default()), &status, &weights));
         let exposed: std::collections::BTreeSet<&str> = text
             .lines()
             .filter_map(|l| l.strip_prefix("# TYPE "))

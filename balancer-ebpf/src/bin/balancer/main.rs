@@ -8,8 +8,8 @@
 //! One module per concern, in the order a packet meets them: `vip_index`; `choose` (the
 //! decision) over `conntrack`, `tiers`, `persistence` and `schedulers`, with `backends` (which
 //! backend may take a VIP's flow), `active` (active-flow counts), `flood` and `clock`;
-//! `forward` (DSR, IPIP, GUE) and `nat` (NAT, both ways); `icmp` (errors about VIP flows,
-//! echo, PMTU); `stats`; `maps`.
+//! `forward` (DSR, IPIP, GUE) and `nat` (NAT, both ways, with `nat_icmp` and `links`, the link
+//! a NAT frame leaves on); `icmp` (errors about VIP flows, echo, PMTU); `stats`; `maps`.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 // Atomic adds to shared counters: the BPF target has no compare-and-swap, so `core::sync::atomic`
@@ -26,6 +26,7 @@ mod flood;
 mod flow;
 mod forward;
 mod icmp;
+mod links;
 mod maps;
 // Keys and values go to the map helpers by reference into the scratch area: by value (as
 // clippy suggests) they would be copied to the stack the NAT functions keep small.
@@ -76,7 +77,9 @@ pub fn balancer(ctx: XdpContext) -> u32 {
     let counter = match action {
         XDP_TX => Counter::ActionTx,
         XDP_DROP => Counter::ActionDrop,
-        _ => Counter::ActionPass,
+        XDP_PASS => Counter::ActionPass,
+        // `XDP_REDIRECT`: counted where NAT sends a frame to its other link (`links`).
+        _ => return action,
     };
     count(stats, counter);
     action

@@ -10,10 +10,11 @@ use balancer_common::{
     maps::{
         AffinityKey, AffinityValue, BPF_F_MMAPABLE, Backend, DEFAULT_AFFINITY_ENTRIES,
         DEFAULT_FLOW_BUCKETS, FlowBucket, GlobalConfig, MAGLEV_TABLE_FLAGS, MAX_BACKENDS,
-        MAX_TABLE_ENTRIES, MAX_TIER_PREFIXES, MAX_VIPS, NatReplyKey, NatReplyValue, SnatFlowKey,
-        SnatFlowValue, SnatPortValue, SnatSource, VIP_INDEX_FLAGS, VIP_INDEX_SLOTS, VipSlot,
+        MAX_TABLE_ENTRIES, MAX_TIER_PREFIXES, MAX_VIPS, NatLinks, NatReplyKey, NatReplyValue,
+        SnatFlowKey, SnatFlowValue, SnatPortValue, SnatSource, VIP_INDEX_FLAGS, VIP_INDEX_SLOTS,
+        VipSlot,
     },
-    stats::{GlobalStats, NatStats, TrafficStats},
+    stats::{GlobalStats, NatLinkStats, NatStats, TrafficStats},
 };
 
 /// The VIP index (one inner array of slots, replaced whole when VIPs change). Besides VIPs it
@@ -121,6 +122,14 @@ pub static SNAT_PORTS: HashMap<
 /// NAT counters (one per-CPU entry).
 #[btf_map]
 pub static NAT_STATS: PerCpuArray<NatStats, 1> = PerCpuArray::new();
+
+/// The clients' and the backends' link of NAT forwarding (one entry).
+#[btf_map]
+pub static NAT_LINKS: Array<NatLinks, 1> = Array::new();
+
+/// Frames NAT sent to its other link (one per-CPU entry).
+#[btf_map]
+pub static NAT_LINK_STATS: PerCpuArray<NatLinkStats, 1> = PerCpuArray::new();
 
 /// Room for the NAT functions' keys and values (one per-CPU entry, not pinned): on the stack
 /// they would take the NAT functions past the verifier's 512-byte limit along the call chain

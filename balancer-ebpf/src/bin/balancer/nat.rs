@@ -18,7 +18,7 @@
 use aya_ebpf::bindings::{BPF_ANY, BPF_NOEXIST};
 use aya_ebpf::{
     bindings::{
-        xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
+        xdp_action::{XDP_DROP, XDP_PASS},
         xdp_md,
     },
     programs::XdpContext,
@@ -35,6 +35,7 @@ use balancer_ebpf::{
 
 use crate::{
     clock::{now_ticks, random},
+    links::{Side, send},
     maps::{
         BACKENDS, NAT_REPLIES, NAT_SCRATCH, NAT_STATS, NatScratch, SNAT_FLOWS, SNAT_PORTS,
         SNAT_SOURCES,
@@ -295,9 +296,7 @@ fn forward(ctx: *mut xdp_md, backend_id: u32, vip_id: u32) -> Option<u32> {
         _ => record_way_back(backend, s, eth.src)?,
     }
     p.rewrite(true, &s.flow_key.vip, &backend.addr)?;
-    eth.src = eth.dst;
-    eth.dst = backend.mac;
-    Some(XDP_TX)
+    Some(send(ctx, eth, backend.mac, Side::Backends))
 }
 
 /// The reply key of the flow in `s.flow_key` as it leaves `backend` for `to` (the client, or
@@ -422,7 +421,7 @@ fn count_nat(full: bool) {
 
 /// A TCP/UDP packet not for a VIP: if it is a NAT flow's reply, writes the VIP back as its
 /// source (and, for source NAT, the client back as its destination) and sends it to the
-/// client's next hop (`XDP_TX`); else `XDP_PASS`. `layout` is the caller's parse and NAT bits
+/// client's next hop (on the clients' link: see [`crate::links`]); else `XDP_PASS`. `layout` is the caller's parse and NAT bits
 /// ([`pack`]).
 #[unsafe(no_mangle)]
 #[inline(never)]
@@ -450,9 +449,7 @@ fn reply(ctx: *mut xdp_md, layout: u64) -> Option<u32> {
         }
         // SAFETY: bounds checked by `ptr`.
         let eth = unsafe { &mut *eth };
-        eth.src = eth.dst;
-        eth.dst = way_back.client_mac;
-        return Some(XDP_TX);
+        return Some(send(ctx, eth, way_back.client_mac, Side::Clients));
     }
     if nat & NAT_SNAT != 0
         && let Some(flow) = SNAT_PORTS.get_ptr_mut(&s.reply)
@@ -474,9 +471,7 @@ fn reply(ctx: *mut xdp_md, layout: u64) -> Option<u32> {
         }
         // SAFETY: bounds checked by `ptr`.
         let eth = unsafe { &mut *eth };
-        eth.src = eth.dst;
-        eth.dst = flow.client_mac;
-        return Some(XDP_TX);
+        return Some(send(ctx, eth, flow.client_mac, Side::Clients));
     }
     Some(XDP_PASS)
 }

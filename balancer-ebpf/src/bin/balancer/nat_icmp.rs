@@ -15,7 +15,7 @@
 
 use aya_ebpf::{
     bindings::{
-        xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
+        xdp_action::{XDP_DROP, XDP_PASS},
         xdp_md,
     },
     programs::XdpContext,
@@ -28,6 +28,7 @@ use balancer_ebpf::{csum, headers::*, parse::Frame};
 
 use crate::{
     icmp::is_error,
+    links::{Side, send},
     maps::{BACKENDS, NAT_REPLIES, SNAT_FLOWS, SNAT_PORTS, SNAT_SOURCES},
     nat::{TcpToCheck, offsets, scratch},
 };
@@ -269,15 +270,13 @@ impl IcmpError {
         self.update_inner_l4_check(|c| csum::replace_word(c, old, new))
     }
 
-    /// Addresses the frame from us to `mac`.
+    /// Addresses the frame to `mac` and sends it out on `side`'s link.
     #[inline(always)]
-    fn send_to(&self, mac: [u8; 6]) -> Option<u32> {
+    fn send_to(&self, ctx: *mut xdp_md, mac: [u8; 6], side: Side) -> Option<u32> {
         let eth = self.frame.ptr::<EthHdr>(0)?;
         // SAFETY: bounds checked by `ptr`.
         let eth = unsafe { &mut *eth };
-        eth.src = eth.dst;
-        eth.dst = mac;
-        Some(XDP_TX)
+        Some(send(ctx, eth, mac, side))
     }
 }
 
@@ -336,7 +335,7 @@ pub extern "C" fn balancer_nat_icmp_to_backend(
             m.set_inner_addr(true, &f.source)?;
             m.set_inner_port(true, f.nat_port)?;
         }
-        m.send_to(backend.mac)
+        m.send_to(ctx, backend.mac, Side::Backends)
     });
     translated.unwrap_or(XDP_DROP)
 }
@@ -373,7 +372,7 @@ pub extern "C" fn balancer_nat_icmp_to_client(ctx: *mut xdp_md, layout: u64) -> 
             if from_backend {
                 m.set_outer(false, &w.vip)?;
             }
-            m.send_to(w.client_mac)
+            m.send_to(ctx, w.client_mac, Side::Clients)
         });
         return translated.unwrap_or(XDP_DROP);
     }
@@ -390,7 +389,7 @@ pub extern "C" fn balancer_nat_icmp_to_client(ctx: *mut xdp_md, layout: u64) -> 
             if from_backend {
                 m.set_outer(false, &f.vip)?;
             }
-            m.send_to(f.client_mac)
+            m.send_to(ctx, f.client_mac, Side::Clients)
         });
         return translated.unwrap_or(XDP_DROP);
     }

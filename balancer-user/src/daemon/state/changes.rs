@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use crate::api::types::ChangeResult;
 use crate::balancer::ApplyReport;
-use crate::config::{Config, RawConfig};
+use crate::config::{Config, Forwarding, RawConfig};
 use crate::net::MacAddr;
 use crate::pinning::write_atomically;
 use crate::settings::data_plane_settings;
@@ -94,6 +94,7 @@ impl Daemon {
         let fixed = [
             ("interface", old.interface != new.interface),
             ("attach_mode", old.attach_mode != new.attach_mode),
+            ("nat.interface", old.nat.interface != new.nat.interface),
             ("pin_dir", old.pin_dir != new.pin_dir),
             ("state_file", old.state_file != new.state_file),
             (
@@ -110,18 +111,19 @@ impl Daemon {
             )));
         }
         // Next hops of backends the kernel does not know yet.
-        let mut unknown: Vec<IpAddr> = new
+        let mut unknown: Vec<(IpAddr, bool)> = new
             .vips
             .iter()
             .flat_map(|v| {
                 let current = self.balancer.vip(&v.name);
+                let nat = v.forwarding == Forwarding::Nat;
                 v.backends
                     .iter()
                     .filter(move |b| {
                         b.mac.is_none()
                             && current.is_none_or(|c| !c.backends.contains_key(&b.address))
                     })
-                    .map(|b| b.address)
+                    .map(move |b| (b.address, nat))
             })
             .collect();
         unknown.sort();
@@ -129,14 +131,17 @@ impl Daemon {
         let macs: HashMap<IpAddr, MacAddr> = if unknown.is_empty() {
             HashMap::new()
         } else {
-            self.next_hops
-                .resolve(&self.iface, &unknown, self.neighbour_timeout)?
+            self.links
+                .resolve(&*self.next_hops, &unknown, self.neighbour_timeout)?
         };
-        let mut settings =
-            data_plane_settings(&new, &self.iface, self.balancer.settings().flow_seed)?;
+        let mut settings = data_plane_settings(
+            &new,
+            &self.links.clients,
+            self.balancer.settings().flow_seed,
+        )?;
         settings.flow_bucket_mask = self.balancer.settings().flow_bucket_mask;
         crate::settings::check_nat_ports(&new, crate::settings::ephemeral_ports())?;
-        let snat = crate::settings::snat_sources(&new, &self.iface)?;
+        let snat = crate::settings::snat_sources(&new, self.links.of_backends(true))?;
         if settings != *self.balancer.settings() {
             self.balancer.set_settings(&settings)?;
         }

@@ -23,7 +23,7 @@ use crate::balancer::{Balancer, Endpoint};
 use crate::config::{Config, ConfigError};
 use crate::dataplane::DynDataplane;
 use crate::metrics::Metrics;
-use crate::netinfo::{Interface, NextHops};
+use crate::netinfo::{Links, NextHops};
 use crate::pinning::Pins;
 use crate::policy::{Decision, PolicyState};
 use crate::telemetry::store::TelemetryStore;
@@ -69,7 +69,7 @@ impl ChangeError {
 pub struct Daemon {
     pub config: Config,
     pub config_path: PathBuf,
-    pub iface: Interface,
+    pub links: Links,
     pub balancer: Balancer<DynDataplane>,
     pub pins: Pins,
     /// Where next-hop MACs come from for backends added later.
@@ -119,11 +119,11 @@ impl Daemon {
     }
 }
 
-/// What the daemon knows of its host, apart from the data plane: the interface it serves,
+/// What the daemon knows of its host, apart from the data plane: the interfaces it serves,
 /// where its maps are pinned, how it resolves next hops, and where the routes of the VIPs it
 /// announces go (BIRD, when `[bgp]` is set).
 pub struct Host {
-    pub iface: Interface,
+    pub links: Links,
     pub pins: Pins,
     pub next_hops: Box<dyn NextHops>,
     pub neighbour_timeout: Duration,
@@ -141,7 +141,7 @@ impl Daemon {
         metrics: Metrics,
     ) -> Daemon {
         let Host {
-            iface,
+            links,
             pins,
             next_hops,
             neighbour_timeout,
@@ -150,7 +150,7 @@ impl Daemon {
         Daemon {
             config,
             config_path,
-            iface,
+            links,
             balancer,
             pins,
             next_hops,
@@ -176,22 +176,23 @@ impl Daemon {
     }
 }
 
-/// Writes the settings, tiers and VIPs of `config` into `balancer` (`macs`: the next hops of
-/// backends that give none). `flow_buckets`: the connection table's size, fixed when its map
+/// Writes the settings, NAT links, tiers and VIPs of `config` into `balancer` (`macs`: the
+/// next hops of backends that give none). `flow_buckets`: the connection table's size, fixed when its map
 /// was made.
 pub fn configure(
     balancer: &mut Balancer<DynDataplane>,
     config: &Config,
-    iface: &Interface,
+    links: &Links,
     flow_seed: u64,
     flow_buckets: u32,
     macs: &HashMap<IpAddr, crate::net::MacAddr>,
 ) -> Result<crate::balancer::ApplyReport, ChangeError> {
-    let mut settings = crate::settings::data_plane_settings(config, iface, flow_seed)?;
+    let mut settings = crate::settings::data_plane_settings(config, &links.clients, flow_seed)?;
     settings.flow_bucket_mask = flow_buckets - 1;
     crate::settings::check_nat_ports(config, crate::settings::ephemeral_ports())?;
-    let snat = crate::settings::snat_sources(config, iface)?;
+    let snat = crate::settings::snat_sources(config, links.of_backends(true))?;
     balancer.set_settings(&settings)?;
+    balancer.set_nat_links(&links.nat_links())?;
     balancer.set_snat_sources(snat);
     balancer.set_removal_grace(config.conntrack.removal_grace);
     balancer.set_tiers(&config.tiers)?;
@@ -210,11 +211,11 @@ impl Daemon {
     ) -> Result<Daemon, ChangeError> {
         let wanted = config.backends_without_mac();
         let macs = host
-            .next_hops
-            .resolve(&host.iface, &wanted, host.neighbour_timeout)?;
+            .links
+            .resolve(&*host.next_hops, &wanted, host.neighbour_timeout)?;
         let mut balancer = Balancer::new(dataplane);
         let buckets = crate::ebpf::flow_buckets(config.conntrack.max_flows);
-        let report = configure(&mut balancer, &config, &host.iface, 1, buckets, &macs)?;
+        let report = configure(&mut balancer, &config, &host.links, 1, buckets, &macs)?;
         let daemon = Daemon::new(config, config_path, host, balancer, metrics);
         daemon.record(&report);
         daemon.persist_state();

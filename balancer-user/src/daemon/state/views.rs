@@ -199,11 +199,19 @@ impl Daemon {
 
     pub fn stats(&self) -> Result<Stats, ChangeError> {
         let global = self.balancer.global_stats()?;
+        let links = self
+            .balancer
+            .dataplane()
+            .nat_link_stats()
+            .map_err(crate::balancer::BalancerError::from)?;
+        let mut counters: std::collections::BTreeMap<String, u64> = Counter::ALL
+            .iter()
+            .map(|c| (c.name().to_string(), global.get(*c)))
+            .collect();
+        counters.insert("nat_redirect_to_backends".into(), links.to_backends);
+        counters.insert("nat_redirect_to_clients".into(), links.to_clients);
         Ok(Stats {
-            counters: Counter::ALL
-                .iter()
-                .map(|c| (c.name().to_string(), global.get(*c)))
-                .collect(),
+            counters,
             vips: self.vip_statuses(),
         })
     }
@@ -249,9 +257,20 @@ impl Daemon {
     /// The Prometheus exposition: the registry's metrics and the families read from the
     /// data plane and the views at this moment.
     pub fn render_metrics(&self) -> String {
-        let global = self.balancer.global_stats().ok();
+        let counters =
+            self.balancer
+                .global_stats()
+                .ok()
+                .map(|global| crate::metrics::exposition::Counters {
+                    global,
+                    nat_links: self
+                        .balancer
+                        .dataplane()
+                        .nat_link_stats()
+                        .unwrap_or_default(),
+                });
         self.metrics.render(crate::metrics::exposition::families(
-            global.as_ref(),
+            counters.as_ref(),
             &self.status(),
             &self.weights(),
         ))
