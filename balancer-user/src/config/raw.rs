@@ -313,6 +313,8 @@ pub struct RawPolicy {
     pub stale: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quantum: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fresher_load: Option<bool>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]

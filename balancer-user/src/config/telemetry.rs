@@ -337,6 +337,20 @@ pub(super) fn validate_policy(
             Some(v) => int_in(v, 1, i64::from(MAX_POLICY_WEIGHT), &key("quantum"))?,
             None => d.quantum,
         },
+        fresher_load: match raw.fresher_load {
+            Some(true) if kind != PolicyKind::Composite => {
+                return Err(invalid(
+                    key("fresher_load"),
+                    "true",
+                    format!(
+                        "corrects the composite policy's reports; kind is {}",
+                        kind.name()
+                    ),
+                ));
+            }
+            Some(v) => v,
+            None => d.fresher_load,
+        },
     })
 }
 
@@ -362,5 +376,6 @@ pub(super) fn policy_to_raw(p: &PolicyConfig) -> RawPolicy {
             StaleMode::Keep => "keep".into(),
         }),
         quantum: Some(i64::from(p.quantum)),
+        fresher_load: Some(p.fresher_load),
     }
 }

@@ -334,6 +334,12 @@ fn errors_name_the_key_and_the_value() {
             "vip[0].policy.kind = \"fastest\"",
         ),
         (
+            with_vip(
+                "address = \"10.0.0.1\"\nport = 80\n[vip.policy]\nkind = \"least-conn\"\nfresher_load = true",
+            ),
+            "vip[0].policy.fresher_load = true: corrects the composite policy's reports; kind is least-conn",
+        ),
+        (
             with_vip("address = \"10.0.0.1\"\nport = 80\n[vip.telemetry]\nsource = \"scrape\""),
             "vip[0].telemetry.port = (missing)",
         ),

@@ -37,8 +37,10 @@ pub struct KernelDataplane {
     tier_v6: LpmTrie<MapData, [u32; 4], u8>,
     tier_dscp: Array<MapData, u8>,
     snat_sources: Array<MapData, SnatSource>,
-    nat_links: Array<MapData, NatLinks>,
-    nat_link_stats: PerCpuArray<MapData, NatLinkStats>,
+    /// NAT's two links and their counters; `None` in an object built before them (a
+    /// benchmark's baseline), which knows one link only.
+    nat_links: Option<Array<MapData, NatLinks>>,
+    nat_link_stats: Option<PerCpuArray<MapData, NatLinkStats>>,
     /// The source-NAT tables (shared with sweeps run later).
     nat: Arc<Mutex<KernelNat>>,
     swap_started: Option<std::time::Instant>,
@@ -116,6 +118,17 @@ fn take<T: TryFrom<Map, Error = MapError>>(
         source: MapError::InvalidName { name: name.into() },
     })?;
     T::try_from(map).map_err(map_err(name, "open"))
+}
+
+/// Like [`take`], for a map an object of an earlier build may lack.
+fn take_optional<T: TryFrom<Map, Error = MapError>>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+) -> Result<Option<T>, DataplaneError> {
+    match ebpf.take_map(name) {
+        Some(map) => Ok(Some(T::try_from(map).map_err(map_err(name, "open"))?)),
+        None => Ok(None),
+    }
 }
 
 impl KernelDataplane {
@@ -196,8 +209,8 @@ impl KernelDataplane {
             tier_v6: take(ebpf, names::TIER_V6)?,
             tier_dscp: take(ebpf, names::TIER_DSCP)?,
             snat_sources: take(ebpf, names::SNAT_SOURCES)?,
-            nat_links: take(ebpf, names::NAT_LINKS)?,
-            nat_link_stats: take(ebpf, names::NAT_LINK_STATS)?,
+            nat_links: take_optional(ebpf, names::NAT_LINKS)?,
+            nat_link_stats: take_optional(ebpf, names::NAT_LINK_STATS)?,
             nat: Arc::new(Mutex::new(KernelNat {
                 ports: take(ebpf, names::SNAT_PORTS)?,
                 flows: take(ebpf, names::SNAT_FLOWS)?,
@@ -312,14 +325,26 @@ impl Dataplane for KernelDataplane {
     }
 
     fn set_nat_links(&mut self, links: &NatLinks) -> Result<(), DataplaneError> {
-        self.nat_links
-            .set(0, links, 0)
-            .map_err(map_err(names::NAT_LINKS, "write"))
+        match &mut self.nat_links {
+            Some(map) => map
+                .set(0, links, 0)
+                .map_err(map_err(names::NAT_LINKS, "write")),
+            None if *links == NatLinks::default() => Ok(()),
+            None => Err(DataplaneError::Map {
+                map: names::NAT_LINKS,
+                op: "find (this program knows one link only)",
+                source: MapError::InvalidName {
+                    name: names::NAT_LINKS.into(),
+                },
+            }),
+        }
     }
 
     fn nat_link_stats(&self) -> Result<NatLinkStats, DataplaneError> {
-        let values = self
-            .nat_link_stats
+        let Some(map) = &self.nat_link_stats else {
+            return Ok(NatLinkStats::default());
+        };
+        let values = map
             .get(&0, 0)
             .map_err(map_err(names::NAT_LINK_STATS, "read"))?;
         Ok(values

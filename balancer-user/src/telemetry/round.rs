@@ -10,7 +10,7 @@ use super::store::TelemetryStore;
 use crate::balancer::{ApplyReport, Balancer, BalancerError};
 use crate::config::VipConfig;
 use crate::dataplane::Dataplane;
-use crate::policy::{Decision, Input, PolicyKind, PolicyState, decide};
+use crate::policy::{Decision, FlowsSince, Input, PolicyKind, PolicyState, decide};
 
 /// What a round decided and what publishing it did.
 #[derive(Debug, Default)]
@@ -20,12 +20,15 @@ pub struct RoundOutcome {
     pub report: ApplyReport,
 }
 
-/// Runs one round for `vip` at `now`. `flows` holds active flows per backend id.
+/// Runs one round for `vip` at `now`. `flows` holds active flows per backend id; `since` what
+/// the data plane saw of each backend since its newest report (empty unless the policy
+/// corrects reports by it).
 pub fn weight_round<D: Dataplane>(
     vip: &VipConfig,
     balancer: &mut Balancer<D>,
     store: &TelemetryStore,
     flows: &HashMap<u32, u64>,
+    since: &HashMap<IpAddr, FlowsSince>,
     policy: &mut PolicyState,
     now: Instant,
 ) -> Result<RoundOutcome, BalancerError> {
@@ -48,6 +51,7 @@ pub fn weight_round<D: Dataplane>(
                     .get(&b.address)
                     .and_then(|s| flows.get(&s.id).copied())
                     .unwrap_or(0),
+                since_report: since.get(&b.address).copied().unwrap_or_default(),
             }
         })
         .collect();

@@ -359,6 +359,7 @@ fn telemetry(figures: &mut Figures) -> Result<()> {
         &mut h.balancer,
         &store,
         &flows,
+        &HashMap::new(),
         &mut policy,
         Instant::now(),
     )?;
@@ -398,6 +399,7 @@ fn telemetry(figures: &mut Figures) -> Result<()> {
             &mut h.balancer,
             &store,
             &flows,
+            &HashMap::new(),
             &mut policy,
             Instant::now(),
         )?;
@@ -422,6 +424,7 @@ fn telemetry(figures: &mut Figures) -> Result<()> {
             &mut h.balancer,
             &store,
             &flows,
+            &HashMap::new(),
             &mut policy,
             Instant::now(),
         )?;

@@ -115,8 +115,7 @@ fn config() -> String {
 }
 
 /// [`config`] with a NAT VIP beside: with one, the non-VIP path also looks for NAT replies, so
-/// the NAT paths run on a program of their own (and on this build only: a baseline object
-/// may not know NAT).
+/// the NAT paths run on a program of their own (the baseline's too, where it knows NAT).
 fn nat_config() -> String {
     let mut config: RawConfig = toml::from_str(&config()).expect("the benchmark's config");
     config.vip.push(crate::configs::nat4());
@@ -248,6 +247,97 @@ fn pin_flows(h: &mut Harness) -> Result<()> {
     Ok(())
 }
 
+/// The NAT paths on `h` (a program with [`nat_config`]): non-VIP traffic while NAT is on, and
+/// an established flow both ways.
+fn nat_setup(mut h: Harness, payload: &[u8]) -> Result<(Harness, Vec<Case>)> {
+    let c4 = ip("10.9.0.1");
+    let nat_vip = ip("10.111.1.5");
+    h.run(&tcp_frame(c4, 1004, nat_vip, 80, true, b""))?;
+    let nat_backend = h.table_backend("nat4", c4, 1004)?;
+    let mut reply = tcp_frame(nat_backend, 80, c4, 1004, false, payload);
+    reply[6..12].copy_from_slice(&crate::packet::backend_mac(nat_backend));
+    let cases = vec![
+        Case {
+            key: "non_vip_nat_on",
+            what: "non-VIP TCP while a VIP forwards by NAT (a NAT_REPLIES miss)",
+            method: Method::Repeat,
+            frame: tcp_frame(c4, 2000, ip("10.111.0.2"), 22, false, payload),
+            expect: XDP_PASS,
+            fresh_ports: false,
+            target: None,
+        },
+        Case {
+            key: "established_nat",
+            what: "established TCP, NAT to the backend (single runs: a run rewrites its input)",
+            method: Method::Single,
+            frame: tcp_frame(c4, 1004, nat_vip, 80, false, payload),
+            expect: XDP_TX,
+            fresh_ports: false,
+            target: None,
+        },
+        Case {
+            key: "nat_reply",
+            what: "a NAT flow's reply, the VIP written back (single runs)",
+            method: Method::Single,
+            frame: reply,
+            expect: XDP_TX,
+            fresh_ports: false,
+            target: None,
+        },
+    ];
+    Ok((h, cases))
+}
+
+/// The source-NAT paths on `h` (a program with [`snat_config`]): non-VIP traffic with both
+/// reply tables in use, and an established flow both ways (its port is the program's choice:
+/// the first packet's output tells it).
+fn snat_setup(mut h: Harness, payload: &[u8]) -> Result<(Harness, Vec<Case>)> {
+    let c4 = ip("10.9.0.1");
+    let snat_vip = ip("10.111.1.6");
+    let (_, first) = h.run(&tcp_frame(c4, 1005, snat_vip, 80, true, b""))?;
+    let snat_port = u16::from_be_bytes([first[34], first[35]]);
+    let snat_backend = h.table_backend("snat4", c4, 1005)?;
+    let mut snat_reply = tcp_frame(
+        snat_backend,
+        80,
+        ip("10.111.0.2"),
+        snat_port,
+        false,
+        payload,
+    );
+    snat_reply[6..12].copy_from_slice(&crate::packet::backend_mac(snat_backend));
+    let cases = vec![
+        Case {
+            key: "non_vip_snat_on",
+            what: "non-VIP TCP while VIPs forward by NAT and source NAT (two reply-table misses)",
+            method: Method::Repeat,
+            frame: tcp_frame(c4, 2000, ip("10.111.0.2"), 22, false, payload),
+            expect: XDP_PASS,
+            fresh_ports: false,
+            target: None,
+        },
+        Case {
+            key: "established_snat",
+            what: "established TCP, NAT and source NAT to the backend (single runs)",
+            method: Method::Single,
+            frame: tcp_frame(c4, 1005, snat_vip, 80, false, payload),
+            expect: XDP_TX,
+            fresh_ports: false,
+            target: None,
+        },
+        Case {
+            key: "snat_reply",
+            what: "a source-NAT flow's reply, the VIP and the client written back (single runs)",
+            method: Method::Single,
+            frame: snat_reply,
+            expect: XDP_TX,
+            fresh_ports: false,
+            target: None,
+        },
+    ];
+    Ok((h, cases))
+}
+
 /// Runs the benchmark; returns the figures (also printed). With `baseline` (the ELF bytes of
 /// another build of the balancer object, e.g. an earlier commit's), that program runs every
 /// path in the same rounds, interleaved, and each path's new / baseline ratio is reported.
@@ -351,87 +441,17 @@ pub fn run(rounds: usize, repeat: u32, singles: u32, baseline: Option<&[u8]>) ->
             target: None,
         });
     }
-    // NAT: an established flow both ways, and non-VIP traffic while NAT is on.
-    let mut nat = Harness::new(&nat_config())?;
-    let nat_vip = ip("10.111.1.5");
-    nat.run(&tcp_frame(c4, 1004, nat_vip, 80, true, b""))?;
-    let nat_backend = nat.table_backend("nat4", c4, 1004)?;
-    let mut reply = tcp_frame(nat_backend, 80, c4, 1004, false, &payload);
-    reply[6..12].copy_from_slice(&crate::packet::backend_mac(nat_backend));
-    let nat_cases = vec![
-        Case {
-            key: "non_vip_nat_on",
-            what: "non-VIP TCP while a VIP forwards by NAT (a NAT_REPLIES miss)",
-            method: Method::Repeat,
-            frame: tcp_frame(c4, 2000, ip("10.111.0.2"), 22, false, &payload),
-            expect: XDP_PASS,
-            fresh_ports: false,
-            target: None,
-        },
-        Case {
-            key: "established_nat",
-            what: "established TCP, NAT to the backend (single runs: a run rewrites its input)",
-            method: Method::Single,
-            frame: tcp_frame(c4, 1004, nat_vip, 80, false, &payload),
-            expect: XDP_TX,
-            fresh_ports: false,
-            target: None,
-        },
-        Case {
-            key: "nat_reply",
-            what: "a NAT flow's reply, the VIP written back (single runs)",
-            method: Method::Single,
-            frame: reply,
-            expect: XDP_TX,
-            fresh_ports: false,
-            target: None,
-        },
-    ];
-    // Source NAT: an established flow both ways (its port is the program's choice: the first
-    // packet's output tells it), and non-VIP traffic with both reply tables in use.
-    let mut snat = Harness::new(&snat_config())?;
-    let snat_vip = ip("10.111.1.6");
-    let (_, first) = snat.run(&tcp_frame(c4, 1005, snat_vip, 80, true, b""))?;
-    let snat_port = u16::from_be_bytes([first[34], first[35]]);
-    let snat_backend = snat.table_backend("snat4", c4, 1005)?;
-    let mut snat_reply = tcp_frame(
-        snat_backend,
-        80,
-        ip("10.111.0.2"),
-        snat_port,
-        false,
-        &payload,
-    );
-    snat_reply[6..12].copy_from_slice(&crate::packet::backend_mac(snat_backend));
-    let snat_cases = vec![
-        Case {
-            key: "non_vip_snat_on",
-            what: "non-VIP TCP while VIPs forward by NAT and source NAT (two reply-table misses)",
-            method: Method::Repeat,
-            frame: tcp_frame(c4, 2000, ip("10.111.0.2"), 22, false, &payload),
-            expect: XDP_PASS,
-            fresh_ports: false,
-            target: None,
-        },
-        Case {
-            key: "established_snat",
-            what: "established TCP, NAT and source NAT to the backend (single runs)",
-            method: Method::Single,
-            frame: tcp_frame(c4, 1005, snat_vip, 80, false, &payload),
-            expect: XDP_TX,
-            fresh_ports: false,
-            target: None,
-        },
-        Case {
-            key: "snat_reply",
-            what: "a source-NAT flow's reply, the VIP and the client written back (single runs)",
-            method: Method::Single,
-            frame: snat_reply,
-            expect: XDP_TX,
-            fresh_ports: false,
-            target: None,
-        },
-    ];
+    // NAT and source NAT, each on a program of its own; the baseline's too where it knows NAT.
+    let (mut nat, nat_cases) = nat_setup(Harness::new(&nat_config())?, &payload)?;
+    let (mut snat, snat_cases) = snat_setup(Harness::new(&snat_config())?, &payload)?;
+    let mut old_nat = baseline
+        .and_then(|o| Harness::with_object(&nat_config(), o).ok())
+        .map(|h| nat_setup(h, &payload))
+        .transpose()?;
+    let mut old_snat = baseline
+        .and_then(|o| Harness::with_object(&snat_config(), o).ok())
+        .map(|h| snat_setup(h, &payload))
+        .transpose()?;
     let pass_frame = tcp_frame(c4, 2000, ip("10.111.0.2"), 22, false, &payload);
     let mut samples: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     let mut baseline_samples: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
@@ -463,13 +483,24 @@ pub fn run(rounds: usize, repeat: u32, singles: u32, baseline: Option<&[u8]>) ->
                 baseline_samples.entry(case.key).or_default().push(ns);
             }
         }
-        for case in &nat_cases {
-            let ns = time_case(&mut nat, case, repeat, singles)?;
-            samples.entry(case.key).or_default().push(ns);
-        }
-        for case in &snat_cases {
-            let ns = time_case(&mut snat, case, repeat, singles)?;
-            samples.entry(case.key).or_default().push(ns);
+        for ((h, cases), mut old) in [
+            ((&mut nat, &nat_cases), old_nat.as_mut()),
+            ((&mut snat, &snat_cases), old_snat.as_mut()),
+        ] {
+            for (i, case) in cases.iter().enumerate() {
+                let baseline_first = round % 2 == 1;
+                let mut old = old.as_deref_mut().map(|(b, c)| (b, &c[i]));
+                if let (Some((b, c)), true) = (old.as_mut(), baseline_first) {
+                    let ns = time_case(b, c, repeat, singles)?;
+                    baseline_samples.entry(case.key).or_default().push(ns);
+                }
+                let ns = time_case(h, case, repeat, singles)?;
+                samples.entry(case.key).or_default().push(ns);
+                if let (Some((b, c)), false) = (old.as_mut(), baseline_first) {
+                    let ns = time_case(b, c, repeat, singles)?;
+                    baseline_samples.entry(case.key).or_default().push(ns);
+                }
+            }
         }
     }
 
@@ -527,9 +558,11 @@ pub fn run(rounds: usize, repeat: u32, singles: u32, baseline: Option<&[u8]>) ->
             "{:<28} {:>8} {:>10} {:>8} {:>16}",
             "path", "new", "baseline", "ratio", "spread"
         );
-        for case in &cases {
+        for case in cases.iter().chain(&nat_cases).chain(&snat_cases) {
+            let Some(base) = baseline_samples.get(case.key) else {
+                continue;
+            };
             let new = &samples[case.key];
-            let base = &baseline_samples[case.key];
             let ratios: Vec<f64> = new.iter().zip(base).map(|(n, b)| n / b).collect();
             let ratio = median(&ratios);
             let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);

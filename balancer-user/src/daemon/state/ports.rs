@@ -7,12 +7,12 @@ use std::sync::Mutex;
 
 use super::Daemon;
 use crate::balancer::Endpoint;
-use crate::config::{Discovery, FleetConfig, HealthConfig, RawVip, TelemetryConfig};
+use crate::config::{Discovery, FleetConfig, HealthConfig, RawVip};
 use crate::discovery::{DiscoveryPort, PoolDiscovery};
 use crate::fleet::agent::FleetPort;
 use crate::fleet::{FleetState, FleetStatus, FleetWeights, local_weights, vip_config};
 use crate::health::HealthPort;
-use crate::telemetry::loops::TelemetryPort;
+use crate::telemetry::loops::{ScrapeTarget, TelemetryPort};
 use crate::telemetry::signals::Signals;
 
 impl HealthPort for Mutex<Daemon> {
@@ -44,7 +44,7 @@ impl HealthPort for Mutex<Daemon> {
 }
 
 impl TelemetryPort for Mutex<Daemon> {
-    fn scrape_targets(&self) -> Vec<(Endpoint, String, Vec<IpAddr>, TelemetryConfig)> {
+    fn scrape_targets(&self) -> Vec<ScrapeTarget> {
         self.lock().map(|d| d.scrape_targets()).unwrap_or_default()
     }
 
@@ -57,8 +57,13 @@ impl TelemetryPort for Mutex<Daemon> {
         let Ok(mut d) = self.lock() else {
             return;
         };
+        let marks = match d.config.vip(name) {
+            Some(v) if !results.is_empty() => d.flow_marks(v),
+            _ => Default::default(),
+        };
         for (backend, result) in results {
-            d.record_scrape(vip, name, backend, result);
+            let mark = marks.get(&backend).copied();
+            d.record_scrape(vip, name, backend, result, mark);
         }
         if let Err(e) = d.weight_round(name) {
             if e.is_publish_failure() {

@@ -1,16 +1,40 @@
 //! Backend reports (scraped, pushed, models discovered) and the weight rounds that turn
 //! them into each VIP's table.
 
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::time::Instant;
 
 use crate::balancer::Endpoint;
-use crate::config::TelemetrySource;
-use crate::policy::PolicyKind;
+use crate::config::{TelemetrySource, VipConfig};
+use crate::dataplane::Dataplane as _;
+use crate::policy::{FlowsSince, PolicyKind};
+use crate::telemetry::loops::{ROUNDS_BETWEEN_SCRAPES, ScrapeTarget};
 use crate::telemetry::round;
 use crate::telemetry::signals::Signals;
 
 use super::{ChangeError, Daemon};
+
+/// What the data plane had counted for a backend at a moment: the flows it ever gave it, and
+/// those active then.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowMark {
+    pub new: u64,
+    pub active: u64,
+}
+
+impl FlowMark {
+    /// The flows given and ended between `then` and this mark: every flow active then or
+    /// given since that is no longer active has ended. (A counter that went back — the
+    /// backend's id given to another — reads as nothing since.)
+    pub fn since(&self, then: &FlowMark) -> FlowsSince {
+        let new = self.new.saturating_sub(then.new);
+        FlowsSince {
+            new,
+            ended: (then.active + new).saturating_sub(self.active),
+        }
+    }
+}
 
 impl Daemon {
     /// Records a discovery round of `pool`; when a backend's models changed, the VIPs that
@@ -52,14 +76,19 @@ impl Daemon {
         }
     }
 
-    /// Records a scrape of a backend (signals, or why it failed).
+    /// Records a scrape of a backend (signals, or why it failed); `mark`: what the data plane
+    /// had counted for it then (see [`Daemon::flow_marks`]).
     pub fn record_scrape(
         &mut self,
         vip: &Endpoint,
         name: &str,
         backend: IpAddr,
         result: Result<Signals, String>,
+        mark: Option<FlowMark>,
     ) {
+        if let (Ok(_), Some(mark)) = (&result, mark) {
+            self.report_marks.insert((*vip, backend), mark);
+        }
         let outcome = if result.is_ok() { "success" } else { "failure" };
         self.metrics
             .reports
@@ -110,6 +139,7 @@ impl Daemon {
         let Some(vip) = self.config.vip(name).cloned() else {
             return Ok(());
         };
+        let since = self.flows_since_reports(&vip);
         // Connection-aware policies read the data plane's active-flow counts (kept for their
         // VIPs: a read of one small array, not a scan of the connection table).
         let active = if vip.policy.reads_flows() {
@@ -129,6 +159,7 @@ impl Daemon {
             &mut self.balancer,
             &self.telemetry,
             active.as_ref().unwrap_or(&self.flows),
+            &since,
             policy,
             started,
         )?;
@@ -151,28 +182,57 @@ impl Daemon {
         Ok(())
     }
 
-    /// VIPs whose backends are scraped: (endpoint, name, backends, pages, telemetry settings).
-    pub fn scrape_targets(
-        &self,
-    ) -> Vec<(
-        Endpoint,
-        String,
-        Vec<IpAddr>,
-        crate::config::TelemetryConfig,
-    )> {
+    /// What the data plane has counted for each backend of `vip` now (by address): empty
+    /// unless its policy corrects reports by it ([`PolicyConfig::fresher_load`]).
+    ///
+    /// [`PolicyConfig::fresher_load`]: crate::policy::PolicyConfig::fresher_load
+    pub fn flow_marks(&self, vip: &VipConfig) -> HashMap<IpAddr, FlowMark> {
+        let Some(state) = self
+            .balancer
+            .vip(&vip.name)
+            .filter(|_| vip.policy.fresher_load)
+        else {
+            return HashMap::new();
+        };
+        let dataplane = self.balancer.dataplane();
+        let active = dataplane.active_flows().unwrap_or_default();
+        state
+            .backends
+            .iter()
+            .filter_map(|(address, b)| {
+                let new = dataplane.backend_stats(b.id).ok()?.new_flows;
+                let active = active.get(&b.id).copied().unwrap_or(0);
+                Some((*address, FlowMark { new, active }))
+            })
+            .collect()
+    }
+
+    /// What the data plane saw of each backend of `vip` since its newest report.
+    fn flows_since_reports(&self, vip: &VipConfig) -> HashMap<IpAddr, FlowsSince> {
+        let endpoint = vip.endpoint();
+        self.flow_marks(vip)
+            .into_iter()
+            .filter_map(|(address, now)| {
+                let then = self.report_marks.get(&(endpoint, address))?;
+                Some((address, now.since(then)))
+            })
+            .collect()
+    }
+
+    /// VIPs whose backends report (scraped or pushed) or whose policy reads them.
+    pub fn scrape_targets(&self) -> Vec<ScrapeTarget> {
         self.config
             .vips
             .iter()
             .filter(|v| {
                 v.telemetry.source != TelemetrySource::None || v.policy.kind != PolicyKind::Static
             })
-            .map(|v| {
-                (
-                    v.endpoint(),
-                    v.name.clone(),
-                    v.backends.iter().map(|b| b.address).collect(),
-                    v.telemetry.clone(),
-                )
+            .map(|v| ScrapeTarget {
+                vip: v.endpoint(),
+                name: v.name.clone(),
+                backends: v.backends.iter().map(|b| b.address).collect(),
+                telemetry: v.telemetry.clone(),
+                rounds_every: v.policy.fresher_load.then_some(ROUNDS_BETWEEN_SCRAPES),
             })
             .collect()
     }
@@ -218,4 +278,27 @@ fn check_report(s: &Signals) -> Result<(), ChangeError> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flows_since_a_mark_are_the_new_ones_and_those_that_ended() {
+        let then = FlowMark {
+            new: 100,
+            active: 6,
+        };
+        // 5 new since; 3 active now: of the 11 active then or new since, 8 ended.
+        let now = FlowMark {
+            new: 105,
+            active: 3,
+        };
+        assert_eq!(now.since(&then), FlowsSince { new: 5, ended: 8 });
+        assert_eq!(then.since(&then), FlowsSince::default());
+        // A counter that went back (the id given to another backend): nothing since.
+        let reset = FlowMark { new: 2, active: 9 };
+        assert_eq!(reset.since(&then), FlowsSince { new: 0, ended: 0 });
+    }
 }

@@ -71,6 +71,9 @@ pub struct VipSettings {
     /// Weights from the composite policy over the servers' scraped metrics (every
     /// `scrape_ms`), else static.
     pub composite: bool,
+    /// The composite policy's reports corrected by the flows the data plane saw since each
+    /// (`fresher_load`), with rounds between scrapes.
+    pub fresher_load: bool,
     pub scrape_ms: u64,
 }
 
@@ -83,7 +86,15 @@ impl VipSettings {
             scheduler,
             max_load_factor,
             composite,
+            fresher_load: false,
             scrape_ms: 0,
+        }
+    }
+
+    const fn fresher(self) -> Self {
+        VipSettings {
+            fresher_load: true,
+            ..self
         }
     }
 
@@ -100,6 +111,10 @@ impl VipSettings {
             });
             vip.policy = Some(RawPolicy {
                 kind: Some("composite".into()),
+                fresher_load: Some(self.fresher_load),
+                // A report stays fresh for three scrapes (at least the default second), so
+                // slower scrapes are compared, not taken for stale.
+                stale_after_ms: Some((3 * self.scrape_ms).max(1000) as i64),
                 ..RawPolicy::default()
             });
         }
@@ -108,7 +123,7 @@ impl VipSettings {
 
 /// The balancer's policies compared: name, what it is, and its settings of the VIP (the
 /// scrape interval is filled in).
-const OURS: [(&str, &str, VipSettings); 5] = [
+const OURS: [(&str, &str, VipSettings); 6] = [
     (
         "round-robin",
         "each backend in turn",
@@ -128,6 +143,11 @@ const OURS: [(&str, &str, VipSettings); 5] = [
         "composite",
         "Maglev with weights from the servers' metrics (composite policy)",
         VipSettings::new("maglev", None, true),
+    ),
+    (
+        "composite-fresh",
+        "composite, each report corrected by the flows the data plane saw since it (fresher_load), rounds every 100 ms between scrapes",
+        VipSettings::new("maglev", None, true).fresher(),
     ),
     (
         "affinity",
