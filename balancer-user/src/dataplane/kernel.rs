@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsFd, AsRawFd};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use aya::Ebpf;
 use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
@@ -17,6 +17,7 @@ use balancer_common::stats::{COUNTERS, GlobalStats, NatLinkStats, NatStats, Traf
 use balancer_common::vip_index::build_index;
 
 use super::nat_expiry::{NatSweeper, NatTables, sweep};
+use super::sys::MappedArray;
 use super::{Dataplane, DataplaneError, FlowCounter, add_traffic, sys};
 
 /// The balancer program's maps, owned by the daemon.
@@ -32,6 +33,10 @@ pub struct KernelDataplane {
     backend_stats: PerCpuArray<MapData, TrafficStats>,
     flows: MapData,
     flows_buckets: u32,
+    /// The connection table and the active-flow counts mapped once, read in place (see
+    /// [`sys::MappedArray`]).
+    flows_view: OnceLock<Arc<MappedArray<FlowBucket>>>,
+    active_view: OnceLock<Arc<MappedArray<u64>>>,
     active: Array<MapData, u64>,
     tier_v4: LpmTrie<MapData, u32, u8>,
     tier_v6: LpmTrie<MapData, [u32; 4], u8>,
@@ -120,6 +125,23 @@ fn take<T: TryFrom<Map, Error = MapError>>(
     T::try_from(map).map_err(map_err(name, "open"))
 }
 
+/// The mapping of `count` values of `map` kept in `view`, made on first use.
+fn mapped<T: Copy>(
+    view: &OnceLock<Arc<MappedArray<T>>>,
+    map: &MapData,
+    count: usize,
+    what: &str,
+) -> Result<Arc<MappedArray<T>>, DataplaneError> {
+    if let Some(v) = view.get() {
+        return Ok(v.clone());
+    }
+    let v = Arc::new(
+        MappedArray::map(map.fd().as_fd(), count)
+            .map_err(|e| DataplaneError::VipIndex(format!("mapping {what}: {e}")))?,
+    );
+    Ok(view.get_or_init(|| v).clone())
+}
+
 /// Like [`take`], for a map an object of an earlier build may lack.
 fn take_optional<T: TryFrom<Map, Error = MapError>>(
     ebpf: &mut Ebpf,
@@ -204,6 +226,8 @@ impl KernelDataplane {
             backend_stats: take(ebpf, names::BACKEND_STATS)?,
             flows,
             flows_buckets,
+            flows_view: OnceLock::new(),
+            active_view: OnceLock::new(),
             active: take(ebpf, names::ACTIVE)?,
             tier_v4: take(ebpf, names::TIER_V4)?,
             tier_v6: take(ebpf, names::TIER_V6)?,
@@ -258,17 +282,17 @@ impl Dataplane for KernelDataplane {
     /// Connection-table entries per backend id whose flow the client has not ended (tag set,
     /// value intact, not closed by FIN/RST).
     fn flow_counter(&self) -> Result<FlowCounter, DataplaneError> {
-        let buckets = self.flows_buckets as usize;
-        // A descriptor of its own: the count may run after this data plane is gone.
-        let fd = self.flows.fd().as_fd().try_clone_to_owned().map_err(|e| {
-            DataplaneError::VipIndex(format!("opening the connection table again: {e}"))
-        })?;
+        // The mapping is shared: the count may run after this data plane is gone.
+        let table = mapped(
+            &self.flows_view,
+            &self.flows,
+            self.flows_buckets as usize,
+            "the connection table",
+        )?;
         Ok(FlowCounter::later(move || {
-            let all: Vec<FlowBucket> = sys::read_mmapable(fd.as_fd(), buckets).map_err(|e| {
-                DataplaneError::VipIndex(format!("reading the connection table: {e}"))
-            })?;
             let mut counts = HashMap::new();
-            for bucket in &all {
+            for i in 0..table.len() {
+                let bucket = table.get(i);
                 for way in &bucket.ways {
                     if way.tag == 0 {
                         continue;
@@ -433,17 +457,16 @@ impl Dataplane for KernelDataplane {
     }
 
     fn active_flows(&self) -> Result<HashMap<u32, u64>, DataplaneError> {
-        let all: Vec<u64> =
-            sys::read_mmapable(self.active.map().fd().as_fd(), names::MAX_BACKENDS as usize)
-                .map_err(|e| {
-                    DataplaneError::VipIndex(format!("reading the active-flow counts: {e}"))
-                })?;
-        Ok(all
-            .into_iter()
-            .enumerate()
+        let all = mapped(
+            &self.active_view,
+            self.active.map(),
+            names::MAX_BACKENDS as usize,
+            "the active-flow counts",
+        )?;
+        Ok((0..all.len())
+            .map(|id| (id as u32, all.get(id)))
             // Signed counters; a transient negative reads as none.
             .filter(|(_, n)| (*n as i64) > 0)
-            .map(|(id, n)| (id as u32, n))
             .collect())
     }
 

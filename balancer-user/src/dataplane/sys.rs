@@ -223,6 +223,79 @@ pub fn read_mmapable<T: Copy>(map: BorrowedFd<'_>, count: usize) -> io::Result<V
     }
 }
 
+/// A shared read-only mapping of a memory-mappable array, kept for repeated reads: mapped
+/// once, its pages stay in the page tables, so a read costs no mapping and no page faults (a
+/// 32 MiB connection table mapped afresh each second costs thousands of faults), and values
+/// are read in place, not copied out. Values may change under the reader (the XDP program
+/// writes them): each is read whole but the set is not a snapshot.
+pub struct MappedArray<T: Copy> {
+    base: *const u8,
+    /// Bytes mapped (whole pages).
+    mapped_bytes: usize,
+    count: usize,
+    _values: std::marker::PhantomData<T>,
+}
+
+// SAFETY: the mapping is read-only and owned by this value; reads go through `get`.
+unsafe impl<T: Copy> Send for MappedArray<T> {}
+// SAFETY: as above: no interior mutability on our side.
+unsafe impl<T: Copy> Sync for MappedArray<T> {}
+
+impl<T: Copy> MappedArray<T> {
+    /// Maps `count` values of the BPF_F_MMAPABLE array `map` (the mapping outlives the
+    /// descriptor).
+    pub fn map(map: BorrowedFd<'_>, count: usize) -> io::Result<MappedArray<T>> {
+        let stride = std::mem::size_of::<T>().next_multiple_of(8);
+        assert_eq!(stride, std::mem::size_of::<T>(), "values padded to 8 bytes");
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        let len = (count * stride).div_ceil(page).max(1) * page;
+        // SAFETY: mapping a BPF_F_MMAPABLE array of at least `count` values, read only.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                map.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(MappedArray {
+            base: ptr.cast::<u8>(),
+            mapped_bytes: len,
+            count,
+            _values: std::marker::PhantomData,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// Value `i` as it is now.
+    pub fn get(&self, i: usize) -> T {
+        assert!(i < self.count, "index {i} of {}", self.count);
+        // SAFETY: within the mapping (checked above); a volatile read, as the kernel writes.
+        unsafe {
+            self.base
+                .add(i * std::mem::size_of::<T>())
+                .cast::<T>()
+                .read_volatile()
+        }
+    }
+}
+
+impl<T: Copy> Drop for MappedArray<T> {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, unmapped once.
+        unsafe { libc::munmap(self.base.cast_mut().cast(), self.mapped_bytes) };
+    }
+}
+
 /// Eight random bytes from the kernel.
 pub fn random_u64() -> u64 {
     let mut v = 0u64;
