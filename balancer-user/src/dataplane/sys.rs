@@ -194,33 +194,11 @@ pub fn map_fd_by_id(id: u32) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
-/// Reads `count` values of a memory-mappable array through a shared read-only mapping.
+/// Reads `count` values of a memory-mappable array through a shared read-only mapping
+/// (mapped for this read only).
 pub fn read_mmapable<T: Copy>(map: BorrowedFd<'_>, count: usize) -> io::Result<Vec<T>> {
-    let stride = std::mem::size_of::<T>().next_multiple_of(8);
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-    let len = (count * stride).div_ceil(page).max(1) * page;
-    // SAFETY: mapping a BPF_F_MMAPABLE array of at least `count` `T`-sized values, read only,
-    // unmapped before returning.
-    unsafe {
-        let ptr = libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            map.as_raw_fd(),
-            0,
-        );
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let base = ptr.cast::<u8>();
-        let out = (0..count)
-            .map(|i| base.add(i * stride).cast::<T>().read_unaligned())
-            .collect();
-        libc::munmap(ptr, len);
-        Ok(out)
-    }
+    let mapped = MappedArray::<T>::map(map, count)?;
+    Ok((0..count).map(|i| mapped.get(i)).collect())
 }
 
 /// A shared read-only mapping of a memory-mappable array, kept for repeated reads: mapped
@@ -246,7 +224,6 @@ impl<T: Copy> MappedArray<T> {
     /// descriptor).
     pub fn map(map: BorrowedFd<'_>, count: usize) -> io::Result<MappedArray<T>> {
         let stride = std::mem::size_of::<T>().next_multiple_of(8);
-        assert_eq!(stride, std::mem::size_of::<T>(), "values padded to 8 bytes");
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
         let len = (count * stride).div_ceil(page).max(1) * page;
@@ -276,16 +253,12 @@ impl<T: Copy> MappedArray<T> {
         self.count
     }
 
-    /// Value `i` as it is now.
+    /// Value `i` as it is now (the kernel lays values out 8-byte aligned).
     pub fn get(&self, i: usize) -> T {
         assert!(i < self.count, "index {i} of {}", self.count);
-        // SAFETY: within the mapping (checked above); a volatile read, as the kernel writes.
-        unsafe {
-            self.base
-                .add(i * std::mem::size_of::<T>())
-                .cast::<T>()
-                .read_volatile()
-        }
+        let stride = std::mem::size_of::<T>().next_multiple_of(8);
+        // SAFETY: within the mapping (checked above); read whole, as the kernel writes.
+        unsafe { self.base.add(i * stride).cast::<T>().read_unaligned() }
     }
 }
 

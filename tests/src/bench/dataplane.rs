@@ -247,6 +247,19 @@ fn pin_flows(h: &mut Harness) -> Result<()> {
     Ok(())
 }
 
+/// Non-VIP TCP to the balancer's own address (`key`: on a program with NAT VIPs).
+fn non_vip_case(key: &'static str, what: &'static str, payload: &[u8]) -> Case {
+    Case {
+        key,
+        what,
+        method: Method::Repeat,
+        frame: tcp_frame(ip("10.9.0.1"), 2000, ip("10.111.0.2"), 22, false, payload),
+        expect: XDP_PASS,
+        fresh_ports: false,
+        target: None,
+    }
+}
+
 /// The NAT paths on `h` (a program with [`nat_config`]): non-VIP traffic while NAT is on, and
 /// an established flow both ways.
 fn nat_setup(mut h: Harness, payload: &[u8]) -> Result<(Harness, Vec<Case>)> {
@@ -257,15 +270,11 @@ fn nat_setup(mut h: Harness, payload: &[u8]) -> Result<(Harness, Vec<Case>)> {
     let mut reply = tcp_frame(nat_backend, 80, c4, 1004, false, payload);
     reply[6..12].copy_from_slice(&crate::packet::backend_mac(nat_backend));
     let cases = vec![
-        Case {
-            key: "non_vip_nat_on",
-            what: "non-VIP TCP while a VIP forwards by NAT (a NAT_REPLIES miss)",
-            method: Method::Repeat,
-            frame: tcp_frame(c4, 2000, ip("10.111.0.2"), 22, false, payload),
-            expect: XDP_PASS,
-            fresh_ports: false,
-            target: None,
-        },
+        non_vip_case(
+            "non_vip_nat_on",
+            "non-VIP TCP while a VIP forwards by NAT (a NAT_REPLIES miss)",
+            payload,
+        ),
         Case {
             key: "established_nat",
             what: "established TCP, NAT to the backend (single runs: a run rewrites its input)",
@@ -307,15 +316,11 @@ fn snat_setup(mut h: Harness, payload: &[u8]) -> Result<(Harness, Vec<Case>)> {
     );
     snat_reply[6..12].copy_from_slice(&crate::packet::backend_mac(snat_backend));
     let cases = vec![
-        Case {
-            key: "non_vip_snat_on",
-            what: "non-VIP TCP while VIPs forward by NAT and source NAT (two reply-table misses)",
-            method: Method::Repeat,
-            frame: tcp_frame(c4, 2000, ip("10.111.0.2"), 22, false, payload),
-            expect: XDP_PASS,
-            fresh_ports: false,
-            target: None,
-        },
+        non_vip_case(
+            "non_vip_snat_on",
+            "non-VIP TCP while VIPs forward by NAT and source NAT (two reply-table misses)",
+            payload,
+        ),
         Case {
             key: "established_snat",
             what: "established TCP, NAT and source NAT to the backend (single runs)",
