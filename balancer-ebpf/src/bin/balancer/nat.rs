@@ -421,8 +421,8 @@ fn count_nat(full: bool) {
 
 /// A TCP/UDP packet not for a VIP: if it is a NAT flow's reply, writes the VIP back as its
 /// source (and, for source NAT, the client back as its destination) and sends it to the
-/// client's next hop (on the clients' link: see [`crate::links`]); else `XDP_PASS`. `layout` is the caller's parse and NAT bits
-/// ([`pack`]).
+/// client's next hop (on the clients' link: see [`crate::links`]); else `XDP_PASS`. `layout`
+/// is the caller's parse and NAT bits ([`pack`]).
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn balancer_nat_reply(ctx: *mut xdp_md, layout: u64) -> u32 {

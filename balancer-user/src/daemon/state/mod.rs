@@ -181,8 +181,8 @@ impl Daemon {
 }
 
 /// Writes the settings, NAT links, tiers and VIPs of `config` into `balancer` (`macs`: the
-/// next hops of backends that give none). `flow_buckets`: the connection table's size, fixed when its map
-/// was made.
+/// next hops of backends that give none). `flow_buckets`: the connection table's size, fixed
+/// when its map was made.
 pub fn configure(
     balancer: &mut Balancer<DynDataplane>,
     config: &Config,

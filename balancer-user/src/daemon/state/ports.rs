@@ -58,7 +58,7 @@ impl TelemetryPort for Mutex<Daemon> {
             return;
         };
         let marks = match d.config.vip(name) {
-            Some(v) if !results.is_empty() => d.flow_marks(v),
+            Some(v) if !results.is_empty() => d.flow_marks(v, None),
             _ => Default::default(),
         };
         for (backend, result) in results {

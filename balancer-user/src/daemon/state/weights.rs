@@ -139,7 +139,6 @@ impl Daemon {
         let Some(vip) = self.config.vip(name).cloned() else {
             return Ok(());
         };
-        let since = self.flows_since_reports(&vip);
         // Connection-aware policies read the data plane's active-flow counts (kept for their
         // VIPs: a read of one small array, not a scan of the connection table).
         let active = if vip.policy.reads_flows() {
@@ -153,6 +152,7 @@ impl Daemon {
         } else {
             None
         };
+        let since = self.flows_since_reports(&vip, active.as_ref());
         let policy = self.policies.entry(name.to_string()).or_default();
         let outcome = round::weight_round(
             &vip,
@@ -183,10 +183,15 @@ impl Daemon {
     }
 
     /// What the data plane has counted for each backend of `vip` now (by address): empty
-    /// unless its policy corrects reports by it ([`PolicyConfig::fresher_load`]).
+    /// unless its policy corrects reports by it ([`PolicyConfig::fresher_load`]). `active`:
+    /// the active-flow counts by backend id when the caller has just read them.
     ///
     /// [`PolicyConfig::fresher_load`]: crate::policy::PolicyConfig::fresher_load
-    pub fn flow_marks(&self, vip: &VipConfig) -> HashMap<IpAddr, FlowMark> {
+    pub fn flow_marks(
+        &self,
+        vip: &VipConfig,
+        active: Option<&HashMap<u32, u64>>,
+    ) -> HashMap<IpAddr, FlowMark> {
         let Some(state) = self
             .balancer
             .vip(&vip.name)
@@ -195,7 +200,14 @@ impl Daemon {
             return HashMap::new();
         };
         let dataplane = self.balancer.dataplane();
-        let active = dataplane.active_flows().unwrap_or_default();
+        let read;
+        let active = match active {
+            Some(a) => a,
+            None => {
+                read = dataplane.active_flows().unwrap_or_default();
+                &read
+            }
+        };
         state
             .backends
             .iter()
@@ -208,9 +220,13 @@ impl Daemon {
     }
 
     /// What the data plane saw of each backend of `vip` since its newest report.
-    fn flows_since_reports(&self, vip: &VipConfig) -> HashMap<IpAddr, FlowsSince> {
+    fn flows_since_reports(
+        &self,
+        vip: &VipConfig,
+        active: Option<&HashMap<u32, u64>>,
+    ) -> HashMap<IpAddr, FlowsSince> {
         let endpoint = vip.endpoint();
-        self.flow_marks(vip)
+        self.flow_marks(vip, active)
             .into_iter()
             .filter_map(|(address, now)| {
                 let then = self.report_marks.get(&(endpoint, address))?;
