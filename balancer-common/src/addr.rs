@@ -12,6 +12,28 @@ pub const FAMILY_V6: u8 = 6;
 /// Four words of address bytes in network order (see the module docs).
 pub type RawAddr = [u32; 4];
 
+/// The first `len` bits of an address (the rest zero): its network of that prefix length. The
+/// words hold network-order bytes, so each word's mask is swapped to them. For IPv4 (word 0
+/// only) a length of 32 or more keeps the whole address.
+#[inline(always)]
+pub fn prefix_of(raw: &RawAddr, len: u32) -> RawAddr {
+    let mut out = [0u32; 4];
+    let mut i = 0;
+    while i < 4 {
+        let start = 32 * i as u32;
+        let mask = if len >= start + 32 {
+            u32::MAX
+        } else if len <= start {
+            0
+        } else {
+            u32::MAX << (32 - (len - start))
+        };
+        out[i] = raw[i] & mask.to_be();
+        i += 1;
+    }
+    out
+}
+
 /// Converts an address to the data plane's representation and family tag.
 #[cfg(feature = "std")]
 pub fn raw_from_ip(ip: std::net::IpAddr) -> (RawAddr, u8) {
@@ -48,6 +70,28 @@ pub fn ip_from_raw(raw: &RawAddr, family: u8) -> Option<std::net::IpAddr> {
 mod tests {
     use super::*;
     use std::net::IpAddr;
+
+    #[test]
+    fn prefixes_keep_the_network_bits() {
+        let cases = [
+            ("10.1.2.3", 24, "10.1.2.0"),
+            ("10.1.2.3", 32, "10.1.2.3"),
+            ("10.1.2.3", 20, "10.1.0.0"),
+            ("10.1.255.3", 20, "10.1.240.0"),
+            ("10.1.2.3", 0, "0.0.0.0"),
+            ("2001:db8:1:2:3:4:5:6", 64, "2001:db8:1:2::"),
+            ("2001:db8:1:2:3:4:5:6", 48, "2001:db8:1::"),
+            ("2001:db8:1:2:3:4:5:6", 56, "2001:db8:1::"),
+            ("2001:db8:1:2ff:3:4:5:6", 56, "2001:db8:1:200::"),
+            ("2001:db8:1:2:3:4:5:6", 128, "2001:db8:1:2:3:4:5:6"),
+            ("2001:db8:1:2:3:4:5:6", 100, "2001:db8:1:2:3:4:0:0"),
+        ];
+        for (addr, len, net) in cases {
+            let (raw, family) = raw_from_ip(addr.parse().unwrap());
+            let got = ip_from_raw(&prefix_of(&raw, len), family).unwrap();
+            assert_eq!(got, net.parse::<IpAddr>().unwrap(), "{addr}/{len}");
+        }
+    }
 
     #[test]
     fn round_trips_both_families() {

@@ -38,6 +38,10 @@ pub const NAT_REPLIES: &str = "NAT_REPLIES";
 /// Source NAT: array by VIP id of [`SnatSource`] (family 0: the VIP does not translate
 /// sources).
 pub const SNAT_SOURCES: &str = "SNAT_SOURCES";
+/// Source affinity by prefix: array by VIP id of [`SourcePrefix`], read for new flows of the
+/// VIPs flagged [`VIP_F_SOURCE_PREFIX`] (source hash and session persistence key on the
+/// client's prefix instead of its address).
+pub const SOURCE_PREFIXES: &str = "SOURCE_PREFIXES";
 /// Source NAT: hash of a client's flow ([`SnatFlowKey`]) -> [`SnatFlowValue`] (its backend,
 /// source address and port). Not LRU: an entry leaves only when the daemon expires it, with
 /// its [`SNAT_PORTS`] entry, so a port is never given to a second live flow.
@@ -268,6 +272,9 @@ const _: () = assert!(core::mem::size_of::<VipSlot>() == 40);
 pub const VIP_F_TIERS: u8 = 1;
 /// [`VipMeta::flags`]: count the VIP's active flows for its weight policy.
 pub const VIP_F_COUNT: u8 = 2;
+/// [`VipMeta::flags`]: source hash and session persistence key on the client's source prefix
+/// (lengths in [`SOURCE_PREFIXES`]), so every client of one tenant's network lands together.
+pub const VIP_F_SOURCE_PREFIX: u8 = 4;
 
 /// A backend slot is in use and may receive packets.
 pub const BACKEND_F_ACTIVE: u8 = 1;
@@ -353,6 +360,37 @@ pub struct SnatSource {
     pub _pad: [u8; 3],
 }
 const _: () = assert!(core::mem::size_of::<SnatSource>() == 24);
+
+/// The source prefix lengths a VIP's affinity keys on (its entry of [`SOURCE_PREFIXES`]): the
+/// first `v4` bits of an IPv4 client's address, the first `v6` of an IPv6 one's.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SourcePrefix {
+    pub v4: u8,
+    pub v6: u8,
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(core::mem::size_of::<SourcePrefix>() == 4);
+
+impl SourcePrefix {
+    /// Whole addresses: no prefix.
+    pub const WHOLE: SourcePrefix = SourcePrefix {
+        v4: 32,
+        v6: 128,
+        _pad: [0; 2],
+    };
+
+    /// Whether it keys on less than whole addresses.
+    pub const fn is_prefix(&self) -> bool {
+        self.v4 < 32 || self.v6 < 128
+    }
+}
+
+impl Default for SourcePrefix {
+    fn default() -> Self {
+        SourcePrefix::WHOLE
+    }
+}
 
 /// The links of NAT forwarding (the single entry of [`NAT_LINKS`]): the program runs on both;
 /// a NAT VIP's packet leaves on the backends' link, a reply (or an ICMP error about a flow) on
@@ -563,7 +601,7 @@ pub const LAYOUT: u64 = (3 << 56)
     | core::mem::size_of::<crate::stats::TrafficStats>() as u64;
 
 /// The maps pinned under the daemon's pin directory (the program, its XDP link and these).
-pub const PINNED_MAPS: [&str; 22] = [
+pub const PINNED_MAPS: [&str; 23] = [
     VIPS,
     MAGLEV,
     BACKENDS,
@@ -578,6 +616,7 @@ pub const PINNED_MAPS: [&str; 22] = [
     AFFINITY,
     NAT_REPLIES,
     SNAT_SOURCES,
+    SOURCE_PREFIXES,
     SNAT_FLOWS,
     SNAT_PORTS,
     NAT_STATS,

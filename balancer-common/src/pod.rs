@@ -3,7 +3,7 @@
 
 use crate::maps::{
     Backend, DecapAddrKey, DecapConfig, FlowBucket, FlowKey, GlobalConfig, NatLinks, NatReplyKey,
-    NatReplyValue, SnatFlowKey, SnatFlowValue, SnatPortValue, SnatSource, VipKey, VipMeta, VipSlot,
+    NatReplyValue, SnatFlowKey, SnatFlowValue, SnatPortValue, SnatSource, SourcePrefix, VipKey, VipMeta, VipSlot,
 };
 use crate::stats::{DecapStats, GlobalStats, NatLinkStats, NatStats, TrafficStats};
 
@@ -37,6 +37,8 @@ unsafe impl aya::Pod for DecapAddrKey {}
 unsafe impl aya::Pod for DecapStats {}
 // SAFETY: as above.
 unsafe impl aya::Pod for SnatSource {}
+// SAFETY: as above.
+unsafe impl aya::Pod for SourcePrefix {}
 // SAFETY: as above.
 unsafe impl aya::Pod for SnatFlowKey {}
 // SAFETY: as above.

@@ -1,7 +1,8 @@
 //! The schedulers' choice logic in the XDP program through BPF_PROG_TEST_RUN (needs root):
 //! round robin, weighted round robin, source hash, random, weighted random, least
-//! connections, power of two choices, session persistence and bounded load, and the
-//! active-flow counts the connection-aware ones read.
+//! connections, power of two choices, session persistence and bounded load, tenant affinity
+//! (source hash and persistence keyed on a source prefix), and the active-flow counts the
+//! connection-aware ones read.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -323,6 +324,108 @@ fn bounded_load_caps_each_backend_near_its_share() {
         "bounded load let a backend reach {max_bounded} of 300 flows"
     );
     assert!(max_bounded <= max_unbounded);
+}
+
+#[test]
+#[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
+fn tenant_affinity_keeps_a_network_on_one_backend_within_bounded_load() {
+    let tenant = |name: &str, address: &str, scheduler: &str, extra: Extra| {
+        let mut v = scheduled_vip(
+            name,
+            address,
+            scheduler,
+            &[(B1, 1), (B2, 1), (B3, 1)],
+            extra,
+        );
+        v.affinity_prefix_v4 = Some(24);
+        v.affinity_prefix_v6 = Some(64);
+        v
+    };
+    let mut config = harness_settings(65_536);
+    config.vip = vec![
+        tenant("by-hash", "10.111.1.1", "source-hash", Extra::None),
+        tenant(
+            "by-persistence",
+            "10.111.1.2",
+            "round-robin",
+            Extra::PersistenceSecs(60),
+        ),
+        tenant(
+            "bounded",
+            "10.111.1.3",
+            "source-hash",
+            Extra::MaxLoadFactor(1.25),
+        ),
+        tenant("by-hash-v6", "2001:db8:111::1", "source-hash", Extra::None),
+        scheduled_vip(
+            "per-address",
+            "10.111.1.5",
+            "source-hash",
+            &[(B1, 1), (B2, 1), (B3, 1)],
+            Extra::None,
+        ),
+    ];
+    let mut h = harness(&to_toml(&config));
+    let v6_vip = ip("2001:db8:111::1");
+    let syn_v6 = |h: &mut Harness, client: IpAddr| {
+        let (action, out) = h
+            .run(&tcp_frame(client, 5000, v6_vip, 80, true, b""))
+            .unwrap();
+        assert_eq!(action_name(action), "XDP_TX", "SYN {client} to {v6_vip}");
+        backend_of_output(&out, &[ip(B1), ip(B2), ip(B3)]).expect("output to a known backend")
+    };
+
+    // Source hash by /24 (and /64): every address of a network on one backend, where hashing
+    // whole addresses spreads the same clients; networks still spread.
+    let members: Vec<IpAddr> = (1..=60).map(|i| ip(&format!("10.9.5.{i}"))).collect();
+    let by_prefix: Vec<IpAddr> = members.iter().map(|c| syn(&mut h, 0, *c, 4000)).collect();
+    assert_eq!(counts(&by_prefix).len(), 1, "{:?}", counts(&by_prefix));
+    let by_address: Vec<IpAddr> = members.iter().map(|c| syn(&mut h, 4, *c, 4000)).collect();
+    assert_eq!(
+        counts(&by_address).len(),
+        3,
+        "whole addresses spread: {:?}",
+        counts(&by_address)
+    );
+    let networks: Vec<IpAddr> = (0..90)
+        .map(|n| syn(&mut h, 0, ip(&format!("10.{}.{}.7", 20 + n / 30, n % 30)), 4000))
+        .collect();
+    for (b, n) in counts(&networks) {
+        assert!(n >= 15, "{b} took {n} of 90 networks: {:?}", counts(&networks));
+    }
+    let v6: Vec<IpAddr> = (1..=30)
+        .map(|i| syn_v6(&mut h, ip(&format!("2001:db8:5:7::{i:x}"))))
+        .collect();
+    assert_eq!(counts(&v6).len(), 1, "one /64: {:?}", counts(&v6));
+    let v6_networks: Vec<IpAddr> = (1..=30)
+        .map(|n| syn_v6(&mut h, ip(&format!("2001:db8:5:{n:x}::1"))))
+        .collect();
+    assert!(counts(&v6_networks).len() > 1, "{:?}", counts(&v6_networks));
+
+    // Persistence by /24: the network's first pick holds for its other addresses, though the
+    // scheduler is round robin; another network takes the next backend.
+    let first = syn(&mut h, 1, ip("10.9.6.1"), 1000);
+    for i in 2..=20 {
+        assert_eq!(
+            syn(&mut h, 1, ip(&format!("10.9.6.{i}")), 1000),
+            first,
+            "10.9.6.{i} left its network's backend"
+        );
+    }
+    assert_ne!(syn(&mut h, 1, ip("10.9.7.1"), 1000), first);
+
+    // Bounded load: one network's 300 flows (all one backend by prefix) spill past the
+    // bound: capacity at the last flow 1.25 x 300 / 3 = 125.
+    let mut bounded = Vec::new();
+    for c in 1..=6 {
+        for p in 0..50 {
+            bounded.push(syn(&mut h, 2, ip(&format!("10.9.8.{c}")), 1000 + p));
+        }
+    }
+    let c = counts(&bounded);
+    let most = *c.values().max().unwrap();
+    assert!(most <= 126, "a backend reached {most} of 300: {c:?}");
+    assert!(most >= 120, "the network's own backend filled first: {c:?}");
 }
 
 #[test]

@@ -29,8 +29,8 @@ pub struct WeightBody {
     pub weight: i64,
 }
 
-/// `PUT /v1/vips/{name}/scheduler`: the VIP's scheduler and, optionally, session persistence
-/// and bounded load (absent: unchanged).
+/// `PUT /v1/vips/{name}/scheduler`: the VIP's scheduler and, optionally, session persistence,
+/// bounded load and tenant affinity's source prefixes (absent: unchanged).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SchedulerBody {
@@ -40,6 +40,12 @@ pub struct SchedulerBody {
     /// A factor >= 1.01, or 0 to remove the bound.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_load_factor: Option<f64>,
+    /// IPv4 source prefix length source hash and persistence key on (32: whole addresses).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity_prefix_v4: Option<i64>,
+    /// IPv6 source prefix length (128: whole addresses).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity_prefix_v6: Option<i64>,
 }
 
 /// `POST /v1/stop`.

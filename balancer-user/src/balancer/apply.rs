@@ -287,6 +287,12 @@ impl<D: Dataplane> Balancer<D> {
             self.dataplane.set_snat_source(id, &snat)?;
             self.snat_written.insert(id, snat);
         }
+        // So is the source prefix its affinity keys on.
+        if self.prefix_written.get(&id) != Some(&config.affinity_prefix) {
+            self.dataplane
+                .set_source_prefix(id, &config.affinity_prefix)?;
+            self.prefix_written.insert(id, config.affinity_prefix);
+        }
         let meta_changed = current
             .as_ref()
             .is_none_or(|c| vip_meta(id, &c.config) != meta);
@@ -514,6 +520,7 @@ impl<D: Dataplane> Balancer<D> {
             }
             self.vip_ids.give_back(vip.id);
             self.snat_written.remove(&vip.id);
+            self.prefix_written.remove(&vip.id);
             tracing::info!(vip = %vip.config.name, "VIP removed");
         }
         Ok(())

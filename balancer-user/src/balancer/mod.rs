@@ -25,7 +25,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use balancer_common::maglev::{self, MaglevError};
-use balancer_common::maps::{GlobalConfig, MAX_BACKENDS, MAX_VIPS, NatLinks, SnatSource};
+use balancer_common::maps::{GlobalConfig, MAX_BACKENDS, MAX_VIPS, NatLinks, SnatSource, SourcePrefix};
 use balancer_common::schedule;
 use balancer_common::stats::{GlobalStats, TrafficStats};
 
@@ -233,6 +233,8 @@ pub struct Balancer<D: Dataplane> {
     /// The source NAT each VIP should have (none: absent), and what is written per VIP id.
     snat_plan: HashMap<Endpoint, SnatSource>,
     snat_written: HashMap<u32, SnatSource>,
+    /// The source prefix written per VIP id.
+    prefix_written: HashMap<u32, SourcePrefix>,
 }
 
 impl<D: Dataplane> Balancer<D> {
@@ -254,6 +256,7 @@ impl<D: Dataplane> Balancer<D> {
             publish_time: Duration::ZERO,
             snat_plan: HashMap::new(),
             snat_written: HashMap::new(),
+            prefix_written: HashMap::new(),
         }
     }
 

@@ -8,7 +8,7 @@ use balancer_common::addr::raw_from_ip;
 use balancer_common::maglev;
 use balancer_common::maglev::MaglevBackend;
 use balancer_common::maps::{
-    BACKEND_F_ACTIVE, Backend, ForwardMode, VIP_F_COUNT, VIP_F_TIERS, VipKey, VipMeta,
+    BACKEND_F_ACTIVE, Backend, ForwardMode, VIP_F_COUNT, VIP_F_SOURCE_PREFIX, VIP_F_TIERS, VipKey, VipMeta,
 };
 
 use crate::config::{Forwarding, VipConfig};
@@ -45,6 +45,10 @@ pub(super) fn vip_meta(id: u32, config: &VipConfig) -> VipMeta {
             0
         } | if config.policy.reads_flows() {
             VIP_F_COUNT
+        } else {
+            0
+        } | if config.affinity_prefix.is_prefix() {
+            VIP_F_SOURCE_PREFIX
         } else {
             0
         },

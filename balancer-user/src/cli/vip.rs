@@ -89,6 +89,13 @@ enum VipCommand {
         /// multiple of its weighted share of active flows (e.g. 1.25).
         #[arg(long)]
         max_load_factor: Option<f64>,
+        /// Tenant affinity: source hash and persistence key on the first this many bits of
+        /// an IPv4 client's address (e.g. 24; default 32, the whole address).
+        #[arg(long, value_parser = clap::value_parser!(u8).range(1..=32))]
+        affinity_prefix_v4: Option<u8>,
+        /// ...and of an IPv6 client's (e.g. 64; default 128).
+        #[arg(long, value_parser = clap::value_parser!(u8).range(1..=128))]
+        affinity_prefix_v6: Option<u8>,
         /// Model routing: take the backends of this `[[pool]]` of the config...
         #[arg(long)]
         pool: Option<String>,
@@ -108,6 +115,13 @@ enum VipCommand {
         /// Bounded load factor (0 removes it; unchanged if absent).
         #[arg(long)]
         max_load_factor: Option<f64>,
+        /// Tenant affinity's IPv4 source prefix length (32: whole addresses; unchanged if
+        /// absent).
+        #[arg(long, value_parser = clap::value_parser!(u8).range(1..=32))]
+        affinity_prefix_v4: Option<u8>,
+        /// Its IPv6 source prefix length (128: whole addresses; unchanged if absent).
+        #[arg(long, value_parser = clap::value_parser!(u8).range(1..=128))]
+        affinity_prefix_v6: Option<u8>,
     },
     /// Remove a VIP (its established connections end with it).
     Del { name: String },
@@ -175,6 +189,8 @@ pub fn run(args: VipArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
             scheduler,
             persistence_secs,
             max_load_factor,
+            affinity_prefix_v4,
+            affinity_prefix_v6,
             pool,
             model,
         } => {
@@ -222,6 +238,8 @@ pub fn run(args: VipArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
                 scheduler: Some(scheduler),
                 persistence_secs: persistence_secs.map(i64::from),
                 max_load_factor,
+                affinity_prefix_v4: affinity_prefix_v4.map(i64::from),
+                affinity_prefix_v6: affinity_prefix_v6.map(i64::from),
                 pool,
                 model,
                 backend: Vec::new(),
@@ -236,11 +254,15 @@ pub fn run(args: VipArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
             scheduler,
             persistence_secs,
             max_load_factor,
+            affinity_prefix_v4,
+            affinity_prefix_v6,
         } => {
             let body = balancer::api::types::SchedulerBody {
                 scheduler,
                 persistence_secs: persistence_secs.map(i64::from),
                 max_load_factor,
+                affinity_prefix_v4: affinity_prefix_v4.map(i64::from),
+                affinity_prefix_v6: affinity_prefix_v6.map(i64::from),
             };
             report(
                 opts,

@@ -202,6 +202,13 @@ pub struct RawVip {
     pub persistence_secs: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_load_factor: Option<f64>,
+    /// Tenant affinity: source hash and session persistence key on the first this many bits
+    /// of an IPv4 client's address (32, the default: the whole address)...
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub affinity_prefix_v4: Option<i64>,
+    /// ...and of an IPv6 client's (128, the default: the whole address).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub affinity_prefix_v6: Option<i64>,
     /// Model routing: take backends from this `[[pool]]`...
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,

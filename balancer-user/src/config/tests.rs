@@ -1,6 +1,6 @@
 //! Config parsing and validation, from whole files down to single keys.
 
-use balancer_common::maps::DEFAULT_TABLE_SIZE;
+use balancer_common::maps::{DEFAULT_TABLE_SIZE, SourcePrefix};
 
 use crate::net::{MacAddr, Protocol};
 use crate::policy::{PolicyKind, StaleMode};
@@ -160,8 +160,25 @@ fn schedulers_and_tiers_are_checked() {
         559,
         "600 s in 1.07 s ticks, rounded up"
     );
+    assert_eq!(c.vips[0].affinity_prefix, SourcePrefix::WHOLE);
     // Round trip through the file form.
     assert_eq!(Config::parse(&c.to_toml()).unwrap(), c);
+    // Tenant affinity: by source hash, or by persistence under any scheduler.
+    for scheduling in [
+        "scheduler = \"source-hash\"\nmax_load_factor = 1.25",
+        "persistence_secs = 300",
+    ] {
+        let tenant = with_vip(&format!(
+            "address = \"10.0.0.1\"\nport = 80\n{scheduling}\naffinity_prefix_v4 = 24\naffinity_prefix_v6 = 64"
+        ));
+        let c = Config::parse(&tenant).unwrap();
+        assert_eq!(
+            (c.vips[0].affinity_prefix.v4, c.vips[0].affinity_prefix.v6),
+            (24, 64)
+        );
+        assert!(c.vips[0].affinity_prefix.is_prefix());
+        assert_eq!(Config::parse(&c.to_toml()).unwrap(), c);
+    }
     let cases: &[(String, &str)] = &[
         (
             with_vip("address = \"10.0.0.1\"\nport = 80\nscheduler = \"fastest\""),
@@ -176,6 +193,22 @@ fn schedulers_and_tiers_are_checked() {
         (
             with_vip("address = \"10.0.0.1\"\nport = 80\nmax_load_factor = 0.9"),
             "vip[0].max_load_factor = 0.9: must be between 1.01 and 3.55",
+        ),
+        (
+            with_vip(
+                "address = \"10.0.0.1\"\nport = 80\nscheduler = \"source-hash\"\naffinity_prefix_v4 = 33",
+            ),
+            "vip[0].affinity_prefix_v4 = 33: must be between 1 and 32",
+        ),
+        (
+            with_vip(
+                "address = \"10.0.0.1\"\nport = 80\nscheduler = \"source-hash\"\naffinity_prefix_v6 = 0",
+            ),
+            "vip[0].affinity_prefix_v6 = 0: must be between 1 and 128",
+        ),
+        (
+            with_vip("address = \"10.0.0.1\"\nport = 80\naffinity_prefix_v6 = 64"),
+            "vip[0].affinity_prefix_v6 = 64: keys the affinity of source-hash and of session persistence",
         ),
         (
             with_vip(

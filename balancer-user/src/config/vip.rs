@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use balancer_common::maglev::is_prime;
 use balancer_common::maps::{
-    DEFAULT_TABLE_SIZE, MAX_BACKENDS, MAX_TABLE_SIZE, MAX_VIPS, Scheduler,
+    DEFAULT_TABLE_SIZE, MAX_BACKENDS, MAX_TABLE_SIZE, MAX_VIPS, Scheduler, SourcePrefix,
 };
 
 use crate::net::{MacAddr, Prefix, Protocol};
@@ -124,6 +124,9 @@ pub struct VipConfig {
     /// Bounded load: a backend over `(100 + this)`% of its weighted share of the VIP's active
     /// flows takes no new clients by hash or persistence. 0 = no bound.
     pub load_bound_pct: u8,
+    /// Tenant affinity: the source prefix lengths source hash and session persistence key on
+    /// (whole addresses by default), so every client of one network lands on one backend.
+    pub affinity_prefix: SourcePrefix,
     /// Model routing (see [`PoolConfig`]).
     pub pool: Option<String>,
     pub model: Option<String>,
@@ -177,6 +180,10 @@ impl VipConfig {
             persistence_secs: Some(self.persistence.as_secs() as i64),
             max_load_factor: (self.load_bound_pct > 0)
                 .then(|| 1.0 + f64::from(self.load_bound_pct) / 100.0),
+            affinity_prefix_v4: (self.affinity_prefix.v4 != SourcePrefix::WHOLE.v4)
+                .then_some(i64::from(self.affinity_prefix.v4)),
+            affinity_prefix_v6: (self.affinity_prefix.v6 != SourcePrefix::WHOLE.v6)
+                .then_some(i64::from(self.affinity_prefix.v6)),
             pool: self.pool.clone(),
             model: self.model.clone(),
             addresses: Vec::new(),
@@ -407,6 +414,12 @@ pub fn validate_vip(raw: RawVip, label: &str) -> Result<VipConfig, ConfigError> 
         }
         None => 0,
     };
+    let affinity_prefix = validate_affinity_prefix(
+        [raw.affinity_prefix_v4, raw.affinity_prefix_v6],
+        scheduler,
+        persistence,
+        &key,
+    )?;
     let mut backends = Vec::with_capacity(raw.backend.len());
     let mut seen = HashSet::new();
     for (j, b) in raw.backend.into_iter().enumerate() {
@@ -450,11 +463,44 @@ pub fn validate_vip(raw: RawVip, label: &str) -> Result<VipConfig, ConfigError> 
         scheduler,
         persistence,
         load_bound_pct,
+        affinity_prefix,
         pool: raw.pool,
         model: raw.model,
         backends,
         service: raw.service,
     })
+}
+
+/// The source prefix lengths of tenant affinity: each within its family's address length, and
+/// only where something keys on the source (source hash, session persistence).
+fn validate_affinity_prefix(
+    [v4, v6]: [Option<i64>; 2],
+    scheduler: Scheduler,
+    persistence: Duration,
+    key: &dyn Fn(&str) -> String,
+) -> Result<SourcePrefix, ConfigError> {
+    let mut prefix = SourcePrefix::WHOLE;
+    for (name, value, max, slot) in [
+        ("affinity_prefix_v4", v4, 32, &mut prefix.v4),
+        ("affinity_prefix_v6", v6, 128, &mut prefix.v6),
+    ] {
+        if let Some(v) = value {
+            *slot = int_in(v, 1, max, &key(name))?;
+        }
+    }
+    if prefix.is_prefix() && scheduler != Scheduler::SourceHash && persistence.is_zero() {
+        let (name, value) = if prefix.v4 < SourcePrefix::WHOLE.v4 {
+            ("affinity_prefix_v4", prefix.v4)
+        } else {
+            ("affinity_prefix_v6", prefix.v6)
+        };
+        return Err(invalid(
+            key(name),
+            value,
+            "keys the affinity of source-hash and of session persistence: set scheduler = \"source-hash\" or persistence_secs",
+        ));
+    }
+    Ok(prefix)
 }
 
 /// Whether a VIP name is usable in URLs, metrics labels and the CLI.

@@ -10,7 +10,7 @@ use aya::maps::{Array, IterableMap as _, Map, MapData, MapError, PerCpuArray};
 use balancer_common::flow_cache::FlowValue;
 use balancer_common::maps::{
     self as names, Backend, FlowBucket, GlobalConfig, MAGLEV_TABLE_FLAGS, NatLinks, NatReplyKey,
-    SnatFlowKey, SnatFlowValue, SnatPortValue, SnatSource, VIP_INDEX_FLAGS, VIP_INDEX_SLOTS,
+    SnatFlowKey, SnatFlowValue, SnatPortValue, SnatSource, SourcePrefix, VIP_INDEX_FLAGS, VIP_INDEX_SLOTS,
     VipKey, VipMeta, VipSlot,
 };
 use balancer_common::stats::{COUNTERS, GlobalStats, NatLinkStats, NatStats, TrafficStats};
@@ -42,6 +42,8 @@ pub struct KernelDataplane {
     tier_v6: LpmTrie<MapData, [u32; 4], u8>,
     tier_dscp: Array<MapData, u8>,
     snat_sources: Array<MapData, SnatSource>,
+    /// Absent in a program older than tenant affinity (adopted from pins).
+    source_prefixes: Option<Array<MapData, SourcePrefix>>,
     /// NAT's two links and their counters; `None` in an object built before them (a
     /// benchmark's baseline), which knows one link only.
     nat_links: Option<Array<MapData, NatLinks>>,
@@ -234,6 +236,7 @@ impl KernelDataplane {
             tier_dscp: take(ebpf, names::TIER_DSCP)?,
             snat_sources: take(ebpf, names::SNAT_SOURCES)?,
             nat_links: take_optional(ebpf, names::NAT_LINKS)?,
+            source_prefixes: take_optional(ebpf, names::SOURCE_PREFIXES)?,
             nat_link_stats: take_optional(ebpf, names::NAT_LINK_STATS)?,
             nat: Arc::new(Mutex::new(KernelNat {
                 ports: take(ebpf, names::SNAT_PORTS)?,
@@ -346,6 +349,26 @@ impl Dataplane for KernelDataplane {
         self.snat_sources
             .set(vip_id, source, 0)
             .map_err(map_err(names::SNAT_SOURCES, "write"))
+    }
+
+    fn set_source_prefix(
+        &mut self,
+        vip_id: u32,
+        prefix: &SourcePrefix,
+    ) -> Result<(), DataplaneError> {
+        match &mut self.source_prefixes {
+            Some(map) => map
+                .set(vip_id, prefix, 0)
+                .map_err(map_err(names::SOURCE_PREFIXES, "write")),
+            None if !prefix.is_prefix() => Ok(()),
+            None => Err(DataplaneError::Map {
+                map: names::SOURCE_PREFIXES,
+                op: "find (the running program predates tenant affinity: restart with --replace)",
+                source: MapError::InvalidName {
+                    name: names::SOURCE_PREFIXES.into(),
+                },
+            }),
+        }
     }
 
     fn set_nat_links(&mut self, links: &NatLinks) -> Result<(), DataplaneError> {

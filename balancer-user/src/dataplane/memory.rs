@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use balancer_common::maps::{
-    Backend, GlobalConfig, MAX_BACKENDS, MAX_VIPS, NatLinks, SnatSource, VipKey, VipMeta,
+    Backend, GlobalConfig, MAX_BACKENDS, MAX_VIPS, NatLinks, SnatSource, SourcePrefix, VipKey, VipMeta,
 };
 use balancer_common::stats::{GlobalStats, NatLinkStats, TrafficStats};
 
@@ -36,6 +36,7 @@ pub struct MemoryDataplane {
     pub tier_dscp: Vec<u8>,
     /// Source NAT per VIP id, and its flow tables (shared with sweeps run later).
     pub snat_sources: HashMap<u32, SnatSource>,
+    pub source_prefixes: HashMap<u32, SourcePrefix>,
     pub nat: Arc<Mutex<MemoryNat>>,
     /// NAT's links, and the frames it sent to the other one.
     pub nat_links: NatLinks,
@@ -92,6 +93,21 @@ impl Dataplane for MemoryDataplane {
             });
         }
         self.snat_sources.insert(vip_id, *source);
+        Ok(())
+    }
+
+    fn set_source_prefix(
+        &mut self,
+        vip_id: u32,
+        prefix: &SourcePrefix,
+    ) -> Result<(), DataplaneError> {
+        if vip_id >= MAX_VIPS {
+            return Err(DataplaneError::Full {
+                map: "SOURCE_PREFIXES",
+                capacity: MAX_VIPS,
+            });
+        }
+        self.source_prefixes.insert(vip_id, *prefix);
         Ok(())
     }
 

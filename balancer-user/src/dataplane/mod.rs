@@ -10,7 +10,7 @@ pub(crate) mod sys;
 
 pub use nat_expiry::{NatSweep, NatSweeper, NatTimeouts};
 
-use balancer_common::maps::{Backend, GlobalConfig, NatLinks, SnatSource, VipKey, VipMeta};
+use balancer_common::maps::{Backend, GlobalConfig, NatLinks, SnatSource, SourcePrefix, VipKey, VipMeta};
 use balancer_common::stats::{GlobalStats, NatLinkStats, TrafficStats};
 
 /// A failed map operation.
@@ -77,6 +77,12 @@ pub trait Dataplane {
     fn set_backend(&mut self, id: u32, backend: &Backend) -> Result<(), DataplaneError>;
     /// Writes VIP `vip_id`'s source NAT (family 0: none).
     fn set_snat_source(&mut self, vip_id: u32, source: &SnatSource) -> Result<(), DataplaneError>;
+    /// Writes the source prefix a VIP's affinity keys on.
+    fn set_source_prefix(
+        &mut self,
+        vip_id: u32,
+        prefix: &SourcePrefix,
+    ) -> Result<(), DataplaneError>;
     /// Writes the links NAT forwarding sends frames on (all zero: the one link they came in on).
     fn set_nat_links(&mut self, links: &NatLinks) -> Result<(), DataplaneError>;
     /// Frames NAT sent to its other link, summed over CPUs.
@@ -147,6 +153,13 @@ impl<T: Dataplane + ?Sized> Dataplane for Box<T> {
     }
     fn set_snat_source(&mut self, vip_id: u32, source: &SnatSource) -> Result<(), DataplaneError> {
         (**self).set_snat_source(vip_id, source)
+    }
+    fn set_source_prefix(
+        &mut self,
+        vip_id: u32,
+        prefix: &SourcePrefix,
+    ) -> Result<(), DataplaneError> {
+        (**self).set_source_prefix(vip_id, prefix)
     }
     fn set_nat_links(&mut self, links: &NatLinks) -> Result<(), DataplaneError> {
         (**self).set_nat_links(links)

@@ -118,7 +118,7 @@ fn pick_in(vip: &VipMeta, base: u32, table_size: u32, flow: &Flow<'_>) -> u32 {
     let (src_lo, src_hi) = pack_addr(flow.src);
     balancer_pick(
         pack_pool(vip.vip_id, base, table_size),
-        pack_opts(vip, flow.sport),
+        pack_opts(vip, flow.sport, flow.family),
         src_lo,
         src_hi,
     )

@@ -11,8 +11,8 @@ use balancer_common::{
         AffinityKey, AffinityValue, BPF_F_MMAPABLE, Backend, DEFAULT_AFFINITY_ENTRIES,
         DEFAULT_FLOW_BUCKETS, FlowBucket, GlobalConfig, MAGLEV_TABLE_FLAGS, MAX_BACKENDS,
         MAX_TABLE_ENTRIES, MAX_TIER_PREFIXES, MAX_VIPS, NatLinks, NatReplyKey, NatReplyValue,
-        SnatFlowKey, SnatFlowValue, SnatPortValue, SnatSource, VIP_INDEX_FLAGS, VIP_INDEX_SLOTS,
-        VipSlot,
+        SnatFlowKey, SnatFlowValue, SnatPortValue, SnatSource, SourcePrefix, VIP_INDEX_FLAGS,
+        VIP_INDEX_SLOTS, VipSlot,
     },
     stats::{GlobalStats, NatLinkStats, NatStats, TrafficStats},
 };
@@ -94,6 +94,11 @@ pub static NAT_REPLIES: LruHashMap<
 /// Source NAT: each VIP's source address and port range (family 0: none).
 #[btf_map]
 pub static SNAT_SOURCES: Array<SnatSource, { MAX_VIPS as usize }> = Array::new();
+
+/// The source prefix each VIP's affinity keys on (read for VIPs flagged
+/// `VIP_F_SOURCE_PREFIX` only).
+#[btf_map]
+pub static SOURCE_PREFIXES: Array<SourcePrefix, { MAX_VIPS as usize }> = Array::new();
 
 /// `BPF_F_NO_PREALLOC`: entries take memory when inserted, not all when the map is made.
 const NO_PREALLOC: usize = 1;

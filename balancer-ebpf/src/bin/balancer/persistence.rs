@@ -1,13 +1,18 @@
 //! Session persistence: a client's new flows go to the backend its last flow had, while the
 //! VIP's persistence time has not run out since and that backend may take it; otherwise the
-//! VIP's scheduler picks, and the pick is remembered.
+//! VIP's scheduler picks, and the pick is remembered. With a source prefix (tenant affinity)
+//! "a client" is every address of its network: source hash and persistence key on the
+//! prefix.
 
-use balancer_common::maps::{AffinityKey, AffinityValue};
+use balancer_common::{
+    addr::{FAMILY_V4, RawAddr, prefix_of},
+    maps::{AffinityKey, AffinityValue, VIP_F_SOURCE_PREFIX},
+};
 
 use crate::{
     backends::Pick,
     clock::now_ticks,
-    maps::{AFFINITY, BACKENDS, MAGLEV},
+    maps::{AFFINITY, BACKENDS, MAGLEV, SOURCE_PREFIXES},
     schedulers::{full, scheduled, unpack, unpack_addr},
 };
 
@@ -19,7 +24,7 @@ use crate::{
 #[inline(never)]
 pub extern "C" fn balancer_pick(vip: u64, opts: u64, src_lo: u64, src_hi: u64) -> u32 {
     let meta = unpack(vip, opts);
-    let src = unpack_addr(src_lo, src_hi);
+    let src = affinity_source(&unpack_addr(src_lo, src_hi), meta.vip_id, opts);
     let sport = (opts >> 32) as u16;
     if meta.persist_ticks == 0 {
         return scheduled(vip, opts, &src, sport);
@@ -53,6 +58,24 @@ pub extern "C" fn balancer_pick(vip: u64, opts: u64, src_lo: u64, src_hi: u64) -
         let _ = AFFINITY.insert(key, value, 0);
     }
     id
+}
+
+/// What source hash and persistence key on: the client's address, or under a source prefix
+/// its network (the prefix length of its family).
+#[inline(always)]
+fn affinity_source(src: &RawAddr, vip_id: u32, opts: u64) -> RawAddr {
+    if (opts >> 56) as u8 & VIP_F_SOURCE_PREFIX == 0 {
+        return *src;
+    }
+    let Some(prefix) = SOURCE_PREFIXES.get(vip_id) else {
+        return *src;
+    };
+    let len = if (opts >> 48) as u8 == FAMILY_V4 {
+        prefix.v4
+    } else {
+        prefix.v6
+    };
+    prefix_of(src, u32::from(len))
 }
 
 /// 1 if a client's remembered backend may take its new flow: it serves the VIP, is the same

@@ -7,8 +7,9 @@
 //! verifier state, and the schedulers' loops multiplied by all of them exceed the verifier's
 //! budget). Their arguments are therefore plain integers: the pool as `vip_id | table_size <<
 //! 16 | base << 40` (where its block starts in the VIP's table map; 0 for the shared pool),
-//! the VIP's options as `scheduler | load_bound << 8 | persist_ticks << 16 | client port <<
-//! 32`, and they return a backend id, checked by the caller.
+//! the VIP's options as `scheduler | load_bound << 8 | persist_ticks << 16 | client port << 32
+//! | address family << 48 | flags << 56`, and they return a backend id, checked by the
+//! caller.
 
 use aya_ebpf::btf_maps::Array;
 use balancer_common::{
@@ -54,11 +55,13 @@ pub fn pack_pool(vip_id: u32, base: u32, table_size: u32) -> u64 {
 }
 
 #[inline(always)]
-pub fn pack_opts(vip: &VipMeta, sport: u16) -> u64 {
+pub fn pack_opts(vip: &VipMeta, sport: u16, family: u8) -> u64 {
     u64::from(vip.scheduler)
         | u64::from(vip.load_bound) << 8
         | u64::from(vip.persist_ticks) << 16
         | u64::from(sport) << 32
+        | u64::from(family) << 48
+        | u64::from(vip.flags) << 56
 }
 
 #[inline(always)]

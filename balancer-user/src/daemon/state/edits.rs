@@ -111,6 +111,12 @@ impl Daemon {
                 Some(f) => vip.max_load_factor = Some(f),
                 None => {}
             }
+            if let Some(len) = body.affinity_prefix_v4 {
+                vip.affinity_prefix_v4 = Some(len);
+            }
+            if let Some(len) = body.affinity_prefix_v6 {
+                vip.affinity_prefix_v6 = Some(len);
+            }
             Ok(())
         })
     }

@@ -146,6 +146,12 @@ impl Daemon {
                             1.0 + f64::from(c.load_bound_pct) / 100.0
                         ));
                     }
+                    if c.affinity_prefix.is_prefix() {
+                        s.push_str(&format!(
+                            ", by /{} and /{}",
+                            c.affinity_prefix.v4, c.affinity_prefix.v6
+                        ));
+                    }
                     s
                 },
                 table_size: c.table_size,
