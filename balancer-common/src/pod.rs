@@ -3,7 +3,8 @@
 
 use crate::maps::{
     Backend, DecapAddrKey, DecapConfig, FlowBucket, FlowKey, GlobalConfig, NatLinks, NatReplyKey,
-    NatReplyValue, SnatFlowKey, SnatFlowValue, SnatPortValue, SnatSource, SourcePrefix, VipKey, VipMeta, VipSlot,
+    NatReplyValue, SnatFlowKey, SnatFlowValue, SnatPortValue, SnatSource, SourcePrefix, VipKey,
+    VipMeta, VipSlot,
 };
 use crate::stats::{DecapStats, GlobalStats, NatLinkStats, NatStats, TrafficStats};
 

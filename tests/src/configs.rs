@@ -179,6 +179,11 @@ pub enum Extra {
     MaxLoadFactor(f64),
     /// Session persistence (`persistence_secs`).
     PersistenceSecs(i64),
+    /// Tenant affinity: an IPv4 source prefix (`affinity_prefix_v4`) and bounded load.
+    TenantAffinity {
+        prefix_v4: i64,
+        max_load_factor: f64,
+    },
 }
 
 /// A VIP on port 80 with `scheduler` (and `extra`) over backends of the given weights.
@@ -195,6 +200,13 @@ pub fn scheduled_vip(
         Extra::None => {}
         Extra::MaxLoadFactor(f) => v.max_load_factor = Some(f),
         Extra::PersistenceSecs(s) => v.persistence_secs = Some(s),
+        Extra::TenantAffinity {
+            prefix_v4,
+            max_load_factor,
+        } => {
+            v.affinity_prefix_v4 = Some(prefix_v4);
+            v.max_load_factor = Some(max_load_factor);
+        }
     }
     v.backend = backends
         .iter()

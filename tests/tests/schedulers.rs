@@ -388,10 +388,21 @@ fn tenant_affinity_keeps_a_network_on_one_backend_within_bounded_load() {
         counts(&by_address)
     );
     let networks: Vec<IpAddr> = (0..90)
-        .map(|n| syn(&mut h, 0, ip(&format!("10.{}.{}.7", 20 + n / 30, n % 30)), 4000))
+        .map(|n| {
+            syn(
+                &mut h,
+                0,
+                ip(&format!("10.{}.{}.7", 20 + n / 30, n % 30)),
+                4000,
+            )
+        })
         .collect();
     for (b, n) in counts(&networks) {
-        assert!(n >= 15, "{b} took {n} of 90 networks: {:?}", counts(&networks));
+        assert!(
+            n >= 15,
+            "{b} took {n} of 90 networks: {:?}",
+            counts(&networks)
+        );
     }
     let v6: Vec<IpAddr> = (1..=30)
         .map(|i| syn_v6(&mut h, ip(&format!("2001:db8:5:7::{i:x}"))))

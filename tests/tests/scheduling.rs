@@ -225,6 +225,46 @@ fn source_hash_and_persistence_keep_clients_together() {
         3,
         "round robin still spreads clients: {per_client:?}"
     );
+
+    // Tenant affinity: source hash by /24 puts every client of each network on one backend
+    // (the two networks' backends as the hash gives them).
+    cli_ok(
+        &topo,
+        &[
+            "vip",
+            "set-scheduler",
+            "http4",
+            "source-hash",
+            "--persistence-secs",
+            "0",
+            "--affinity-prefix-v4",
+            "24",
+        ],
+    );
+    let s: Status = serde_json::from_str(&topo.cli(&["status", "--json"]).unwrap().1).unwrap();
+    let http4 = s.vips.iter().find(|v| v.name == "http4").unwrap();
+    assert_eq!(http4.scheduler, "source-hash, by /24 and /128");
+    let list: Vec<IpAddr> = clients.iter().step_by(5).copied().collect();
+    let per_network = topo
+        .client
+        .run_in(move || {
+            let mut served: BTreeMap<u8, std::collections::BTreeSet<String>> = BTreeMap::new();
+            for c in &list {
+                let IpAddr::V4(v4) = c else { unreachable!() };
+                let name = http_get_from(*c, SocketAddr::new(VIP4.into(), HTTP_PORT), TIMEOUT)
+                    .map_err(|e| format!("{c}: {e:#}"))?;
+                served.entry(v4.octets()[2]).or_default().insert(name);
+            }
+            Ok::<_, String>(served)
+        })
+        .expect("client thread")
+        .unwrap_or_else(|e| panic!("{e}\n{}", topo.logs()));
+    println!("100 clients of two /24s by source hash on the /24: {per_network:?}");
+    assert_eq!(per_network.len(), 2);
+    assert!(
+        per_network.values().all(|s| s.len() == 1),
+        "a network's clients split: {per_network:?}"
+    );
 }
 
 #[test]

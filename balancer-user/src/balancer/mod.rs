@@ -25,7 +25,9 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use balancer_common::maglev::{self, MaglevError};
-use balancer_common::maps::{GlobalConfig, MAX_BACKENDS, MAX_VIPS, NatLinks, SnatSource, SourcePrefix};
+use balancer_common::maps::{
+    GlobalConfig, MAX_BACKENDS, MAX_VIPS, NatLinks, SnatSource, SourcePrefix,
+};
 use balancer_common::schedule;
 use balancer_common::stats::{GlobalStats, TrafficStats};
 

@@ -8,7 +8,8 @@ use balancer_common::addr::raw_from_ip;
 use balancer_common::maglev;
 use balancer_common::maglev::MaglevBackend;
 use balancer_common::maps::{
-    BACKEND_F_ACTIVE, Backend, ForwardMode, VIP_F_COUNT, VIP_F_SOURCE_PREFIX, VIP_F_TIERS, VipKey, VipMeta,
+    BACKEND_F_ACTIVE, Backend, ForwardMode, VIP_F_COUNT, VIP_F_SOURCE_PREFIX, VIP_F_TIERS, VipKey,
+    VipMeta,
 };
 
 use crate::config::{Forwarding, VipConfig};

@@ -10,8 +10,8 @@ use aya::maps::{Array, IterableMap as _, Map, MapData, MapError, PerCpuArray};
 use balancer_common::flow_cache::FlowValue;
 use balancer_common::maps::{
     self as names, Backend, FlowBucket, GlobalConfig, MAGLEV_TABLE_FLAGS, NatLinks, NatReplyKey,
-    SnatFlowKey, SnatFlowValue, SnatPortValue, SnatSource, SourcePrefix, VIP_INDEX_FLAGS, VIP_INDEX_SLOTS,
-    VipKey, VipMeta, VipSlot,
+    SnatFlowKey, SnatFlowValue, SnatPortValue, SnatSource, SourcePrefix, VIP_INDEX_FLAGS,
+    VIP_INDEX_SLOTS, VipKey, VipMeta, VipSlot,
 };
 use balancer_common::stats::{COUNTERS, GlobalStats, NatLinkStats, NatStats, TrafficStats};
 use balancer_common::vip_index::build_index;

@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use balancer_common::maps::{
-    Backend, GlobalConfig, MAX_BACKENDS, MAX_VIPS, NatLinks, SnatSource, SourcePrefix, VipKey, VipMeta,
+    Backend, GlobalConfig, MAX_BACKENDS, MAX_VIPS, NatLinks, SnatSource, SourcePrefix, VipKey,
+    VipMeta,
 };
 use balancer_common::stats::{GlobalStats, NatLinkStats, TrafficStats};
 

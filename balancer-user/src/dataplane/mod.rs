@@ -10,7 +10,9 @@ pub(crate) mod sys;
 
 pub use nat_expiry::{NatSweep, NatSweeper, NatTimeouts};
 
-use balancer_common::maps::{Backend, GlobalConfig, NatLinks, SnatSource, SourcePrefix, VipKey, VipMeta};
+use balancer_common::maps::{
+    Backend, GlobalConfig, NatLinks, SnatSource, SourcePrefix, VipKey, VipMeta,
+};
 use balancer_common::stats::{GlobalStats, NatLinkStats, TrafficStats};
 
 /// A failed map operation.

@@ -26,7 +26,7 @@ use super::{Figures, median};
 
 /// The per-scheduler VIPs (10.111.2.1, 10.111.2.2, ... in this order), each over the same
 /// three backends weighted 3:1:2: (key, scheduler, extra VIP setting, description).
-const SCHEDULER_CASES: [(&str, &str, Extra, &str); 9] = [
+const SCHEDULER_CASES: [(&str, &str, Extra, &str); 10] = [
     (
         "source_hash",
         "source-hash",
@@ -76,6 +76,15 @@ const SCHEDULER_CASES: [(&str, &str, Extra, &str); 9] = [
         "new flow, source-hash with bounded load (1.25)",
     ),
     (
+        "source_hash_tenant",
+        "source-hash",
+        Extra::TenantAffinity {
+            prefix_v4: 24,
+            max_load_factor: 1.25,
+        },
+        "new flow, tenant affinity: source-hash of the client's /24, bounded load (1.25)",
+    ),
+    (
         "maglev_persistent",
         "maglev",
         Extra::PersistenceSecs(300),
@@ -93,8 +102,21 @@ fn scheduler_vip(i: usize) -> IpAddr {
 /// figures, new flow 91 ns instead of 82 ns), then a VIP per scheduler case; a table of a
 /// million flows, no flood mode.
 fn config() -> String {
+    config_with(true)
+}
+
+/// [`config`], or (`tenant_prefix` false) with the tenant case's VIP hashing whole addresses:
+/// for a baseline program older than tenant affinity, which then times that case as plain
+/// bounded source hash.
+fn config_with(tenant_prefix: bool) -> String {
     let mut vips = forwarding_vips();
     for (i, (key, scheduler, extra, _)) in SCHEDULER_CASES.iter().enumerate() {
+        let extra = match extra {
+            Extra::TenantAffinity {
+                max_load_factor, ..
+            } if !tenant_prefix => &Extra::MaxLoadFactor(*max_load_factor),
+            e => e,
+        };
         let weighted = [("10.111.0.11", 3), ("10.111.0.12", 1), ("10.111.0.13", 2)];
         vips.push(scheduled_vip(
             key,
@@ -116,16 +138,18 @@ fn config() -> String {
 
 /// [`config`] with a NAT VIP beside: with one, the non-VIP path also looks for NAT replies, so
 /// the NAT paths run on a program of their own (the baseline's too, where it knows NAT).
-fn nat_config() -> String {
-    let mut config: RawConfig = toml::from_str(&config()).expect("the benchmark's config");
+fn nat_config(tenant_prefix: bool) -> String {
+    let mut config: RawConfig =
+        toml::from_str(&config_with(tenant_prefix)).expect("the benchmark's config");
     config.vip.push(crate::configs::nat4());
     to_toml(&config)
 }
 
 /// [`nat_config`] with a source-NAT VIP beside (TCP 10.111.1.6:80 from 10.111.0.2): the
 /// non-VIP path then looks in both reply tables.
-fn snat_config() -> String {
-    let mut config: RawConfig = toml::from_str(&nat_config()).expect("the benchmark's config");
+fn snat_config(tenant_prefix: bool) -> String {
+    let mut config: RawConfig =
+        toml::from_str(&nat_config(tenant_prefix)).expect("the benchmark's config");
     let mut v = crate::configs::vip("snat4", "10.111.1.6", 80);
     v.forwarding = Some("nat".into());
     v.nat_source = vec!["10.111.0.2".into()];
@@ -349,9 +373,20 @@ fn snat_setup(mut h: Harness, payload: &[u8]) -> Result<(Harness, Vec<Case>)> {
 pub fn run(rounds: usize, repeat: u32, singles: u32, baseline: Option<&[u8]>) -> Result<Figures> {
     let mut h = Harness::new(&config())?;
     pin_flows(&mut h)?;
+    // Whether the baseline program knows tenant affinity (else its configs leave it out).
+    let mut baseline_prefix = true;
     let mut old = baseline
         .map(|object| -> Result<Harness> {
-            let mut b = Harness::with_object(&config(), object)?;
+            let mut b = match Harness::with_object(&config(), object) {
+                Ok(b) => b,
+                Err(e) => {
+                    println!(
+                        "the baseline takes no tenant affinity ({e:#}): its source_hash_tenant case hashes whole addresses"
+                    );
+                    baseline_prefix = false;
+                    Harness::with_object(&config_with(false), object)?
+                }
+            };
             pin_flows(&mut b)?;
             Ok(b)
         })
@@ -447,14 +482,14 @@ pub fn run(rounds: usize, repeat: u32, singles: u32, baseline: Option<&[u8]>) ->
         });
     }
     // NAT and source NAT, each on a program of its own; the baseline's too where it knows NAT.
-    let (mut nat, nat_cases) = nat_setup(Harness::new(&nat_config())?, &payload)?;
-    let (mut snat, snat_cases) = snat_setup(Harness::new(&snat_config())?, &payload)?;
+    let (mut nat, nat_cases) = nat_setup(Harness::new(&nat_config(true))?, &payload)?;
+    let (mut snat, snat_cases) = snat_setup(Harness::new(&snat_config(true))?, &payload)?;
     let mut old_nat = baseline
-        .and_then(|o| Harness::with_object(&nat_config(), o).ok())
+        .and_then(|o| Harness::with_object(&nat_config(baseline_prefix), o).ok())
         .map(|h| nat_setup(h, &payload))
         .transpose()?;
     let mut old_snat = baseline
-        .and_then(|o| Harness::with_object(&snat_config(), o).ok())
+        .and_then(|o| Harness::with_object(&snat_config(baseline_prefix), o).ok())
         .map(|h| snat_setup(h, &payload))
         .transpose()?;
     let pass_frame = tcp_frame(c4, 2000, ip("10.111.0.2"), 22, false, &payload);

@@ -89,7 +89,8 @@ enum Bench {
         /// (a check that everything runs; `cargo xtask test` runs it).
         #[arg(long)]
         quick: bool,
-        /// Workload shapes: conversation, prefill-heavy, mixed, multi-turn, multi-turn-nat.
+        /// Workload shapes: conversation, prefill-heavy, mixed, multi-turn, multi-turn-nat,
+        /// tenants.
         #[arg(long, value_delimiter = ',')]
         shapes: Option<Vec<String>>,
         /// Requests per run (default: those of --duration seconds at the run's load).
@@ -111,8 +112,8 @@ enum Bench {
         #[arg(long, default_value_t = 5.0)]
         knee_ttft: f64,
         /// Contenders of the sweep (default per shape: round-robin, least-conn, composite,
-        /// affinity for multi-turn, vllm:cache_aware, sglang:cache_aware; none for
-        /// multi-turn-nat, which runs at the knee only).
+        /// affinity for the multi-turn shapes, tenant-affinity for tenants, vllm:cache_aware,
+        /// sglang:cache_aware; none for multi-turn-nat, which runs at the knee only).
         #[arg(long, value_delimiter = ',')]
         sweep: Option<Vec<String>>,
         /// Contenders at the knee (default: every one).
@@ -273,7 +274,7 @@ fn main() -> Result<()> {
                     .map(|n| {
                         Shape::parse(n).ok_or_else(|| {
                             anyhow::anyhow!(
-                                "--shapes: unknown shape {n:?} (conversation, prefill-heavy, mixed, multi-turn, multi-turn-nat)"
+                                "--shapes: unknown shape {n:?} (conversation, prefill-heavy, mixed, multi-turn, multi-turn-nat, tenants)"
                             )
                         })
                     })

@@ -11,6 +11,15 @@
 //!
 //! `multi-turn-nat` is `multi-turn` with every conversation behind one of 4 addresses (a NAT),
 //! instead of one address each.
+//!
+//! `tenants` is `multi-turn` where each conversation belongs to one of 8 tenants (popularity
+//! Zipf, s = 1): its first message starts with the tenant's system prompt (log-normal, median
+//! 1,000 tokens, 300-3,000; the same for all of the tenant's conversations), and it comes from
+//! one of the tenant's 16 addresses, a /28 of the client's subnet (10.111.0.112/28,
+//! .128/28, ...): clients of one tenant share a network and a prompt prefix. Their prompts
+//! (about 10,000 tokens in all) fit in every server's prefix cache. `tenants-many` has 32
+//! tenants of 4 addresses (a /30 each) and system prompts of median 2,000 tokens (600-6,000):
+//! about 70,000 tokens, more than one large server's KV cache (65,536) holds.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
@@ -53,15 +62,19 @@ pub enum Shape {
     Mixed,
     MultiTurn,
     MultiTurnNat,
+    Tenants,
+    TenantsMany,
 }
 
 impl Shape {
-    pub const ALL: [Shape; 5] = [
+    pub const ALL: [Shape; 7] = [
         Shape::Conversation,
         Shape::PrefillHeavy,
         Shape::Mixed,
         Shape::MultiTurn,
         Shape::MultiTurnNat,
+        Shape::Tenants,
+        Shape::TenantsMany,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -71,6 +84,8 @@ impl Shape {
             Shape::Mixed => "mixed",
             Shape::MultiTurn => "multi-turn",
             Shape::MultiTurnNat => "multi-turn-nat",
+            Shape::Tenants => "tenants",
+            Shape::TenantsMany => "tenants-many",
         }
     }
 
@@ -80,7 +95,57 @@ impl Shape {
 
     /// Whether its turns depend on earlier answers (closed loop per conversation).
     pub const fn multi_turn(self) -> bool {
-        matches!(self, Shape::MultiTurn | Shape::MultiTurnNat)
+        matches!(
+            self,
+            Shape::MultiTurn | Shape::MultiTurnNat | Shape::Tenants | Shape::TenantsMany
+        )
+    }
+
+    /// How its tenants are laid out, for the tenant shapes.
+    pub const fn tenants(self) -> Option<TenantLayout> {
+        match self {
+            Shape::Tenants => Some(TenantLayout {
+                tenants: 8,
+                prefix_v4: 28,
+                prompt_median: 1000.0,
+            }),
+            Shape::TenantsMany => Some(TenantLayout {
+                tenants: 32,
+                prefix_v4: 30,
+                prompt_median: 2000.0,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// The tenants of a tenant shape: each a network of the client's addresses (a prefix of
+/// `prefix_v4` bits, from 10.111.0.112 on) with its own system prompt (log-normal around
+/// `prompt_median` tokens, 0.3x-3x of it), chosen by popularity (Zipf, s = 1).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TenantLayout {
+    pub tenants: usize,
+    pub prefix_v4: u8,
+    pub prompt_median: f64,
+}
+
+impl TenantLayout {
+    /// Addresses of each tenant.
+    pub const fn addresses(&self) -> usize {
+        1 << (32 - self.prefix_v4)
+    }
+
+    /// A tenant drawn by popularity.
+    fn draw(&self, rng: &mut Rng) -> usize {
+        let total: f64 = (1..=self.tenants).map(|t| 1.0 / t as f64).sum();
+        let mut u = rng.unit() * total;
+        for t in 0..self.tenants {
+            u -= 1.0 / (t + 1) as f64;
+            if u <= 0.0 {
+                return t;
+            }
+        }
+        self.tenants - 1
     }
 }
 
@@ -219,9 +284,14 @@ pub fn client_addresses(count: usize) -> Vec<IpAddr> {
 pub fn addresses_of(shape: Shape) -> usize {
     match shape {
         Shape::MultiTurnNat => 4,
+        Shape::Tenants | Shape::TenantsMany => 150,
         _ => 100,
     }
 }
+
+/// The tenants' first address, an index of [`client_addresses`] (10.111.0.112: a /28 boundary,
+/// with 128 addresses after it).
+const FIRST_TENANT_ADDRESS: usize = 12;
 
 /// How to make a workload.
 #[derive(Clone, Debug)]
@@ -320,7 +390,21 @@ pub fn build(o: &WorkloadOptions, trace: &[TraceRequest]) -> Result<Vec<Conversa
                 })
                 .collect()
         }
-        Shape::MultiTurn | Shape::MultiTurnNat => {
+        Shape::MultiTurn | Shape::MultiTurnNat | Shape::Tenants | Shape::TenantsMany => {
+            // Each tenant's system prompt (the tenants shape only; from a generator of its own,
+            // so the other shapes' workloads stay as they were).
+            let mut prompts = Rng::new(o.seed ^ 0x7e4a_4755);
+            let layout = o.shape.tenants();
+            let system: Vec<String> = match layout {
+                Some(l) => (0..l.tenants)
+                    .map(|_| {
+                        let m = l.prompt_median;
+                        let n = prompts.size(m, 0.5, (0.3 * m) as u32, (3.0 * m) as u32);
+                        words(n as usize, &mut prompts)
+                    })
+                    .collect(),
+                None => Vec::new(),
+            };
             // Conversations arrive so that their turns offer `rate` requests per second.
             let conversation_rate = o.rate / MEAN_TURNS;
             let mut at = 0.0;
@@ -336,15 +420,29 @@ pub fn build(o: &WorkloadOptions, trace: &[TraceRequest]) -> Result<Vec<Conversa
                 let turns = turns.min(left);
                 left -= turns;
                 let id = out.len();
+                let (source, prefix) = match layout {
+                    Some(l) => {
+                        let t = l.draw(&mut rng);
+                        let i = FIRST_TENANT_ADDRESS
+                            + t * l.addresses()
+                            + (rng.next_u64() % l.addresses() as u64) as usize;
+                        (addresses[i], Some(&system[t]))
+                    }
+                    None => (addresses[id % addresses.len()], None),
+                };
                 out.push(Conversation {
                     id,
                     start: at,
-                    source: addresses[id % addresses.len()],
+                    source,
                     turns: (0..turns)
                         .map(|t| Turn {
                             message: {
                                 let n = rng.size(120.0, 0.6, 10, 1000) as usize;
-                                words(n, &mut rng)
+                                let text = words(n, &mut rng);
+                                match prefix {
+                                    Some(system) if t == 0 => format!("{system} {text}"),
+                                    _ => text,
+                                }
                             },
                             output_tokens: rng.size(150.0, 0.5, 16, 500),
                             think: if t == 0 {
@@ -481,6 +579,61 @@ mod tests {
         assert_eq!(distinct(&nat), 4);
         // Texts differ per conversation.
         assert_ne!(own[0].turns[0].message, own[1].turns[0].message);
+    }
+
+    #[test]
+    fn tenants_share_a_network_and_a_system_prompt() {
+        for shape in [Shape::Tenants, Shape::TenantsMany] {
+            tenants_of(shape);
+        }
+    }
+
+    fn tenants_of(shape: Shape) {
+        let trace = shipped_trace().unwrap();
+        let layout = shape.tenants().unwrap();
+        let w = build(&opts(shape, 4000, 4.0, 3), &trace).unwrap();
+        let network = |c: &Conversation| match c.source {
+            IpAddr::V4(a) => u32::from(a) >> (32 - layout.prefix_v4),
+            IpAddr::V6(_) => unreachable!(),
+        };
+        let mut by_network: std::collections::BTreeMap<u32, Vec<&Conversation>> =
+            std::collections::BTreeMap::new();
+        for c in &w {
+            by_network.entry(network(c)).or_default().push(c);
+        }
+        assert_eq!(by_network.len(), layout.tenants, "a network per tenant");
+        let mut sizes = Vec::new();
+        for convs in by_network.values() {
+            // The tenant's conversations open with one prompt of 300-3,000 words...
+            let first: Vec<Vec<&str>> = convs
+                .iter()
+                .map(|c| c.turns[0].message.split_whitespace().collect())
+                .collect();
+            let shared = (0..first[0].len())
+                .take_while(|&i| first.iter().all(|f| f.get(i) == first[0].get(i)))
+                .count();
+            let m = layout.prompt_median;
+            assert!(
+                convs.len() < 2 || (0.3 * m..=3.0 * m).contains(&(shared as f64)),
+                "{shared}"
+            );
+            // ...from several addresses of its network, and later turns carry no prompt.
+            let mut addrs: Vec<IpAddr> = convs.iter().map(|c| c.source).collect();
+            addrs.sort();
+            addrs.dedup();
+            assert!(
+                convs.len() < 40 || addrs.len() > layout.addresses() / 2,
+                "{}",
+                addrs.len()
+            );
+            sizes.push(convs.len());
+        }
+        // Popularity falls with rank (Zipf): the top tenant has several times the last's.
+        sizes.sort_unstable();
+        assert!(sizes[layout.tenants - 1] > 3 * sizes[0], "{sizes:?}");
+        // Other shapes are unchanged by the tenants' prompts.
+        let own = build(&opts(Shape::MultiTurn, 400, 4.0, 1), &trace).unwrap();
+        assert!(own[0].turns[0].message.split_whitespace().count() <= 1000);
     }
 
     #[test]

@@ -74,6 +74,8 @@ pub struct VipSettings {
     /// The composite policy's reports corrected by the flows the data plane saw since each
     /// (`fresher_load`), with rounds between scrapes.
     pub fresher_load: bool,
+    /// Tenant affinity: source hash keyed on this IPv4 prefix length.
+    pub affinity_prefix_v4: Option<u8>,
     pub scrape_ms: u64,
 }
 
@@ -87,7 +89,15 @@ impl VipSettings {
             max_load_factor,
             composite,
             fresher_load: false,
+            affinity_prefix_v4: None,
             scrape_ms: 0,
+        }
+    }
+
+    const fn by_prefix(self, v4: u8) -> Self {
+        VipSettings {
+            affinity_prefix_v4: Some(v4),
+            ..self
         }
     }
 
@@ -102,6 +112,7 @@ impl VipSettings {
     pub fn apply(&self, vip: &mut RawVip) {
         vip.scheduler = Some(self.scheduler.to_string());
         vip.max_load_factor = self.max_load_factor;
+        vip.affinity_prefix_v4 = self.affinity_prefix_v4.map(i64::from);
         if self.composite {
             vip.telemetry = Some(RawTelemetry {
                 source: Some("scrape".into()),
@@ -156,6 +167,10 @@ const OURS: [(&str, &str, VipSettings); 6] = [
     ),
 ];
 
+/// Tenant affinity: `tenant-affinity/N`, source hash of the client's /N with bounded load 1.25
+/// and the composite weights.
+const TENANT_AFFINITY: &str = "tenant-affinity";
+
 impl Contender {
     /// `round-robin`, `composite`, ... or `vllm:cache_aware`, `sglang:power_of_two`, ...
     pub fn parse(name: &str, scrape_ms: u64) -> Result<Contender> {
@@ -177,9 +192,26 @@ impl Contender {
                 policy: policy.to_string(),
             });
         }
+        if let Some(len) = name
+            .strip_prefix(TENANT_AFFINITY)
+            .and_then(|rest| rest.strip_prefix('/'))
+        {
+            let len: u8 = len
+                .parse()
+                .ok()
+                .filter(|l| (1..=32).contains(l))
+                .with_context(|| format!("{name:?}: the prefix length is 1-32"))?;
+            return Ok(Contender::Balancer {
+                name: name.to_string(),
+                settings: VipSettings {
+                    scrape_ms,
+                    ..VipSettings::new("source-hash", Some(1.25), true).by_prefix(len)
+                },
+            });
+        }
         let (_, _, settings) = OURS.iter().find(|(n, _, _)| *n == name).with_context(|| {
             format!(
-                "unknown contender {name:?}: one of {}, or vllm:POLICY / sglang:POLICY",
+                "unknown contender {name:?}: one of {}, {TENANT_AFFINITY}/LEN, or vllm:POLICY / sglang:POLICY",
                 OURS.map(|o| o.0).join(", ")
             )
         })?;
@@ -205,6 +237,11 @@ impl Contender {
 
     /// What it is, for the report.
     pub fn describe(name: &str) -> String {
+        if let Some(len) = name.strip_prefix("tenant-affinity/") {
+            return format!(
+                "balancer: source hash of the client's /{len} (a tenant's network: its clients to one server) with bounded load 1.25, weights from the composite policy"
+            );
+        }
         match OURS.iter().find(|(n, _, _)| *n == name) {
             Some((_, what, _)) => format!("balancer: {what}"),
             None => match name.split_once(':') {

@@ -133,6 +133,10 @@ pub fn default_sweep(shape: Shape) -> Vec<String> {
     if shape.multi_turn() {
         v.push("affinity");
     }
+    let tenant_affinity = shape
+        .tenants()
+        .map(|l| format!("tenant-affinity/{}", l.prefix_v4));
+    v.extend(tenant_affinity.as_deref());
     v.extend(["vllm:cache_aware", "sglang:cache_aware"]);
     v.into_iter().map(String::from).collect()
 }

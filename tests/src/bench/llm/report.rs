@@ -447,6 +447,39 @@ fn targets(
             c / a,
         );
     }
+    // Tenant shapes: tenant affinity against per-address affinity and load only.
+    if let Some(layout) = s.shape.tenants() {
+        let tenant = format!("tenant-affinity/{}", layout.prefix_v4);
+        if let Some(t) = at(&tenant, "ttft_mean_s") {
+            let against = |other: &str| {
+                at(other, "ttft_mean_s").map(|o| {
+                    let p99 = at(&tenant, "ttft_p99_s").zip(at(other, "ttft_p99_s"));
+                    format!(
+                        "`{other}` {o:.2} s ({:.2}x; p99 {})",
+                        o / t,
+                        p99.map_or("–".into(), |(x, y)| format!("{x:.2} s vs {y:.2} s"))
+                    )
+                })
+            };
+            let _ = writeln!(
+                md,
+                "- Tenant affinity (`{tenant}`) at the knee: mean TTFT {t:.2} s against {}; prefix-cache hit rate {}",
+                ["affinity", "composite"]
+                    .iter()
+                    .filter_map(|o| against(o))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                at(&tenant, "prefix_hit_rate")
+                    .map_or("–".into(), |h| format!("{:.0}%", h * 100.0))
+            );
+            if let Some(c) = at("composite", "ttft_mean_s") {
+                f.insert(
+                    format!("{shape}/target/composite_over_tenant_affinity_mean_ttft"),
+                    c / t,
+                );
+            }
+        }
+    }
 }
 
 fn plots(
