@@ -100,6 +100,46 @@ fn apply_writes_vips_backends_tables_and_address_markers() {
 }
 
 #[test]
+fn tenant_affinity_writes_the_prefix_and_flags_the_vip() {
+    let mut lb = balancer();
+    let mut cfg = two_vips();
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    let web_key = vip_key("10.100.0.1".parse().unwrap(), 80, 6);
+    let id = lb.vip("web").unwrap().id;
+    assert_eq!(lb.dataplane().source_prefixes[&id], SourcePrefix::WHOLE);
+    assert_eq!(
+        lb.dataplane().vips[&web_key].flags & balancer_common::maps::VIP_F_SOURCE_PREFIX,
+        0
+    );
+    cfg.vips[0].scheduler = balancer_common::maps::Scheduler::SourceHash;
+    cfg.vips[0].affinity_prefix = SourcePrefix {
+        v4: 24,
+        v6: 64,
+        _pad: [0; 2],
+    };
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    assert_eq!(
+        (
+            lb.dataplane().source_prefixes[&id].v4,
+            lb.dataplane().source_prefixes[&id].v6
+        ),
+        (24, 64)
+    );
+    assert_ne!(
+        lb.dataplane().vips[&web_key].flags & balancer_common::maps::VIP_F_SOURCE_PREFIX,
+        0
+    );
+    // Back to whole addresses: the flag goes, the entry is rewritten.
+    cfg.vips[0].affinity_prefix = SourcePrefix::WHOLE;
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    assert_eq!(lb.dataplane().source_prefixes[&id], SourcePrefix::WHOLE);
+    assert_eq!(
+        lb.dataplane().vips[&web_key].flags & balancer_common::maps::VIP_F_SOURCE_PREFIX,
+        0
+    );
+}
+
+#[test]
 fn changes_reach_the_kernel_in_batches() {
     let mut lb = balancer();
     lb.apply(&two_vips().vips, &macs()).unwrap();
