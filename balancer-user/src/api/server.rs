@@ -363,6 +363,7 @@ async fn undrain_vip(
 }
 
 async fn weights(State(s): State<ApiState>) -> ApiResult<Vec<crate::api::types::VipWeights>> {
+    refresh_flow_counts(&s).await?;
     with_daemon(&s, |d| Ok(d.weights())).await.map(Json)
 }
 

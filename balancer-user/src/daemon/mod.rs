@@ -293,6 +293,8 @@ pub async fn run(opts: RunOptions) -> Result<()> {
                 let d = d.clone();
                 async move {
                     let text = tokio::task::spawn_blocking(move || {
+                        // Scrapers come often: a count younger than a second is reused.
+                        Daemon::refresh_flow_counts_older_than(&d, Duration::from_secs(1));
                         d.lock().map(|d| d.render_metrics()).unwrap_or_default()
                     })
                     .await
@@ -334,8 +336,10 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     );
 
     let mut second = tokio::time::interval(Duration::from_secs(1));
-    // Flow counts feed status, metrics and the connection-aware policies.
-    let mut flows_every = tokio::time::interval(Duration::from_secs(1));
+    // Expired source-NAT flows are swept every second. (The connection table's flow counts
+    // are not taken on a timer: status, stats, weights and metrics count when asked, the
+    // connection-aware policies read the data plane's own active-flow counters.)
+    let mut nat_every = tokio::time::interval(Duration::from_secs(1));
     let mut detach = false;
     loop {
         tokio::select! {
@@ -378,13 +382,9 @@ pub async fn run(opts: RunOptions) -> Result<()> {
                 telemetry.reconcile(&daemon);
                 discovery.reconcile(&daemon);
             }
-            _ = flows_every.tick() => {
+            _ = nat_every.tick() => {
                 let d = daemon.clone();
-                let _ = tokio::task::spawn_blocking(move || {
-                    Daemon::refresh_flow_counts(&d);
-                    Daemon::sweep_nat(&d);
-                })
-                .await;
+                let _ = tokio::task::spawn_blocking(move || Daemon::sweep_nat(&d)).await;
             }
         }
     }

@@ -81,8 +81,10 @@ pub struct Daemon {
     vip_traffic: HashMap<u32, Sampled>,
     backend_traffic: HashMap<u32, Sampled>,
     rates_at: Option<Instant>,
-    /// Connection-table entries per backend id (from `flow_counter`: each second, each status).
+    /// Connection-table entries per backend id (from `flow_counter`: counted when status,
+    /// stats, weights or metrics ask), and when they were counted.
     flows: HashMap<u32, u64>,
+    flows_at: Option<Instant>,
     /// Backends under health checks: latest verdict known to the checker.
     pub checked: HashMap<(Endpoint, IpAddr), bool>,
     /// Backend reports (scraped or pushed).
@@ -164,6 +166,7 @@ impl Daemon {
             backend_traffic: HashMap::new(),
             rates_at: None,
             flows: HashMap::new(),
+            flows_at: None,
             checked: HashMap::new(),
             telemetry: TelemetryStore::default(),
             policies: HashMap::new(),

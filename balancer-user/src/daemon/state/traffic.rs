@@ -115,8 +115,21 @@ impl Daemon {
     /// Takes a count made by [`Daemon::flow_counter`] (an error is logged; the last stays).
     pub fn set_flow_counts(&mut self, counts: Result<HashMap<u32, u64>, DataplaneError>) {
         match counts {
-            Ok(counts) => self.flows = counts,
+            Ok(counts) => {
+                self.flows = counts;
+                self.flows_at = Some(Instant::now());
+            }
             Err(e) => tracing::warn!("counting flows: {e}"),
+        }
+    }
+
+    /// [`Daemon::refresh_flow_counts`] unless the last count is younger than `age`. Blocking.
+    pub fn refresh_flow_counts_older_than(daemon: &std::sync::Mutex<Daemon>, age: Duration) {
+        let fresh = daemon
+            .lock()
+            .is_ok_and(|d| d.flows_at.is_some_and(|at| at.elapsed() < age));
+        if !fresh {
+            Daemon::refresh_flow_counts(daemon);
         }
     }
 
