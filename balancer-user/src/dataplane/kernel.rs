@@ -42,7 +42,9 @@ pub struct KernelDataplane {
     tier_v6: LpmTrie<MapData, [u32; 4], u8>,
     tier_dscp: Array<MapData, u8>,
     snat_sources: Array<MapData, SnatSource>,
-    /// Absent in a program older than tenant affinity (adopted from pins).
+    /// Tenant affinity's prefixes; `None` in an object built before it (a benchmark's
+    /// baseline). (A restart that adopts an older pinned program loads this build's object:
+    /// the map is there, and the older program ignores it until `--replace`.)
     source_prefixes: Option<Array<MapData, SourcePrefix>>,
     /// NAT's two links and their counters; `None` in an object built before them (a
     /// benchmark's baseline), which knows one link only.
@@ -142,6 +144,15 @@ fn mapped<T: Copy>(
             .map_err(|e| DataplaneError::VipIndex(format!("mapping {what}: {e}")))?,
     );
     Ok(view.get_or_init(|| v).clone())
+}
+
+/// A write to a map this object lacks (see [`take_optional`]).
+fn absent(map: &'static str, op: &'static str) -> DataplaneError {
+    DataplaneError::Map {
+        map,
+        op,
+        source: MapError::InvalidName { name: map.into() },
+    }
 }
 
 /// Like [`take`], for a map an object of an earlier build may lack.
@@ -361,13 +372,10 @@ impl Dataplane for KernelDataplane {
                 .set(vip_id, prefix, 0)
                 .map_err(map_err(names::SOURCE_PREFIXES, "write")),
             None if !prefix.is_prefix() => Ok(()),
-            None => Err(DataplaneError::Map {
-                map: names::SOURCE_PREFIXES,
-                op: "find (the running program predates tenant affinity: restart with --replace)",
-                source: MapError::InvalidName {
-                    name: names::SOURCE_PREFIXES.into(),
-                },
-            }),
+            None => Err(absent(
+                names::SOURCE_PREFIXES,
+                "find (this program knows no tenant affinity)",
+            )),
         }
     }
 
@@ -377,13 +385,10 @@ impl Dataplane for KernelDataplane {
                 .set(0, links, 0)
                 .map_err(map_err(names::NAT_LINKS, "write")),
             None if *links == NatLinks::default() => Ok(()),
-            None => Err(DataplaneError::Map {
-                map: names::NAT_LINKS,
-                op: "find (this program knows one link only)",
-                source: MapError::InvalidName {
-                    name: names::NAT_LINKS.into(),
-                },
-            }),
+            None => Err(absent(
+                names::NAT_LINKS,
+                "find (this program knows one link only)",
+            )),
         }
     }
 

@@ -76,25 +76,17 @@ impl Dataplane for MemoryDataplane {
     }
 
     fn set_backend(&mut self, id: u32, backend: &Backend) -> Result<(), DataplaneError> {
-        if id >= MAX_BACKENDS {
-            return Err(DataplaneError::Full {
-                map: "BACKENDS",
-                capacity: MAX_BACKENDS,
-            });
-        }
-        self.backends.insert(id, *backend);
-        Ok(())
+        put(&mut self.backends, id, *backend, "BACKENDS", MAX_BACKENDS)
     }
 
     fn set_snat_source(&mut self, vip_id: u32, source: &SnatSource) -> Result<(), DataplaneError> {
-        if vip_id >= MAX_VIPS {
-            return Err(DataplaneError::Full {
-                map: "SNAT_SOURCES",
-                capacity: MAX_VIPS,
-            });
-        }
-        self.snat_sources.insert(vip_id, *source);
-        Ok(())
+        put(
+            &mut self.snat_sources,
+            vip_id,
+            *source,
+            "SNAT_SOURCES",
+            MAX_VIPS,
+        )
     }
 
     fn set_source_prefix(
@@ -102,14 +94,13 @@ impl Dataplane for MemoryDataplane {
         vip_id: u32,
         prefix: &SourcePrefix,
     ) -> Result<(), DataplaneError> {
-        if vip_id >= MAX_VIPS {
-            return Err(DataplaneError::Full {
-                map: "SOURCE_PREFIXES",
-                capacity: MAX_VIPS,
-            });
-        }
-        self.source_prefixes.insert(vip_id, *prefix);
-        Ok(())
+        put(
+            &mut self.source_prefixes,
+            vip_id,
+            *prefix,
+            "SOURCE_PREFIXES",
+            MAX_VIPS,
+        )
     }
 
     fn set_nat_links(&mut self, links: &NatLinks) -> Result<(), DataplaneError> {
@@ -185,4 +176,22 @@ impl Dataplane for MemoryDataplane {
     fn backend_stats(&self, id: u32) -> Result<TrafficStats, DataplaneError> {
         Ok(self.backend_traffic.get(&id).copied().unwrap_or_default())
     }
+}
+
+/// An array map's entry `id` set to `value`, as the kernel's array of `capacity` would take it.
+fn put<V>(
+    map: &mut HashMap<u32, V>,
+    id: u32,
+    value: V,
+    name: &'static str,
+    capacity: u32,
+) -> Result<(), DataplaneError> {
+    if id >= capacity {
+        return Err(DataplaneError::Full {
+            map: name,
+            capacity,
+        });
+    }
+    map.insert(id, value);
+    Ok(())
 }

@@ -163,13 +163,22 @@ const OURS: [(&str, &str, VipSettings); 6] = [
     (
         "affinity",
         "source hash (a client's requests to one server) with bounded load 1.25, weights from the composite policy",
-        VipSettings::new("source-hash", Some(1.25), true),
+        AFFINITY,
     ),
 ];
 
-/// Tenant affinity: `tenant-affinity/N`, source hash of the client's /N with bounded load 1.25
-/// and the composite weights.
-const TENANT_AFFINITY: &str = "tenant-affinity";
+/// Session affinity: source hash with bounded load 1.25 and the composite weights.
+const AFFINITY: VipSettings = VipSettings::new("source-hash", Some(1.25), true);
+
+/// The tenant-affinity contender keyed on a /`prefix_v4`: [`AFFINITY`] on the client's network.
+pub fn tenant_affinity(prefix_v4: u8) -> String {
+    format!("tenant-affinity/{prefix_v4}")
+}
+
+/// The prefix length of a tenant-affinity contender's name, as written.
+fn tenant_prefix(name: &str) -> Option<&str> {
+    name.strip_prefix("tenant-affinity/")
+}
 
 impl Contender {
     /// `round-robin`, `composite`, ... or `vllm:cache_aware`, `sglang:power_of_two`, ...
@@ -192,10 +201,7 @@ impl Contender {
                 policy: policy.to_string(),
             });
         }
-        if let Some(len) = name
-            .strip_prefix(TENANT_AFFINITY)
-            .and_then(|rest| rest.strip_prefix('/'))
-        {
+        if let Some(len) = tenant_prefix(name) {
             let len: u8 = len
                 .parse()
                 .ok()
@@ -205,13 +211,13 @@ impl Contender {
                 name: name.to_string(),
                 settings: VipSettings {
                     scrape_ms,
-                    ..VipSettings::new("source-hash", Some(1.25), true).by_prefix(len)
+                    ..AFFINITY.by_prefix(len)
                 },
             });
         }
         let (_, _, settings) = OURS.iter().find(|(n, _, _)| *n == name).with_context(|| {
             format!(
-                "unknown contender {name:?}: one of {}, {TENANT_AFFINITY}/LEN, or vllm:POLICY / sglang:POLICY",
+                "unknown contender {name:?}: one of {}, tenant-affinity/LEN, or vllm:POLICY / sglang:POLICY",
                 OURS.map(|o| o.0).join(", ")
             )
         })?;
@@ -237,7 +243,7 @@ impl Contender {
 
     /// What it is, for the report.
     pub fn describe(name: &str) -> String {
-        if let Some(len) = name.strip_prefix("tenant-affinity/") {
+        if let Some(len) = tenant_prefix(name) {
             return format!(
                 "balancer: source hash of the client's /{len} (a tenant's network: its clients to one server) with bounded load 1.25, weights from the composite policy"
             );
@@ -356,5 +362,36 @@ pub fn start_router(
             );
         }
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_affinity_names_carry_their_prefix() {
+        let name = tenant_affinity(28);
+        let Contender::Balancer { settings, .. } = Contender::parse(&name, 100).unwrap() else {
+            panic!("{name} is the balancer's");
+        };
+        assert_eq!(settings.affinity_prefix_v4, Some(28));
+        assert_eq!(
+            (
+                settings.scheduler,
+                settings.max_load_factor,
+                settings.composite
+            ),
+            ("source-hash", Some(1.25), true)
+        );
+        assert!(Contender::describe(&name).contains("/28"));
+        for bad in [
+            "tenant-affinity/0",
+            "tenant-affinity/33",
+            "tenant-affinity/x",
+        ] {
+            let e = Contender::parse(bad, 100).unwrap_err().to_string();
+            assert!(e.contains("prefix length is 1-32"), "{bad}: {e}");
+        }
     }
 }

@@ -135,7 +135,7 @@ pub fn default_sweep(shape: Shape) -> Vec<String> {
     }
     let tenant_affinity = shape
         .tenants()
-        .map(|l| format!("tenant-affinity/{}", l.prefix_v4));
+        .map(|l| contenders::tenant_affinity(l.prefix_v4));
     v.extend(tenant_affinity.as_deref());
     v.extend(["vllm:cache_aware", "sglang:cache_aware"]);
     v.into_iter().map(String::from).collect()

@@ -449,7 +449,7 @@ fn targets(
     }
     // Tenant shapes: tenant affinity against per-address affinity and load only.
     if let Some(layout) = s.shape.tenants() {
-        let tenant = format!("tenant-affinity/{}", layout.prefix_v4);
+        let tenant = super::contenders::tenant_affinity(layout.prefix_v4);
         if let Some(t) = at(&tenant, "ttft_mean_s") {
             let against = |other: &str| {
                 at(other, "ttft_mean_s").map(|o| {
