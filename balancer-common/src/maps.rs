@@ -42,6 +42,14 @@ pub const SNAT_SOURCES: &str = "SNAT_SOURCES";
 /// VIPs flagged [`VIP_F_SOURCE_PREFIX`] (source hash and session persistence key on the
 /// client's prefix instead of its address).
 pub const SOURCE_PREFIXES: &str = "SOURCE_PREFIXES";
+/// Admission control: array by VIP id of [`Admission`], read for the new flows of the VIPs
+/// flagged [`VIP_F_ADMISSION`] (the daemon publishes whether the VIP's pool is saturated).
+pub const ADMISSION: &str = "ADMISSION";
+/// Admission counters, and each CPU's window for the per-tier caps: per-CPU array by
+/// `vip_id * ADMISSION_TIERS + tier` of [`crate::stats::TierAdmission`].
+pub const ADMISSION_STATS: &str = "ADMISSION_STATS";
+/// Entries per VIP in [`ADMISSION_STATS`]: clients of no tier (0), then tiers 1..=7.
+pub const ADMISSION_TIERS: u32 = MAX_TIERS + 1;
 /// Source NAT: hash of a client's flow ([`SnatFlowKey`]) -> [`SnatFlowValue`] (its backend,
 /// source address and port). Not LRU: an entry leaves only when the daemon expires it, with
 /// its [`SNAT_PORTS`] entry, so a port is never given to a second live flow.
@@ -275,6 +283,8 @@ pub const VIP_F_COUNT: u8 = 2;
 /// [`VipMeta::flags`]: source hash and session persistence key on the client's source prefix
 /// (lengths in [`SOURCE_PREFIXES`]), so every client of one tenant's network lands together.
 pub const VIP_F_SOURCE_PREFIX: u8 = 4;
+/// [`VipMeta::flags`]: new flows pass admission control first (the VIP's [`ADMISSION`] entry).
+pub const VIP_F_ADMISSION: u8 = 8;
 
 /// A backend slot is in use and may receive packets.
 pub const BACKEND_F_ACTIVE: u8 = 1;
@@ -391,6 +401,32 @@ impl Default for SourcePrefix {
         SourcePrefix::WHOLE
     }
 }
+
+/// [`Admission::refuse`]: a refused TCP SYN is answered with a RST (a UDP packet is dropped).
+pub const REFUSE_RESET: u8 = 0;
+/// [`Admission::refuse`]: a refused new flow's packet is dropped.
+pub const REFUSE_DROP: u8 = 1;
+
+/// A VIP's admission control (its entry of [`ADMISSION`]): while its pool is saturated, a new
+/// flow (TCP SYN, or a UDP packet of no tracked flow) is admitted only if its client's tier is
+/// admitted and under that tier's cap; otherwise it goes to the overflow tier's backends when
+/// the VIP has some, else it is refused. Established flows never reach this.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Admission {
+    /// 1 while the daemon holds every eligible backend of the VIP's shared pool saturated.
+    pub saturated: u8,
+    /// [`REFUSE_RESET`] or [`REFUSE_DROP`].
+    pub refuse: u8,
+    /// Tiers admitted while saturated (bit `t`; bit 0: clients of no tier).
+    pub admit: u8,
+    /// The tier whose backends take the flows not admitted (0: none, they are refused).
+    pub overflow_tier: u8,
+    /// Per tier (index as `admit`'s bits): new flows admitted while saturated per flow-clock
+    /// tick (about a second) on each CPU; 0 = no cap.
+    pub caps: [u32; ADMISSION_TIERS as usize],
+}
+const _: () = assert!(core::mem::size_of::<Admission>() == 36);
 
 /// The links of NAT forwarding (the single entry of [`NAT_LINKS`]): the program runs on both;
 /// a NAT VIP's packet leaves on the backends' link, a reply (or an ICMP error about a flow) on
@@ -601,7 +637,7 @@ pub const LAYOUT: u64 = (3 << 56)
     | core::mem::size_of::<crate::stats::TrafficStats>() as u64;
 
 /// The maps pinned under the daemon's pin directory (the program, its XDP link and these).
-pub const PINNED_MAPS: [&str; 23] = [
+pub const PINNED_MAPS: [&str; 25] = [
     VIPS,
     MAGLEV,
     BACKENDS,
@@ -617,6 +653,8 @@ pub const PINNED_MAPS: [&str; 23] = [
     NAT_REPLIES,
     SNAT_SOURCES,
     SOURCE_PREFIXES,
+    ADMISSION,
+    ADMISSION_STATS,
     SNAT_FLOWS,
     SNAT_PORTS,
     NAT_STATS,

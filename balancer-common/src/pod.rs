@@ -2,11 +2,11 @@
 //! (checked by the size assertions beside each definition), so any byte pattern is valid.
 
 use crate::maps::{
-    Backend, DecapAddrKey, DecapConfig, FlowBucket, FlowKey, GlobalConfig, NatLinks, NatReplyKey,
-    NatReplyValue, SnatFlowKey, SnatFlowValue, SnatPortValue, SnatSource, SourcePrefix, VipKey,
-    VipMeta, VipSlot,
+    Admission, Backend, DecapAddrKey, DecapConfig, FlowBucket, FlowKey, GlobalConfig, NatLinks,
+    NatReplyKey, NatReplyValue, SnatFlowKey, SnatFlowValue, SnatPortValue, SnatSource,
+    SourcePrefix, VipKey, VipMeta, VipSlot,
 };
-use crate::stats::{DecapStats, GlobalStats, NatLinkStats, NatStats, TrafficStats};
+use crate::stats::{DecapStats, GlobalStats, NatLinkStats, NatStats, TierAdmission, TrafficStats};
 
 // SAFETY: see the module docs; every field is an integer or an array of integers.
 unsafe impl aya::Pod for VipKey {}
@@ -52,3 +52,7 @@ unsafe impl aya::Pod for NatStats {}
 unsafe impl aya::Pod for NatLinks {}
 // SAFETY: as above.
 unsafe impl aya::Pod for NatLinkStats {}
+// SAFETY: as above.
+unsafe impl aya::Pod for Admission {}
+// SAFETY: as above.
+unsafe impl aya::Pod for TierAdmission {}

@@ -119,6 +119,25 @@ pub struct TrafficStats {
 }
 const _: () = assert!(core::mem::size_of::<TrafficStats>() == 24);
 
+/// Admission control of one VIP and client tier (per CPU; see
+/// [`crate::maps::ADMISSION_STATS`]). Counted only while the VIP's pool is saturated.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierAdmission {
+    /// New flows admitted (the tier is admitted and under its cap).
+    pub admitted: u64,
+    /// New flows not admitted: the tier is not admitted while saturated.
+    pub shed_saturated: u64,
+    /// New flows not admitted: the tier is admitted but its cap was spent on this CPU.
+    pub shed_over_cap: u64,
+    /// Of those not admitted, sent to the VIP's overflow tier (the rest were refused).
+    pub overflowed: u64,
+    /// This CPU's cap window: its flow-clock tick, and the flows admitted in it.
+    pub window_tick: u64,
+    pub window_admitted: u64,
+}
+const _: () = assert!(core::mem::size_of::<TierAdmission>() == 48);
+
 #[cfg(test)]
 mod tests {
     use super::*;

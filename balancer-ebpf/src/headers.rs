@@ -77,6 +77,23 @@ pub struct Ports {
     pub dst: u16,
 }
 
+/// A TCP header without options.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct TcpHdr {
+    pub src: u16,
+    pub dst: u16,
+    pub seq: u32,
+    pub ack_seq: u32,
+    /// Data offset in 32-bit words (high 4 bits).
+    pub doff: u8,
+    pub flags: u8,
+    pub window: u16,
+    pub check: u16,
+    pub urg_ptr: u16,
+}
+pub const TCP_LEN: usize = 20;
+
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct UdpHdr {

@@ -1,7 +1,8 @@
 //! Telemetry end to end (needs root): simulated inference servers whose `/metrics` pages the
 //! tests rewrite, the daemon scraping them and turning them into weights, traffic following
-//! those weights, established connections surviving weights that change every 100 ms, and
-//! `balancer report` pushing and serving GPU figures.
+//! those weights, established connections surviving weights that change every 100 ms,
+//! `balancer report` pushing and serving GPU figures, and admission control refusing a free
+//! tier's connections while every backend is saturated.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -546,4 +547,108 @@ fn reporters_push_and_serve_gpu_figures() {
         m.get("10.111.0.11") == Some(&0)
     });
     assert!(w.backends[0].reason.contains("stale report"), "{w:#?}");
+}
+
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn a_saturated_pool_refuses_free_tier_connections_while_premium_ones_succeed() {
+    use balancer::api::types::Status;
+    use balancer::config::{RawAdmission, RawTier};
+    use balancer_tests::traffic::http_get_from;
+    // The client's own address is premium; 10.111.0.50 (also on the client) has no tier.
+    let premium: IpAddr = CLIENT4.into();
+    let free: IpAddr = "10.111.0.50".parse().unwrap();
+    let topo = rack("tadm", |_, config| {
+        config.tier.push(RawTier {
+            name: Some("premium".into()),
+            prefixes: vec![format!("{premium}/32")],
+            ..RawTier::default()
+        });
+        let http4 = vip_mut(config, "http4");
+        http4.telemetry = scrape(80, Some("/metrics"), 100);
+        http4.policy = Some(RawPolicy {
+            stale_after_ms: Some(600),
+            ..unsmoothed("composite")
+        });
+        http4.admission = Some(RawAdmission {
+            admit: [("premium".to_string(), 0)].into_iter().collect(),
+            ..RawAdmission::default()
+        });
+    });
+    topo.client
+        .sh(&format!("ip addr add {free}/24 dev eth0"))
+        .expect("free-tier address");
+    let pages = |kv: f64, running: u32, waiting: u32| {
+        for i in 0..3 {
+            write_atomically(&topo.metrics_file(i), &vllm_page(kv, running, waiting));
+        }
+    };
+    let saturated = |topo: &Topology| weights(topo, "http4").pool_saturated;
+    let wait_until = |want: bool| {
+        let started = Instant::now();
+        while saturated(&topo) != Some(want) {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "the pool never became {}: {:#?}\n{}",
+                if want { "saturated" } else { "open" },
+                weights(&topo, "http4"),
+                topo.logs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    // From `src`: how many of `n` fresh connections were served, and the slowest failure.
+    let attempts = |src: IpAddr, n: usize| -> (usize, Duration) {
+        topo.client
+            .run_in(move || {
+                let (mut ok, mut slowest) = (0, Duration::ZERO);
+                for _ in 0..n {
+                    let started = Instant::now();
+                    match http_get_from(src, SocketAddr::new(VIP4.into(), HTTP_PORT), TIMEOUT) {
+                        Ok(_) => ok += 1,
+                        Err(_) => slowest = slowest.max(started.elapsed()),
+                    }
+                }
+                (ok, slowest)
+            })
+            .expect("client thread")
+    };
+
+    pages(0.3, 2, 0);
+    wait_until(false);
+    assert_eq!(attempts(free, 30).0, 30, "an open pool served every client");
+    assert_eq!(attempts(premium, 30).0, 30);
+
+    // Every backend's KV cache full: free-tier connections are refused at once (a RST from
+    // the balancer, not a timeout), premium ones still succeed.
+    pages(0.99, 40, 12);
+    wait_until(true);
+    let (served, slowest) = attempts(free, 20);
+    assert_eq!(served, 0, "a saturated pool served a free-tier client");
+    assert!(
+        slowest < Duration::from_secs(1),
+        "a refusal took {slowest:?}: not a RST"
+    );
+    assert_eq!(
+        attempts(premium, 20).0,
+        20,
+        "a premium connection failed\n{}",
+        topo.logs()
+    );
+    let (code, out, err) = topo.cli(&["status", "--json"]).unwrap();
+    assert_eq!(code, 0, "{err}");
+    let status: Status = serde_json::from_str(&out).unwrap();
+    let http4 = status.vips.iter().find(|v| v.name == "http4").unwrap();
+    let admission = http4.admission.as_ref().expect("admission in status");
+    assert!(admission.saturated);
+    let tier = |name: &str| admission.tiers.iter().find(|t| t.tier == name).unwrap();
+    assert!(tier("none").shed_saturated >= 20, "{admission:#?}");
+    assert!(tier("premium").admitted_flows >= 20, "{admission:#?}");
+    let (_, text, _) = topo.cli(&["status"]).unwrap();
+    assert!(text.contains("admission: pool SATURATED"), "{text}");
+
+    // The caches drain: everyone is served again.
+    pages(0.3, 2, 0);
+    wait_until(false);
+    assert_eq!(attempts(free, 20).0, 20, "free-tier clients still refused");
 }

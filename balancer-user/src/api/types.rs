@@ -105,6 +105,41 @@ pub struct VipStatus {
     /// Announced over BGP (false also without `[bgp]`).
     #[serde(default)]
     pub announced: bool,
+    /// Admission control (absent without it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<AdmissionStatus>,
+}
+
+/// A VIP's admission control in `status`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AdmissionStatus {
+    /// Every eligible backend of the shared pool is over its saturation cut-off: only the
+    /// admitted tiers get new flows.
+    pub saturated: bool,
+    /// How a flow not admitted is refused: "reset" or "drop".
+    pub refuse: String,
+    /// The tier whose backends take the flows not admitted.
+    pub overflow: Option<String>,
+    /// Per client tier ("none": clients of no tier), counted while saturated.
+    pub tiers: Vec<TierAdmissionStatus>,
+}
+
+/// One client tier's admission counters.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TierAdmissionStatus {
+    pub tier: String,
+    /// Admitted while saturated.
+    pub admitted: bool,
+    /// New flows per second per CPU admitted while saturated (0: no cap).
+    pub cap: u32,
+    /// New flows admitted while saturated.
+    pub admitted_flows: u64,
+    /// New flows not admitted: the tier is not admitted while saturated.
+    pub shed_saturated: u64,
+    /// New flows not admitted: the tier's cap was spent.
+    pub shed_over_cap: u64,
+    /// Of those not admitted, sent to the overflow tier (the rest were refused).
+    pub overflowed: u64,
 }
 
 /// `GET /v1/status`.
@@ -169,6 +204,9 @@ pub struct WeightRow {
     /// The weight in force (the policy's, or the configured one for `static`).
     pub weight: u32,
     pub reason: String,
+    /// Over a saturation cut-off in the last round.
+    #[serde(default)]
+    pub saturated: bool,
     /// The latest report (absent before the first).
     pub signals: Option<crate::telemetry::signals::Signals>,
     /// Age of that report, ms.
@@ -185,5 +223,9 @@ pub struct VipWeights {
     pub vip: String,
     pub policy: String,
     pub telemetry: String,
+    /// With admission control: whether the pool is saturated (only admitted tiers get new
+    /// flows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_saturated: Option<bool>,
     pub backends: Vec<WeightRow>,
 }

@@ -293,6 +293,10 @@ impl<D: Dataplane> Balancer<D> {
                 .set_source_prefix(id, &config.affinity_prefix)?;
             self.prefix_written.insert(id, config.affinity_prefix);
         }
+        // And its admission control (whether the pool is saturated carries over).
+        let current_saturated =
+            config.admission.is_some() && current.as_ref().is_some_and(|c| c.saturated);
+        self.write_admission(id, config, current_saturated)?;
         let meta_changed = current
             .as_ref()
             .is_none_or(|c| vip_meta(id, &c.config) != meta);
@@ -377,6 +381,7 @@ impl<D: Dataplane> Balancer<D> {
                 fingerprint,
                 tier_tables,
                 spill,
+                saturated: current_saturated,
             },
         }))
     }
@@ -521,6 +526,7 @@ impl<D: Dataplane> Balancer<D> {
             self.vip_ids.give_back(vip.id);
             self.snat_written.remove(&vip.id);
             self.prefix_written.remove(&vip.id);
+            self.admission_written.remove(&vip.id);
             tracing::info!(vip = %vip.config.name, "VIP removed");
         }
         Ok(())

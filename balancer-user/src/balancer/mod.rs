@@ -12,6 +12,7 @@
 //!   (its established flows continue), then is deactivated; re-adding it within the grace
 //!   period takes it back with its flows. A removed VIP takes its backends with it at once.
 
+mod admission;
 mod apply;
 mod snapshot;
 mod tables;
@@ -26,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use balancer_common::maglev::{self, MaglevError};
 use balancer_common::maps::{
-    GlobalConfig, MAX_BACKENDS, MAX_VIPS, NatLinks, SnatSource, SourcePrefix,
+    Admission, GlobalConfig, MAX_BACKENDS, MAX_VIPS, NatLinks, SnatSource, SourcePrefix,
 };
 use balancer_common::schedule;
 use balancer_common::stats::{GlobalStats, TrafficStats};
@@ -144,6 +145,9 @@ pub struct VipState {
     pub tier_tables: BTreeMap<u8, Vec<u32>>,
     /// Tiers that spill into the shared pool, as published.
     pub spill: u8,
+    /// Admission control holds the shared pool saturated (as published; always false for a
+    /// VIP without admission control).
+    pub saturated: bool,
 }
 
 impl VipState {
@@ -237,6 +241,8 @@ pub struct Balancer<D: Dataplane> {
     snat_written: HashMap<u32, SnatSource>,
     /// The source prefix written per VIP id.
     prefix_written: HashMap<u32, SourcePrefix>,
+    /// The admission control written per VIP id.
+    admission_written: HashMap<u32, Admission>,
 }
 
 impl<D: Dataplane> Balancer<D> {
@@ -259,6 +265,7 @@ impl<D: Dataplane> Balancer<D> {
             snat_plan: HashMap::new(),
             snat_written: HashMap::new(),
             prefix_written: HashMap::new(),
+            admission_written: HashMap::new(),
         }
     }
 

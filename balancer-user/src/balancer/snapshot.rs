@@ -174,6 +174,7 @@ impl<D: Dataplane> Balancer<D> {
                     fingerprint,
                     tier_tables,
                     spill: vip.spill,
+                    saturated: false,
                 },
             );
         }

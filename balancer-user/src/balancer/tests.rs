@@ -100,6 +100,75 @@ fn apply_writes_vips_backends_tables_and_address_markers() {
 }
 
 #[test]
+fn admission_control_writes_tiers_caps_and_saturation_and_flags_the_vip() {
+    use balancer_common::maps::{Admission, REFUSE_DROP, VIP_F_ADMISSION};
+    let text = r#"
+[[tier]]
+name = "premium"
+prefixes = ["10.9.5.0/24"]
+[[tier]]
+name = "standard"
+dscp = [10]
+[[tier]]
+name = "spare"
+[[vip]]
+name = "llm"
+address = "10.100.0.1"
+port = 80
+telemetry = { source = "push" }
+policy = { kind = "composite" }
+admission = { admit = { premium = 0, standard = 50 }, overflow = "spare", refuse = "drop" }
+[[vip.backend]]
+address = "10.0.0.11"
+[[vip.backend]]
+address = "10.0.0.12"
+tier = "spare"
+"#;
+    let mut cfg = config(text);
+    let mut lb = balancer();
+    lb.set_tiers(&cfg.tiers).unwrap();
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    let key = vip_key("10.100.0.1".parse().unwrap(), 80, 6);
+    let endpoint = cfg.vips[0].endpoint();
+    let id = lb.vip("llm").unwrap().id;
+    assert_ne!(lb.dataplane().vips[&key].flags & VIP_F_ADMISSION, 0);
+    let written = lb.dataplane().admission[&id];
+    assert_eq!(
+        written,
+        Admission {
+            saturated: 0,
+            refuse: REFUSE_DROP,
+            admit: 1 << 1 | 1 << 2,
+            overflow_tier: 3,
+            caps: [0, 0, 50, 0, 0, 0, 0, 0],
+        }
+    );
+    // Saturation is published, kept across a config change, and taken back.
+    assert!(lb.set_saturated(&endpoint, true).unwrap());
+    assert!(!lb.set_saturated(&endpoint, true).unwrap(), "no change");
+    assert_eq!(lb.dataplane().admission[&id].saturated, 1);
+    cfg.vips[0]
+        .admission
+        .as_mut()
+        .unwrap()
+        .admit
+        .remove("standard");
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    assert_eq!(lb.dataplane().admission[&id].saturated, 1);
+    assert_eq!(lb.dataplane().admission[&id].admit, 1 << 1);
+    assert!(lb.set_saturated(&endpoint, false).unwrap());
+    assert_eq!(lb.dataplane().admission[&id].saturated, 0);
+    // Without admission control: the flag goes, the entry admits everything, and saturation
+    // is ignored.
+    cfg.vips[0].admission = None;
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    assert_eq!(lb.dataplane().vips[&key].flags & VIP_F_ADMISSION, 0);
+    assert_eq!(lb.dataplane().admission[&id], Admission::default());
+    assert!(!lb.set_saturated(&endpoint, true).unwrap());
+    assert!(!lb.vip("llm").unwrap().saturated);
+}
+
+#[test]
 fn tenant_affinity_writes_the_prefix_and_flags_the_vip() {
     let mut lb = balancer();
     let mut cfg = two_vips();

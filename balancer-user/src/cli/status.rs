@@ -62,6 +62,42 @@ fn print_vips(vips: &[VipStatus]) {
                 si(b.bps)
             );
         }
+        if let Some(a) = &v.admission {
+            print_admission(a);
+        }
+    }
+}
+
+/// A VIP's admission control: whether its pool is saturated, how it refuses, and per client
+/// tier what was admitted and shed while saturated.
+fn print_admission(a: &balancer::api::types::AdmissionStatus) {
+    let overflow = match &a.overflow {
+        Some(t) => format!(", overflow to tier {t}"),
+        None => String::new(),
+    };
+    println!(
+        "  admission: pool {}; refuse by {}{overflow}",
+        if a.saturated {
+            "SATURATED (admitted tiers only)"
+        } else {
+            "open"
+        },
+        a.refuse
+    );
+    println!(
+        "    {:<16} {:<10} {:>10} {:>12} {:>12} {:>12}",
+        "TIER", "ADMITTED", "ADMITTED#", "SHED:SATUR", "SHED:CAP", "OVERFLOWED"
+    );
+    for t in &a.tiers {
+        let admitted = match (t.admitted, t.cap) {
+            (false, _) => "no".to_string(),
+            (true, 0) => "yes".to_string(),
+            (true, cap) => format!("<={cap}/s"),
+        };
+        println!(
+            "    {:<16} {:<10} {:>10} {:>12} {:>12} {:>12}",
+            t.tier, admitted, t.admitted_flows, t.shed_saturated, t.shed_over_cap, t.overflowed
+        );
     }
 }
 

@@ -96,6 +96,18 @@ enum VipCommand {
         /// ...and of an IPv6 client's (e.g. 64; default 128).
         #[arg(long, value_parser = clap::value_parser!(u8).range(1..=128))]
         affinity_prefix_v6: Option<u8>,
+        /// Admission control: while every backend of the shared pool is saturated, admit new
+        /// flows of this `[[tier]]` only, at most CAP per second per CPU (no =CAP: no cap).
+        /// Repeatable; any admission flag turns admission control on.
+        #[arg(long = "admit", value_name = "TIER[=CAP]")]
+        admit: Vec<String>,
+        /// Admission control: send the new flows not admitted to this tier's backends.
+        #[arg(long, value_name = "TIER")]
+        admission_overflow: Option<String>,
+        /// Admission control: refuse the new flows not admitted with a TCP RST ("reset", the
+        /// default; UDP is dropped) or by dropping them ("drop").
+        #[arg(long, value_name = "reset|drop")]
+        admission_refuse: Option<String>,
         /// Model routing: take the backends of this `[[pool]]` of the config...
         #[arg(long)]
         pool: Option<String>,
@@ -191,9 +203,13 @@ pub fn run(args: VipArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
             max_load_factor,
             affinity_prefix_v4,
             affinity_prefix_v6,
+            admit,
+            admission_overflow,
+            admission_refuse,
             pool,
             model,
         } => {
+            let admission = admission_body(admit, admission_overflow, admission_refuse)?;
             // One value goes in the singular key, several make a service.
             use balancer::config::service::one_or_many;
             let (address, addresses) = one_or_many(address.iter().map(IpAddr::to_string).collect());
@@ -240,6 +256,7 @@ pub fn run(args: VipArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
                 max_load_factor,
                 affinity_prefix_v4: affinity_prefix_v4.map(i64::from),
                 affinity_prefix_v6: affinity_prefix_v6.map(i64::from),
+                admission,
                 pool,
                 model,
                 backend: Vec::new(),
@@ -286,4 +303,35 @@ pub fn run(args: VipArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
             client.call::<(), ChangeResult>("POST", &format!("/v1/vips/{name}/undrain"), None),
         ),
     })
+}
+
+/// `vip add`'s admission flags as the config's `[vip.admission]` table (`None` when none is
+/// given). A cap that is not a number is refused here, naming the flag; the rest is checked by
+/// the daemon with the whole config.
+fn admission_body(
+    admit: Vec<String>,
+    overflow: Option<String>,
+    refuse: Option<String>,
+) -> anyhow::Result<Option<balancer::config::RawAdmission>> {
+    if admit.is_empty() && overflow.is_none() && refuse.is_none() {
+        return Ok(None);
+    }
+    let mut tiers = std::collections::BTreeMap::new();
+    for entry in admit {
+        let (tier, cap) = match entry.split_once('=') {
+            Some((tier, cap)) => (
+                tier.to_string(),
+                cap.parse::<i64>().map_err(|_| {
+                    anyhow::anyhow!("--admit {entry:?}: the cap after '=' must be a whole number")
+                })?,
+            ),
+            None => (entry, 0),
+        };
+        tiers.insert(tier, cap);
+    }
+    Ok(Some(balancer::config::RawAdmission {
+        admit: tiers,
+        overflow,
+        refuse,
+    }))
 }

@@ -34,8 +34,13 @@ pub fn run(args: WeightsArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     for v in &shown {
+        let admission = match v.pool_saturated {
+            Some(true) => ", admission: pool saturated (admitted tiers only)",
+            Some(false) => ", admission: pool open",
+            None => "",
+        };
         println!(
-            "VIP {}: policy {}, telemetry {}",
+            "VIP {}: policy {}, telemetry {}{admission}",
             v.vip, v.policy, v.telemetry
         );
         println!(

@@ -7,6 +7,7 @@
 //! policy), [`pools`], [`tiers`], [`fleet`] (etcd and BGP); [`fields`] reads single values;
 //! network value types live in [`crate::net`]. Defaults are the `DEFAULT_*` constants here.
 
+mod admission;
 mod daemon;
 #[cfg(test)]
 mod defaults_tests;
@@ -24,6 +25,7 @@ mod tests;
 mod tiers;
 mod vip;
 
+pub use admission::{AdmissionConfig, RawAdmission, Refusal};
 pub use balancer_common::maps::Scheduler;
 pub use daemon::{ApiConfig, ApiTls, AttachMode, ConntrackConfig, EncapConfig, MetricsConfig};
 pub use error::ConfigError;
@@ -270,6 +272,9 @@ impl Config {
                     ));
                 }
             }
+            if let Some(a) = &vip.admission {
+                admission::check_tiers(a, &tiers, &vip.backends, &format!("vip[{i}]"))?;
+            }
             match (&vip.pool, &vip.model) {
                 (Some(p), _) if !pools.iter().any(|x| &x.name == p) => {
                     return Err(invalid(
@@ -290,6 +295,20 @@ impl Config {
             vips.push(vip);
         }
         check_vip_set(&vips)?;
+        for t in &tiers {
+            let overflow = |v: &VipConfig| {
+                v.admission
+                    .as_ref()
+                    .is_some_and(|a| a.overflow.as_deref() == Some(t.name.as_str()))
+            };
+            if t.prefixes.is_empty() && t.dscp.is_empty() && !vips.iter().any(overflow) {
+                return Err(invalid(
+                    format!("tier[{}].prefixes", t.id - 1),
+                    "(none)",
+                    "a tier needs client prefixes or DSCP values (or to be a VIP's admission overflow)",
+                ));
+            }
+        }
         let mut config = Config {
             interface,
             attach_mode,

@@ -209,6 +209,9 @@ pub struct RawVip {
     /// ...and of an IPv6 client's (128, the default: the whole address).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub affinity_prefix_v6: Option<i64>,
+    /// Admission control at SYN time while the pool is saturated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admission: Option<super::admission::RawAdmission>,
     /// Model routing: take backends from this `[[pool]]`...
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,

@@ -240,6 +240,89 @@ fn schedulers_and_tiers_are_checked() {
 }
 
 #[test]
+fn admission_control_names_tiers_and_needs_reports() {
+    let tiers = "interface = \"eth0\"\n\
+        [[tier]]\nname = \"premium\"\nprefixes = [\"10.9.5.0/24\"]\n\
+        [[tier]]\nname = \"spare\"\n";
+    let vip = |admission: &str, policy: &str, spare_backend: bool| {
+        let spare = if spare_backend {
+            "[[vip.backend]]\naddress = \"10.0.0.3\"\ntier = \"spare\"\n"
+        } else {
+            ""
+        };
+        format!(
+            "{tiers}[[vip]]\naddress = \"10.0.0.1\"\nport = 80\ntelemetry = {{ source = \"push\" }}\n\
+             policy = {{ kind = \"{policy}\" }}\nadmission = {admission}\n\
+             [[vip.backend]]\naddress = \"10.0.0.2\"\n{spare}"
+        )
+    };
+    let c = Config::parse(&vip(
+        "{ admit = { premium = 20 }, overflow = \"spare\", refuse = \"drop\" }",
+        "composite",
+        true,
+    ))
+    .unwrap();
+    let a = c.vips[0].admission.as_ref().unwrap();
+    assert_eq!(a.admit.get("premium"), Some(&20));
+    assert_eq!(a.overflow.as_deref(), Some("spare"));
+    assert_eq!(a.refuse, Refusal::Drop);
+    assert_eq!(Config::parse(&c.to_toml()).unwrap(), c);
+    // Defaults: nothing admitted while saturated, refusal by RST.
+    let c = Config::parse(&vip("{ overflow = \"spare\" }", "gpu", true)).unwrap();
+    assert_eq!(
+        c.vips[0].admission,
+        Some(AdmissionConfig {
+            overflow: Some("spare".into()),
+            ..AdmissionConfig::default()
+        }),
+    );
+    assert_eq!(Config::parse(&c.to_toml()).unwrap(), c);
+    let cases: &[(String, &str)] = &[
+        (
+            vip("{ admit = { gold = 1 } }", "composite", true),
+            "vip[0].admission.admit.gold = 1: no [[tier]] has this name",
+        ),
+        (
+            vip("{ admit = { premium = -1 } }", "composite", true),
+            "vip[0].admission.admit.premium = -1: must be between 0 and 100000000",
+        ),
+        (
+            vip("{ refuse = \"later\" }", "composite", true),
+            "vip[0].admission.refuse = \"later\": expected \"reset\" or \"drop\"",
+        ),
+        (
+            vip("{ overflow = \"spare\" }", "composite", false),
+            "vip[0].admission.overflow = \"spare\": none of the VIP's backends is in this tier",
+        ),
+        (
+            vip(
+                "{ overflow = \"premium\", admit = { premium = 0 } }",
+                "composite",
+                true,
+            ),
+            "vip[0].admission.overflow = \"premium\": this tier is admitted while saturated",
+        ),
+        (
+            vip("{}", "least-conn", true),
+            "vip[0].admission = (set): saturation comes from backend reports, which the \"least-conn\" policy does not read",
+        ),
+        (
+            vip("{ surprise = 1 }", "composite", true),
+            "unknown field `surprise`",
+        ),
+        (
+            // A tier without clients serves only as an overflow.
+            format!("{tiers}[[vip]]\naddress = \"10.0.0.1\"\nport = 80\n"),
+            "tier[1].prefixes = (none): a tier needs client prefixes or DSCP values (or to be a VIP's admission overflow)",
+        ),
+    ];
+    for (text, want) in cases {
+        let got = error_of(text);
+        assert!(got.contains(want), "want {want:?}, got {got:?}");
+    }
+}
+
+#[test]
 fn errors_name_the_key_and_the_value() {
     let cases: &[(String, &str)] = &[
         ("attach_mode = \"x\"".into(), "interface = (missing)"),

@@ -77,13 +77,8 @@ pub(super) fn validate_tiers(raw: Vec<RawTier>) -> Result<Vec<TierConfig>, Confi
             }
             tier.dscp.push(d);
         }
-        if tier.prefixes.is_empty() && tier.dscp.is_empty() {
-            return Err(invalid(
-                key("prefixes"),
-                "(none)",
-                "a tier needs client prefixes or DSCP values",
-            ));
-        }
+        // A tier without clients serves only as a VIP's admission overflow (checked with
+        // the VIPs).
         tiers.push(tier);
     }
     if prefixes > balancer_common::maps::MAX_TIER_PREFIXES as usize {

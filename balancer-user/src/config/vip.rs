@@ -15,6 +15,7 @@ use balancer_common::maps::{
 use crate::net::{MacAddr, Prefix, Protocol};
 use crate::policy::PolicyConfig;
 
+use super::admission::{AdmissionConfig, validate_admission};
 use super::error::{ConfigError, invalid};
 use super::fields::{float_in, int_in, parse_field, parse_ip, required};
 use super::health::{HealthConfig, validate_health};
@@ -127,6 +128,8 @@ pub struct VipConfig {
     /// Tenant affinity: the source prefix lengths source hash and session persistence key on
     /// (whole addresses by default), so every client of one network lands on one backend.
     pub affinity_prefix: SourcePrefix,
+    /// Admission control while the pool is saturated (`None`: every new flow is admitted).
+    pub admission: Option<AdmissionConfig>,
     /// Model routing (see [`PoolConfig`]).
     pub pool: Option<String>,
     pub model: Option<String>,
@@ -184,6 +187,7 @@ impl VipConfig {
                 .then_some(i64::from(self.affinity_prefix.v4)),
             affinity_prefix_v6: (self.affinity_prefix.v6 != SourcePrefix::WHOLE.v6)
                 .then_some(i64::from(self.affinity_prefix.v6)),
+            admission: self.admission.as_ref().map(AdmissionConfig::to_raw),
             pool: self.pool.clone(),
             model: self.model.clone(),
             addresses: Vec::new(),
@@ -420,6 +424,20 @@ pub fn validate_vip(raw: RawVip, label: &str) -> Result<VipConfig, ConfigError> 
         persistence,
         &key,
     )?;
+    let admission = raw
+        .admission
+        .map(|a| validate_admission(a, &key))
+        .transpose()?;
+    if admission.is_some() && !policy.kind.needs_reports() {
+        return Err(invalid(
+            key("admission"),
+            "(set)",
+            format!(
+                "saturation comes from backend reports, which the {:?} policy does not read: use gpu, tokens, least-latency or composite",
+                policy.kind.name()
+            ),
+        ));
+    }
     let mut backends = Vec::with_capacity(raw.backend.len());
     let mut seen = HashSet::new();
     for (j, b) in raw.backend.into_iter().enumerate() {
@@ -464,6 +482,7 @@ pub fn validate_vip(raw: RawVip, label: &str) -> Result<VipConfig, ConfigError> 
         persistence,
         load_bound_pct,
         affinity_prefix,
+        admission,
         pool: raw.pool,
         model: raw.model,
         backends,

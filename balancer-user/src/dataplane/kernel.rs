@@ -9,16 +9,18 @@ use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
 use aya::maps::{Array, IterableMap as _, Map, MapData, MapError, PerCpuArray};
 use balancer_common::flow_cache::FlowValue;
 use balancer_common::maps::{
-    self as names, Backend, FlowBucket, GlobalConfig, MAGLEV_TABLE_FLAGS, NatLinks, NatReplyKey,
-    SnatFlowKey, SnatFlowValue, SnatPortValue, SnatSource, SourcePrefix, VIP_INDEX_FLAGS,
-    VIP_INDEX_SLOTS, VipKey, VipMeta, VipSlot,
+    self as names, ADMISSION_TIERS, Admission, Backend, FlowBucket, GlobalConfig,
+    MAGLEV_TABLE_FLAGS, NatLinks, NatReplyKey, SnatFlowKey, SnatFlowValue, SnatPortValue,
+    SnatSource, SourcePrefix, VIP_INDEX_FLAGS, VIP_INDEX_SLOTS, VipKey, VipMeta, VipSlot,
 };
-use balancer_common::stats::{COUNTERS, GlobalStats, NatLinkStats, NatStats, TrafficStats};
+use balancer_common::stats::{
+    COUNTERS, GlobalStats, NatLinkStats, NatStats, TierAdmission, TrafficStats,
+};
 use balancer_common::vip_index::build_index;
 
 use super::nat_expiry::{NatSweeper, NatTables, sweep};
 use super::sys::MappedArray;
-use super::{Dataplane, DataplaneError, FlowCounter, add_traffic, sys};
+use super::{AdmissionCounts, Dataplane, DataplaneError, FlowCounter, add_traffic, sys};
 
 /// The balancer program's maps, owned by the daemon.
 pub struct KernelDataplane {
@@ -46,6 +48,10 @@ pub struct KernelDataplane {
     /// baseline). (A restart that adopts an older pinned program loads this build's object:
     /// the map is there, and the older program ignores it until `--replace`.)
     source_prefixes: Option<Array<MapData, SourcePrefix>>,
+    /// Admission control and its counters; `None` in an object built before it (a
+    /// benchmark's baseline).
+    admission: Option<Array<MapData, Admission>>,
+    admission_stats: Option<PerCpuArray<MapData, TierAdmission>>,
     /// NAT's two links and their counters; `None` in an object built before them (a
     /// benchmark's baseline), which knows one link only.
     nat_links: Option<Array<MapData, NatLinks>>,
@@ -248,6 +254,8 @@ impl KernelDataplane {
             snat_sources: take(ebpf, names::SNAT_SOURCES)?,
             nat_links: take_optional(ebpf, names::NAT_LINKS)?,
             source_prefixes: take_optional(ebpf, names::SOURCE_PREFIXES)?,
+            admission: take_optional(ebpf, names::ADMISSION)?,
+            admission_stats: take_optional(ebpf, names::ADMISSION_STATS)?,
             nat_link_stats: take_optional(ebpf, names::NAT_LINK_STATS)?,
             nat: Arc::new(Mutex::new(KernelNat {
                 ports: take(ebpf, names::SNAT_PORTS)?,
@@ -377,6 +385,38 @@ impl Dataplane for KernelDataplane {
                 "find (this program knows no tenant affinity)",
             )),
         }
+    }
+
+    fn set_admission(&mut self, vip_id: u32, admission: &Admission) -> Result<(), DataplaneError> {
+        match &mut self.admission {
+            Some(map) => map
+                .set(vip_id, admission, 0)
+                .map_err(map_err(names::ADMISSION, "write")),
+            None if *admission == Admission::default() => Ok(()),
+            None => Err(absent(
+                names::ADMISSION,
+                "find (this program knows no admission control)",
+            )),
+        }
+    }
+
+    fn admission_stats(&self, vip_id: u32) -> Result<AdmissionCounts, DataplaneError> {
+        let mut counts = AdmissionCounts::default();
+        let Some(map) = &self.admission_stats else {
+            return Ok(counts);
+        };
+        for (tier, sum) in counts.iter_mut().enumerate() {
+            let values = map
+                .get(&(vip_id * ADMISSION_TIERS + tier as u32), 0)
+                .map_err(map_err(names::ADMISSION_STATS, "read"))?;
+            for v in values.iter() {
+                sum.admitted += v.admitted;
+                sum.shed_saturated += v.shed_saturated;
+                sum.shed_over_cap += v.shed_over_cap;
+                sum.overflowed += v.overflowed;
+            }
+        }
+        Ok(counts)
     }
 
     fn set_nat_links(&mut self, links: &NatLinks) -> Result<(), DataplaneError> {

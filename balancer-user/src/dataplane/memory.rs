@@ -6,13 +6,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use balancer_common::maps::{
-    Backend, GlobalConfig, MAX_BACKENDS, MAX_VIPS, NatLinks, SnatSource, SourcePrefix, VipKey,
-    VipMeta,
+    Admission, Backend, GlobalConfig, MAX_BACKENDS, MAX_VIPS, NatLinks, SnatSource, SourcePrefix,
+    VipKey, VipMeta,
 };
 use balancer_common::stats::{GlobalStats, NatLinkStats, TrafficStats};
 
 use super::nat_expiry::{MemoryNat, NatSweeper, sweep};
-use super::{Dataplane, DataplaneError, FlowCounter};
+use super::{AdmissionCounts, Dataplane, DataplaneError, FlowCounter};
 
 /// Kernel state kept in memory. Fields are public so tests can inspect them.
 #[derive(Debug, Default)]
@@ -38,6 +38,9 @@ pub struct MemoryDataplane {
     /// Source NAT per VIP id, and its flow tables (shared with sweeps run later).
     pub snat_sources: HashMap<u32, SnatSource>,
     pub source_prefixes: HashMap<u32, SourcePrefix>,
+    /// Admission control per VIP id, and its counters (tests set them).
+    pub admission: HashMap<u32, Admission>,
+    pub admission_counts: HashMap<u32, AdmissionCounts>,
     pub nat: Arc<Mutex<MemoryNat>>,
     /// NAT's links, and the frames it sent to the other one.
     pub nat_links: NatLinks,
@@ -101,6 +104,24 @@ impl Dataplane for MemoryDataplane {
             "SOURCE_PREFIXES",
             MAX_VIPS,
         )
+    }
+
+    fn set_admission(&mut self, vip_id: u32, admission: &Admission) -> Result<(), DataplaneError> {
+        put(
+            &mut self.admission,
+            vip_id,
+            *admission,
+            "ADMISSION",
+            MAX_VIPS,
+        )
+    }
+
+    fn admission_stats(&self, vip_id: u32) -> Result<AdmissionCounts, DataplaneError> {
+        Ok(self
+            .admission_counts
+            .get(&vip_id)
+            .copied()
+            .unwrap_or_default())
     }
 
     fn set_nat_links(&mut self, links: &NatLinks) -> Result<(), DataplaneError> {

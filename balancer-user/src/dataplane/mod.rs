@@ -11,9 +11,10 @@ pub(crate) mod sys;
 pub use nat_expiry::{NatSweep, NatSweeper, NatTimeouts};
 
 use balancer_common::maps::{
-    Backend, GlobalConfig, NatLinks, SnatSource, SourcePrefix, VipKey, VipMeta,
+    ADMISSION_TIERS, Admission, Backend, GlobalConfig, NatLinks, SnatSource, SourcePrefix, VipKey,
+    VipMeta,
 };
-use balancer_common::stats::{GlobalStats, NatLinkStats, TrafficStats};
+use balancer_common::stats::{GlobalStats, NatLinkStats, TierAdmission, TrafficStats};
 
 /// A failed map operation.
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +86,12 @@ pub trait Dataplane {
         vip_id: u32,
         prefix: &SourcePrefix,
     ) -> Result<(), DataplaneError>;
+    /// Writes VIP `vip_id`'s admission control (read only while its VIP is flagged
+    /// `VIP_F_ADMISSION`).
+    fn set_admission(&mut self, vip_id: u32, admission: &Admission) -> Result<(), DataplaneError>;
+    /// VIP `vip_id`'s admission counters per client tier (index 0: clients of no tier), summed
+    /// over CPUs.
+    fn admission_stats(&self, vip_id: u32) -> Result<AdmissionCounts, DataplaneError>;
     /// Writes the links NAT forwarding sends frames on (all zero: the one link they came in on).
     fn set_nat_links(&mut self, links: &NatLinks) -> Result<(), DataplaneError>;
     /// Frames NAT sent to its other link, summed over CPUs.
@@ -129,6 +136,9 @@ pub trait Dataplane {
     fn backend_stats(&self, id: u32) -> Result<TrafficStats, DataplaneError>;
 }
 
+/// A VIP's admission counters by client tier (index 0: clients of no tier).
+pub type AdmissionCounts = [TierAdmission; ADMISSION_TIERS as usize];
+
 /// Adds `b` into `a`, counter by counter.
 pub fn add_traffic(a: &mut TrafficStats, b: &TrafficStats) {
     a.packets += b.packets;
@@ -162,6 +172,12 @@ impl<T: Dataplane + ?Sized> Dataplane for Box<T> {
         prefix: &SourcePrefix,
     ) -> Result<(), DataplaneError> {
         (**self).set_source_prefix(vip_id, prefix)
+    }
+    fn set_admission(&mut self, vip_id: u32, admission: &Admission) -> Result<(), DataplaneError> {
+        (**self).set_admission(vip_id, admission)
+    }
+    fn admission_stats(&self, vip_id: u32) -> Result<AdmissionCounts, DataplaneError> {
+        (**self).admission_stats(vip_id)
     }
     fn set_nat_links(&mut self, links: &NatLinks) -> Result<(), DataplaneError> {
         (**self).set_nat_links(links)

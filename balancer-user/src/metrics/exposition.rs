@@ -154,6 +154,29 @@ pub fn families(counters: Option<&Counters>, status: &Status, weights: &[VipWeig
             &[("vip", v)],
             vip.flows as f64,
         );
+        if let Some(a) = &vip.admission {
+            f.gauge(
+                "balancer_admission_saturated",
+                "1 while every eligible backend of the VIP's shared pool is saturated: admission control admits only the admitted tiers' new flows.",
+                &[("vip", v)],
+                if a.saturated { 1.0 } else { 0.0 },
+            );
+            for t in &a.tiers {
+                for (outcome, flows) in [
+                    ("admitted", t.admitted_flows),
+                    ("shed_saturated", t.shed_saturated),
+                    ("shed_over_cap", t.shed_over_cap),
+                    ("overflowed", t.overflowed),
+                ] {
+                    f.counter(
+                        "balancer_admission_flows_total",
+                        "New flows admission control decided on while the pool was saturated, by client tier and outcome (shed: not admitted, because the tier is not admitted or its cap was spent; overflowed: of those shed, sent to the overflow tier).",
+                        &[("vip", v), ("tier", t.tier.as_str()), ("outcome", outcome)],
+                        flows as f64,
+                    );
+                }
+            }
+        }
         for b in &vip.backends {
             let addr = b.address.to_string();
             let l = [("vip", v), ("backend", addr.as_str())];
@@ -221,11 +244,7 @@ pub fn families(counters: Option<&Counters>, status: &Status, weights: &[VipWeig
                 "balancer_backend_saturated",
                 "1 while the policy holds the backend saturated (KV cache, queue or GPU memory over its cut-off).",
                 &l,
-                if crate::policy::is_saturation(&b.reason) {
-                    1.0
-                } else {
-                    0.0
-                },
+                if b.saturated { 1.0 } else { 0.0 },
             );
             let Some(s) = &b.signals else { continue };
             let inputs = [
@@ -426,16 +445,32 @@ mod tests {
                 retiring: false,
             }],
             announced: true,
+            admission: Some(crate::api::types::AdmissionStatus {
+                saturated: true,
+                refuse: "reset".into(),
+                overflow: None,
+                tiers: vec![crate::api::types::TierAdmissionStatus {
+                    tier: "none".into(),
+                    admitted: false,
+                    cap: 0,
+                    admitted_flows: 0,
+                    shed_saturated: 7,
+                    shed_over_cap: 0,
+                    overflowed: 0,
+                }],
+            }),
         });
         let weights = vec![VipWeights {
             vip: "llm".into(),
             policy: "composite".into(),
             telemetry: "scrape".into(),
+            pool_saturated: Some(true),
             backends: vec![WeightRow {
                 address: backend,
                 configured_weight: 1,
                 weight: 0,
                 reason: "saturated: KV cache 97% >= 95%".into(),
+                saturated: true,
                 signals: Some(crate::telemetry::signals::Signals {
                     kv_usage: Some(0.97),
                     ..Default::default()
@@ -475,6 +510,16 @@ mod tests {
         );
         assert!(
             text.contains("balancer_vip_announced{vip=\"llm\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("balancer_admission_saturated{vip=\"llm\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "balancer_admission_flows_total{vip=\"llm\",tier=\"none\",outcome=\"shed_saturated\"} 7"
+            ),
             "{text}"
         );
     }

@@ -219,6 +219,9 @@ pub struct Decision {
     pub address: IpAddr,
     pub weight: u32,
     pub reason: String,
+    /// Over a saturation cut-off this round (KV cache, waiting requests, free GPU memory),
+    /// whatever weight it got (when every backend is, they keep weights by capacity).
+    pub saturated: bool,
 }
 
 /// What a policy remembers between rounds.
@@ -239,6 +242,21 @@ enum Verdict {
     Zero(String),
     Keep(String),
     Score(f64, String),
+}
+
+/// Whether a pool is saturated for admission control: it has an eligible backend (`eligible`:
+/// one that may take new flows at all: in the pool, healthy, not drained, configured weight),
+/// and every eligible backend was over a saturation cut-off this round. A stale report is not
+/// saturation: with one, the pool is not saturated (admission fails open when telemetry does).
+pub fn pool_saturated(decisions: &[Decision], eligible: impl Fn(IpAddr) -> bool) -> bool {
+    let mut any = false;
+    for d in decisions.iter().filter(|d| eligible(d.address)) {
+        if !d.saturated {
+            return false;
+        }
+        any = true;
+    }
+    any
 }
 
 /// Whether a decision's reason says the backend is saturated (KV cache, queue or GPU memory
@@ -262,6 +280,7 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
                 address: i.address,
                 weight: i.configured,
                 reason: "static: configured weight".into(),
+                saturated: false,
             })
             .collect();
     }
@@ -379,8 +398,10 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
     let mut decisions = Vec::with_capacity(inputs.len());
     for (i, verdict) in inputs.iter().zip(verdicts) {
         let previous = state.published.get(&i.address).copied();
+        let mut saturated = false;
         let (weight, reason) = match verdict {
             Verdict::Zero(why) => {
+                saturated = is_saturation(&why);
                 state.smoothed.insert(i.address, 0.0);
                 (0, why)
             }
@@ -413,6 +434,7 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
             address: i.address,
             weight,
             reason,
+            saturated,
         });
     }
     if decisions.iter().all(|d| d.weight == 0) {

@@ -454,4 +454,35 @@ fn when_all_are_saturated_capacity_decides() {
         "{}",
         d[0].reason
     );
+    // Saturated all the same, whatever weight they keep.
+    assert!(d.iter().all(|d| d.saturated));
+    assert!(pool_saturated(&d, |_| true));
+}
+
+#[test]
+fn a_pool_is_saturated_only_when_every_eligible_backend_is() {
+    let mut state = PolicyState::default();
+    let kv = |v| Signals {
+        kv_usage: Some(v),
+        ..Signals::default()
+    };
+    let mut stale = input(3, kv(0.1));
+    stale.age = Some(Duration::from_secs(60));
+    let d = decide(
+        &cfg(PolicyKind::Composite),
+        &[input(1, kv(0.99)), input(2, kv(0.5)), stale],
+        &mut state,
+    );
+    assert_eq!(
+        d.iter().map(|d| d.saturated).collect::<Vec<_>>(),
+        vec![true, false, false],
+        "a stale report is staleness, not saturation"
+    );
+    assert!(!pool_saturated(&d, |_| true));
+    assert!(pool_saturated(&d, |a| a == ip(1)), "only 10.0.0.1 eligible");
+    assert!(
+        !pool_saturated(&d, |a| a == ip(1) || a == ip(3)),
+        "a stale backend keeps the pool open (admission fails open)"
+    );
+    assert!(!pool_saturated(&d, |_| false), "no eligible backend");
 }

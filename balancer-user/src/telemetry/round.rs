@@ -1,6 +1,7 @@
 //! One weight round of a VIP: its backends' latest reports and active flows go through the
 //! VIP's policy, and the resulting weights go into its Maglev table (republished only when they
-//! change it). Shared by the daemon and the benchmark that times it.
+//! change it); for a VIP with admission control, whether its pool is saturated goes to the
+//! data plane. Shared by the daemon and the benchmark that times it.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -10,7 +11,7 @@ use super::store::TelemetryStore;
 use crate::balancer::{ApplyReport, Balancer, BalancerError};
 use crate::config::VipConfig;
 use crate::dataplane::Dataplane;
-use crate::policy::{Decision, FlowsSince, Input, PolicyKind, PolicyState, decide};
+use crate::policy::{Decision, FlowsSince, Input, PolicyKind, PolicyState, decide, pool_saturated};
 
 /// What a round decided and what publishing it did.
 #[derive(Debug, Default)]
@@ -55,6 +56,13 @@ pub fn weight_round<D: Dataplane>(
             }
         })
         .collect();
+    // Admission control watches the shared pool: the backends that may take its new flows.
+    let eligible: std::collections::HashSet<IpAddr> = state
+        .backends
+        .values()
+        .filter(|b| b.tier == 0 && b.healthy && !b.drained && b.weight > 0)
+        .map(|b| b.address)
+        .collect();
     let decisions = decide(&vip.policy, &inputs, policy);
     if vip.policy.kind == PolicyKind::Static {
         return Ok(RoundOutcome {
@@ -64,5 +72,9 @@ pub fn weight_round<D: Dataplane>(
     }
     let weights: Vec<(IpAddr, u32)> = decisions.iter().map(|d| (d.address, d.weight)).collect();
     let report = balancer.set_dynamic_weights(&endpoint, &weights)?;
+    if vip.admission.is_some() {
+        let saturated = pool_saturated(&decisions, |a| eligible.contains(&a));
+        balancer.set_saturated(&endpoint, saturated)?;
+    }
     Ok(RoundOutcome { decisions, report })
 }

@@ -158,6 +158,107 @@ fn snat_config(tenant_prefix: bool) -> String {
     to_toml(&config)
 }
 
+/// The admission-control paths' program: a premium tier (10.9.5.0/24) and three Maglev VIPs
+/// (10.111.3.1-3) with admission control admitting it: one left open, one saturated, one
+/// saturated with a (never reached) cap on the tier. Without `admission` (a baseline older
+/// than it), the same VIPs without admission control.
+fn admission_config(admission: bool) -> String {
+    let mut config = RawConfig {
+        encap: entropy_sources(),
+        ..harness_settings(1_000_000)
+    };
+    config.conntrack.removal_grace_secs = None;
+    config.tier = vec![balancer::config::RawTier {
+        name: Some("premium".into()),
+        prefixes: vec!["10.9.5.0/24".into()],
+        ..Default::default()
+    }];
+    for (i, (name, cap)) in [
+        ("adm_open", 0),
+        ("adm_saturated", 0),
+        ("adm_capped", 100_000_000),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let weighted = [("10.111.0.11", 3), ("10.111.0.12", 1), ("10.111.0.13", 2)];
+        let mut v = scheduled_vip(
+            name,
+            format!("10.111.3.{}", i + 1),
+            "maglev",
+            &weighted,
+            Extra::None,
+        );
+        if admission {
+            v.telemetry = Some(balancer::config::RawTelemetry {
+                source: Some("push".into()),
+                ..Default::default()
+            });
+            v.policy = Some(balancer::config::RawPolicy {
+                kind: Some("composite".into()),
+                ..Default::default()
+            });
+            v.admission = Some(balancer::config::RawAdmission {
+                admit: [("premium".to_string(), cap)].into_iter().collect(),
+                ..Default::default()
+            });
+        }
+        config.vip.push(v);
+    }
+    to_toml(&config)
+}
+
+/// The admission paths on `h` (a program with [`admission_config`]`(true)`): a new flow of an
+/// open pool, of an admitted tier while saturated (without and with a cap), and a SYN refused
+/// with a RST. The first also runs on the baseline (as a plain Maglev new flow).
+fn admission_setup(mut h: Harness, payload: &[u8]) -> Result<(Harness, Vec<Case>)> {
+    for name in ["adm_saturated", "adm_capped"] {
+        let endpoint = h.config.vip(name).context("admission VIP")?.endpoint();
+        h.balancer.set_saturated(&endpoint, true)?;
+    }
+    let (free, premium) = (ip("10.9.0.1"), ip("10.9.5.7"));
+    let syn = |client, vip: &str| tcp_frame(client, 3000, ip(vip), 80, true, payload);
+    let cases = vec![
+        Case {
+            key: "new_flow_admission_open",
+            what: "new flow, admission control with the pool open (baseline: a plain Maglev new flow)",
+            method: Method::Repeat,
+            frame: syn(free, "10.111.3.1"),
+            expect: XDP_TX,
+            fresh_ports: false,
+            target: None,
+        },
+        Case {
+            key: "new_flow_admission_admitted",
+            what: "new flow of an admitted tier while saturated (a tier lookup)",
+            method: Method::Repeat,
+            frame: syn(premium, "10.111.3.2"),
+            expect: XDP_TX,
+            fresh_ports: false,
+            target: None,
+        },
+        Case {
+            key: "new_flow_admission_capped",
+            what: "new flow of an admitted tier under its cap while saturated",
+            method: Method::Repeat,
+            frame: syn(premium, "10.111.3.3"),
+            expect: XDP_TX,
+            fresh_ports: false,
+            target: None,
+        },
+        Case {
+            key: "admission_reset",
+            what: "SYN refused while saturated: answered with a RST (single runs: a run rewrites its input)",
+            method: Method::Single,
+            frame: syn(free, "10.111.3.2"),
+            expect: XDP_TX,
+            fresh_ports: false,
+            target: None,
+        },
+    ];
+    Ok((h, cases))
+}
+
 /// How a case is timed.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Method {
@@ -492,6 +593,10 @@ pub fn run(rounds: usize, repeat: u32, singles: u32, baseline: Option<&[u8]>) ->
         .and_then(|o| Harness::with_object(&snat_config(baseline_prefix), o).ok())
         .map(|h| snat_setup(h, &payload))
         .transpose()?;
+    let (mut adm, adm_cases) = admission_setup(Harness::new(&admission_config(true))?, &payload)?;
+    let mut old_adm = baseline
+        .map(|o| Harness::with_object(&admission_config(false), o))
+        .transpose()?;
     let pass_frame = tcp_frame(c4, 2000, ip("10.111.0.2"), 22, false, &payload);
     let mut samples: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     let mut baseline_samples: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
@@ -542,6 +647,22 @@ pub fn run(rounds: usize, repeat: u32, singles: u32, baseline: Option<&[u8]>) ->
                 }
             }
         }
+        // Admission control; the baseline runs its first case only (an open pool's new flow
+        // is a plain Maglev new flow there).
+        for (i, case) in adm_cases.iter().enumerate() {
+            let baseline_first = round % 2 == 1;
+            let mut old = old_adm.as_mut().filter(|_| i == 0);
+            if let (Some(b), true) = (old.as_mut(), baseline_first) {
+                let ns = time_case(b, case, repeat, singles)?;
+                baseline_samples.entry(case.key).or_default().push(ns);
+            }
+            let ns = time_case(&mut adm, case, repeat, singles)?;
+            samples.entry(case.key).or_default().push(ns);
+            if let (Some(b), false) = (old.as_mut(), baseline_first) {
+                let ns = time_case(b, case, repeat, singles)?;
+                baseline_samples.entry(case.key).or_default().push(ns);
+            }
+        }
     }
 
     let base = median(&samples["xdp_pass"]);
@@ -582,7 +703,12 @@ pub fn run(rounds: usize, repeat: u32, singles: u32, baseline: Option<&[u8]>) ->
         true,
         None,
     );
-    for case in cases.iter().chain(&nat_cases).chain(&snat_cases) {
+    for case in cases
+        .iter()
+        .chain(&nat_cases)
+        .chain(&snat_cases)
+        .chain(&adm_cases)
+    {
         row(
             case.key,
             case.what,
@@ -598,7 +724,12 @@ pub fn run(rounds: usize, repeat: u32, singles: u32, baseline: Option<&[u8]>) ->
             "{:<28} {:>8} {:>10} {:>8} {:>16}",
             "path", "new", "baseline", "ratio", "spread"
         );
-        for case in cases.iter().chain(&nat_cases).chain(&snat_cases) {
+        for case in cases
+            .iter()
+            .chain(&nat_cases)
+            .chain(&snat_cases)
+            .chain(&adm_cases)
+        {
             let Some(base) = baseline_samples.get(case.key) else {
                 continue;
             };

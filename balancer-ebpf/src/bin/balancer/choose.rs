@@ -1,19 +1,24 @@
-//! Choosing a packet's backend: the connection table first; for a new flow, the client's
-//! priority tier's backends where the VIP has some, else the VIP's scheduler (Maglev inline,
-//! the others through the global functions of `schedulers` and `persistence`); then the new
-//! flow is pinned unless flood mode is on.
+//! Choosing a packet's backend: the connection table first; for a new flow, admission control
+//! where the VIP has it (`admission`), then the client's priority tier's backends where the
+//! VIP has some, else the VIP's scheduler (Maglev inline, the others through the global
+//! functions of `schedulers` and `persistence`); then the new flow is pinned unless flood mode
+//! is on.
 
 use aya_ebpf::programs::XdpContext;
 use balancer_common::{
-    maps::{Backend, FlowKey, GlobalConfig, Scheduler, VIP_F_TIERS, VipMeta},
+    maps::{
+        Backend, FlowKey, GlobalConfig, MAX_BACKENDS, Scheduler, VIP_F_ADMISSION, VIP_F_TIERS,
+        VipMeta,
+    },
     stats::GlobalStats,
 };
 
 use crate::{
+    admission::{ADMIT, OVERFLOW, REFUSE_BY_DROP, balancer_admit},
     backends::{serving, valid_id},
     conntrack::{Lookup, flow_slot, lookup, pin},
     flood::flood_allows_insert,
-    flow::Flow,
+    flow::{Flow, PacketKind},
     persistence::balancer_pick,
     schedulers::{from_table, pack_addr, pack_opts, pack_pool},
     tiers::balancer_tier,
@@ -27,7 +32,17 @@ pub struct Choice {
     pub new_flow: bool,
 }
 
-/// The backend for `flow` to `vip`, or `None` if the VIP has no usable backend.
+/// Why a packet has no backend.
+pub enum NoChoice {
+    /// The VIP has no usable backend (or no table).
+    NoBackend,
+    /// Admission control refused the new flow: answer a TCP SYN with a RST.
+    Reset,
+    /// Admission control refused the new flow: drop the packet.
+    Drop,
+}
+
+/// The backend for `flow` to `vip`, or why there is none.
 #[inline(always)]
 pub fn choose(
     ctx: &XdpContext,
@@ -35,17 +50,17 @@ pub fn choose(
     flow: &Flow<'_>,
     cfg: &GlobalConfig,
     stats: &mut GlobalStats,
-) -> Option<Choice> {
+) -> Result<Choice, NoChoice> {
     let key = FlowKey {
         src: *flow.src,
         vip_id: vip.vip_id,
         sport: flow.sport,
         _pad: 0,
     };
-    let mut slot = flow_slot(&key, cfg)?;
+    let mut slot = flow_slot(&key, cfg).ok_or(NoChoice::NoBackend)?;
     let now = match lookup(&mut slot, flow.kind, cfg, stats) {
         Lookup::Hit(id, backend) => {
-            return Some(Choice {
+            return Ok(Choice {
                 id,
                 backend,
                 new_flow: false,
@@ -56,7 +71,19 @@ pub fn choose(
     // A new flow: rarer than an established flow's packets; keep the code above tight.
     core::hint::cold_path();
 
-    let (id, backend) = new_flow_backend(vip, flow)?;
+    let picked = if vip.flags & VIP_F_ADMISSION != 0
+        && (flow.kind == PacketKind::TcpSyn || flow.kind == PacketKind::Udp)
+    {
+        match admission(vip, flow) {
+            AS_USUAL => new_flow_backend(vip, flow),
+            REFUSED_RESET => return Err(NoChoice::Reset),
+            REFUSED_DROP => return Err(NoChoice::Drop),
+            overflow => serving(vip.vip_id, overflow),
+        }
+    } else {
+        new_flow_backend(vip, flow)
+    };
+    let (id, backend) = picked.ok_or(NoChoice::NoBackend)?;
     if flood_allows_insert(ctx, cfg, stats) {
         pin(
             &mut slot,
@@ -68,11 +95,47 @@ pub fn choose(
             now,
         );
     }
-    Some(Choice {
+    Ok(Choice {
         id,
         backend,
         new_flow: true,
     })
+}
+
+/// [`admission`]'s answers besides a backend id (all above any id, and small: compared as
+/// 32-bit values without sign extension, see [`valid_id`]).
+const AS_USUAL: u32 = MAX_BACKENDS + 1;
+const REFUSED_RESET: u32 = MAX_BACKENDS + 2;
+const REFUSED_DROP: u32 = MAX_BACKENDS + 3;
+
+/// A new flow of a VIP with admission control: [`AS_USUAL`] when admitted (chosen as usual), a
+/// backend id of the overflow tier when sent there, else how it is refused (also when the
+/// overflow tier has no backend to take it). Not inlined, and plain integers in and out: its
+/// locals would otherwise grow the entry function's stack frame.
+#[inline(never)]
+fn admission(vip: &VipMeta, flow: &Flow<'_>) -> u32 {
+    let (src_lo, src_hi) = pack_addr(flow.src);
+    let verdict = balancer_admit(
+        pack_pool(vip.vip_id, 0, vip.table_size),
+        src_lo,
+        src_hi,
+        u64::from(flow.family) | u64::from(flow.dscp) << 8,
+    );
+    let refused = if verdict & REFUSE_BY_DROP != 0 {
+        REFUSED_DROP
+    } else {
+        REFUSED_RESET
+    };
+    match verdict >> 56 {
+        OVERFLOW => {
+            let base = (verdict & 0xff_ffff) as u32;
+            let size = ((verdict >> 24) & 0xff_ffff) as u32;
+            let id = pick_in(vip, base, size, flow);
+            if valid_id(id) { id } else { refused }
+        }
+        ADMIT => AS_USUAL,
+        _ => refused,
+    }
 }
 
 /// The backend for a new flow: from the client's priority tier's own backends when the VIP

@@ -55,7 +55,7 @@ pub fn too_big(ctx: &XdpContext, ip: &Ip, mtu: u32, stats: &mut GlobalStats) -> 
 
 /// Trims the frame to `len` bytes.
 #[inline(always)]
-fn trim(ctx: &XdpContext, len: usize) -> Result<Frame, EncapError> {
+pub(crate) fn trim(ctx: &XdpContext, len: usize) -> Result<Frame, EncapError> {
     let frame = Frame::of(ctx);
     let delta = len as i32 - frame.size() as i32;
     // SAFETY: `ctx.ctx` is the program's context.

@@ -6,7 +6,8 @@
 //! addresses) is unaffected.
 //!
 //! One module per concern, in the order a packet meets them: `vip_index`; `choose` (the
-//! decision) over `conntrack`, `tiers`, `persistence` and `schedulers`, with `backends` (which
+//! decision) over `conntrack`, `admission` (with `reset`, the RST a refused SYN gets), `tiers`,
+//! `persistence` and `schedulers`, with `backends` (which
 //! backend may take a VIP's flow), `active` (active-flow counts), `flood` and `clock`;
 //! `forward` (DSR, IPIP, GUE) and `nat` (NAT, both ways, with `nat_icmp` and `links`, the link
 //! a NAT frame leaves on); `icmp` (errors about VIP flows, echo, PMTU); `stats`; `maps`.
@@ -18,6 +19,7 @@
 #![cfg_attr(target_arch = "bpf", allow(internal_features))]
 
 mod active;
+mod admission;
 mod backends;
 mod choose;
 mod clock;
@@ -35,6 +37,7 @@ mod nat;
 #[allow(clippy::needless_borrows_for_generic_args)]
 mod nat_icmp;
 mod persistence;
+mod reset;
 mod schedulers;
 mod stats;
 mod tiers;
@@ -58,7 +61,7 @@ use balancer_ebpf::{
 };
 
 use crate::{
-    choose::choose,
+    choose::{NoChoice, choose},
     flow::{Flow, PacketKind},
     forward::{EncapError, flow_entropy, to_backend},
     maps::{BACKEND_STATS, CONFIG, STATS, VIP_STATS},
@@ -141,9 +144,17 @@ fn to_vip(
     let Some(cfg) = CONFIG.get(0) else {
         return XDP_PASS;
     };
-    let Some(choice) = choose(ctx, vip, flow, cfg, stats) else {
-        count(stats, Counter::DropNoBackend);
-        return XDP_DROP;
+    let choice = match choose(ctx, vip, flow, cfg, stats) {
+        Ok(choice) => choice,
+        Err(NoChoice::NoBackend) => {
+            count(stats, Counter::DropNoBackend);
+            return XDP_DROP;
+        }
+        // Refused by admission control (counted there): a SYN is answered with a RST.
+        Err(NoChoice::Reset) if flow.kind == PacketKind::TcpSyn => {
+            return reset::balancer_reset(ctx.ctx);
+        }
+        Err(_) => return XDP_DROP,
     };
     let bytes = frame.size() as u64;
     add_traffic(VIP_STATS.get_ptr_mut(vip.vip_id), bytes, choice.new_flow);

@@ -8,13 +8,13 @@ use aya_ebpf::{
 use balancer_common::{
     addr::RawAddr,
     maps::{
-        AffinityKey, AffinityValue, BPF_F_MMAPABLE, Backend, DEFAULT_AFFINITY_ENTRIES,
-        DEFAULT_FLOW_BUCKETS, FlowBucket, GlobalConfig, MAGLEV_TABLE_FLAGS, MAX_BACKENDS,
-        MAX_TABLE_ENTRIES, MAX_TIER_PREFIXES, MAX_VIPS, NatLinks, NatReplyKey, NatReplyValue,
-        SnatFlowKey, SnatFlowValue, SnatPortValue, SnatSource, SourcePrefix, VIP_INDEX_FLAGS,
-        VIP_INDEX_SLOTS, VipSlot,
+        ADMISSION_TIERS, Admission, AffinityKey, AffinityValue, BPF_F_MMAPABLE, Backend,
+        DEFAULT_AFFINITY_ENTRIES, DEFAULT_FLOW_BUCKETS, FlowBucket, GlobalConfig,
+        MAGLEV_TABLE_FLAGS, MAX_BACKENDS, MAX_TABLE_ENTRIES, MAX_TIER_PREFIXES, MAX_VIPS, NatLinks,
+        NatReplyKey, NatReplyValue, SnatFlowKey, SnatFlowValue, SnatPortValue, SnatSource,
+        SourcePrefix, VIP_INDEX_FLAGS, VIP_INDEX_SLOTS, VipSlot,
     },
-    stats::{GlobalStats, NatLinkStats, NatStats, TrafficStats},
+    stats::{GlobalStats, NatLinkStats, NatStats, TierAdmission, TrafficStats},
 };
 
 /// The VIP index (one inner array of slots, replaced whole when VIPs change). Besides VIPs it
@@ -99,6 +99,15 @@ pub static SNAT_SOURCES: Array<SnatSource, { MAX_VIPS as usize }> = Array::new()
 /// `VIP_F_SOURCE_PREFIX` only).
 #[btf_map]
 pub static SOURCE_PREFIXES: Array<SourcePrefix, { MAX_VIPS as usize }> = Array::new();
+
+/// Admission control per VIP id (read for VIPs flagged `VIP_F_ADMISSION` only).
+#[btf_map]
+pub static ADMISSION: Array<Admission, { MAX_VIPS as usize }> = Array::new();
+
+/// Admission counters and cap windows per VIP id and client tier, per CPU.
+#[btf_map]
+pub static ADMISSION_STATS: PerCpuArray<TierAdmission, { (MAX_VIPS * ADMISSION_TIERS) as usize }> =
+    PerCpuArray::new();
 
 /// `BPF_F_NO_PREALLOC`: entries take memory when inserted, not all when the map is made.
 const NO_PREALLOC: usize = 1;

@@ -11,7 +11,7 @@ use balancer_common::{
 
 use crate::{
     maps::{TIER_DSCP, TIER_V4, TIER_V6},
-    schedulers::{table_of, unpack, unpack_addr},
+    schedulers::{Pool, table_of, unpack, unpack_addr},
 };
 
 /// The client's priority tier's block in the VIP's table map, if it has a tier and the VIP
@@ -23,11 +23,17 @@ use crate::{
 pub extern "C" fn balancer_tier(vip: u64, src_lo: u64, src_hi: u64, fd: u64) -> u64 {
     let pool = unpack(vip, 0);
     let src = unpack_addr(src_lo, src_hi);
-    let tier = tier_of(&src, fd as u8, (fd >> 8) as u8);
+    tier_block(&pool, tier_of(&src, fd as u8, (fd >> 8) as u8))
+}
+
+/// Tier `tier`'s block in the VIP's table map, packed as [`balancer_tier`] returns it; 0 if
+/// the tier is 0 or out of range, or the VIP dedicates no backends to it.
+#[inline(always)]
+pub fn tier_block(pool: &Pool, tier: u32) -> u64 {
     if tier == 0 || tier > MAX_TIERS {
         return 0;
     }
-    let Some(table) = table_of(&pool) else {
+    let Some(table) = table_of(pool) else {
         return 0;
     };
     let header = pool.table_size;
@@ -51,7 +57,7 @@ pub extern "C" fn balancer_tier(vip: u64, src_lo: u64, src_hi: u64, fd: u64) -> 
 
 /// A client's priority tier: the longest matching source prefix's, else its DSCP's; 0 if none.
 #[inline(always)]
-fn tier_of(src: &RawAddr, family: u8, dscp: u8) -> u32 {
+pub fn tier_of(src: &RawAddr, family: u8, dscp: u8) -> u32 {
     let by_prefix = if family == FAMILY_V4 {
         let key = LpmKey::new(32, src[0]);
         TIER_V4.get(&key).copied()

@@ -5,7 +5,8 @@ use std::time::Instant;
 use balancer_common::stats::Counter;
 
 use crate::api::types::{
-    BackendStatus, Stats, Status, Table, TableShare, VipStatus, VipWeights, WeightRow,
+    AdmissionStatus, BackendStatus, Stats, Status, Table, TableShare, TierAdmissionStatus,
+    VipStatus, VipWeights, WeightRow,
 };
 use crate::config::{HealthCheckKind, TelemetrySource};
 use crate::policy::PolicyKind;
@@ -26,6 +27,10 @@ impl Daemon {
                 VipWeights {
                     vip: v.name.clone(),
                     policy: v.policy.kind.name().to_string(),
+                    pool_saturated: v
+                        .admission
+                        .as_ref()
+                        .map(|_| state.is_some_and(|s| s.saturated)),
                     telemetry: match &v.telemetry.source {
                         TelemetrySource::None => "none".into(),
                         TelemetrySource::Push => "push".into(),
@@ -54,6 +59,7 @@ impl Daemon {
                                         "no round yet".into()
                                     }
                                 }),
+                                saturated: decision.is_some_and(|d| d.saturated),
                                 signals: t.and_then(|t| t.latest.as_ref().map(|(s, _)| s.clone())),
                                 report_age_ms: t
                                     .and_then(|t| t.age(now))
@@ -178,9 +184,49 @@ impl Daemon {
                 announced: self.config.bgp.is_some()
                     && self.announcer.announced().contains(&c.address)
                     && !self.drained_vips.contains(&c.name),
+                admission: self.admission_status(vip),
             });
         }
         out
+    }
+
+    /// A VIP's admission control with its counters per client tier (`None` without it).
+    fn admission_status(&self, vip: &crate::balancer::VipState) -> Option<AdmissionStatus> {
+        let a = vip.config.admission.as_ref()?;
+        let counts = match self.balancer.admission_counts(vip.id) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(vip = %vip.config.name, "reading the admission counters: {e}");
+                Default::default()
+            }
+        };
+        let names = std::iter::once(("none", 0u8))
+            .chain(self.config.tiers.iter().map(|t| (t.name.as_str(), t.id)));
+        let tiers = names
+            .map(|(name, id)| {
+                let c = counts.get(usize::from(id)).copied().unwrap_or_default();
+                TierAdmissionStatus {
+                    tier: name.to_string(),
+                    // Clients of no tier are never admitted while saturated.
+                    admitted: id != 0 && a.admit.contains_key(name),
+                    cap: if id != 0 {
+                        a.admit.get(name).copied().unwrap_or(0)
+                    } else {
+                        0
+                    },
+                    admitted_flows: c.admitted,
+                    shed_saturated: c.shed_saturated,
+                    shed_over_cap: c.shed_over_cap,
+                    overflowed: c.overflowed,
+                }
+            })
+            .collect();
+        Some(AdmissionStatus {
+            saturated: vip.saturated,
+            refuse: a.refuse.name().to_string(),
+            overflow: a.overflow.clone(),
+            tiers,
+        })
     }
 
     pub fn status(&self) -> Status {
