@@ -335,3 +335,35 @@ fn admission_body(
         refuse,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::admission_body;
+
+    #[test]
+    fn admission_flags_make_the_admission_table() {
+        assert_eq!(admission_body(Vec::new(), None, None).unwrap(), None);
+        let a = admission_body(
+            vec!["premium".into(), "standard=200".into()],
+            Some("spare".into()),
+            Some("drop".into()),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(a.admit.get("premium"), Some(&0));
+        assert_eq!(a.admit.get("standard"), Some(&200));
+        assert_eq!(a.overflow.as_deref(), Some("spare"));
+        assert_eq!(a.refuse.as_deref(), Some("drop"));
+        // Refusal alone turns it on, admitting no tier.
+        let a = admission_body(Vec::new(), None, Some("reset".into()))
+            .unwrap()
+            .unwrap();
+        assert!(a.admit.is_empty());
+        let err = admission_body(vec!["premium=lots".into()], None, None).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("--admit \"premium=lots\": the cap after '=' must be a whole number"),
+            "{err}"
+        );
+    }
+}

@@ -280,6 +280,16 @@ pub fn client_addresses(count: usize) -> Vec<IpAddr> {
         .collect()
 }
 
+/// The benchmark's premium clients: 10.111.0.96/27 holds 28 of the first 100 client addresses
+/// (10.111.0.100-127); conversation `i` comes from address `i mod 100`, so 28-36% of a run's
+/// conversations, by its length (a tier for admission control).
+pub const PREMIUM_PREFIX: &str = "10.111.0.96/27";
+
+/// Whether `source` is one of the premium clients ([`PREMIUM_PREFIX`]).
+pub fn is_premium(source: IpAddr) -> bool {
+    matches!(source, IpAddr::V4(a) if a.octets()[..3] == [10, 111, 0] && (96..128).contains(&a.octets()[3]))
+}
+
 /// How many addresses a shape's conversations come from.
 pub fn addresses_of(shape: Shape) -> usize {
     match shape {

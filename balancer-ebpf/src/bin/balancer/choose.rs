@@ -19,6 +19,7 @@ use crate::{
     conntrack::{Lookup, flow_slot, lookup, pin},
     flood::flood_allows_insert,
     flow::{Flow, PacketKind},
+    maps::ADMISSION,
     persistence::balancer_pick,
     schedulers::{from_table, pack_addr, pack_opts, pack_pool},
     tiers::balancer_tier,
@@ -32,17 +33,19 @@ pub struct Choice {
     pub new_flow: bool,
 }
 
-/// Why a packet has no backend.
-pub enum NoChoice {
-    /// The VIP has no usable backend (or no table).
-    NoBackend,
-    /// Admission control refused the new flow: answer a TCP SYN with a RST.
+/// Whether admission control refused a packet's new flow, and how.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    No,
+    /// Answer a TCP SYN with a RST (drop anything else).
     Reset,
-    /// Admission control refused the new flow: drop the packet.
+    /// Drop the packet.
     Drop,
 }
 
-/// The backend for `flow` to `vip`, or why there is none.
+/// The backend for `flow` to `vip`, or `None` if the VIP has no usable backend or admission
+/// control refused the flow (then `refused` says how). An out-parameter rather than a richer
+/// return type: it leaves the established flows' path as it was.
 #[inline(always)]
 pub fn choose(
     ctx: &XdpContext,
@@ -50,17 +53,18 @@ pub fn choose(
     flow: &Flow<'_>,
     cfg: &GlobalConfig,
     stats: &mut GlobalStats,
-) -> Result<Choice, NoChoice> {
+    refused: &mut Refused,
+) -> Option<Choice> {
     let key = FlowKey {
         src: *flow.src,
         vip_id: vip.vip_id,
         sport: flow.sport,
         _pad: 0,
     };
-    let mut slot = flow_slot(&key, cfg).ok_or(NoChoice::NoBackend)?;
+    let mut slot = flow_slot(&key, cfg)?;
     let now = match lookup(&mut slot, flow.kind, cfg, stats) {
         Lookup::Hit(id, backend) => {
-            return Ok(Choice {
+            return Some(Choice {
                 id,
                 backend,
                 new_flow: false,
@@ -73,17 +77,24 @@ pub fn choose(
 
     let picked = if vip.flags & VIP_F_ADMISSION != 0
         && (flow.kind == PacketKind::TcpSyn || flow.kind == PacketKind::Udp)
+        && saturated(vip.vip_id)
     {
         match admission(vip, flow) {
             AS_USUAL => new_flow_backend(vip, flow),
-            REFUSED_RESET => return Err(NoChoice::Reset),
-            REFUSED_DROP => return Err(NoChoice::Drop),
+            REFUSED_RESET => {
+                *refused = Refused::Reset;
+                return None;
+            }
+            REFUSED_DROP => {
+                *refused = Refused::Drop;
+                return None;
+            }
             overflow => serving(vip.vip_id, overflow),
         }
     } else {
         new_flow_backend(vip, flow)
     };
-    let (id, backend) = picked.ok_or(NoChoice::NoBackend)?;
+    let (id, backend) = picked?;
     if flood_allows_insert(ctx, cfg, stats) {
         pin(
             &mut slot,
@@ -95,11 +106,21 @@ pub fn choose(
             now,
         );
     }
-    Ok(Choice {
+    Some(Choice {
         id,
         backend,
         new_flow: true,
     })
+}
+
+/// Whether the daemon holds VIP `vip_id`'s pool saturated (one array read: an open pool's new
+/// flows pay no more for admission control).
+#[inline(always)]
+fn saturated(vip_id: u32) -> bool {
+    match ADMISSION.get(vip_id) {
+        Some(a) => a.saturated != 0,
+        None => false,
+    }
 }
 
 /// [`admission`]'s answers besides a backend id (all above any id, and small: compared as

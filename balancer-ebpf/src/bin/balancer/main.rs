@@ -61,7 +61,7 @@ use balancer_ebpf::{
 };
 
 use crate::{
-    choose::{NoChoice, choose},
+    choose::{Refused, choose},
     flow::{Flow, PacketKind},
     forward::{EncapError, flow_entropy, to_backend},
     maps::{BACKEND_STATS, CONFIG, STATS, VIP_STATS},
@@ -144,17 +144,17 @@ fn to_vip(
     let Some(cfg) = CONFIG.get(0) else {
         return XDP_PASS;
     };
-    let choice = match choose(ctx, vip, flow, cfg, stats) {
-        Ok(choice) => choice,
-        Err(NoChoice::NoBackend) => {
-            count(stats, Counter::DropNoBackend);
-            return XDP_DROP;
-        }
-        // Refused by admission control (counted there): a SYN is answered with a RST.
-        Err(NoChoice::Reset) if flow.kind == PacketKind::TcpSyn => {
-            return reset::balancer_reset(ctx.ctx);
-        }
-        Err(_) => return XDP_DROP,
+    let mut refused = Refused::No;
+    let Some(choice) = choose(ctx, vip, flow, cfg, stats, &mut refused) else {
+        return match refused {
+            Refused::No => {
+                count(stats, Counter::DropNoBackend);
+                XDP_DROP
+            }
+            // Refused by admission control (counted there): a SYN is answered with a RST.
+            Refused::Reset if flow.kind == PacketKind::TcpSyn => reset::balancer_reset(ctx.ctx),
+            _ => XDP_DROP,
+        };
     };
     let bytes = frame.size() as u64;
     add_traffic(VIP_STATS.get_ptr_mut(vip.vip_id), bytes, choice.new_flow);

@@ -76,6 +76,12 @@ pub struct VipSettings {
     pub fresher_load: bool,
     /// Tenant affinity: source hash keyed on this IPv4 prefix length.
     pub affinity_prefix_v4: Option<u8>,
+    /// The composite policy's saturation cut-off on waiting requests (`queue_saturation`),
+    /// if any (KV cache 95% is always one).
+    pub queue_saturation: Option<u32>,
+    /// Admission control: while every server is saturated, only the premium tier's new
+    /// connections are admitted, the others are refused with a RST.
+    pub admission: bool,
     pub scrape_ms: u64,
 }
 
@@ -90,7 +96,23 @@ impl VipSettings {
             composite,
             fresher_load: false,
             affinity_prefix_v4: None,
+            queue_saturation: None,
+            admission: false,
             scrape_ms: 0,
+        }
+    }
+
+    const fn queue_cutoff(self, waiting: u32) -> Self {
+        VipSettings {
+            queue_saturation: Some(waiting),
+            ..self
+        }
+    }
+
+    const fn admitting_premium(self) -> Self {
+        VipSettings {
+            admission: true,
+            ..self
         }
     }
 
@@ -113,6 +135,10 @@ impl VipSettings {
         vip.scheduler = Some(self.scheduler.to_string());
         vip.max_load_factor = self.max_load_factor;
         vip.affinity_prefix_v4 = self.affinity_prefix_v4.map(i64::from);
+        vip.admission = self.admission.then(|| balancer::config::RawAdmission {
+            admit: [(PREMIUM_TIER.to_string(), 0)].into_iter().collect(),
+            ..Default::default()
+        });
         if self.composite {
             vip.telemetry = Some(RawTelemetry {
                 source: Some("scrape".into()),
@@ -126,15 +152,19 @@ impl VipSettings {
                 // A report stays fresh for three scrapes (at least the default second), so
                 // slower scrapes are compared, not taken for stale.
                 stale_after_ms: Some((3 * self.scrape_ms).max(1000) as i64),
+                queue_saturation: self.queue_saturation.map(i64::from),
                 ..RawPolicy::default()
             });
         }
     }
 }
 
+/// The name of the benchmark's premium tier of clients (`load::workload::PREMIUM_PREFIX`).
+pub const PREMIUM_TIER: &str = "premium";
+
 /// The balancer's policies compared: name, what it is, and its settings of the VIP (the
 /// scrape interval is filled in).
-const OURS: [(&str, &str, VipSettings); 6] = [
+const OURS: [(&str, &str, VipSettings); 8] = [
     (
         "round-robin",
         "each backend in turn",
@@ -165,7 +195,21 @@ const OURS: [(&str, &str, VipSettings); 6] = [
         "source hash (a client's requests to one server) with bounded load 1.25, weights from the composite policy",
         AFFINITY,
     ),
+    (
+        "composite-cutoff",
+        "composite with a saturation cut-off at 5 waiting requests (llm-d's queue threshold) besides KV cache 95%: a server over either takes no new connections while another is under both",
+        CUTOFF,
+    ),
+    (
+        "composite-admission",
+        "composite-cutoff with admission control: while every server is over a cut-off, only the premium clients' new connections (10.111.0.96/27: 28 of the 100 client addresses) are admitted; the others get a TCP RST from the balancer",
+        CUTOFF.admitting_premium(),
+    ),
 ];
+
+/// Composite with a saturation cut-off at 5 waiting requests (the queue threshold of llm-d's
+/// flow control), the policy admission control reads.
+const CUTOFF: VipSettings = VipSettings::new("maglev", None, true).queue_cutoff(5);
 
 /// Session affinity: source hash with bounded load 1.25 and the composite weights.
 const AFFINITY: VipSettings = VipSettings::new("source-hash", Some(1.25), true);

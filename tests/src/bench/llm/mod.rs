@@ -164,6 +164,9 @@ pub struct Run {
     pub prefix_hit_rate: Option<f64>,
     /// Every completed request's TTFT (for CDFs).
     pub ttfts: Vec<f64>,
+    /// The requests of the premium clients (`workload::PREMIUM_PREFIX`) and of the others.
+    pub premium: Summary,
+    pub others: Summary,
     pub wall: f64,
 }
 
@@ -433,6 +436,13 @@ pub fn config(topo: &Topology, settings: &VipSettings) -> String {
 pub fn config_with(topo: &Topology, edit: impl FnOnce(&mut RawVip)) -> String {
     let mut config = rack_config(topo, "l2-dsr", AttachMode::Native);
     config.metrics.listen = Some("127.0.0.1:9190".into());
+    // The premium clients, a tier for the contenders with admission control (the others
+    // never look it up: their VIP dedicates no backends to it).
+    config.tier.push(balancer::config::RawTier {
+        name: Some(contenders::PREMIUM_TIER.into()),
+        prefixes: vec![workload::PREMIUM_PREFIX.into()],
+        ..Default::default()
+    });
     let mut llm = vip("llm", VIP4, LLM_PORT);
     llm.backend = (0..topo.backends.len())
         .map(|i| backend(backend4(i), None))
@@ -489,6 +499,12 @@ fn measured_run(
         wall,
     } = rack.run(&c, &work, opts)?;
     let summary = summarize(&outcomes, opts.slo);
+    let (premium, others): (Vec<Outcome>, Vec<Outcome>) = outcomes.iter().cloned().partition(|o| {
+        work.iter()
+            .find(|c| c.id == o.conversation)
+            .is_some_and(|c| workload::is_premium(c.source))
+    });
+    let (premium, others) = (summarize(&premium, opts.slo), summarize(&others, opts.slo));
     let mut ttfts: Vec<f64> = outcomes
         .iter()
         .filter(|o| o.ok())
@@ -527,6 +543,8 @@ fn measured_run(
         cpu_per_1k: Some(cpu_per_1k),
         prefix_hit_rate,
         ttfts,
+        premium,
+        others,
         wall,
     })
 }

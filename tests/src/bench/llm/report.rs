@@ -36,6 +36,13 @@ fn metrics(r: &Run) -> Vec<(&'static str, f64)> {
         ("slo_share", s.slo_share),
         ("failed", s.failed as f64),
         ("rate_rps", r.rate),
+        ("premium_ttft_p50_s", r.premium.ttft_p50),
+        ("premium_ttft_p99_s", r.premium.ttft_p99),
+        ("premium_goodput_rps", r.premium.goodput),
+        ("premium_failed", r.premium.failed as f64),
+        ("others_ttft_p99_s", r.others.ttft_p99),
+        ("others_goodput_rps", r.others.goodput),
+        ("others_failed", r.others.failed as f64),
     ];
     if let Some(c) = r.cpu_per_1k {
         v.push(("cpu_s_per_1k_requests", c));
@@ -285,6 +292,39 @@ fn shape_section(
         }
         md.push('\n');
     }
+    // By client tier: what admission control keeps for the premium clients, and what the
+    // others lose.
+    let _ = write!(
+        md,
+        "### By client tier\n\nPremium clients ({}: 28 of the 100 client addresses): p99 TTFT s / goodput per s; \
+         the other clients: p99 TTFT s / requests failed (refused, for admission control).\n\n| contender |",
+        crate::load::workload::PREMIUM_PREFIX
+    );
+    for l in &loads {
+        let _ = write!(md, " {:.0}% premium | others |", l * 100.0);
+    }
+    let _ = write!(md, "\n| --- |");
+    for _ in &loads {
+        md.push_str(" ---: | ---: |");
+    }
+    md.push('\n');
+    for n in &names {
+        let _ = write!(md, "| `{n}` |");
+        for l in &loads {
+            let runs = g.get(&(n.clone(), load_key(*l)));
+            let c = |m: &str, d: usize| cell(runs.and_then(|r| stat(r, m)), 1.0, d);
+            let _ = write!(
+                md,
+                " {} / {} | {} / {} |",
+                c("premium_ttft_p99_s", 2),
+                c("premium_goodput_rps", 2),
+                c("others_ttft_p99_s", 2),
+                c("others_failed", 0)
+            );
+        }
+        md.push('\n');
+    }
+    md.push('\n');
     // Everything at the knee.
     let knee = load_key(1.0);
     let _ = writeln!(
