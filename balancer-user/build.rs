@@ -36,7 +36,7 @@ fn main() -> anyhow::Result<()> {
     // aya-build builds nothing: empty objects keep the crate compiling, and loading them fails
     // with a clear error at run time.
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
-    for object in ["xdp-balancer", "xdp-decap"] {
+    for object in ["xdp-balancer", "xdp-decap", "tc-latency"] {
         let path = out.join(object);
         if !path.exists() {
             std::fs::write(&path, [])?;

@@ -12,6 +12,7 @@
 pub mod addr;
 pub mod flow_cache;
 pub mod flow_hash;
+pub mod latency;
 pub mod maps;
 pub mod schedule;
 pub mod stats;

@@ -1,6 +1,7 @@
 //! `aya::Pod` for the map types: each is `#[repr(C)]`, `Copy`, and has no implicit padding
 //! (checked by the size assertions beside each definition), so any byte pattern is valid.
 
+use crate::latency::{LatencyFlow, LatencyFlowKey, LatencyStats};
 use crate::maps::{
     Admission, Backend, DecapAddrKey, DecapConfig, FlowBucket, FlowKey, GlobalConfig, NatLinks,
     NatReplyKey, NatReplyValue, SnatFlowKey, SnatFlowValue, SnatPortValue, SnatSource,
@@ -56,3 +57,10 @@ unsafe impl aya::Pod for NatLinkStats {}
 unsafe impl aya::Pod for Admission {}
 // SAFETY: as above.
 unsafe impl aya::Pod for TierAdmission {}
+
+// SAFETY: as above.
+unsafe impl aya::Pod for LatencyFlowKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for LatencyFlow {}
+// SAFETY: as above.
+unsafe impl aya::Pod for LatencyStats {}

@@ -1,6 +1,6 @@
-//! The XDP objects built by `build.rs`, embedded in the binary, and loading them.
+//! The eBPF objects built by `build.rs`, embedded in the binary, and loading them.
 
-use aya::programs::{ProgramError, Xdp, XdpMode};
+use aya::programs::{ProgramError, SchedClassifier, Xdp, XdpMode};
 use aya::{Ebpf, EbpfLoader};
 use balancer_common::maps::{FLOW_WAYS, FLOWS, NAT_REPLIES, SNAT_FLOWS, SNAT_PORTS};
 
@@ -13,7 +13,14 @@ pub static BALANCER_OBJECT: &[u8] =
 pub static DECAP_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdp-decap"));
 
+/// The backend-side passive latency object (tc programs `latency_ingress` and
+/// `latency_egress`).
+pub static LATENCY_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tc-latency"));
+
 pub const BALANCER_PROGRAM: &str = "balancer";
+pub const LATENCY_INGRESS_PROGRAM: &str = "latency_ingress";
+pub const LATENCY_EGRESS_PROGRAM: &str = "latency_egress";
 pub const DECAP_PROGRAM: &str = "decap";
 pub const PASS_PROGRAM: &str = "pass";
 
@@ -104,6 +111,29 @@ pub fn load_decap() -> Result<Ebpf, LoadError> {
     load_program(&mut ebpf, DECAP_PROGRAM)?;
     load_program(&mut ebpf, PASS_PROGRAM)?;
     Ok(ebpf)
+}
+
+/// Loads the passive latency object and verifies both its programs.
+pub fn load_latency() -> Result<Ebpf, LoadError> {
+    raise_memlock_limit();
+    let mut ebpf = Ebpf::load(LATENCY_OBJECT)?;
+    for name in [LATENCY_INGRESS_PROGRAM, LATENCY_EGRESS_PROGRAM] {
+        classifier(&mut ebpf, name)?
+            .load()
+            .map_err(|source| LoadError::Program { name, source })?;
+    }
+    Ok(ebpf)
+}
+
+/// The tc program `name` of a loaded object.
+pub fn classifier<'a>(
+    ebpf: &'a mut Ebpf,
+    name: &'static str,
+) -> Result<&'a mut SchedClassifier, LoadError> {
+    ebpf.program_mut(name)
+        .ok_or(LoadError::NoProgram(name))?
+        .try_into()
+        .map_err(|source| LoadError::Program { name, source })
 }
 
 fn load_program(ebpf: &mut Ebpf, name: &'static str) -> Result<(), LoadError> {

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use balancer::api::types::ChangeResult;
-use balancer::report::gpu::{GpuSource, render_dcgm};
+use balancer::report::gpu::GpuSource;
+use balancer::report::passive::PassiveLatency;
 use balancer::report::{LocalPage, Reporter};
 use clap::ArgGroup;
 use tokio::signal::unix::{SignalKind, signal};
@@ -16,8 +17,9 @@ use super::{EXIT_FAILURE, EXIT_INVALID, runtime};
 
 /// Report this backend's load to the balancer (run it on each backend host): free GPU
 /// memory and utilisation from NVML, plus, with --scrape, the local inference server's
-/// queue, KV-cache use and token rate. Serve it as a page the daemon scrapes, push it to
-/// the daemon's API, or print it once.
+/// queue, KV-cache use and token rate, and with --passive-latency the time to first token and
+/// inter-token latency measured on this host's interface. Serve it as a page the daemon
+/// scrapes, push it to the daemon's API, or print it once.
 #[derive(Debug, clap::Args)]
 #[command(
     group(ArgGroup::new("mode").required(true).args(["once", "serve", "push"])),
@@ -26,7 +28,8 @@ use super::{EXIT_FAILURE, EXIT_INVALID, runtime};
         balancer report --serve 0.0.0.0:9400          # daemon: telemetry.extra = [\"9400/metrics\"]\n  \
         balancer report --push --backend 10.0.0.11 --connect lb1:9100 --token-file /etc/balancer/token \\\n      \
         --scrape http://127.0.0.1:8000/metrics        # daemon: telemetry.source = \"push\"\n  \
-        balancer report --once --gpu-stats-file /run/gpu.csv   # file written by nvidia-smi (see --gpu-stats-file)"
+        balancer report --once --gpu-stats-file /run/gpu.csv   # file written by nvidia-smi (see --gpu-stats-file)\n  \
+        sudo balancer report --serve 0.0.0.0:9400 --passive-latency eth0 --latency-port 8000   # TTFT of any server"
 )]
 pub struct ReportArgs {
     /// Print one report as JSON and exit.
@@ -54,6 +57,26 @@ pub struct ReportArgs {
     /// vLLM's http://127.0.0.1:8000/metrics.
     #[arg(long = "scrape", value_name = "URL")]
     scrape: Vec<LocalPage>,
+    /// Measure each request's time to first token and the spacing of its streamed tokens on
+    /// this interface (the one clients' packets arrive on and answers leave by; needs root):
+    /// tc programs watch the TCP flows to --latency-port, with no server metrics needed.
+    /// Served on the --serve page as balancer_passive_time_to_first_token_seconds and
+    /// balancer_passive_inter_token_latency_seconds; the TTFT is the report's when the
+    /// --scrape pages have none.
+    #[arg(
+        long,
+        value_name = "INTERFACE",
+        requires = "latency_ports",
+        conflicts_with = "once"
+    )]
+    passive_latency: Option<String>,
+    /// A server port whose flows --passive-latency watches (repeatable), e.g. 8000.
+    #[arg(
+        long = "latency-port",
+        value_name = "PORT",
+        requires = "passive_latency"
+    )]
+    latency_ports: Vec<u16>,
     /// Push interval, milliseconds (50-60000); keep it under the VIP's policy.stale_after_ms.
     #[arg(long, default_value_t = 500)]
     interval_ms: u64,
@@ -84,12 +107,28 @@ pub fn run(args: ReportArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(EXIT_FAILURE));
         }
     };
-    let reporter = Reporter::new(
+    let mut reporter = Reporter::new(
         gpu,
         args.scrape.clone(),
         Duration::from_millis(args.timeout_ms),
         4 << 20,
     );
+    if let Some(interface) = &args.passive_latency {
+        let attached = PassiveLatency::load(&args.latency_ports).and_then(|mut p| {
+            p.attach(interface)?;
+            Ok(p)
+        });
+        match attached {
+            Ok(p) => {
+                tracing::info!(%interface, ports = ?args.latency_ports, "measuring request latency passively");
+                reporter = reporter.with_passive_latency(p);
+            }
+            Err(e) => {
+                eprintln!("error: --passive-latency {interface}: {e}");
+                return Ok(ExitCode::from(EXIT_FAILURE));
+            }
+        }
+    }
     let client = opts.client()?;
     runtime()?.block_on(async move {
         if args.once {
@@ -156,18 +195,18 @@ async fn serve(reporter: Reporter, addr: SocketAddr) -> anyhow::Result<ExitCode>
             let reporter = reporter.clone();
             let hostname = hostname.clone();
             async move {
-                match tokio::task::spawn_blocking(move || reporter.gpus()).await {
-                    Ok(Ok(gpus)) => (
+                match tokio::task::spawn_blocking(move || reporter.page(&hostname)).await {
+                    Ok(Ok(page)) => (
                         axum::http::StatusCode::OK,
                         [("content-type", "text/plain; version=0.0.4")],
-                        render_dcgm(&gpus, &hostname),
+                        page,
                     ),
                     Ok(Err(e)) => {
-                        tracing::warn!("reading the GPUs: {e}");
+                        tracing::warn!("building the page: {e}");
                         (
                             axum::http::StatusCode::SERVICE_UNAVAILABLE,
                             [("content-type", "text/plain")],
-                            format!("reading the GPUs: {e}\n"),
+                            format!("building the page: {e}\n"),
                         )
                     }
                     Err(e) => (

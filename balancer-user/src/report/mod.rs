@@ -1,11 +1,14 @@
 //! The backend-side reporter behind `balancer report`: it reads the local GPUs (NVML, or a
-//! file of `nvidia-smi` output) and, optionally, the local inference server's metrics page,
-//! and turns them into a report for the balancer: served as a DCGM-exporter-style page for
-//! the daemon to scrape, or pushed to the daemon's API.
+//! file of `nvidia-smi` output), optionally the local inference server's metrics page, and
+//! optionally what its tc programs measure of the requests passing this host's interface
+//! (time to first token, inter-token latency: [`passive`]), and turns them into a report for
+//! the balancer: served as a DCGM-exporter-style page for the daemon to scrape, or pushed to
+//! the daemon's API.
 
 pub mod gpu;
 #[cfg(feature = "nvml")]
 pub mod nvml;
+pub mod passive;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -15,6 +18,7 @@ use crate::telemetry::scrape::http_get;
 use crate::telemetry::signals::{Signals, extract};
 use crate::telemetry::store::BackendTelemetry;
 use gpu::{GpuSource, GpuStats};
+use passive::PassiveLatency;
 
 /// A local metrics page to include in the report: `http://HOST:PORT/PATH`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,6 +61,7 @@ pub struct Reporter {
     pages: Vec<LocalPage>,
     timeout: Duration,
     max_body: usize,
+    passive: Option<PassiveLatency>,
     history: BackendTelemetry,
 }
 
@@ -72,8 +77,26 @@ impl Reporter {
             pages,
             timeout,
             max_body,
+            passive: None,
             history: BackendTelemetry::default(),
         }
+    }
+
+    /// Adds passive latency measurement (programs already attached) to every report.
+    pub fn with_passive_latency(mut self, passive: PassiveLatency) -> Reporter {
+        self.passive = Some(passive);
+        self
+    }
+
+    /// The page `balancer report --serve` serves: the GPUs named as the DCGM exporter names
+    /// them, then the passive latency histograms when measured.
+    pub fn page(&self, hostname: &str) -> Result<String, String> {
+        let mut page = gpu::render_dcgm(&self.gpus()?, hostname);
+        if let Some(p) = &self.passive {
+            let stats = p.stats().map_err(|e| e.to_string())?;
+            page.push_str(&passive::render(&stats, p.interface().unwrap_or_default()));
+        }
+        Ok(page)
     }
 
     /// Reads the GPUs alone (for the served page).
@@ -91,6 +114,11 @@ impl Reporter {
             let samples =
                 exposition::parse(&text).map_err(|e| format!("{}{}: {e}", page.addr, page.path))?;
             signals.merge(extract(&samples));
+        }
+        // A server's own TTFT, when its page has one, comes first.
+        if let Some(p) = &self.passive {
+            let stats = p.stats().map_err(|e| e.to_string())?;
+            signals.merge(passive::signals(&stats));
         }
         self.history.record(signals, Instant::now());
         let signals = self

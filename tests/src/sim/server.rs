@@ -24,6 +24,7 @@ use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt as _;
 use serde_json::{Value, json};
 use tokio::sync::{Notify, mpsc};
 
@@ -187,7 +188,11 @@ pub async fn serve(
         .route("/health", get(|| async { "" }))
         .route("/metrics", get(metrics))
         .with_state(shared);
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+    // Tokens leave as they are made, as vLLM's server (uvicorn) sends them: without
+    // TCP_NODELAY a token written while the last is unacknowledged waits for the ACK.
+    let listener = tokio::net::TcpListener::bind(addr).await?.tap_io(|stream| {
+        let _ = stream.set_nodelay(true);
+    });
     axum::serve(listener, app).await
 }
 

@@ -10,6 +10,7 @@
 //! | Triton | `nv_inference_pending_request_count`, `nv_gpu_memory_used_bytes`, `nv_gpu_memory_total_bytes` |
 //! | TensorRT-LLM | `trtllm_num_requests_waiting`, `trtllm_num_requests_running`, `trtllm_kv_cache_utilization` |
 //! | DCGM exporter | `DCGM_FI_DEV_FB_USED`, `DCGM_FI_DEV_FB_FREE` (MiB), `DCGM_FI_DEV_GPU_UTIL` (%) |
+//! | `balancer report --passive-latency` | `balancer_passive_time_to_first_token_seconds` (measured on the backend's interface, for any server; read where the server reports no TTFT of its own) |
 //!
 //! A backend may serve several pages (an inference server and a GPU exporter); their signals
 //! merge field by field.
@@ -283,10 +284,19 @@ pub fn extract(samples: &[Sample]) -> Signals {
         s.gpu_memory_total_bytes = Some((used + free) * MIB);
     }
 
-    // Time to first token: vLLM's histogram, as a running sum and count.
+    // Time to first token: vLLM's histogram, as a running sum and count; else the one
+    // `balancer report --passive-latency` measures on the backend's interface.
     if let (Some(total), Some(count)) = (
         sum(samples, "vllm:time_to_first_token_seconds_sum"),
         sum(samples, "vllm:time_to_first_token_seconds_count"),
+    ) {
+        s.ttft_sum_count = Some((total, count));
+    } else if let (Some(total), Some(count)) = (
+        sum(samples, "balancer_passive_time_to_first_token_seconds_sum"),
+        sum(
+            samples,
+            "balancer_passive_time_to_first_token_seconds_count",
+        ),
     ) {
         s.ttft_sum_count = Some((total, count));
     }
