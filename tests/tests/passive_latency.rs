@@ -260,6 +260,57 @@ fn flows_are_kept_apart_and_unwatched_traffic_is_not_measured() {
     assert_eq!(host.stats().requests, 4);
 }
 
+#[test]
+#[ignore = "needs root (BPF); run by cargo xtask test"]
+fn the_report_carries_the_passive_ttft_and_the_page_its_histograms() {
+    use balancer::report::Reporter;
+    use balancer::report::gpu::GpuSource;
+    let passive = PassiveLatency::load(&[PORT]).unwrap();
+    let mut reporter = Reporter::new(GpuSource::None, vec![], Duration::from_secs(1), 1 << 20)
+        .with_passive_latency(passive);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // A first reading (nothing measured yet), then one request answered 40 ms later.
+    let first = runtime.block_on(reporter.collect()).unwrap();
+    assert_eq!(first.signals.ttft_seconds, None);
+    let (c, server) = (ip("10.9.0.1"), ip("10.111.0.11"));
+    let p = reporter.passive_latency().unwrap();
+    let mut run = |program: &'static str, frame: Vec<u8>| {
+        p.classifier(program)
+            .unwrap()
+            .test_run(TestRunOptions {
+                data_in: Some(&frame),
+                ..TestRunOptions::default()
+            })
+            .unwrap();
+    };
+    run(
+        LATENCY_INGRESS_PROGRAM,
+        tcp_frame(c, 40000, server, PORT, false, REQUEST),
+    );
+    sleep(Duration::from_millis(40));
+    run(
+        LATENCY_EGRESS_PROGRAM,
+        tcp_frame(server, PORT, c, 40000, false, CHUNK),
+    );
+    // The report (what --push sends) carries the TTFT as its recent mean.
+    let report = runtime.block_on(reporter.collect()).unwrap();
+    let ttft = report.signals.ttft_seconds.expect("a TTFT in the report");
+    assert!((0.04..0.19).contains(&ttft), "TTFT {ttft} s");
+    // The served page: no GPU figures, the histograms with the interface (none: not attached).
+    let page = reporter.page("host").unwrap();
+    let (sum, count) = sum_count(&page, TTFT_FAMILY);
+    assert_eq!(count, 1.0);
+    assert!((sum - ttft).abs() < 1e-6, "{sum} vs {ttft}");
+    let samples = exposition::parse(&page).unwrap();
+    assert!(
+        !samples.iter().any(|s| s.name.starts_with("DCGM_FI")),
+        "{page}"
+    );
+}
+
 /// The sum of the samples called `name` on `page`.
 fn page_sum(page: &str, name: &str) -> f64 {
     exposition::parse(page)

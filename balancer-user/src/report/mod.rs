@@ -88,6 +88,11 @@ impl Reporter {
         self
     }
 
+    /// The passive latency programs, when measured (for tests that feed them packets).
+    pub fn passive_latency(&mut self) -> Option<&mut PassiveLatency> {
+        self.passive.as_mut()
+    }
+
     /// The page `balancer report --serve` serves: the GPUs named as the DCGM exporter names
     /// them, then the passive latency histograms when measured.
     pub fn page(&self, hostname: &str) -> Result<String, String> {

@@ -16,6 +16,8 @@ use crate::topology::{LB4, Topology, backend4};
 pub const ROUTER_PORT: u16 = 8100;
 /// Its Prometheus port.
 pub const ROUTER_METRICS_PORT: u16 = 8101;
+/// The port of each backend's `balancer report --serve` page (passive latency).
+pub const REPORT_PORT: u16 = 9400;
 
 /// An L7 router.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,9 +70,13 @@ pub struct VipSettings {
     pub scheduler: &'static str,
     /// Bounded load, if any.
     pub max_load_factor: Option<f64>,
-    /// Weights from the composite policy over the servers' scraped metrics (every
+    /// Weights from a policy (`policy`) over the servers' scraped metrics (every
     /// `scrape_ms`), else static.
     pub composite: bool,
+    /// The weight policy when `composite`: "composite", or "least-latency".
+    pub policy: &'static str,
+    /// Where the policy's TTFT comes from.
+    pub passive_latency: PassiveLatency,
     /// The composite policy's reports corrected by the flows the data plane saw since each
     /// (`fresher_load`), with rounds between scrapes.
     pub fresher_load: bool,
@@ -94,6 +100,8 @@ impl VipSettings {
             scheduler,
             max_load_factor,
             composite,
+            policy: "composite",
+            passive_latency: PassiveLatency::Off,
             fresher_load: false,
             affinity_prefix_v4: None,
             queue_saturation: None,
@@ -123,6 +131,20 @@ impl VipSettings {
         }
     }
 
+    const fn least_latency(self) -> Self {
+        VipSettings {
+            policy: "least-latency",
+            ..self
+        }
+    }
+
+    const fn passive(self, how: PassiveLatency) -> Self {
+        VipSettings {
+            passive_latency: how,
+            ..self
+        }
+    }
+
     const fn fresher(self) -> Self {
         VipSettings {
             fresher_load: true,
@@ -140,14 +162,23 @@ impl VipSettings {
             ..Default::default()
         });
         if self.composite {
+            // The reporter's page first: its TTFT is taken before a later page's.
+            let (port, extra) = match self.passive_latency {
+                PassiveLatency::Off => (LLM_PORT, vec![]),
+                PassiveLatency::WithServerMetrics => {
+                    (REPORT_PORT, vec![format!("{LLM_PORT}/metrics")])
+                }
+                PassiveLatency::Only => (REPORT_PORT, vec![]),
+            };
             vip.telemetry = Some(RawTelemetry {
                 source: Some("scrape".into()),
-                port: Some(i64::from(LLM_PORT)),
+                port: Some(i64::from(port)),
+                extra,
                 interval_ms: Some(self.scrape_ms as i64),
                 ..RawTelemetry::default()
             });
             vip.policy = Some(RawPolicy {
-                kind: Some("composite".into()),
+                kind: Some(self.policy.into()),
                 fresher_load: Some(self.fresher_load),
                 // A report stays fresh for three scrapes (at least the default second), so
                 // slower scrapes are compared, not taken for stale.
@@ -159,12 +190,24 @@ impl VipSettings {
     }
 }
 
+/// Whether a contender's policy reads the TTFT each backend's `balancer report
+/// --passive-latency` measures on its interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PassiveLatency {
+    /// No: the servers' own metrics (their TTFT histogram).
+    Off,
+    /// The passive TTFT, and every other signal from the servers' metrics.
+    WithServerMetrics,
+    /// The passive TTFT alone (a server that exports no metrics).
+    Only,
+}
+
 /// The name of the benchmark's premium tier of clients (`load::workload::PREMIUM_PREFIX`).
 pub const PREMIUM_TIER: &str = "premium";
 
 /// The balancer's policies compared: name, what it is, and its settings of the VIP (the
 /// scrape interval is filled in).
-const OURS: [(&str, &str, VipSettings); 8] = [
+const OURS: [(&str, &str, VipSettings); 11] = [
     (
         "round-robin",
         "each backend in turn",
@@ -189,6 +232,25 @@ const OURS: [(&str, &str, VipSettings); 8] = [
         "composite-fresh",
         "composite, each report corrected by the flows the data plane saw since it (fresher_load), rounds every 100 ms between scrapes",
         VipSettings::new("maglev", None, true).fresher(),
+    ),
+    (
+        "least-latency",
+        "Maglev with weights from the least-latency policy over the servers' own TTFT histograms",
+        VipSettings::new("maglev", None, true).least_latency(),
+    ),
+    (
+        "least-latency-passive",
+        "least-latency with the TTFT each backend's `balancer report --passive-latency` measures on its interface instead of the server's own (the servers' other metrics as before)",
+        VipSettings::new("maglev", None, true)
+            .least_latency()
+            .passive(PassiveLatency::WithServerMetrics),
+    ),
+    (
+        "least-latency-passive-only",
+        "least-latency over the passive TTFT alone, no server metrics read (as for a server that exports none)",
+        VipSettings::new("maglev", None, true)
+            .least_latency()
+            .passive(PassiveLatency::Only),
     ),
     (
         "affinity",

@@ -199,6 +199,8 @@ pub struct LlmRack {
     gpus: Vec<String>,
     /// The balancer's config without the LLM VIP's policy lines.
     router: Option<Process>,
+    /// Each backend's `balancer report --passive-latency`, while a contender reads them.
+    reporters: Vec<Process>,
 }
 
 impl LlmRack {
@@ -221,6 +223,7 @@ impl LlmRack {
             topo,
             gpus: gpus.to_vec(),
             router: None,
+            reporters: Vec::new(),
         };
         rack.start_sims()?;
         let first = config(&rack.topo, &VipSettings::ROUND_ROBIN);
@@ -262,8 +265,12 @@ impl LlmRack {
     /// Puts `c` in front of the servers; the address the client sends to.
     fn prepare(&mut self, c: &Contender) -> Result<SocketAddr> {
         self.router = None;
+        self.reporters.clear();
         match c {
             Contender::Balancer { settings, .. } => {
+                if settings.passive_latency != contenders::PassiveLatency::Off {
+                    self.start_reporters()?;
+                }
                 let text = config(&self.topo, settings);
                 self.topo.reload_balancer(&text)?;
                 Ok(SocketAddr::new(VIP4.into(), LLM_PORT))
@@ -281,12 +288,49 @@ impl LlmRack {
         }
     }
 
+    /// Starts `balancer report --serve` with passive latency on each backend's interface.
+    fn start_reporters(&mut self) -> Result<()> {
+        let bin = binary("balancer")?.to_string_lossy().to_string();
+        let serve = format!("[::]:{}", contenders::REPORT_PORT);
+        let port = LLM_PORT.to_string();
+        for i in 0..self.gpus.len() {
+            let argv = [
+                bin.as_str(),
+                "report",
+                "--serve",
+                &serve,
+                "--no-gpu",
+                "--passive-latency",
+                "eth0",
+                "--latency-port",
+                &port,
+            ];
+            let mut p = Process::spawn(
+                &self.topo.backends[i],
+                &format!("report-{}", i + 1),
+                &argv,
+                &self.topo.rack.log_dir,
+            )?;
+            p.wait_for_log("serving GPU figures", Duration::from_secs(10))?;
+            self.reporters.push(p);
+        }
+        Ok(())
+    }
+
     /// CPU nanoseconds the contender has used so far: the router's processes, or the
-    /// balancer's daemon and XDP program.
+    /// balancer's daemon and XDP program (and the backends' reporters and their tc programs,
+    /// when it reads them).
     fn contender_cpu_ns(&mut self, c: &Contender) -> Result<u64> {
         if c.is_router() {
             let pid = self.router.as_ref().context("no router running")?.pid();
             return tree_cpu_ns(pid);
+        }
+        let mut reporters = 0;
+        for p in &self.reporters {
+            reporters += super::process_cpu_ns(p.pid())?;
+        }
+        if !self.reporters.is_empty() {
+            reporters += tc_latency_run_ns()?;
         }
         let pid = self
             .topo
@@ -297,7 +341,7 @@ impl LlmRack {
             balancer::pinning::Pins::new(self.topo.pin_dir()).program(),
         )
         .context("reading the XDP program's statistics")?;
-        Ok(super::process_cpu_ns(pid)? + info.run_time().as_nanos() as u64)
+        Ok(super::process_cpu_ns(pid)? + info.run_time().as_nanos() as u64 + reporters)
     }
 
     /// Fails if vllm-router's prefix policy routed without the prompt's tokens (the servers'
@@ -386,6 +430,7 @@ impl LlmRack {
             self.check_router_inputs(c)?;
         }
         self.router = None;
+        self.reporters.clear();
         Ok(RunOutput {
             cpu_per_1k: cpu as f64 / 1e9 / outcomes.len().max(1) as f64 * 1000.0,
             outcomes,
@@ -412,6 +457,22 @@ struct Point<'a> {
     /// Fraction of the knee (0 for the knee search's probes).
     load: f64,
     rep: usize,
+}
+
+/// Run time of every loaded passive latency program (the backends' reporters'), ns, from the
+/// kernel's BPF statistics.
+fn tc_latency_run_ns() -> Result<u64> {
+    let mut total = 0;
+    for info in aya::programs::loaded_programs() {
+        let info = info.context("listing the loaded BPF programs")?;
+        let name = info.name_as_str().unwrap_or_default();
+        if name == balancer::ebpf::LATENCY_INGRESS_PROGRAM
+            || name == balancer::ebpf::LATENCY_EGRESS_PROGRAM
+        {
+            total += info.run_time().as_nanos() as u64;
+        }
+    }
+    Ok(total)
 }
 
 /// utime + stime of a process and its children still running (a router's launcher may run
@@ -707,6 +768,11 @@ fn idle_latency(
 /// Runs the benchmark; prints as it goes, then writes the report.
 pub fn run(opts: &Options) -> Result<(Results, Figures)> {
     let started = Instant::now();
+    // BPF run-time statistics while the benchmark runs (the fd turns them off when dropped):
+    // the balancer's CPU includes its XDP program's time, and the passive contender's its
+    // backends' tc programs'.
+    let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
+        .context("enabling BPF run-time statistics")?;
     let trace = workload::shipped_trace()?;
     println!(
         "LLM routing benchmark: GPUs {}; {} per run, {} repetition(s), loads {:?} of each shape's knee; SLO TTFT <= {} s and ITL <= {} ms",
