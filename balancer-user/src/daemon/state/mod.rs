@@ -109,6 +109,8 @@ pub struct Daemon {
     report_marks: HashMap<(Endpoint, IpAddr), weights::FlowMark>,
     /// The data plane's source-NAT drop counters at the last sweep (none yet: `None`).
     nat_seen: Option<balancer_common::stats::NatStats>,
+    /// Source-NAT flows the last sweep left (none swept yet: `None`).
+    nat_flows_left: Option<u64>,
 }
 
 impl Daemon {
@@ -179,6 +181,7 @@ impl Daemon {
             local_changes: tokio::sync::watch::Sender::new(0),
             report_marks: HashMap::new(),
             nat_seen: None,
+            nat_flows_left: None,
         }
     }
 }

@@ -1,6 +1,8 @@
 //! Source NAT's upkeep: once a second, flows idle past their timeout give their ports back,
 //! and new flows dropped for want of a port or of table space are counted and logged.
 
+use balancer_common::maps::NAT_SNAT;
+
 use crate::dataplane::DataplaneError;
 use crate::dataplane::nat_expiry::{NatSweep, NatTimeouts, now_ticks};
 
@@ -10,11 +12,13 @@ impl Daemon {
     /// Sweeps the source-NAT tables, holding `daemon` only to start the sweep and to record
     /// it (a sweep of many flows takes a while). Blocking.
     pub fn sweep_nat(daemon: &std::sync::Mutex<Daemon>) {
-        let Ok((sweeper, timeouts)) = daemon.lock().map(|d| {
-            (
-                d.balancer.dataplane().nat_sweeper(),
-                NatTimeouts::from_config(&d.config.nat),
-            )
+        let Ok(Some((sweeper, timeouts))) = daemon.lock().map(|d| {
+            d.nat_sweep_due().then(|| {
+                (
+                    d.balancer.dataplane().nat_sweeper(),
+                    NatTimeouts::from_config(&d.config.nat),
+                )
+            })
         }) else {
             return;
         };
@@ -22,6 +26,14 @@ impl Daemon {
         if let Ok(mut d) = daemon.lock() {
             d.record_nat_sweep(swept);
         }
+    }
+
+    /// Whether the source-NAT tables need a sweep: while a VIP uses source NAT, and after, until
+    /// a sweep has found them empty. (Listing the keys of even an empty table walks all its
+    /// buckets, `conntrack.max_flows` of them: about a millisecond at the default 2M, every
+    /// second, in a daemon with no source NAT at all.)
+    fn nat_sweep_due(&self) -> bool {
+        sweep_due(self.balancer.settings().nat, self.nat_flows_left)
     }
 
     /// Takes a sweep's result into the metrics, and logs new drops.
@@ -36,6 +48,7 @@ impl Daemon {
         };
         let m = &self.metrics;
         m.nat_flows.set(swept.flows as i64);
+        self.nat_flows_left = Some(swept.flows);
         m.nat_expired.inc_by(swept.expired);
         let before = self.nat_seen.unwrap_or_default();
         let (no_port, full) = (
@@ -70,5 +83,29 @@ impl Daemon {
             }
         }
         self.nat_seen = Some(swept.stats);
+    }
+}
+
+/// Whether to sweep, given the data plane's NAT bits and the flows the last sweep left.
+fn sweep_due(nat_bits: u32, flows_left: Option<u64>) -> bool {
+    nat_bits & NAT_SNAT != 0 || flows_left != Some(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use balancer_common::maps::NAT_GATEWAY;
+
+    #[test]
+    fn source_nat_tables_are_swept_while_in_use_and_until_found_empty() {
+        // In use: always, even when empty.
+        assert!(sweep_due(NAT_SNAT, Some(0)));
+        assert!(sweep_due(NAT_SNAT | NAT_GATEWAY, None));
+        // Not in use: a first sweep (flows pinned by an earlier daemon), and on while any
+        // are left; then never.
+        assert!(sweep_due(0, None));
+        assert!(sweep_due(NAT_GATEWAY, Some(3)));
+        assert!(!sweep_due(0, Some(0)));
+        assert!(!sweep_due(NAT_GATEWAY, Some(0)));
     }
 }
