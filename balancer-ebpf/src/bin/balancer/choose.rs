@@ -135,13 +135,8 @@ const REFUSED_DROP: u32 = MAX_BACKENDS + 3;
 /// locals would otherwise grow the entry function's stack frame.
 #[inline(never)]
 fn admission(vip: &VipMeta, flow: &Flow<'_>) -> u32 {
-    let (src_lo, src_hi) = pack_addr(flow.src);
-    let verdict = balancer_admit(
-        pack_pool(vip.vip_id, 0, vip.table_size),
-        src_lo,
-        src_hi,
-        u64::from(flow.family) | u64::from(flow.dscp) << 8,
-    );
+    let (pool, src_lo, src_hi, client) = client_args(vip, flow);
+    let verdict = balancer_admit(pool, src_lo, src_hi, client);
     let refused = if verdict & REFUSE_BY_DROP != 0 {
         REFUSED_DROP
     } else {
@@ -149,9 +144,7 @@ fn admission(vip: &VipMeta, flow: &Flow<'_>) -> u32 {
     };
     match verdict >> 56 {
         OVERFLOW => {
-            let base = (verdict & 0xff_ffff) as u32;
-            let size = ((verdict >> 24) & 0xff_ffff) as u32;
-            let id = pick_in(vip, base, size, flow);
+            let id = pick_in_block(vip, verdict, flow);
             if valid_id(id) { id } else { refused }
         }
         ADMIT => AS_USUAL,
@@ -167,20 +160,13 @@ fn admission(vip: &VipMeta, flow: &Flow<'_>) -> u32 {
 fn new_flow_backend(vip: &VipMeta, flow: &Flow<'_>) -> Option<(u32, &'static Backend)> {
     if vip.flags & VIP_F_TIERS != 0 {
         core::hint::cold_path();
-        let (src_lo, src_hi) = pack_addr(flow.src);
         // The tier's block (if the client has a tier and the VIP backends for it), then a
         // pick there: called one after the other, not nested, to keep the call chain's stack
         // within the kernel's limit.
-        let block = balancer_tier(
-            pack_pool(vip.vip_id, 0, vip.table_size),
-            src_lo,
-            src_hi,
-            u64::from(flow.family) | u64::from(flow.dscp) << 8,
-        );
+        let (pool, src_lo, src_hi, client) = client_args(vip, flow);
+        let block = balancer_tier(pool, src_lo, src_hi, client);
         if block != 0 {
-            let base = (block & 0xff_ffff) as u32;
-            let size = ((block >> 24) & 0xff_ffff) as u32;
-            let id = pick_in(vip, base, size, flow);
+            let id = pick_in_block(vip, block, flow);
             if valid_id(id) {
                 return serving(vip.vip_id, id);
             }
@@ -194,6 +180,28 @@ fn new_flow_backend(vip: &VipMeta, flow: &Flow<'_>) -> Option<(u32, &'static Bac
         return from_table(vip, flow.src, flow.sport);
     }
     serving(vip.vip_id, pick_in(vip, 0, vip.table_size, flow))
+}
+
+/// What [`balancer_tier`] and [`balancer_admit`] take of a new flow: the VIP's shared pool,
+/// the client's address (two words), and its family and DSCP.
+#[inline(always)]
+fn client_args(vip: &VipMeta, flow: &Flow<'_>) -> (u64, u64, u64, u64) {
+    let (src_lo, src_hi) = pack_addr(flow.src);
+    (
+        pack_pool(vip.vip_id, 0, vip.table_size),
+        src_lo,
+        src_hi,
+        u64::from(flow.family) | u64::from(flow.dscp) << 8,
+    )
+}
+
+/// [`balancer_pick`] in the pool block those functions answer with: its first slot in bits
+/// 0-23, its size in bits 24-47.
+#[inline(always)]
+fn pick_in_block(vip: &VipMeta, block: u64, flow: &Flow<'_>) -> u32 {
+    let base = (block & 0xff_ffff) as u32;
+    let size = ((block >> 24) & 0xff_ffff) as u32;
+    pick_in(vip, base, size, flow)
 }
 
 /// [`balancer_pick`] on one pool of the VIP.
