@@ -250,6 +250,34 @@ pub fn bin_dir() -> PathBuf {
     }
 }
 
+/// Starts, in `ns`, a backend's `balancer report --serve [::]:SERVE_PORT --no-gpu
+/// --passive-latency eth0 --latency-port LATENCY_PORT` (its own interface's requests to the
+/// server's port timed), and waits until it serves.
+pub fn spawn_passive_reporter(
+    ns: &Netns,
+    name: &str,
+    serve_port: u16,
+    latency_port: u16,
+    log_dir: &Path,
+) -> Result<Process> {
+    let bin = binary("balancer")?.to_string_lossy().to_string();
+    let (serve, port) = (format!("[::]:{serve_port}"), latency_port.to_string());
+    let argv = [
+        bin.as_str(),
+        "report",
+        "--serve",
+        &serve,
+        "--no-gpu",
+        "--passive-latency",
+        "eth0",
+        "--latency-port",
+        &port,
+    ];
+    let mut p = Process::spawn(ns, name, &argv, log_dir)?;
+    p.wait_for_log("serving GPU figures", Duration::from_secs(10))?;
+    Ok(p)
+}
+
 /// The path of a workspace binary, with a hint if it was not built.
 pub fn binary(name: &str) -> Result<PathBuf> {
     let path = bin_dir().join(name);

@@ -23,7 +23,7 @@ use balancer_common::latency::LatencyStats;
 use balancer_tests::configs::{backend, to_toml, vip};
 use balancer_tests::openai::stream_completion;
 use balancer_tests::packet::{tcp_flags_frame, tcp_frame, udp_frame};
-use balancer_tests::rack::binary;
+use balancer_tests::rack::{binary, spawn_passive_reporter};
 use balancer_tests::topology::*;
 use balancer_tests::traffic::http_get_path;
 
@@ -361,10 +361,7 @@ fn passive_ttft_matches_the_servers_own_and_feeds_least_latency() {
     // b1 a small GPU, b2 a large one (its prefill 4x faster); each with the reporter
     // measuring its own interface.
     let sim = binary("sim-llm").unwrap().to_string_lossy().to_string();
-    let bin = binary("balancer").unwrap().to_string_lossy().to_string();
     let listen = format!("0.0.0.0:{LLM_PORT}");
-    let serve = format!("[::]:{REPORT_PORT}");
-    let port = LLM_PORT.to_string();
     for (i, profile) in ["small", "large"].into_iter().enumerate() {
         let name = format!("b{}", i + 1);
         let argv = [
@@ -381,22 +378,15 @@ fn passive_ttft_matches_the_servers_own_and_feeds_least_latency() {
             .unwrap()
             .wait_for_log("listening", Duration::from_secs(10))
             .unwrap();
-        let argv = [
-            bin.as_str(),
-            "report",
-            "--serve",
-            &serve,
-            "--no-gpu",
-            "--passive-latency",
-            "eth0",
-            "--latency-port",
-            &port,
-        ];
-        topo.rack
-            .spawn(&topo.backends[i], &format!("report-{name}"), &argv)
-            .unwrap()
-            .wait_for_log("serving GPU figures", Duration::from_secs(10))
-            .unwrap();
+        let reporter = spawn_passive_reporter(
+            &topo.backends[i],
+            &format!("report-{name}"),
+            REPORT_PORT,
+            LLM_PORT,
+            &topo.rack.log_dir,
+        )
+        .unwrap();
+        topo.rack.processes.push(reporter);
     }
 
     // Streamed requests through the VIP, one at a time, prompts of 50 to 1,600 words: each

@@ -35,7 +35,7 @@ use crate::configs::{backend, to_toml, vip};
 use crate::load::client::{self, ClientOptions, Outcome, Target};
 use crate::load::stats::{Slo, Summary, summarize};
 use crate::load::workload::{self, Shape, TraceRequest, WorkloadOptions};
-use crate::rack::{Process, binary};
+use crate::rack::{Process, binary, spawn_passive_reporter};
 use crate::topology::{LB4, Topology, TopologyOptions, VIP4, backend4, rack_config};
 
 /// The port the simulated servers (and the VIP) listen on.
@@ -290,28 +290,14 @@ impl LlmRack {
 
     /// Starts `balancer report --serve` with passive latency on each backend's interface.
     fn start_reporters(&mut self) -> Result<()> {
-        let bin = binary("balancer")?.to_string_lossy().to_string();
-        let serve = format!("[::]:{}", contenders::REPORT_PORT);
-        let port = LLM_PORT.to_string();
         for i in 0..self.gpus.len() {
-            let argv = [
-                bin.as_str(),
-                "report",
-                "--serve",
-                &serve,
-                "--no-gpu",
-                "--passive-latency",
-                "eth0",
-                "--latency-port",
-                &port,
-            ];
-            let mut p = Process::spawn(
+            let p = spawn_passive_reporter(
                 &self.topo.backends[i],
                 &format!("report-{}", i + 1),
-                &argv,
+                contenders::REPORT_PORT,
+                LLM_PORT,
                 &self.topo.rack.log_dir,
             )?;
-            p.wait_for_log("serving GPU figures", Duration::from_secs(10))?;
             self.reporters.push(p);
         }
         Ok(())
