@@ -35,7 +35,8 @@ pub struct ReportArgs {
     /// Print one report as JSON and exit.
     #[arg(long)]
     once: bool,
-    /// Serve the GPU figures at http://ADDR/metrics, named like the DCGM exporter's.
+    /// Serve the GPU figures at http://ADDR/metrics, named like the DCGM exporter's (and the
+    /// --passive-latency histograms).
     #[arg(long, value_name = "ADDR", conflicts_with = "scrape")]
     serve: Option<SocketAddr>,
     /// Push a report every --interval-ms to the daemon's API (over --connect with
@@ -50,7 +51,7 @@ pub struct ReportArgs {
     /// --format=csv,noheader,nounits` (re-read every round) instead of NVML.
     #[arg(long, value_name = "FILE", conflicts_with = "no_gpu")]
     gpu_stats_file: Option<PathBuf>,
-    /// Report no GPU figures (only the pages given with --scrape).
+    /// Report no GPU figures (only the pages given with --scrape, and --passive-latency).
     #[arg(long)]
     no_gpu: bool,
     /// A local metrics page to add to the report, http://IP:PORT/PATH (repeatable), e.g.
