@@ -130,10 +130,7 @@ pub fn classifier<'a>(
     ebpf: &'a mut Ebpf,
     name: &'static str,
 ) -> Result<&'a mut SchedClassifier, LoadError> {
-    ebpf.program_mut(name)
-        .ok_or(LoadError::NoProgram(name))?
-        .try_into()
-        .map_err(|source| LoadError::Program { name, source })
+    typed_program(ebpf, name)
 }
 
 fn load_program(ebpf: &mut Ebpf, name: &'static str) -> Result<(), LoadError> {
@@ -144,6 +141,14 @@ fn load_program(ebpf: &mut Ebpf, name: &'static str) -> Result<(), LoadError> {
 
 /// The XDP program `name` of a loaded object.
 pub fn program<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Xdp, LoadError> {
+    typed_program(ebpf, name)
+}
+
+/// Program `name` of a loaded object, as the program type `P` it must be.
+fn typed_program<'a, P>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut P, LoadError>
+where
+    &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
+{
     ebpf.program_mut(name)
         .ok_or(LoadError::NoProgram(name))?
         .try_into()

@@ -25,8 +25,7 @@ use balancer_common::{
     addr::{FAMILY_V4, FAMILY_V6, RawAddr},
     latency::{
         FLOW_AWAITING, FLOW_ENDED, FLOW_HEADERS, FLOW_IGNORED, FLOW_RESPONDING, LatencyFlow,
-        LatencyFlowKey, LatencyHistogram, LatencyStats, MAX_LATENCY_FLOWS, MAX_LATENCY_PORTS,
-        bucket_of,
+        LatencyFlowKey, LatencyStats, MAX_LATENCY_FLOWS, MAX_LATENCY_PORTS,
     },
 };
 use balancer_ebpf::headers::{
@@ -109,11 +108,7 @@ fn from_client(ctx: &TcContext, seg: &Segment) {
     let Some(stats) = stats() else {
         return;
     };
-    let state = if unmeasured_method(ctx, seg) {
-        FLOW_IGNORED
-    } else {
-        FLOW_AWAITING
-    };
+    let state;
     if let Some(flow) = LATENCY_FLOWS.get_ptr_mut(key) {
         // SAFETY: the entry is valid while the program runs.
         let flow = unsafe { &mut *flow };
@@ -124,12 +119,14 @@ fn from_client(ctx: &TcContext, seg: &Segment) {
                 return;
             }
             // The whole answer came with the headers: it was the first token.
-            FLOW_HEADERS => observe(&mut stats.ttft, flow.headers_ns - flow.request_ns),
+            FLOW_HEADERS => stats.ttft.observe(flow.headers_ns - flow.request_ns),
             _ => {}
         }
+        state = request_state(ctx, seg);
         flow.request_ns = now;
         flow.state = state;
     } else {
+        state = request_state(ctx, seg);
         let flow = LatencyFlow {
             request_ns: now,
             headers_ns: 0,
@@ -148,13 +145,19 @@ fn from_client(ctx: &TcContext, seg: &Segment) {
     }
 }
 
-/// A request that starts with HTTP `GET ` or `HEAD `.
+/// The state a request starts in, from its first packet: [`FLOW_IGNORED`] for HTTP `GET ` and
+/// `HEAD ` (not measured), else [`FLOW_AWAITING`].
 #[inline(always)]
-fn unmeasured_method(ctx: &TcContext, seg: &Segment) -> bool {
-    match ctx.load::<u32>(seg.payload_off) {
+fn request_state(ctx: &TcContext, seg: &Segment) -> u32 {
+    let unmeasured = match ctx.load::<u32>(seg.payload_off) {
         Ok(GET) => true,
         Ok(HEAD) => matches!(ctx.load::<u8>(seg.payload_off + 4), Ok(b' ')),
         _ => false,
+    };
+    if unmeasured {
+        FLOW_IGNORED
+    } else {
+        FLOW_AWAITING
     }
 }
 
@@ -186,18 +189,13 @@ fn from_server(ctx: &TcContext, seg: &Segment) {
     let now = unsafe { bpf_ktime_get_ns() };
     if seg.payload_len != 0 {
         match flow.state {
-            FLOW_AWAITING => {
-                if headers_alone(ctx, seg) {
-                    flow.headers_ns = now;
-                    flow.state = FLOW_HEADERS;
-                } else {
-                    observe(&mut stats.ttft, now - flow.request_ns);
-                    flow.last_ns = now;
-                    flow.state = FLOW_RESPONDING;
-                }
+            FLOW_AWAITING if headers_alone(ctx, seg) => {
+                flow.headers_ns = now;
+                flow.state = FLOW_HEADERS;
             }
-            FLOW_HEADERS => {
-                observe(&mut stats.ttft, now - flow.request_ns);
+            // The first data of the answer.
+            FLOW_AWAITING | FLOW_HEADERS => {
+                stats.ttft.observe(now - flow.request_ns);
                 flow.last_ns = now;
                 flow.state = FLOW_RESPONDING;
             }
@@ -205,7 +203,7 @@ fn from_server(ctx: &TcContext, seg: &Segment) {
                 if last_chunk(ctx, seg) {
                     flow.state = FLOW_ENDED;
                 } else {
-                    observe(&mut stats.itl, now - flow.last_ns);
+                    stats.itl.observe(now - flow.last_ns);
                     flow.last_ns = now;
                 }
             }
@@ -214,7 +212,7 @@ fn from_server(ctx: &TcContext, seg: &Segment) {
     }
     if closing {
         if flow.state == FLOW_HEADERS {
-            observe(&mut stats.ttft, flow.headers_ns - flow.request_ns);
+            stats.ttft.observe(flow.headers_ns - flow.request_ns);
         }
         let _ = LATENCY_FLOWS.remove(key);
     }
@@ -224,16 +222,6 @@ fn from_server(ctx: &TcContext, seg: &Segment) {
 fn stats() -> Option<&'static mut LatencyStats> {
     // SAFETY: this CPU's entry, valid while the program runs.
     LATENCY_STATS.get_ptr_mut(0).map(|p| unsafe { &mut *p })
-}
-
-#[inline(always)]
-fn observe(h: &mut LatencyHistogram, ns: u64) {
-    h.count += 1;
-    h.sum_ns += ns;
-    let i = bucket_of(ns);
-    if let Some(b) = h.buckets.get_mut(i) {
-        *b += 1;
-    }
 }
 
 /// A payload that starts with `HTTP/` and ends with the blank line after the headers: response
