@@ -183,7 +183,9 @@ impl HttpClient {
             if status != 200 {
                 return Err(format!("{url} answered status {status}"));
             }
-            let mut body = Vec::new();
+            // Sized once when the length is known (a chunked page grows as it comes).
+            let known = response.content_length().unwrap_or(0).min(max_body as u64);
+            let mut body = Vec::with_capacity(known as usize);
             while let Some(chunk) = response
                 .chunk()
                 .await

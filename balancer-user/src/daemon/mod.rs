@@ -335,11 +335,11 @@ pub async fn run(opts: RunOptions) -> Result<()> {
         "balancer ready: XDP program attached"
     );
 
+    // Once a second: retired backends expire, traffic rates move, BGP hears of changes,
+    // expired source-NAT flows are swept (while NAT is in use). (The connection table's flow
+    // counts are not taken on a timer: status, stats, weights and metrics count when asked,
+    // the connection-aware policies read the data plane's own active-flow counters.)
     let mut second = tokio::time::interval(Duration::from_secs(1));
-    // Expired source-NAT flows are swept every second. (The connection table's flow counts
-    // are not taken on a timer: status, stats, weights and metrics count when asked, the
-    // connection-aware policies read the data plane's own active-flow counters.)
-    let mut nat_every = tokio::time::interval(Duration::from_secs(1));
     let mut detach = false;
     loop {
         tokio::select! {
@@ -375,16 +375,13 @@ pub async fn run(opts: RunOptions) -> Result<()> {
                         d.sample();
                         d.announce();
                     }
+                    Daemon::sweep_nat(&d);
                 })
                 .await;
                 // API changes may have added or removed checked or scraped backends, or pools.
                 health.reconcile(&daemon);
                 telemetry.reconcile(&daemon);
                 discovery.reconcile(&daemon);
-            }
-            _ = nat_every.tick() => {
-                let d = daemon.clone();
-                let _ = tokio::task::spawn_blocking(move || Daemon::sweep_nat(&d)).await;
             }
         }
     }

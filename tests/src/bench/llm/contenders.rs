@@ -88,6 +88,9 @@ pub struct VipSettings {
     /// Admission control: while every server is saturated, only the premium tier's new
     /// connections are admitted, the others are refused with a RST.
     pub admission: bool,
+    /// Session persistence: a client's new flows go to its previous server for this long
+    /// after its last one (while that server has room under bounded load).
+    pub persistence_secs: Option<u32>,
     pub scrape_ms: u64,
 }
 
@@ -106,7 +109,15 @@ impl VipSettings {
             affinity_prefix_v4: None,
             queue_saturation: None,
             admission: false,
+            persistence_secs: None,
             scrape_ms: 0,
+        }
+    }
+
+    const fn persistent(self, secs: u32) -> Self {
+        VipSettings {
+            persistence_secs: Some(secs),
+            ..self
         }
     }
 
@@ -157,6 +168,7 @@ impl VipSettings {
         vip.scheduler = Some(self.scheduler.to_string());
         vip.max_load_factor = self.max_load_factor;
         vip.affinity_prefix_v4 = self.affinity_prefix_v4.map(i64::from);
+        vip.persistence_secs = self.persistence_secs.map(i64::from);
         vip.admission = self.admission.then(|| balancer::config::RawAdmission {
             admit: [(PREMIUM_TIER.to_string(), 0)].into_iter().collect(),
             ..Default::default()
@@ -207,7 +219,7 @@ pub const PREMIUM_TIER: &str = "premium";
 
 /// The balancer's policies compared: name, what it is, and its settings of the VIP (the
 /// scrape interval is filled in).
-const OURS: [(&str, &str, VipSettings); 11] = [
+const OURS: [(&str, &str, VipSettings); 12] = [
     (
         "round-robin",
         "each backend in turn",
@@ -258,6 +270,11 @@ const OURS: [(&str, &str, VipSettings); 11] = [
         AFFINITY,
     ),
     (
+        "persistence",
+        "session persistence (60 s) over Maglev with the composite weights and bounded load 1.25: a client's first request placed by load, its later ones to the same server while that server has room",
+        PERSISTENCE,
+    ),
+    (
         "composite-cutoff",
         "composite with a saturation cut-off at 5 waiting requests (llm-d's queue threshold) besides KV cache 95%: a server over either takes no new connections while another is under both",
         CUTOFF,
@@ -275,6 +292,9 @@ const CUTOFF: VipSettings = VipSettings::new("maglev", None, true).queue_cutoff(
 
 /// Session affinity: source hash with bounded load 1.25 and the composite weights.
 const AFFINITY: VipSettings = VipSettings::new("source-hash", Some(1.25), true);
+
+/// Session persistence over the composite policy's weights, with bounded load.
+const PERSISTENCE: VipSettings = VipSettings::new("maglev", Some(1.25), true).persistent(60);
 
 /// The tenant-affinity contender keyed on a /`prefix_v4`: [`AFFINITY`] on the client's network.
 pub fn tenant_affinity(prefix_v4: u8) -> String {

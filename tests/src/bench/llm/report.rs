@@ -118,7 +118,10 @@ fn cell(v: Option<(f64, f64, f64)>, scale: f64, digits: usize) -> String {
 
 /// The balancer's contenders that choose by load (round robin and static Maglev are not).
 fn is_load_aware_ours(name: &str) -> bool {
-    matches!(name, "least-conn" | "composite" | "affinity")
+    matches!(
+        name,
+        "least-conn" | "composite" | "affinity" | "persistence"
+    )
 }
 
 /// What this run covered, as the options that chose it.
@@ -462,17 +465,22 @@ fn targets(
             f.insert(format!("{shape}/target/ours_over_best_router_cpu"), c);
         }
     }
-    // Multi-turn: affinity against the load-only composite.
-    if s.shape.multi_turn()
-        && let (Some(a), Some(c)) = (
-            at("affinity", "ttft_mean_s"),
+    // Multi-turn: each session-affinity policy against the load-only composite.
+    for (policy, what, key) in [
+        ("affinity", "source hash", "affinity"),
+        ("persistence", "session persistence", "persistence"),
+    ] {
+        let (true, Some(a), Some(c)) = (
+            s.shape.multi_turn(),
+            at(policy, "ttft_mean_s"),
             at("composite", "ttft_mean_s"),
-        )
-    {
-        let p99 = at("affinity", "ttft_p99_s").zip(at("composite", "ttft_p99_s"));
+        ) else {
+            continue;
+        };
+        let p99 = at(policy, "ttft_p99_s").zip(at("composite", "ttft_p99_s"));
         let _ = writeln!(
             md,
-            "- Session affinity (`affinity`) against load only (`composite`) at the knee: mean TTFT {:.2} s vs {c:.2} s = **{:.2}x lower** (target >= 1.5x), p99 {}; prefix-cache hit rates: {}",
+            "- Session affinity by {what} (`{policy}`) against load only (`composite`) at the knee: mean TTFT {:.2} s vs {c:.2} s = **{:.2}x lower** (target >= 1.5x), p99 {}; prefix-cache hit rates: {}",
             a,
             c / a,
             p99.map_or("–".into(), |(x, y)| format!("{x:.2} s vs {y:.2} s")),
@@ -483,7 +491,7 @@ fn targets(
                 .join(", ")
         );
         f.insert(
-            format!("{shape}/target/composite_over_affinity_mean_ttft"),
+            format!("{shape}/target/composite_over_{key}_mean_ttft"),
             c / a,
         );
     }
