@@ -112,8 +112,9 @@ enum Bench {
         #[arg(long, default_value_t = 5.0)]
         knee_ttft: f64,
         /// Contenders of the sweep (default per shape: round-robin, least-conn, composite,
-        /// affinity and persistence for the multi-turn shapes, tenant-affinity for tenants, vllm:cache_aware,
-        /// sglang:cache_aware; none for multi-turn-nat, which runs at the knee only).
+        /// affinity and persistence for the multi-turn shapes, tenant-affinity for tenants,
+        /// vllm:cache_aware, sglang:cache_aware; none for multi-turn-nat, which runs at the
+        /// knee only).
         #[arg(long, value_delimiter = ',')]
         sweep: Option<Vec<String>>,
         /// Contenders at the knee (default: every one).

@@ -122,8 +122,8 @@ impl Options {
 }
 
 /// The sweep's contenders for a shape: round robin (the baseline), the balancer's load-aware
-/// policies (and, for multi-turn, its two session-affinity policies), and each router's default policy
-/// (cache_aware, their best in earlier measurements). Every other policy runs at the knee. The
+/// policies (and, for multi-turn, its two session-affinity policies), and each router's
+/// default policy (cache_aware, their best in earlier measurements). Every other policy runs at the knee. The
 /// NAT variant of multi-turn runs at the knee only.
 pub fn default_sweep(shape: Shape) -> Vec<String> {
     if shape == Shape::MultiTurnNat {

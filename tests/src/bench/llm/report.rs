@@ -466,9 +466,9 @@ fn targets(
         }
     }
     // Multi-turn: each session-affinity policy against the load-only composite.
-    for (policy, what, key) in [
-        ("affinity", "source hash", "affinity"),
-        ("persistence", "session persistence", "persistence"),
+    for (policy, what) in [
+        ("affinity", "source hash"),
+        ("persistence", "session persistence"),
     ] {
         let (true, Some(a), Some(c)) = (
             s.shape.multi_turn(),
@@ -491,7 +491,7 @@ fn targets(
                 .join(", ")
         );
         f.insert(
-            format!("{shape}/target/composite_over_{key}_mean_ttft"),
+            format!("{shape}/target/composite_over_{policy}_mean_ttft"),
             c / a,
         );
     }
