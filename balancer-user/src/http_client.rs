@@ -162,6 +162,12 @@ impl HttpClient {
         max_body: usize,
     ) -> Result<String, String> {
         let url = format!("{}://{addr}{path}", self.scheme);
+        // Errors name the page, not a long query (as the `name[]` filter of a vLLM page).
+        let path = match path.split_once('?') {
+            Some((page, _)) => format!("{page}?..."),
+            None => path.to_string(),
+        };
+        let shown = format!("{}://{addr}{path}", self.scheme);
         let attempt = async {
             let mut request = self.client.get(&url).header("accept", "text/plain");
             if let Some(auth) = &self.authorization {
@@ -170,7 +176,7 @@ impl HttpClient {
             let mut response = request
                 .send()
                 .await
-                .map_err(|e| format!("{url}: {}", error_chain(&e)))?;
+                .map_err(|e| format!("{shown}: {}", error_chain(&e)))?;
             let status = response.status().as_u16();
             if status == 401 || status == 403 {
                 let hint = if self.authorization.is_some() {
@@ -178,10 +184,10 @@ impl HttpClient {
                 } else {
                     format!("it wants credentials: set {}", self.token_setting)
                 };
-                return Err(format!("{url} answered status {status} ({hint})"));
+                return Err(format!("{shown} answered status {status} ({hint})"));
             }
             if status != 200 {
-                return Err(format!("{url} answered status {status}"));
+                return Err(format!("{shown} answered status {status}"));
             }
             // Sized once when the length is known (a chunked page grows as it comes).
             let known = response.content_length().unwrap_or(0).min(max_body as u64);

@@ -69,7 +69,12 @@ fn counts(picks: &[IpAddr]) -> BTreeMap<IpAddr, usize> {
 }
 
 fn active(h: &Harness) -> BTreeMap<IpAddr, u64> {
-    let by_id = h.balancer.dataplane().active_flows().unwrap();
+    let ids: Vec<u32> = h
+        .balancer
+        .vips()
+        .flat_map(|v| v.backends.values().map(|b| b.id))
+        .collect();
+    let by_id = h.balancer.dataplane().active_flows(&ids).unwrap();
     let mut out = BTreeMap::new();
     for v in h.balancer.vips() {
         for b in v.backends.values() {

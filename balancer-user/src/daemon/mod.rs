@@ -230,6 +230,8 @@ fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener> {
 }
 
 /// Runs the daemon until SIGINT or SIGTERM (the program keeps forwarding) or an API stop.
+/// For `block_on` on a thread of its own (its once-a-second work blocks that thread), not for
+/// `tokio::spawn`.
 pub async fn run(opts: RunOptions) -> Result<()> {
     // Handlers first: a signal that arrives while the daemon starts waits for the main loop
     // (SIGHUP's default action would end the process; SIGTERM's would skip the shutdown).
@@ -368,16 +370,16 @@ pub async fn run(opts: RunOptions) -> Result<()> {
                 discovery.reconcile(&daemon);
             }
             _ = second.tick() => {
-                let d = daemon.clone();
-                let _ = tokio::task::spawn_blocking(move || {
-                    if let Ok(mut d) = d.lock() {
-                        d.tick();
-                        d.sample();
-                        d.announce();
-                    }
-                    Daemon::sweep_nat(&d);
-                })
-                .await;
+                // Run here, blocking: this loop runs on the thread that called `block_on`
+                // (`balancer run`), not on a runtime worker, and it would wait for the work
+                // anyway; a hop to the blocking pool and back cost two more thread wake-ups a
+                // second, a good part of an idle daemon's CPU.
+                if let Ok(mut d) = daemon.lock() {
+                    d.tick();
+                    d.sample();
+                    d.announce();
+                }
+                Daemon::sweep_nat(&daemon);
                 // API changes may have added or removed checked or scraped backends, or pools.
                 health.reconcile(&daemon);
                 telemetry.reconcile(&daemon);

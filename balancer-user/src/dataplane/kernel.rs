@@ -524,15 +524,17 @@ impl Dataplane for KernelDataplane {
             .map_err(map_err(names::ACTIVE, "write"))
     }
 
-    fn active_flows(&self) -> Result<HashMap<u32, u64>, DataplaneError> {
+    fn active_flows(&self, ids: &[u32]) -> Result<HashMap<u32, u64>, DataplaneError> {
         let all = mapped(
             &self.active_view,
             self.active.map(),
             names::MAX_BACKENDS as usize,
             "the active-flow counts",
         )?;
-        Ok((0..all.len())
-            .map(|id| (id as u32, all.get(id)))
+        Ok(ids
+            .iter()
+            .filter(|id| (**id as usize) < all.len())
+            .map(|id| (*id, all.get(*id as usize)))
             // Signed counters; a transient negative reads as none.
             .filter(|(_, n)| (*n as i64) > 0)
             .collect())

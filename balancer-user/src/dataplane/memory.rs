@@ -156,18 +156,23 @@ impl Dataplane for MemoryDataplane {
         Ok(())
     }
 
-    fn active_flows(&self) -> Result<HashMap<u32, u64>, DataplaneError> {
-        Ok(self
-            .active
+    fn active_flows(&self, ids: &[u32]) -> Result<HashMap<u32, u64>, DataplaneError> {
+        Ok(ids
             .iter()
-            .filter(|(_, n)| **n > 0)
-            .map(|(k, v)| (*k, *v))
+            .filter_map(|id| Some((*id, *self.active.get(id)?)))
+            .filter(|(_, n)| *n > 0)
             .collect())
     }
 
     /// No connection table in memory: the flows counted as active stand for it.
     fn flow_counter(&self) -> Result<FlowCounter, DataplaneError> {
-        Ok(FlowCounter::ready(self.active_flows()?))
+        Ok(FlowCounter::ready(
+            self.active
+                .iter()
+                .filter(|(_, n)| **n > 0)
+                .map(|(k, v)| (*k, *v))
+                .collect(),
+        ))
     }
 
     fn publish_tables(&mut self, tables: &[(u32, &[u32])]) -> Result<(), DataplaneError> {

@@ -108,8 +108,12 @@ pub trait Dataplane {
     ) -> Result<(), DataplaneError>;
     /// Zeroes a backend id's active-flow count (before the id goes to a new backend).
     fn reset_active(&mut self, id: u32) -> Result<(), DataplaneError>;
-    /// Active flows per backend id (ids with none are left out).
-    fn active_flows(&self) -> Result<std::collections::HashMap<u32, u64>, DataplaneError>;
+    /// Active flows of each backend id in `ids` (ids with none are left out). Only the ids
+    /// asked for are read: a policy round wants its VIP's few backends, not every slot.
+    fn active_flows(
+        &self,
+        ids: &[u32],
+    ) -> Result<std::collections::HashMap<u32, u64>, DataplaneError>;
     /// A count of the connection-table entries per backend id whose flow the client has not
     /// ended (every VIP's, whatever its scheduler), to run later: reading a large table takes
     /// tens of milliseconds, which the daemon spends without holding its state.
@@ -198,8 +202,11 @@ impl<T: Dataplane + ?Sized> Dataplane for Box<T> {
     fn reset_active(&mut self, id: u32) -> Result<(), DataplaneError> {
         (**self).reset_active(id)
     }
-    fn active_flows(&self) -> Result<std::collections::HashMap<u32, u64>, DataplaneError> {
-        (**self).active_flows()
+    fn active_flows(
+        &self,
+        ids: &[u32],
+    ) -> Result<std::collections::HashMap<u32, u64>, DataplaneError> {
+        (**self).active_flows(ids)
     }
     fn flow_counter(&self) -> Result<FlowCounter, DataplaneError> {
         (**self).flow_counter()

@@ -6,10 +6,11 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio::task::JoinSet;
 
-use super::scrape::scrape;
+use super::scrape::{VllmPages, scrape};
 use super::signals::Signals;
 use crate::balancer::Endpoint;
 use crate::config::{TelemetryConfig, TelemetrySource};
@@ -17,7 +18,7 @@ use crate::http_client::{AccessNames, HttpClient};
 
 /// How often a VIP's policy runs between its scrapes when it corrects reports by what the
 /// data plane sees ([`crate::policy::PolicyConfig::fresher_load`]).
-pub const ROUNDS_BETWEEN_SCRAPES: std::time::Duration = std::time::Duration::from_millis(100);
+pub const ROUNDS_BETWEEN_SCRAPES: Duration = Duration::from_millis(100);
 
 /// One VIP whose backends report.
 #[derive(Clone, Debug, PartialEq)]
@@ -27,7 +28,7 @@ pub struct ScrapeTarget {
     pub backends: Vec<IpAddr>,
     pub telemetry: TelemetryConfig,
     /// Weight rounds between scrapes this often (None: one round after each scrape).
-    pub rounds_every: Option<std::time::Duration>,
+    pub rounds_every: Option<Duration>,
 }
 
 /// The daemon as the telemetry loops reach it. (Implemented by the daemon; the loops know
@@ -79,37 +80,22 @@ async fn run<P: TelemetryPort>(daemon: Arc<P>, target: ScrapeTarget) {
     } = target;
     let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Rounds between scrapes (only while they are more frequent than the scrapes).
-    let mut rounds = rounds_every
+    // Rounds between scrapes (only while they are more frequent than the scrapes) run on a
+    // thread of their own that sleeps between them: one wake-up a round, where a timer on
+    // the runtime and a hop to its blocking pool and back took three. The thread ends when
+    // this task does (it drops `_rounds`).
+    let _rounds = rounds_every
         .filter(|every| *every < cfg.interval)
-        .map(tokio::time::interval);
-    if let Some(r) = rounds.as_mut() {
-        r.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    }
+        .and_then(|every| spawn_rounds(daemon.clone(), vip, name.clone(), every));
     // One pooled client for this VIP's pages (its scheme, CA, certificate and token); a
     // setting that cannot be used fails every scrape with its reason, which status shows.
     let client = HttpClient::with_access(&cfg.access, &AccessNames::TELEMETRY);
     if let Err(e) = &client {
         tracing::error!(vip = %name, "telemetry: {e}");
     }
+    let vllm = Arc::new(VllmPages::default());
     loop {
-        let scrape_now = match rounds.as_mut() {
-            Some(r) => tokio::select! {
-                _ = tick.tick() => true,
-                _ = r.tick() => false,
-            },
-            None => {
-                tick.tick().await;
-                true
-            }
-        };
-        if !scrape_now {
-            let d = daemon.clone();
-            let name = name.clone();
-            let _ =
-                tokio::task::spawn_blocking(move || d.record_round(&vip, &name, Vec::new())).await;
-            continue;
-        }
+        tick.tick().await;
         let mut results = Vec::new();
         if let TelemetrySource::Scrape(pages) = &cfg.source {
             let mut set = JoinSet::new();
@@ -117,9 +103,10 @@ async fn run<P: TelemetryPort>(daemon: Arc<P>, target: ScrapeTarget) {
                 let (backend, pages, timeout, max_body) =
                     (*backend, pages.clone(), cfg.timeout, cfg.max_body);
                 let client = client.clone();
+                let vllm = vllm.clone();
                 set.spawn(async move {
                     let result = match &client {
-                        Ok(c) => scrape(c, backend, &pages, timeout, max_body).await,
+                        Ok(c) => scrape(c, backend, &pages, &vllm, timeout, max_body).await,
                         Err(e) => Err(e.clone()),
                     };
                     (backend, result)
@@ -134,5 +121,111 @@ async fn run<P: TelemetryPort>(daemon: Arc<P>, target: ScrapeTarget) {
         let d = daemon.clone();
         let name = name.clone();
         let _ = tokio::task::spawn_blocking(move || d.record_round(&vip, &name, results)).await;
+    }
+}
+
+/// Starts the thread that runs `vip`'s weight rounds every `every` (a round that overruns
+/// delays the next, as a missed tick does). It ends when the returned sender is dropped
+/// (nothing is ever sent on it).
+fn spawn_rounds<P: TelemetryPort>(
+    daemon: Arc<P>,
+    vip: Endpoint,
+    name: String,
+    every: Duration,
+) -> Option<std::sync::mpsc::Sender<()>> {
+    use std::sync::mpsc::RecvTimeoutError;
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let vip_name = name.clone();
+    let thread = std::thread::Builder::new()
+        .name("weight-rounds".into())
+        .spawn(move || {
+            let mut next = Instant::now() + every;
+            loop {
+                match stopped.recv_timeout(next.saturating_duration_since(Instant::now())) {
+                    Err(RecvTimeoutError::Timeout) => {}
+                    _ => return,
+                }
+                daemon.record_round(&vip, &name, Vec::new());
+                next += every;
+                let now = Instant::now();
+                if next <= now {
+                    next = now + every;
+                }
+            }
+        });
+    match thread {
+        Ok(_) => Some(stop),
+        Err(e) => {
+            tracing::error!(vip = %vip_name, "cannot start the thread of the rounds between scrapes: {e}");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use crate::net::Protocol;
+
+    /// Counts the rounds it is asked for, with and without scrape results.
+    #[derive(Default)]
+    struct Counting {
+        between: AtomicUsize,
+        after_scrape: AtomicUsize,
+    }
+
+    impl TelemetryPort for Counting {
+        fn scrape_targets(&self) -> Vec<ScrapeTarget> {
+            Vec::new()
+        }
+        fn record_round(
+            &self,
+            _vip: &Endpoint,
+            _name: &str,
+            results: Vec<(IpAddr, Result<Signals, String>)>,
+        ) {
+            let counter = if results.is_empty() {
+                &self.between
+            } else {
+                &self.after_scrape
+            };
+            counter.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn rounds_run_between_scrapes_until_the_loop_stops() {
+        // A backend that never answers: each scrape ends by its timeout with an error.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = silent.local_addr().unwrap();
+        let port = Arc::new(Counting::default());
+        let telemetry = TelemetryConfig {
+            source: TelemetrySource::Scrape(vec![(address.port(), "/metrics".into())]),
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_millis(50),
+            max_body: 1 << 16,
+            access: Default::default(),
+        };
+        let target = ScrapeTarget {
+            vip: ("10.0.0.1".parse().unwrap(), 80, Protocol::Tcp),
+            name: "v".into(),
+            backends: vec![address.ip()],
+            telemetry,
+            rounds_every: Some(Duration::from_millis(20)),
+        };
+        let task = tokio::spawn(run(port.clone(), target));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let between = port.between.load(Ordering::SeqCst);
+        assert!(between >= 5, "{between} rounds between scrapes in 300 ms");
+        assert_eq!(port.after_scrape.load(Ordering::SeqCst), 1);
+        task.abort();
+        let _ = task.await;
+        // The thread sees the loop gone at its next wake-up, within one period.
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        let stopped = port.between.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(port.between.load(Ordering::SeqCst), stopped);
     }
 }

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::exposition;
-use super::signals::{Signals, extract};
+use super::signals::{Signals, extract, is_vllm, vllm_query};
 use crate::http_client::HttpClient;
 
 /// `GET path` from `addr`; the body, at most `max_body` bytes, on the process's pooled client
@@ -27,23 +27,90 @@ pub async fn http_get(
     client.get(addr, path, timeout, max_body).await
 }
 
+/// What the loop knows of each page (by address and path) that was vLLM's: whether to ask it
+/// for only the samples the signals read ([`vllm_query`]). A page seen to be vLLM's is asked
+/// so from the next scrape on; one that answers such a request with anything but a vLLM page
+/// (an error, another page) is asked for whole at once, and from then on; a page that stops
+/// being vLLM's is asked for whole again.
+#[derive(Debug, Default)]
+pub struct VllmPages(std::sync::Mutex<std::collections::HashMap<(SocketAddr, String), Filter>>);
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Filter {
+    /// vLLM's page: ask for the samples read.
+    Use,
+    /// The server did not answer the filtered request with its page: never again.
+    Refused,
+}
+
+impl VllmPages {
+    fn filters(&self, addr: SocketAddr, path: &str) -> bool {
+        !path.contains('?')
+            && self
+                .0
+                .lock()
+                .is_ok_and(|p| p.get(&(addr, path.to_string())) == Some(&Filter::Use))
+    }
+
+    fn seen(&self, addr: SocketAddr, path: &str, vllm: bool) {
+        if let Ok(mut p) = self.0.lock() {
+            let key = (addr, path.to_string());
+            match (vllm, p.get(&key)) {
+                (_, Some(Filter::Refused)) => {}
+                (true, _) => {
+                    p.insert(key, Filter::Use);
+                }
+                (false, _) => {
+                    p.remove(&key);
+                }
+            }
+        }
+    }
+
+    fn refused(&self, addr: SocketAddr, path: &str) {
+        if let Ok(mut p) = self.0.lock() {
+            p.insert((addr, path.to_string()), Filter::Refused);
+        }
+    }
+}
+
 /// Scrapes every page of a backend through `client` (plain or HTTPS, with its token) and
-/// merges their signals (the first page wins a conflict).
+/// merges their signals (the first page wins a conflict). A page `vllm` knows to be vLLM's
+/// is asked for only the samples read.
 pub async fn scrape(
     client: &HttpClient,
     address: std::net::IpAddr,
     pages: &[(u16, String)],
+    vllm: &VllmPages,
     timeout: Duration,
     max_body: usize,
 ) -> Result<Signals, String> {
     let mut merged: Option<Signals> = None;
     for (port, path) in pages {
-        let page = client
-            .get(SocketAddr::new(address, *port), path, timeout, max_body)
-            .await?;
-        let samples = exposition::parse(&page)
-            .map_err(|e| format!("{}{path}: {e}", SocketAddr::new(address, *port)))?;
-        let signals = extract(&samples);
+        let addr = SocketAddr::new(address, *port);
+        let mut filtered = None;
+        if vllm.filters(addr, path) {
+            let url = format!("{path}{}", vllm_query());
+            let answer = client.get(addr, &url, timeout, max_body).await;
+            let signals = answer.ok().and_then(|page| {
+                let samples = exposition::parse(&page).ok()?;
+                is_vllm(&samples).then(|| extract(&samples))
+            });
+            if signals.is_none() {
+                tracing::info!(page = %format!("{addr}{path}"), "the page did not answer a request for the samples read with vLLM's page; reading it whole from now on");
+                vllm.refused(addr, path);
+            }
+            filtered = signals;
+        }
+        let signals = match filtered {
+            Some(s) => s,
+            None => {
+                let page = client.get(addr, path, timeout, max_body).await?;
+                let samples = exposition::parse(&page).map_err(|e| format!("{addr}{path}: {e}"))?;
+                vllm.seen(addr, path, is_vllm(&samples));
+                extract(&samples)
+            }
+        };
         match &mut merged {
             Some(m) => m.merge(signals),
             None => merged = Some(signals),
@@ -58,15 +125,63 @@ mod tests {
     use crate::http_client::AccessNames;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    #[tokio::test]
-    async fn a_real_vllm_page_as_vllm_serves_it() {
+    /// `times` scrapes of `addr`'s `/metrics` as one loop makes them (one client, one memory
+    /// of vLLM pages); each must succeed.
+    async fn scrapes_of_one_loop(addr: SocketAddr, times: usize) -> Vec<Signals> {
+        let pages = [(addr.port(), "/metrics".to_string())];
+        let client = HttpClient::new().unwrap();
+        let vllm = VllmPages::default();
+        let mut out = Vec::new();
+        for _ in 0..times {
+            let t = Duration::from_secs(2);
+            out.push(
+                scrape(&client, addr.ip(), &pages, &vllm, t, 1 << 20)
+                    .await
+                    .unwrap(),
+            );
+        }
+        out
+    }
+
+    /// A metrics fixture's text, and a listener on a loopback port to serve it.
+    async fn fixture_and_listener(name: &str) -> (String, tokio::net::TcpListener, SocketAddr) {
         let page = std::fs::read_to_string(
             std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("fixtures/metrics/vllm-0.32.0-queueing.prom"),
+                .join("fixtures/metrics")
+                .join(name),
         )
         .unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        (page, listener, addr)
+    }
+
+    /// One scrape by a loop that knows no vLLM page yet, pages up to 1 MiB.
+    async fn scrape_afresh(
+        client: &HttpClient,
+        ip: std::net::IpAddr,
+        pages: &[(u16, String)],
+        timeout: Duration,
+    ) -> Result<Signals, String> {
+        scrape(client, ip, pages, &VllmPages::default(), timeout, 1 << 20).await
+    }
+
+    /// Reads a request's head from `s`; its first line.
+    async fn request_line(s: &mut tokio::net::TcpStream) -> String {
+        let mut request = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the request ended early");
+            request.extend_from_slice(&buf[..n]);
+        }
+        let request = String::from_utf8(request).unwrap();
+        request.lines().next().unwrap().to_string()
+    }
+
+    #[tokio::test]
+    async fn a_real_vllm_page_as_vllm_serves_it() {
+        let (page, listener, addr) = fixture_and_listener("vllm-0.32.0-queueing.prom").await;
         let body = page.clone();
         let server = tokio::spawn(async move {
             // As uvicorn answers: the Prometheus 1.0.0 text type, sized, then chunked.
@@ -81,24 +196,61 @@ mod tests {
                     &body[body.len() / 2..]
                 ),
             ];
+            let mut request_lines = Vec::new();
             for reply in replies {
                 let (mut s, _) = listener.accept().await.unwrap();
-                let mut buf = [0u8; 1024];
-                let _ = s.read(&mut buf).await;
+                request_lines.push(request_line(&mut s).await);
                 s.write_all(reply.as_bytes()).await.unwrap();
             }
+            request_lines
         });
-        let pages = [(addr.port(), "/metrics".to_string())];
-        let client = HttpClient::new().unwrap();
         let want = extract(&exposition::parse(&page).unwrap());
-        for _ in 0..2 {
-            let got = scrape(&client, addr.ip(), &pages, Duration::from_secs(2), 1 << 20)
-                .await
-                .unwrap();
+        for got in scrapes_of_one_loop(addr, 2).await {
             assert_eq!(got, want);
             assert_eq!((got.running, got.waiting), (Some(4.0), Some(4.0)));
         }
-        server.await.unwrap();
+        // The first page showed a vLLM server: the second scrape asked for the samples read
+        // (this server ignores the query and serves its whole page, which reads the same).
+        let lines = server.await.unwrap();
+        assert_eq!(lines[0], "GET /metrics HTTP/1.1");
+        assert!(
+            lines[1].starts_with(&format!("GET /metrics{} ", vllm_query())),
+            "{}",
+            lines[1]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_server_that_refuses_the_filter_is_read_whole() {
+        let (page, listener, addr) = fixture_and_listener("vllm-0.32.0-busy.prom").await;
+        let whole = format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{page}",
+            page.len()
+        );
+        let server = tokio::spawn(async move {
+            let mut request_lines = Vec::new();
+            // The whole page; a 404 for the filtered request, then the whole page at once;
+            // the whole page again (not asked with the filter any more).
+            for _ in 0..4 {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let line = request_line(&mut s).await;
+                let reply = if line.contains('?') {
+                    "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n".to_string()
+                } else {
+                    whole.clone()
+                };
+                request_lines.push(line);
+                s.write_all(reply.as_bytes()).await.unwrap();
+            }
+            request_lines
+        });
+        let want = extract(&exposition::parse(&page).unwrap());
+        for got in scrapes_of_one_loop(addr, 3).await {
+            assert_eq!(got, want);
+        }
+        let lines = server.await.unwrap();
+        let filtered: Vec<bool> = lines.iter().map(|l| l.contains('?')).collect();
+        assert_eq!(filtered, [false, true, false, false], "{lines:?}");
     }
 
     #[tokio::test]
@@ -123,22 +275,24 @@ mod tests {
         let pages = [(addr.port(), "/metrics".to_string())];
         let client = HttpClient::new().unwrap();
         let t = Duration::from_millis(300);
-        let ok = scrape(&client, addr.ip(), &pages, t, 1024).await.unwrap();
+        let ok = scrape(&client, addr.ip(), &pages, &VllmPages::default(), t, 1024)
+            .await
+            .unwrap();
         assert_eq!(ok.running, Some(3.0));
         assert!(
-            scrape(&client, addr.ip(), &pages, t, 1024)
+            scrape(&client, addr.ip(), &pages, &VllmPages::default(), t, 1024)
                 .await
                 .unwrap_err()
                 .contains("status 500")
         );
         assert!(
-            scrape(&client, addr.ip(), &pages, t, 1024)
+            scrape(&client, addr.ip(), &pages, &VllmPages::default(), t, 1024)
                 .await
                 .unwrap_err()
                 .contains("line 1")
         );
         assert!(
-            scrape(&client, addr.ip(), &pages, t, 1024)
+            scrape(&client, addr.ip(), &pages, &VllmPages::default(), t, 1024)
                 .await
                 .unwrap_err()
                 .contains("no complete answer")
@@ -253,7 +407,7 @@ mod tests {
             HttpClient::with_access(&access("ca.pem", Some("token")), &AccessNames::TELEMETRY)
                 .unwrap();
         for _ in 0..3 {
-            let s = scrape(&client, e.addr.ip(), &pages, t, 1 << 20)
+            let s = scrape_afresh(&client, e.addr.ip(), &pages, t)
                 .await
                 .unwrap();
             assert_eq!((s.running, s.waiting), (Some(3.0), Some(1.0)));
@@ -265,7 +419,7 @@ mod tests {
             let pages = pages.clone();
             async move {
                 let client = HttpClient::with_access(&access, &AccessNames::TELEMETRY)?;
-                scrape(&client, e.addr.ip(), &pages, t, 1 << 20).await
+                scrape_afresh(&client, e.addr.ip(), &pages, t).await
             }
         };
         let wrong = err(access("ca.pem", Some("wrong-token")))
@@ -289,11 +443,7 @@ mod tests {
             "{missing}"
         );
         let plain = HttpClient::new().unwrap();
-        assert!(
-            scrape(&plain, e.addr.ip(), &pages, t, 1 << 20)
-                .await
-                .is_err()
-        );
+        assert!(scrape_afresh(&plain, e.addr.ip(), &pages, t).await.is_err());
         let _ = std::fs::remove_dir_all(&e.dir);
     }
 }

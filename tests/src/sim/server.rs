@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -569,7 +569,7 @@ async fn models(State(shared): State<Arc<Shared>>) -> Response {
     axum::Json(v).into_response()
 }
 
-async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+async fn metrics(State(shared): State<Arc<Shared>>, RawQuery(query): RawQuery) -> Response {
     use std::fmt::Write as _;
     let (running, waiting, kv, c, profile) = {
         let e = shared.engine.lock().expect("engine");
@@ -711,11 +711,75 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
             &l,
         );
     }
+    let names = requested_names(query.as_deref().unwrap_or(""));
+    if !names.is_empty() {
+        page = restricted(&page, &names);
+    }
     (
         [("content-type", "text/plain; version=1.0.0; charset=utf-8")],
         page,
     )
         .into_response()
+}
+
+/// The sample names a metrics request asks for with `name[]` parameters (prometheus_client's
+/// filter, which vLLM's `/metrics` honours); none: the whole page.
+fn requested_names(query: &str) -> Vec<String> {
+    query
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .filter(|(key, _)| percent_decode(key) == "name[]")
+        .map(|(_, value)| percent_decode(value))
+        .collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b'+', _) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `page` as prometheus_client restricts it: the samples named in `names`, and the HELP and
+/// TYPE lines of the families they belong to.
+fn restricted(page: &str, names: &[String]) -> String {
+    let mut out = String::new();
+    for line in page.lines() {
+        let keep = match line.strip_prefix("# ") {
+            Some(comment) => {
+                let family = comment.split(' ').nth(1).unwrap_or("");
+                names.iter().any(|n| n.starts_with(family))
+            }
+            None => names
+                .iter()
+                .any(|n| n == line.split(['{', ' ']).next().unwrap_or("")),
+        };
+        if keep {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -828,6 +892,25 @@ mod tests {
             "two prompts of 600"
         );
         assert_eq!(s.models, vec!["m".to_string()]);
+        // Asked for the samples the balancer reads (prometheus_client's `name[]` filter, as
+        // vLLM serves it): a small page with the same signals.
+        let query = balancer::telemetry::signals::vllm_query();
+        let (_, cut) =
+            http_get_status(addr, &format!("/metrics{query}"), Duration::from_secs(2)).unwrap();
+        assert!(
+            cut.len() * 4 < page.len(),
+            "{} of {} bytes",
+            cut.len(),
+            page.len()
+        );
+        assert!(
+            !cut.contains("inter_token_latency")
+                && cut.contains("# TYPE vllm:num_requests_running gauge")
+        );
+        let cut = balancer::telemetry::signals::extract(
+            &balancer::telemetry::exposition::parse(&cut).unwrap(),
+        );
+        assert_eq!(cut, s);
         // Errors as vLLM words them.
         let e = post(
             addr,

@@ -140,9 +140,13 @@ impl Daemon {
             return Ok(());
         };
         // Connection-aware policies read the data plane's active-flow counts (kept for their
-        // VIPs: a read of one small array, not a scan of the connection table).
+        // VIPs: a read of their backends' slots in one small array, not a scan of the
+        // connection table).
         let active = if vip.policy.reads_flows() {
-            match crate::dataplane::Dataplane::active_flows(self.balancer.dataplane()) {
+            match crate::dataplane::Dataplane::active_flows(
+                self.balancer.dataplane(),
+                &self.backend_ids(name),
+            ) {
                 Ok(a) => Some(a),
                 Err(e) => {
                     tracing::warn!("reading the active-flow counts: {e}");
@@ -182,6 +186,14 @@ impl Daemon {
         Ok(())
     }
 
+    /// The data plane's ids of the backends of the VIP `name`.
+    fn backend_ids(&self, name: &str) -> Vec<u32> {
+        self.balancer
+            .vip(name)
+            .map(|v| v.backends.values().map(|b| b.id).collect())
+            .unwrap_or_default()
+    }
+
     /// What the data plane has counted for each backend of `vip` now (by address): empty
     /// unless its policy corrects reports by it ([`PolicyConfig::fresher_load`]). `active`:
     /// the active-flow counts by backend id when the caller has just read them.
@@ -204,7 +216,9 @@ impl Daemon {
         let active = match active {
             Some(a) => a,
             None => {
-                read = dataplane.active_flows().unwrap_or_default();
+                read = dataplane
+                    .active_flows(&self.backend_ids(&vip.name))
+                    .unwrap_or_default();
                 &read
             }
         };

@@ -170,6 +170,48 @@ fn fraction(v: f64) -> f64 {
 
 const MIB: f64 = 1024.0 * 1024.0;
 
+/// Every sample [`extract`] reads from a vLLM page (a test checks each vLLM fixture gives
+/// the same signals when cut down to these).
+pub const VLLM_SAMPLES: &[&str] = &[
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc",
+    "vllm:gpu_prefix_cache_hit_rate",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:cache_config_info",
+    "vllm:time_to_first_token_seconds_sum",
+    "vllm:time_to_first_token_seconds_count",
+    "vllm:request_prefill_time_seconds_sum",
+    "vllm:request_prefill_time_seconds_count",
+    "vllm:request_prompt_tokens_sum",
+    "vllm:request_prompt_tokens_count",
+    "vllm:prefix_cache_hits_total",
+    "vllm:gpu_prefix_cache_hits_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:gpu_prefix_cache_queries_total",
+];
+
+/// Whether a page is vLLM's.
+pub fn is_vllm(samples: &[Sample]) -> bool {
+    samples.iter().any(|s| s.name.starts_with("vllm:"))
+}
+
+/// The query that asks a vLLM server for only [`VLLM_SAMPLES`]: prometheus_client, which
+/// serves vLLM's `/metrics`, keeps the samples named by `name[]` parameters (about 4 KB of
+/// a page of about 50 KB: less to render for the server, to read for us).
+pub fn vllm_query() -> &'static str {
+    static QUERY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    QUERY.get_or_init(|| {
+        let params: Vec<String> = VLLM_SAMPLES
+            .iter()
+            .map(|n| format!("name%5B%5D={}", n.replace(':', "%3A")))
+            .collect();
+        format!("?{}", params.join("&"))
+    })
+}
+
 /// Extracts the signals of every server kind the page contains.
 pub fn extract(samples: &[Sample]) -> Signals {
     let mut s = Signals {

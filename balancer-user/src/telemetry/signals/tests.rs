@@ -342,3 +342,46 @@ fn pages_merge() {
     assert_eq!(a.kv_usage, Some(0.5), "the first page wins");
     assert_eq!(a.gpu_memory_total_bytes, Some(400.0 * MIB));
 }
+
+/// `page` as prometheus_client serves it for `name[]` parameters `names`: only the samples
+/// so named (less their HELP and TYPE comments, which the parser skips anyway).
+fn restricted(page: &str, names: &[&str]) -> String {
+    page.lines()
+        .filter(|line| names.contains(&line.split(['{', ' ']).next().unwrap_or("")))
+        .map(|line| format!("{line}\n"))
+        .collect()
+}
+
+#[test]
+fn a_vllm_page_cut_down_to_the_samples_read_gives_the_same_signals() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/metrics");
+    let mut pages = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let file = path.file_name().unwrap().to_string_lossy().to_string();
+        if !(file.starts_with("vllm-") && file.ends_with(".prom")) {
+            continue;
+        }
+        let page = std::fs::read_to_string(&path).unwrap();
+        let full = parse(&page).unwrap();
+        assert!(is_vllm(&full), "{file}");
+        let cut = restricted(&page, VLLM_SAMPLES);
+        assert!(
+            cut.len() * 10 < page.len(),
+            "{file}: {} of {} bytes",
+            cut.len(),
+            page.len()
+        );
+        assert_eq!(signals(&cut), extract(&full), "{file}");
+        pages += 1;
+    }
+    assert!(pages >= 8, "{pages} vLLM fixtures");
+}
+
+#[test]
+fn the_vllm_query_names_every_sample_read() {
+    let q = vllm_query();
+    assert!(q.starts_with("?name%5B%5D=vllm%3Anum_requests_running&"));
+    assert_eq!(q.matches("name%5B%5D=").count(), VLLM_SAMPLES.len());
+    assert!(!q.contains(':') && !q.contains('[') && !q.contains(' '));
+}

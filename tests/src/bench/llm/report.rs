@@ -572,14 +572,16 @@ fn plots(
             })
             .collect();
         let path = out.join(format!("{shape}-{file}.svg"));
-        line_plot(
+        // A plot against load needs a contender run at two loads or more.
+        if line_plot(
             &path,
             &format!("{shape}: {title}"),
             "offered load (requests/s)",
             &curves,
             log,
-        )?;
-        let _ = writeln!(md, "\n![{shape} {title}]({shape}-{file}.svg)");
+        )? {
+            let _ = writeln!(md, "\n![{shape} {title}]({shape}-{file}.svg)");
+        }
     }
     let curves: Vec<(String, Vec<(f64, f64)>)> = names
         .iter()
@@ -625,13 +627,14 @@ fn err(e: impl std::fmt::Display) -> anyhow::Error {
     anyhow::anyhow!("{e}")
 }
 
+/// Draws `curves` against load into `path`; false (nothing drawn) when they have no point.
 fn line_plot(
     path: &Path,
     title: &str,
     x_desc: &str,
     curves: &[(String, Vec<(f64, f64)>)],
     log_y: bool,
-) -> Result<()> {
+) -> Result<bool> {
     use plotters::prelude::*;
     let xs = curves.iter().flat_map(|(_, p)| p.iter().map(|x| x.0));
     let ys: Vec<f64> = curves
@@ -641,7 +644,7 @@ fn line_plot(
         .collect();
     let (x0, x1) = xs.fold((f64::INFINITY, 0.0f64), |(a, b), x| (a.min(x), b.max(x)));
     if !x0.is_finite() || ys.is_empty() {
-        return Ok(());
+        return Ok(false);
     }
     let (x0, x1) = (x0 * 0.9, x1 * 1.05);
     let y1 = ys.iter().copied().fold(0.0, f64::max) * 1.3;
@@ -690,7 +693,7 @@ fn line_plot(
         series!(c);
     }
     root.present().map_err(err)?;
-    Ok(())
+    Ok(true)
 }
 
 fn cdf_plot(path: &Path, title: &str, curves: &[(String, Vec<(f64, f64)>)]) -> Result<()> {
