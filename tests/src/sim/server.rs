@@ -725,39 +725,10 @@ async fn metrics(State(shared): State<Arc<Shared>>, RawQuery(query): RawQuery) -
 /// The sample names a metrics request asks for with `name[]` parameters (prometheus_client's
 /// filter, which vLLM's `/metrics` honours); none: the whole page.
 fn requested_names(query: &str) -> Vec<String> {
-    query
-        .split('&')
-        .filter_map(|pair| pair.split_once('='))
-        .filter(|(key, _)| percent_decode(key) == "name[]")
-        .map(|(_, value)| percent_decode(value))
+    form_urlencoded::parse(query.as_bytes())
+        .filter(|(key, _)| key == "name[]")
+        .map(|(_, value)| value.into_owned())
         .collect()
-}
-
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (bytes[i], hex) {
-            (b'%', Some(b)) => {
-                out.push(b);
-                i += 3;
-            }
-            (b'+', _) => {
-                out.push(b' ');
-                i += 1;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `page` as prometheus_client restricts it: the samples named in `names`, and the HELP and

@@ -204,11 +204,11 @@ pub fn is_vllm(samples: &[Sample]) -> bool {
 pub fn vllm_query() -> &'static str {
     static QUERY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     QUERY.get_or_init(|| {
-        let params: Vec<String> = VLLM_SAMPLES
-            .iter()
-            .map(|n| format!("name%5B%5D={}", n.replace(':', "%3A")))
-            .collect();
-        format!("?{}", params.join("&"))
+        let mut query = form_urlencoded::Serializer::for_suffix(String::from("?"), 1);
+        for name in VLLM_SAMPLES {
+            query.append_pair("name[]", name);
+        }
+        query.finish()
     })
 }
 
