@@ -75,6 +75,8 @@ impl HttpClient {
                 identity,
                 names.tls,
             )?);
+        } else {
+            builder = builder.use_preconfigured_tls(tls::plain_http_client_config()?);
         }
         let client = builder
             .build()
@@ -118,6 +120,8 @@ impl HttpClient {
                     key: "health.key",
                 },
             )?);
+        } else {
+            builder = builder.use_preconfigured_tls(tls::plain_http_client_config()?);
         }
         let client = builder
             .build()

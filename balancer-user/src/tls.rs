@@ -111,6 +111,17 @@ pub fn client_config(
     }
 }
 
+/// The configuration of a client that only ever speaks plain HTTP: it trusts no root. (A
+/// reqwest client gets a TLS configuration whatever its use; the default one loads the
+/// system's roots, milliseconds of CPU each time a scrape loop or health checker starts.)
+pub fn plain_http_client_config() -> Result<rustls::ClientConfig, String> {
+    Ok(rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS settings: {e}"))?
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth())
+}
+
 /// A server configuration: serve `cert` with `key`; with `client_ca`, every client must
 /// present a certificate that CA signed. HTTP/1.1 only (ALPN).
 pub fn server_config(

@@ -7,6 +7,7 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
+use balancer::api::types::Status;
 use balancer::config::AttachMode;
 use balancer_tests::configs::to_toml;
 use balancer_tests::topology::*;
@@ -104,6 +105,37 @@ fn spread_over_backends(topo: &Topology, vip: IpAddr) {
             "{name} served {n} of 300 requests to {addr} ({share:.2}): {served:?}"
         );
     }
+    // The daemon's traffic counters (read once a second, every VIP's and backend's at once)
+    // saw those connections: the VIP's new flows are its backends', each with its share.
+    let mut counted = (0, Vec::new());
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(5) {
+        let (code, out, err) = topo.cli(&["status", "--json"]).expect("balancer status");
+        assert_eq!(code, 0, "balancer status failed: {err}");
+        let status: Status = serde_json::from_str(&out).expect("status JSON");
+        let v = status
+            .vips
+            .iter()
+            .find(|v| v.address == vip && v.port == HTTP_PORT)
+            .expect("the HTTP VIP in status");
+        counted = (
+            v.new_flows,
+            v.backends.iter().map(|b| b.new_flows).collect::<Vec<u64>>(),
+        );
+        if counted.0 >= 300 && counted.1.iter().sum::<u64>() == counted.0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (flows, per_backend) = counted;
+    assert!(
+        flows >= 300 && per_backend.iter().sum::<u64>() == flows,
+        "{addr}: {flows} new flows counted, its backends {per_backend:?}"
+    );
+    assert!(
+        per_backend.iter().all(|n| *n >= 60),
+        "{addr}: backends' new flows {per_backend:?} of {flows}"
+    );
 }
 
 fn udp_works(topo: &Topology, vip: IpAddr) {

@@ -257,8 +257,12 @@ pub(super) fn telemetry_to_raw(t: &TelemetryConfig) -> RawTelemetry {
     }
 }
 
+/// The policy of a VIP whose backends report through `telemetry` (a scrape's interval sets
+/// the default `stale_after`: three scrapes, at least the second of [`PolicyConfig`]'s
+/// default, so a report is not stale just because the next scrape has not come yet).
 pub(super) fn validate_policy(
     raw: Option<RawPolicy>,
+    telemetry: &TelemetryConfig,
     label: &str,
 ) -> Result<PolicyConfig, ConfigError> {
     let raw = raw.unwrap_or_default();
@@ -320,7 +324,10 @@ pub(super) fn validate_policy(
         },
         stale_after: match raw.stale_after_ms {
             Some(v) => Duration::from_millis(int_in(v, 1, 3_600_000, &key("stale_after_ms"))?),
-            None => d.stale_after,
+            None => match telemetry.source {
+                TelemetrySource::Scrape(_) => d.stale_after.max(3 * telemetry.interval),
+                TelemetrySource::None | TelemetrySource::Push => d.stale_after,
+            },
         },
         stale: match raw.stale.as_deref() {
             None | Some("saturated") => StaleMode::Saturated,

@@ -573,6 +573,26 @@ fn telemetry_and_policy_settings() {
     assert_eq!(Config::parse(&c.to_toml()).unwrap(), c);
 }
 
+/// A report is stale after three scrapes by default (at least a second), so slow scrapes do
+/// not make every report stale before the next one comes; a set value stands.
+#[test]
+fn stale_after_defaults_to_three_scrapes() {
+    let stale_after = |telemetry: &str, policy: &str| {
+        let c = Config::parse(&with_vip(&format!(
+            "address = \"10.0.0.1\"\nport = 80\n[vip.telemetry]\n{telemetry}\n[vip.policy]\nkind = \"composite\"\n{policy}"
+        )))
+        .unwrap();
+        assert_eq!(Config::parse(&c.to_toml()).unwrap(), c);
+        c.vips[0].policy.stale_after.as_millis()
+    };
+    let scrape = |ms: u32| format!("source = \"scrape\"\nport = 8000\ninterval_ms = {ms}");
+    assert_eq!(stale_after(&scrape(2000), ""), 6000);
+    assert_eq!(stale_after(&scrape(500), ""), 1500);
+    assert_eq!(stale_after(&scrape(100), ""), 1000);
+    assert_eq!(stale_after(&scrape(2000), "stale_after_ms = 2500"), 2500);
+    assert_eq!(stale_after("source = \"push\"", ""), 1000);
+}
+
 #[test]
 fn api_and_health_settings() {
     let c = Config::parse(

@@ -377,7 +377,7 @@ pub fn validate_vip(raw: RawVip, label: &str) -> Result<VipConfig, ConfigError> 
     };
     let health = validate_health(raw.health, port, label)?;
     let telemetry = validate_telemetry(raw.telemetry, label)?;
-    let policy = validate_policy(raw.policy, label)?;
+    let policy = validate_policy(raw.policy, &telemetry, label)?;
     if policy.kind.needs_reports() && telemetry.source == TelemetrySource::None {
         return Err(invalid(
             format!("{label}.policy.kind"),

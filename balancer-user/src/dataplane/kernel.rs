@@ -298,6 +298,58 @@ impl KernelDataplane {
         }
         Ok(sum)
     }
+
+    /// The traffic of each of `ids`: keys 0 to the highest of them read in one batched
+    /// lookup (one system call where a lookup per key took one each) while they are dense
+    /// enough that the keys read and not asked for are few, else key by key.
+    fn traffic_of(
+        map: &PerCpuArray<MapData, TrafficStats>,
+        name: &'static str,
+        ids: &[u32],
+    ) -> Result<Vec<TrafficStats>, DataplaneError> {
+        let Some(&highest) = ids.iter().max() else {
+            return Ok(Vec::new());
+        };
+        if highest as usize >= 4 * ids.len() + 64 {
+            return ids.iter().map(|id| Self::traffic(map, name, *id)).collect();
+        }
+        let syscall = |call: &'static str| {
+            move |io_error| DataplaneError::Map {
+                map: name,
+                op: "read",
+                source: MapError::SyscallError(aya::sys::SyscallError { call, io_error }),
+            }
+        };
+        let cpus = aya::util::nr_cpus()
+            .map_err(|(_, e)| e)
+            .map_err(syscall("reading the possible CPUs"))?;
+        let size = std::mem::size_of::<TrafficStats>();
+        let fd = aya::maps::IterableMap::map(map).fd().as_fd();
+        let batch = sys::lookup_percpu_batch(fd, highest + 1, size, cpus)
+            .map_err(syscall("bpf_map_lookup_batch"))?;
+        let Some(values) = batch else {
+            return ids.iter().map(|id| Self::traffic(map, name, *id)).collect();
+        };
+        let stride = size.next_multiple_of(8);
+        Ok(ids
+            .iter()
+            .map(|&id| {
+                let mut sum = TrafficStats::default();
+                for cpu in 0..cpus {
+                    let at = (id as usize * cpus + cpu) * stride;
+                    // SAFETY: `values` holds `highest + 1` keys of `cpus` values each, `stride`
+                    // bytes apart; `TrafficStats` is plain `u64`s, read unaligned.
+                    let v = unsafe {
+                        std::ptr::read_unaligned(
+                            values[at..at + size].as_ptr().cast::<TrafficStats>(),
+                        )
+                    };
+                    add_traffic(&mut sum, &v);
+                }
+                sum
+            })
+            .collect())
+    }
 }
 
 impl Dataplane for KernelDataplane {
@@ -600,5 +652,13 @@ impl Dataplane for KernelDataplane {
 
     fn backend_stats(&self, id: u32) -> Result<TrafficStats, DataplaneError> {
         Self::traffic(&self.backend_stats, names::BACKEND_STATS, id)
+    }
+
+    fn vips_stats(&self, ids: &[u32]) -> Result<Vec<TrafficStats>, DataplaneError> {
+        Self::traffic_of(&self.vip_stats, names::VIP_STATS, ids)
+    }
+
+    fn backends_stats(&self, ids: &[u32]) -> Result<Vec<TrafficStats>, DataplaneError> {
+        Self::traffic_of(&self.backend_stats, names::BACKEND_STATS, ids)
     }
 }

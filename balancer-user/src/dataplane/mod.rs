@@ -138,6 +138,15 @@ pub trait Dataplane {
     fn vip_stats(&self, vip_id: u32) -> Result<TrafficStats, DataplaneError>;
     /// Traffic of one backend summed over CPUs.
     fn backend_stats(&self, id: u32) -> Result<TrafficStats, DataplaneError>;
+    /// The traffic of each VIP of `ids` (in their order), summed over CPUs; a data plane may
+    /// read them all at once.
+    fn vips_stats(&self, ids: &[u32]) -> Result<Vec<TrafficStats>, DataplaneError> {
+        ids.iter().map(|id| self.vip_stats(*id)).collect()
+    }
+    /// The traffic of each backend of `ids` (in their order), summed over CPUs.
+    fn backends_stats(&self, ids: &[u32]) -> Result<Vec<TrafficStats>, DataplaneError> {
+        ids.iter().map(|id| self.backend_stats(*id)).collect()
+    }
 }
 
 /// A VIP's admission counters by client tier (index 0: clients of no tier).
@@ -228,5 +237,11 @@ impl<T: Dataplane + ?Sized> Dataplane for Box<T> {
     }
     fn backend_stats(&self, id: u32) -> Result<TrafficStats, DataplaneError> {
         (**self).backend_stats(id)
+    }
+    fn vips_stats(&self, ids: &[u32]) -> Result<Vec<TrafficStats>, DataplaneError> {
+        (**self).vips_stats(ids)
+    }
+    fn backends_stats(&self, ids: &[u32]) -> Result<Vec<TrafficStats>, DataplaneError> {
+        (**self).backends_stats(ids)
     }
 }

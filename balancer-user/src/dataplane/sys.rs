@@ -1,5 +1,6 @@
-//! The few `bpf(2)` commands aya 0.14 does not offer for maps of maps: creating a memory-mapped
-//! inner array, and writing or deleting an outer entry by file descriptor.
+//! The few `bpf(2)` commands aya 0.14 does not offer: for maps of maps, creating a
+//! memory-mapped inner array and writing or deleting an outer entry by file descriptor; batched
+//! updates, deletes and per-CPU array lookups.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -13,6 +14,7 @@ const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
 /// The kernel's internal "operation not supported" (not in libc).
 const ENOTSUPP: i32 = 524;
 const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 const BPF_MAP_TYPE_ARRAY: u32 = 2;
 
 /// `union bpf_attr` is 128+ bytes in current kernels; unused fields must be zero.
@@ -140,6 +142,49 @@ pub fn delete_u32_batch(map: BorrowedFd<'_>, keys: &[u32]) -> io::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Reads the first `count` entries of a per-CPU array in one `BPF_MAP_LOOKUP_BATCH`: for each
+/// key in order, `cpus` copies of its value, each `value_size` bytes rounded up to 8 (the
+/// kernel's layout). `Ok(None)` where the kernel has no batch lookups for the map.
+pub fn lookup_percpu_batch(
+    map: BorrowedFd<'_>,
+    count: u32,
+    value_size: usize,
+    cpus: usize,
+) -> io::Result<Option<Vec<u8>>> {
+    let stride = value_size.next_multiple_of(8);
+    let mut keys = vec![0u32; count as usize];
+    let mut values = vec![0u8; count as usize * cpus * stride];
+    let mut out_batch = 0u32;
+    let mut attr = Attr::zeroed();
+    attr.put_u64(0, 0); // in_batch: NULL, from the first key
+    attr.put_u64(8, &mut out_batch as *mut u32 as u64);
+    attr.put_u64(16, keys.as_mut_ptr() as u64);
+    attr.put_u64(24, values.as_mut_ptr() as u64);
+    attr.put_u32(32, count);
+    attr.put_u32(36, map.as_raw_fd() as u32);
+    let read = match bpf(BPF_MAP_LOOKUP_BATCH, &mut attr) {
+        Ok(_) => count,
+        // The end of the map reached: `count` says how many were read.
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+            u32::from_ne_bytes(attr.0[32..36].try_into().expect("4 bytes"))
+        }
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EINVAL | libc::EOPNOTSUPP | ENOTSUPP)
+            ) =>
+        {
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
+    // An array's batch starts at key 0 and goes in order; anything else is not this layout.
+    if read != count || keys.iter().enumerate().any(|(i, k)| *k as usize != i) {
+        return Ok(None);
+    }
+    Ok(Some(values))
 }
 
 /// Fills a memory-mappable array from `values` through a shared mapping. Array elements are

@@ -4,6 +4,7 @@
 pub mod calibrate;
 pub mod client;
 pub mod control;
+pub mod cpu_account;
 pub mod dataplane;
 pub mod e2e;
 pub mod fleet;

@@ -74,29 +74,34 @@ impl Daemon {
             };
             map.insert(id, sampled);
         };
-        let vips: Vec<(u32, Vec<u32>)> = self
+        let vips: Vec<u32> = self.balancer.vips().map(|v| v.id).collect();
+        // Every VIP's backends and the retiring ones, each once, read in one go.
+        let mut backends: Vec<u32> = self
             .balancer
             .vips()
-            .map(|v| (v.id, v.backends.values().map(|b| b.id).collect()))
+            .flat_map(|v| v.backends.values().map(|b| b.id))
+            .chain(self.balancer.retiring().iter().map(|r| r.state.id))
             .collect();
-        let retiring: Vec<u32> = self
-            .balancer
-            .retiring()
-            .iter()
-            .map(|r| r.state.id)
-            .collect();
+        backends.sort_unstable();
+        backends.dedup();
         let dataplane = self.balancer.dataplane();
         let mut vip_traffic = std::mem::take(&mut self.vip_traffic);
         let mut backend_traffic = std::mem::take(&mut self.backend_traffic);
-        for (vip, backends) in &vips {
-            if let Ok(t) = crate::dataplane::Dataplane::vip_stats(dataplane, *vip) {
-                update(&mut vip_traffic, *vip, t);
+        match crate::dataplane::Dataplane::vips_stats(dataplane, &vips) {
+            Ok(stats) => {
+                for (id, t) in vips.iter().zip(stats) {
+                    update(&mut vip_traffic, *id, t);
+                }
             }
-            for id in backends.iter().chain(&retiring) {
-                if let Ok(t) = crate::dataplane::Dataplane::backend_stats(dataplane, *id) {
+            Err(e) => tracing::warn!("reading the VIPs' traffic: {e}"),
+        }
+        match crate::dataplane::Dataplane::backends_stats(dataplane, &backends) {
+            Ok(stats) => {
+                for (id, t) in backends.iter().zip(stats) {
                     update(&mut backend_traffic, *id, t);
                 }
             }
+            Err(e) => tracing::warn!("reading the backends' traffic: {e}"),
         }
         self.vip_traffic = vip_traffic;
         self.backend_traffic = backend_traffic;

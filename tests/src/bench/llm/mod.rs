@@ -31,6 +31,7 @@ use balancer::config::{AttachMode, RawVip};
 
 use self::contenders::{Contender, ROUTER_PORT, VipSettings, start_router};
 use super::Figures;
+use super::cpu_account::CpuAccount;
 use crate::configs::{backend, to_toml, vip};
 use crate::load::client::{self, ClientOptions, Outcome, Target};
 use crate::load::stats::{Slo, Summary, summarize};
@@ -158,8 +159,12 @@ pub struct Run {
     pub rate: f64,
     pub rep: usize,
     pub summary: Summary,
-    /// CPU seconds of the router per 1,000 requests.
+    /// CPU seconds of the contender per 1,000 requests.
     pub cpu_per_1k: Option<f64>,
+    /// The balancer's BPF programs' part of `cpu_per_1k`.
+    pub bpf_cpu_per_1k: Option<f64>,
+    /// BPF program runs (packets through the balancer) per request.
+    pub bpf_runs_per_request: Option<f64>,
     /// Prompt tokens found in the servers' prefix caches, of those looked up.
     pub prefix_hit_rate: Option<f64>,
     /// Every completed request's TTFT (for CDFs).
@@ -191,16 +196,20 @@ pub struct Results {
     pub idle_direct: f64,
     pub shapes: Vec<ShapeResult>,
     pub wall: f64,
+    /// How the contenders' processes' CPU time was read.
+    pub cpu_source: super::cpu_account::Source,
 }
 
 /// The rack: a simulated server per backend, the client with 150 addresses, the balancer.
 pub struct LlmRack {
     pub topo: Topology,
     gpus: Vec<String>,
-    /// The balancer's config without the LLM VIP's policy lines.
+    /// The L7 router, while one is the contender.
     router: Option<Process>,
     /// Each backend's `balancer report --passive-latency`, while a contender reads them.
     reporters: Vec<Process>,
+    /// The CPU time of the contender's processes during a run.
+    account: CpuAccount,
 }
 
 impl LlmRack {
@@ -224,6 +233,7 @@ impl LlmRack {
             gpus: gpus.to_vec(),
             router: None,
             reporters: Vec::new(),
+            account: CpuAccount::new("balancer-bench-llm"),
         };
         rack.start_sims()?;
         let first = config(&rack.topo, &VipSettings::ROUND_ROBIN);
@@ -303,31 +313,54 @@ impl LlmRack {
         Ok(())
     }
 
-    /// CPU nanoseconds the contender has used so far: the router's processes, or the
-    /// balancer's daemon and XDP program (and the backends' reporters and their tc programs,
-    /// when it reads them).
-    fn contender_cpu_ns(&mut self, c: &Contender) -> Result<u64> {
+    /// Starts counting the contender's CPU time afresh: its processes (the router's, or the
+    /// balancer's daemon and the backends' reporters when it reads them) alone in the account.
+    fn start_accounting(&mut self, c: &Contender) -> Result<CpuUse> {
+        self.account.clear();
         if c.is_router() {
             let pid = self.router.as_ref().context("no router running")?.pid();
-            return tree_cpu_ns(pid);
+            self.account.add_tree(pid)?;
+        } else {
+            let pid = self
+                .topo
+                .process("balancer")
+                .context("no balancer running")?
+                .pid();
+            self.account.add_tree(pid)?;
+            for p in &self.reporters {
+                self.account.add_tree(p.pid())?;
+            }
         }
-        let mut reporters = 0;
-        for p in &self.reporters {
-            reporters += super::process_cpu_ns(p.pid())?;
+        self.cpu_use(c)
+    }
+
+    /// CPU time the contender has used so far: its processes' (see [`Self::start_accounting`])
+    /// and, for the balancer, its XDP program's (and the reporters' tc programs', when it reads
+    /// them) from the kernel's BPF statistics.
+    fn cpu_use(&self, c: &Contender) -> Result<CpuUse> {
+        let processes_ns = self.account.used_ns()?;
+        if c.is_router() {
+            return Ok(CpuUse {
+                processes_ns,
+                ..CpuUse::default()
+            });
         }
-        if !self.reporters.is_empty() {
-            reporters += tc_latency_run_ns()?;
-        }
-        let pid = self
-            .topo
-            .process("balancer")
-            .context("no balancer running")?
-            .pid();
         let info = aya::programs::ProgramInfo::from_pin(
             balancer::pinning::Pins::new(self.topo.pin_dir()).program(),
         )
         .context("reading the XDP program's statistics")?;
-        Ok(super::process_cpu_ns(pid)? + info.run_time().as_nanos() as u64 + reporters)
+        let mut bpf_ns = info.run_time().as_nanos() as u64;
+        let mut bpf_runs = info.run_count();
+        if !self.reporters.is_empty() {
+            let (ns, runs) = tc_latency_runs()?;
+            bpf_ns += ns;
+            bpf_runs += runs;
+        }
+        Ok(CpuUse {
+            processes_ns,
+            bpf_ns,
+            bpf_runs,
+        })
     }
 
     /// Fails if vllm-router's prefix policy routed without the prompt's tokens (the servers'
@@ -393,7 +426,7 @@ impl LlmRack {
             // The first scrapes and weight rounds.
             std::thread::sleep(Duration::from_millis(3 * opts.scrape_ms));
         }
-        let cpu0 = self.contender_cpu_ns(c)?;
+        let cpu0 = self.start_accounting(c)?;
         let target = Target {
             addr,
             model: MODEL.into(),
@@ -410,15 +443,19 @@ impl LlmRack {
             .client
             .run_in(move || client::run(&target, &w, copts))?;
         let wall = t0.elapsed().as_secs_f64();
-        let cpu = self.contender_cpu_ns(c)?.saturating_sub(cpu0);
+        let cpu = self.cpu_use(c)?.since(&cpu0);
         let (hits, queries) = self.prefix_counts()?;
         if c.is_router() {
             self.check_router_inputs(c)?;
         }
         self.router = None;
         self.reporters.clear();
+        let per_1k = |ns: u64| ns as f64 / 1e9 / outcomes.len().max(1) as f64 * 1000.0;
         Ok(RunOutput {
-            cpu_per_1k: cpu as f64 / 1e9 / outcomes.len().max(1) as f64 * 1000.0,
+            cpu_per_1k: per_1k(cpu.processes_ns + cpu.bpf_ns),
+            bpf_cpu_per_1k: (!c.is_router()).then(|| per_1k(cpu.bpf_ns)),
+            bpf_runs_per_request: (!c.is_router())
+                .then(|| cpu.bpf_runs as f64 / outcomes.len().max(1) as f64),
             outcomes,
             prefix_hit_rate: (queries > 0.0).then(|| hits / queries),
             wall,
@@ -426,10 +463,34 @@ impl LlmRack {
     }
 }
 
+/// CPU time a contender used: its processes' and its BPF programs'.
+#[derive(Clone, Copy, Debug, Default)]
+struct CpuUse {
+    processes_ns: u64,
+    bpf_ns: u64,
+    /// Times the BPF programs ran (packets seen).
+    bpf_runs: u64,
+}
+
+impl CpuUse {
+    /// What was used since `earlier`.
+    fn since(&self, earlier: &CpuUse) -> CpuUse {
+        CpuUse {
+            processes_ns: self.processes_ns.saturating_sub(earlier.processes_ns),
+            bpf_ns: self.bpf_ns.saturating_sub(earlier.bpf_ns),
+            bpf_runs: self.bpf_runs.saturating_sub(earlier.bpf_runs),
+        }
+    }
+}
+
 /// What a run gave, before it is summed up.
 struct RunOutput {
     outcomes: Vec<Outcome>,
     cpu_per_1k: f64,
+    /// The balancer's BPF programs' part of `cpu_per_1k`.
+    bpf_cpu_per_1k: Option<f64>,
+    /// BPF program runs (packets) per request.
+    bpf_runs_per_request: Option<f64>,
     prefix_hit_rate: Option<f64>,
     wall: f64,
 }
@@ -445,29 +506,18 @@ struct Point<'a> {
     rep: usize,
 }
 
-/// Run time of every loaded passive latency program (the backends' reporters'), ns, from the
-/// kernel's BPF statistics.
-fn tc_latency_run_ns() -> Result<u64> {
-    let mut total = 0;
+/// Run time (ns) and runs of every loaded passive latency program (the backends'
+/// reporters'), from the kernel's BPF statistics.
+fn tc_latency_runs() -> Result<(u64, u64)> {
+    let mut total = (0, 0);
     for info in aya::programs::loaded_programs() {
         let info = info.context("listing the loaded BPF programs")?;
         let name = info.name_as_str().unwrap_or_default();
         if name == balancer::ebpf::LATENCY_INGRESS_PROGRAM
             || name == balancer::ebpf::LATENCY_EGRESS_PROGRAM
         {
-            total += info.run_time().as_nanos() as u64;
-        }
-    }
-    Ok(total)
-}
-
-/// utime + stime of a process and its children still running (a router's launcher may run
-/// it as a child), ns.
-fn tree_cpu_ns(pid: u32) -> Result<u64> {
-    let mut total = super::process_cpu_ns(pid)?;
-    if let Ok(children) = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")) {
-        for c in children.split_whitespace().filter_map(|c| c.parse().ok()) {
-            total += tree_cpu_ns(c).unwrap_or(0);
+            total.0 += info.run_time().as_nanos() as u64;
+            total.1 += info.run_count();
         }
     }
     Ok(total)
@@ -542,6 +592,8 @@ fn measured_run(
     let RunOutput {
         outcomes,
         cpu_per_1k,
+        bpf_cpu_per_1k,
+        bpf_runs_per_request,
         prefix_hit_rate,
         wall,
     } = rack.run(&c, &work, opts)?;
@@ -588,6 +640,8 @@ fn measured_run(
         rep,
         summary,
         cpu_per_1k: Some(cpu_per_1k),
+        bpf_cpu_per_1k,
+        bpf_runs_per_request,
         prefix_hit_rate,
         ttfts,
         premium,
@@ -851,12 +905,14 @@ pub fn run(opts: &Options) -> Result<(Results, Figures)> {
             runs,
         });
     }
+    let cpu_source = rack.account.source();
     drop(rack);
     let results = Results {
         opts: opts.clone(),
         idle_added,
         idle_direct,
         shapes,
+        cpu_source,
         wall: started.elapsed().as_secs_f64(),
     };
     let figures = report::write(&results)?;

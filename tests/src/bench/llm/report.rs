@@ -47,6 +47,12 @@ fn metrics(r: &Run) -> Vec<(&'static str, f64)> {
     if let Some(c) = r.cpu_per_1k {
         v.push(("cpu_s_per_1k_requests", c));
     }
+    if let Some(c) = r.bpf_cpu_per_1k {
+        v.push(("bpf_cpu_s_per_1k_requests", c));
+    }
+    if let Some(n) = r.bpf_runs_per_request {
+        v.push(("bpf_runs_per_request", n));
+    }
     if let Some(h) = r.prefix_hit_rate {
         v.push(("prefix_hit_rate", h));
     }
@@ -210,6 +216,14 @@ pub fn write(res: &Results) -> Result<Figures> {
         f.insert(format!("idle/{k}/added_ttft_ms"), v * 1e3);
     }
     f.insert("idle/direct_ttft_ms".into(), res.idle_direct * 1e3);
+    let _ = writeln!(
+        md,
+        "\nCPU per 1,000 requests, over a run (from its first request to its last answer): the contender's \
+         processes' time, read from {}; for the balancer, its daemon's (and, for `-passive` contenders, \
+         the backends' reporters') plus the run time of its BPF programs from the kernel's BPF statistics \
+         (that part and the packets it saw per request in the column `XDP`).\n",
+        res.cpu_source.describe()
+    );
 
     for s in &res.shapes {
         shape_section(s, res, &mut md, &mut f, out)?;
@@ -332,8 +346,8 @@ fn shape_section(
     let knee = load_key(1.0);
     let _ = writeln!(
         md,
-        "### At the knee ({:.2} requests/s)\n\n| contender | TTFT p50 s | p90 s | p99 s | mean s | ITL p50 ms | p99 ms | E2E p50 s | p99 s | throughput /s | goodput /s | failed | prefix hits | CPU s / 1k req |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "### At the knee ({:.2} requests/s)\n\n| contender | TTFT p50 s | p90 s | p99 s | mean s | ITL p50 ms | p99 ms | E2E p50 s | p99 s | throughput /s | goodput /s | failed | prefix hits | CPU s / 1k req | XDP s / 1k req (packets / req) |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         s.knee
     );
     for n in &names {
@@ -343,7 +357,7 @@ fn shape_section(
         let c = |m: &str, scale: f64, d: usize| cell(stat(runs, m), scale, d);
         let _ = writeln!(
             md,
-            "| `{n}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| `{n}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             c("ttft_p50_s", 1.0, 2),
             c("ttft_p90_s", 1.0, 2),
             c("ttft_p99_s", 1.0, 2),
@@ -357,6 +371,14 @@ fn shape_section(
             c("failed", 1.0, 0),
             c("prefix_hit_rate", 100.0, 0) + "%",
             c("cpu_s_per_1k_requests", 1.0, 3),
+            match stat(runs, "bpf_cpu_s_per_1k_requests") {
+                Some(_) => format!(
+                    "{} ({:.0})",
+                    c("bpf_cpu_s_per_1k_requests", 1.0, 4),
+                    stat(runs, "bpf_runs_per_request").map_or(f64::NAN, |s| s.0)
+                ),
+                None => "–".into(),
+            },
         );
     }
     targets(s, res, &names, &loads, &g, md, f);
