@@ -87,7 +87,7 @@ impl CpuAccount {
 
     /// Moves `pid` and its descendants into the account; the children they start later
     /// join it by themselves (with a cgroup).
-    pub fn add_tree(&mut self, pid: u32) -> Result<()> {
+    pub fn add_tree(&mut self, pid: u32) {
         for p in tree(pid) {
             if let Some(c) = &self.cgroup
                 && let Err(e) = std::fs::write(c.dir.join("cgroup.procs"), p.to_string())
@@ -106,7 +106,6 @@ impl CpuAccount {
                 self.pids.push(p);
             }
         }
-        Ok(())
     }
 
     /// CPU time used so far by the processes in the account, ns.
@@ -235,7 +234,7 @@ mod tests {
             .spawn()
             .expect("starting sh");
         let mut account = CpuAccount::new("balancer-test-cpu-account");
-        account.add_tree(child.id()).expect("adding");
+        account.add_tree(child.id());
         let before = account.used_ns().expect("reading");
         std::thread::sleep(std::time::Duration::from_millis(1500));
         let after = account.used_ns().expect("reading");

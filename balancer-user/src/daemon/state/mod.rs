@@ -81,6 +81,9 @@ pub struct Daemon {
     vip_traffic: HashMap<u32, Sampled>,
     backend_traffic: HashMap<u32, Sampled>,
     rates_at: Option<Instant>,
+    /// Whether the last reading of the traffic counters failed (its warning is logged once,
+    /// not every second).
+    traffic_unread: bool,
     /// Connection-table entries per backend id (from `flow_counter`: counted when status,
     /// stats, weights or metrics ask), and when they were counted.
     flows: HashMap<u32, u64>,
@@ -167,6 +170,7 @@ impl Daemon {
             vip_traffic: HashMap::new(),
             backend_traffic: HashMap::new(),
             rates_at: None,
+            traffic_unread: false,
             flows: HashMap::new(),
             flows_at: None,
             checked: HashMap::new(),

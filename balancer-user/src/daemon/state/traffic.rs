@@ -87,21 +87,27 @@ impl Daemon {
         let dataplane = self.balancer.dataplane();
         let mut vip_traffic = std::mem::take(&mut self.vip_traffic);
         let mut backend_traffic = std::mem::take(&mut self.backend_traffic);
-        match crate::dataplane::Dataplane::vips_stats(dataplane, &vips) {
-            Ok(stats) => {
-                for (id, t) in vips.iter().zip(stats) {
+        let read = crate::dataplane::Dataplane::vips_stats(dataplane, &vips).and_then(|v| {
+            crate::dataplane::Dataplane::backends_stats(dataplane, &backends).map(|b| (v, b))
+        });
+        match read {
+            Ok((vip_stats, backend_stats)) => {
+                for (id, t) in vips.iter().zip(vip_stats) {
                     update(&mut vip_traffic, *id, t);
                 }
-            }
-            Err(e) => tracing::warn!("reading the VIPs' traffic: {e}"),
-        }
-        match crate::dataplane::Dataplane::backends_stats(dataplane, &backends) {
-            Ok(stats) => {
-                for (id, t) in backends.iter().zip(stats) {
+                for (id, t) in backends.iter().zip(backend_stats) {
                     update(&mut backend_traffic, *id, t);
                 }
+                if std::mem::take(&mut self.traffic_unread) {
+                    tracing::info!("traffic counters read again");
+                }
             }
-            Err(e) => tracing::warn!("reading the backends' traffic: {e}"),
+            // The last figures stand; said once while it lasts.
+            Err(e) if !self.traffic_unread => {
+                tracing::warn!("reading the traffic counters: {e}");
+                self.traffic_unread = true;
+            }
+            Err(_) => {}
         }
         self.vip_traffic = vip_traffic;
         self.backend_traffic = backend_traffic;

@@ -319,16 +319,16 @@ impl LlmRack {
         self.account.clear();
         if c.is_router() {
             let pid = self.router.as_ref().context("no router running")?.pid();
-            self.account.add_tree(pid)?;
+            self.account.add_tree(pid);
         } else {
             let pid = self
                 .topo
                 .process("balancer")
                 .context("no balancer running")?
                 .pid();
-            self.account.add_tree(pid)?;
+            self.account.add_tree(pid);
             for p in &self.reporters {
-                self.account.add_tree(p.pid())?;
+                self.account.add_tree(p.pid());
             }
         }
         self.cpu_use(c)
