@@ -191,10 +191,9 @@ impl VipSettings {
             });
             vip.policy = Some(RawPolicy {
                 kind: Some(self.policy.into()),
+                // stale_after_ms: the daemon's default, three scrapes (at least a second),
+                // so slower scrapes are compared, not taken for stale.
                 fresher_load: Some(self.fresher_load),
-                // A report stays fresh for three scrapes (at least the default second), so
-                // slower scrapes are compared, not taken for stale.
-                stale_after_ms: Some((3 * self.scrape_ms).max(1000) as i64),
                 queue_saturation: self.queue_saturation.map(i64::from),
                 ..RawPolicy::default()
             });
