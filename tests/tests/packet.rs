@@ -233,6 +233,56 @@ fn established_flows_keep_their_backend_across_table_changes() {
 
 #[test]
 #[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
+fn new_flows_follow_each_table_in_force_as_replaced_tables_are_refilled() {
+    // A publish refills, in place, the table the one before it replaced (no program reads it
+    // once the swap has returned). Through a run of weight changes, back to earlier ones
+    // too, new flows land where the table in force says, never where a stale one would.
+    let mut h = harness();
+    let client = ip("10.9.3.3");
+    let vip = ip("10.111.1.1");
+    let [a, b, c] = ["10.111.0.11", "10.111.0.12", "10.111.0.13"].map(ip);
+    let steps = [
+        l2dsr4_with(a, Some(6)),
+        l2dsr4_with(b, Some(9)),
+        fixture(),
+        l2dsr4_with(a, Some(6)),
+        l2dsr4_with(c, Some(4)),
+        l2dsr4_with(b, None),
+        fixture(),
+    ];
+    let mut before: Option<Vec<IpAddr>> = None;
+    for (step, config) in steps.iter().enumerate() {
+        h.reconfigure(config).unwrap();
+        // The premise: each step moves some of the same 256 probe flows.
+        let probes: Vec<IpAddr> = (0..256u16)
+            .map(|p| h.table_backend("l2dsr4", client, p).unwrap())
+            .collect();
+        if let Some(before) = &before {
+            assert_ne!(
+                &probes, before,
+                "step {step}: the weights moved none of the probe flows (the test proves nothing)"
+            );
+        }
+        before = Some(probes);
+        // New flows (ports of their own each step, so none is tracked yet).
+        for p in 0..64u16 {
+            let sport = 10_000 + 100 * step as u16 + p;
+            let want = h.table_backend("l2dsr4", client, sport).unwrap();
+            let (action, out) = h
+                .run(&tcp_frame(client, sport, vip, 80, true, b""))
+                .unwrap();
+            assert_eq!(action_name(action), "XDP_TX");
+            assert_eq!(
+                out[0..6],
+                backend_mac(want),
+                "step {step}: flow from port {sport} not sent where the table in force says"
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
 fn idle_udp_flows_are_chosen_afresh() {
     let mut h = Harness::with_settings(&fixture(), |s| s.udp_idle_ticks = 1).unwrap();
     // One tick of idle time (about 1.07 s).

@@ -11,6 +11,7 @@
 
 mod attach;
 pub mod state;
+mod ticker;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -29,15 +30,13 @@ use crate::balancer::{Balancer, Snapshot};
 use crate::config::Config;
 use crate::dataplane::DynDataplane;
 use crate::dataplane::kernel::KernelDataplane;
-use crate::discovery::DiscoveryLoops;
 use crate::ebpf;
-use crate::health::HealthChecks;
 use crate::metrics::Metrics;
 use crate::net::MacAddr;
 use crate::netinfo::{Interface, KernelNextHops, Links};
 use crate::pinning::Pins;
-use crate::telemetry::loops::TelemetryLoops;
 use state::{Daemon, Host};
+use ticker::{Loops, Ticker};
 
 /// Options of `balancer run`.
 #[derive(Clone, Debug)]
@@ -230,8 +229,7 @@ fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener> {
 }
 
 /// Runs the daemon until SIGINT or SIGTERM (the program keeps forwarding) or an API stop.
-/// For `block_on` on a thread of its own (its once-a-second work blocks that thread), not for
-/// `tokio::spawn`.
+/// For `block_on` (it waits for threads and locks at its end), not for `tokio::spawn`.
 pub async fn run(opts: RunOptions) -> Result<()> {
     // Handlers first: a signal that arrives while the daemon starts waits for the main loop
     // (SIGHUP's default action would end the process; SIGTERM's would skip the shutdown).
@@ -312,12 +310,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
         });
     }
 
-    let mut health = HealthChecks::default();
-    health.reconcile(&daemon);
-    let mut telemetry = TelemetryLoops::default();
-    telemetry.reconcile(&daemon);
-    let mut discovery = DiscoveryLoops::default();
-    discovery.reconcile(&daemon);
+    let loops = Loops::start(&daemon);
     let fleet = crate::fleet::agent::FleetAgent::start(&daemon, |config| {
         crate::fleet::etcd::EtcdStore::new(config, crate::fleet::agent::CALL_TIMEOUT)
     });
@@ -337,11 +330,8 @@ pub async fn run(opts: RunOptions) -> Result<()> {
         "balancer ready: XDP program attached"
     );
 
-    // Once a second: retired backends expire, traffic rates move, BGP hears of changes,
-    // expired source-NAT flows are swept (while NAT is in use). (The connection table's flow
-    // counts are not taken on a timer: status, stats, weights and metrics count when asked,
-    // the connection-aware policies read the data plane's own active-flow counters.)
-    let mut second = tokio::time::interval(Duration::from_secs(1));
+    // The once-a-second work and the loops' upkeep run on a thread of their own.
+    let mut ticker = Ticker::start(daemon.clone(), loops, tokio::runtime::Handle::current())?;
     let mut detach = false;
     loop {
         tokio::select! {
@@ -365,31 +355,16 @@ pub async fn run(opts: RunOptions) -> Result<()> {
                     Ok(Err(e)) => tracing::error!("reload refused, previous config stays in force: {e}"),
                     Err(e) => tracing::error!("reload failed: {e}"),
                 }
-                health.reconcile(&daemon);
-                telemetry.reconcile(&daemon);
-                discovery.reconcile(&daemon);
+                ticker.reconcile();
             }
-            _ = second.tick() => {
-                // Run here, blocking: this loop runs on the thread that called `block_on`
-                // (`balancer run`), not on a runtime worker, and it would wait for the work
-                // anyway; a hop to the blocking pool and back cost two more thread wake-ups a
-                // second, a good part of an idle daemon's CPU.
-                if let Ok(mut d) = daemon.lock() {
-                    d.tick();
-                    d.sample();
-                    d.announce();
-                }
-                Daemon::sweep_nat(&daemon);
-                // API changes may have added or removed checked or scraped backends, or pools.
-                health.reconcile(&daemon);
-                telemetry.reconcile(&daemon);
-                discovery.reconcile(&daemon);
+            _ = ticker.ended() => {
+                tracing::error!("the once-a-second thread ended; stopping");
+                break;
             }
         }
     }
-    health.stop();
-    telemetry.stop();
-    discovery.stop();
+    // A panic of the thread is the daemon's exit status once the shutdown below is done.
+    let ticker_ended = ticker.stop();
     if let Some(fleet) = fleet {
         fleet.stop().await;
     }
@@ -416,7 +391,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     } else {
         tracing::info!(pin_dir = %d.pins.dir().display(), "exiting; the pinned program keeps forwarding");
     }
-    Ok(())
+    ticker_ended
 }
 
 /// Detaches the pinned program and removes the pinned maps and the state file.

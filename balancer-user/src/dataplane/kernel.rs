@@ -1,7 +1,7 @@
 //! [`Dataplane`] on the maps of the loaded XDP program.
 
 use std::collections::{BTreeMap, HashMap};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use aya::Ebpf;
@@ -59,6 +59,32 @@ pub struct KernelDataplane {
     /// The source-NAT tables (shared with sweeps run later).
     nat: Arc<Mutex<KernelNat>>,
     swap_started: Option<std::time::Instant>,
+    /// By VIP id, the Maglev tables this process swapped in, kept mapped for reuse.
+    tables: HashMap<u32, InnerTables>,
+}
+
+/// A VIP's table in force and the one it replaced. The kernel waits for the programs still
+/// reading a table it swaps out before the swap returns, so the replaced one has no reader
+/// left: the next publish refills it in place and swaps it back in, instead of creating,
+/// mapping and unmapping a new map each time (one spare table's memory per VIP).
+#[derive(Default)]
+struct InnerTables {
+    current: Option<InnerTable>,
+    spare: Option<InnerTable>,
+}
+
+/// An inner Maglev table: its descriptor and a writable mapping of its slots.
+struct InnerTable {
+    fd: OwnedFd,
+    slots: sys::WritableArray<u32>,
+}
+
+impl InnerTable {
+    fn create(slots: usize) -> std::io::Result<InnerTable> {
+        let fd = sys::create_array(4, slots as u32, MAGLEV_TABLE_FLAGS, "maglev_table")?;
+        let slots = sys::WritableArray::map(fd.as_fd(), slots)?;
+        Ok(InnerTable { fd, slots })
+    }
 }
 
 /// The source-NAT flow tables and counters.
@@ -257,6 +283,7 @@ impl KernelDataplane {
             admission: take_optional(ebpf, names::ADMISSION)?,
             admission_stats: take_optional(ebpf, names::ADMISSION_STATS)?,
             nat_link_stats: take_optional(ebpf, names::NAT_LINK_STATS)?,
+            tables: HashMap::new(),
             nat: Arc::new(Mutex::new(KernelNat {
                 ports: take(ebpf, names::SNAT_PORTS)?,
                 flows: take(ebpf, names::SNAT_FLOWS)?,
@@ -597,25 +624,42 @@ impl Dataplane for KernelDataplane {
         for (vip_id, table) in tables {
             let vip_id = *vip_id;
             let failed = |op| move |source| DataplaneError::Table { vip_id, op, source };
-            let inner =
-                sys::create_array(4, table.len() as u32, MAGLEV_TABLE_FLAGS, "maglev_table")
-                    .map_err(failed("create"))?;
-            sys::fill_mmapable(inner.as_fd(), table).map_err(failed("fill"))?;
+            // The VIP's replaced table when it has the size, else a new map.
+            let spare = self
+                .tables
+                .get_mut(&vip_id)
+                .and_then(|t| t.spare.take())
+                .filter(|spare| spare.slots.len() == table.len());
+            let mut inner = match spare {
+                Some(spare) => spare,
+                None => InnerTable::create(table.len()).map_err(failed("create"))?,
+            };
+            inner.slots.fill(table);
             inners.push(inner);
         }
         // One batched update swaps every table in; each swap is atomic, and the kernel waits
         // once for programs still reading the old tables. The values written are the inner
-        // maps' descriptors; the kernel keeps its own references, so ours may close.
+        // maps' descriptors (the kernel takes its own references).
         let keys: Vec<u32> = tables.iter().map(|(id, _)| *id).collect();
-        let fds: Vec<u32> = inners.iter().map(|fd| fd.as_raw_fd() as u32).collect();
+        let fds: Vec<u32> = inners.iter().map(|t| t.fd.as_raw_fd() as u32).collect();
         self.swap_started = Some(std::time::Instant::now());
-        sys::update_u32_batch(self.maglev.fd().as_fd(), &keys, &fds).map_err(|source| {
-            DataplaneError::Table {
+        if let Err(source) = sys::update_u32_batch(self.maglev.fd().as_fd(), &keys, &fds) {
+            // Which tables went in is unknown: none of them (nor those they replaced) is
+            // refilled later; the next publish of these VIPs makes new ones.
+            for id in &keys {
+                self.tables.remove(id);
+            }
+            return Err(DataplaneError::Table {
                 vip_id: keys.first().copied().unwrap_or(0),
                 op: "swap in",
                 source,
-            }
-        })
+            });
+        }
+        for (id, inner) in keys.into_iter().zip(inners) {
+            let slot = self.tables.entry(id).or_default();
+            slot.spare = slot.current.replace(inner);
+        }
+        Ok(())
     }
 
     fn swap_started(&self) -> Option<std::time::Instant> {
@@ -623,6 +667,9 @@ impl Dataplane for KernelDataplane {
     }
 
     fn clear_tables(&mut self, vip_ids: &[u32]) -> Result<(), DataplaneError> {
+        for id in vip_ids {
+            self.tables.remove(id);
+        }
         sys::delete_u32_batch(self.maglev.fd().as_fd(), vip_ids).map_err(|source| {
             DataplaneError::Table {
                 vip_id: vip_ids.first().copied().unwrap_or(0),

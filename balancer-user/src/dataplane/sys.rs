@@ -187,36 +187,88 @@ pub fn lookup_percpu_batch(
     Ok(Some(values))
 }
 
-/// Fills a memory-mappable array from `values` through a shared mapping. Array elements are
-/// stored `size_of::<T>()` rounded up to 8 bytes apart, as the kernel lays them out.
+/// Fills a memory-mappable array from `values` through a shared mapping made for this fill.
 pub fn fill_mmapable<T: Copy>(map: BorrowedFd<'_>, values: &[T]) -> io::Result<()> {
+    WritableArray::map(map, values.len())?.fill(values);
+    Ok(())
+}
+
+/// The size of a shared mapping of `count` values of `T`: whole pages, values
+/// `size_of::<T>()` rounded up to 8 bytes apart, as the kernel lays array elements out.
+fn mapping_len<T>(count: usize) -> usize {
     let stride = std::mem::size_of::<T>().next_multiple_of(8);
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-    let bytes = values.len() * stride;
-    let len = bytes.div_ceil(page).max(1) * page;
-    // SAFETY: mapping a BPF array fd created with BPF_F_MMAPABLE, `T`-sized values and at
-    // least `values.len()` entries; the mapping is private to this function and unmapped
-    // before it returns.
-    unsafe {
-        let ptr = libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            map.as_raw_fd(),
-            0,
-        );
+    (count * stride).div_ceil(page).max(1) * page
+}
+
+/// A shared writable mapping of a memory-mappable array, kept for repeated fills (a table
+/// refilled in place costs no mapping, no page faults and no new map).
+pub struct WritableArray<T: Copy> {
+    base: *mut u8,
+    /// Bytes mapped (whole pages).
+    mapped_bytes: usize,
+    count: usize,
+    _values: std::marker::PhantomData<T>,
+}
+
+// SAFETY: the mapping is owned by this value; writes need `&mut self`.
+unsafe impl<T: Copy> Send for WritableArray<T> {}
+// SAFETY: as above: nothing is reachable through `&self`.
+unsafe impl<T: Copy> Sync for WritableArray<T> {}
+
+impl<T: Copy> WritableArray<T> {
+    /// Maps `count` values of the BPF_F_MMAPABLE array `map` for writing (the mapping
+    /// outlives the descriptor).
+    pub fn map(map: BorrowedFd<'_>, count: usize) -> io::Result<WritableArray<T>> {
+        let len = mapping_len::<T>(count);
+        // SAFETY: mapping a BPF_F_MMAPABLE array of at least `count` values.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                map.as_raw_fd(),
+                0,
+            )
+        };
         if ptr == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let base = ptr.cast::<u8>();
-        for (i, v) in values.iter().enumerate() {
-            base.add(i * stride).cast::<T>().write_unaligned(*v);
-        }
-        libc::munmap(ptr, len);
+        Ok(WritableArray {
+            base: ptr.cast::<u8>(),
+            mapped_bytes: len,
+            count,
+            _values: std::marker::PhantomData,
+        })
     }
-    Ok(())
+
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// Writes `values` from the first element on (at most [`WritableArray::len`] of them).
+    pub fn fill(&mut self, values: &[T]) {
+        assert!(
+            values.len() <= self.count,
+            "{} values for {}",
+            values.len(),
+            self.count
+        );
+        let stride = std::mem::size_of::<T>().next_multiple_of(8);
+        for (i, v) in values.iter().enumerate() {
+            // SAFETY: within the mapping (checked above); each value written whole.
+            unsafe { self.base.add(i * stride).cast::<T>().write_unaligned(*v) };
+        }
+    }
+}
+
+impl<T: Copy> Drop for WritableArray<T> {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, unmapped once.
+        unsafe { libc::munmap(self.base.cast(), self.mapped_bytes) };
+    }
 }
 
 /// Reads the `u32` value at `key` (for a map of maps: the inner map's id).
@@ -268,10 +320,7 @@ impl<T: Copy> MappedArray<T> {
     /// Maps `count` values of the BPF_F_MMAPABLE array `map` (the mapping outlives the
     /// descriptor).
     pub fn map(map: BorrowedFd<'_>, count: usize) -> io::Result<MappedArray<T>> {
-        let stride = std::mem::size_of::<T>().next_multiple_of(8);
-        // SAFETY: sysconf has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-        let len = (count * stride).div_ceil(page).max(1) * page;
+        let len = mapping_len::<T>(count);
         // SAFETY: mapping a BPF_F_MMAPABLE array of at least `count` values, read only.
         let ptr = unsafe {
             libc::mmap(
