@@ -57,6 +57,8 @@ pub trait TelemetryPort: Send + Sync + 'static {
 pub struct TelemetryLoops {
     tasks: crate::tasks::Tasks<String, ScrapeTarget>,
     thread: Option<LoopThread>,
+    /// Where the loops run: the thread's runtime (or, had it failed to start, the caller's).
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl TelemetryLoops {
@@ -67,20 +69,23 @@ impl TelemetryLoops {
             .into_iter()
             .map(|t| (t.name.clone(), t))
             .collect();
-        if targets.is_empty() && self.thread.is_none() {
+        if targets.is_empty() && self.runtime.is_none() {
             return;
         }
-        let runtime = match &self.thread {
-            Some(t) => t.runtime.clone(),
-            None => match LoopThread::start() {
-                Ok(t) => self.thread.insert(t).runtime.clone(),
-                Err(e) => {
-                    // Not expected (a thread or an epoll instance refused): the caller's
-                    // runtime runs the loops instead.
-                    tracing::error!("telemetry: {e}; the loops run on the daemon's runtime");
-                    tokio::runtime::Handle::current()
-                }
-            },
+        let runtime = match &self.runtime {
+            Some(r) => r.clone(),
+            None => {
+                let runtime = match LoopThread::start() {
+                    Ok(t) => self.thread.insert(t).runtime.clone(),
+                    Err(e) => {
+                        // Not expected (a thread or an epoll instance refused): the caller's
+                        // runtime runs the loops instead, and no thread is asked for again.
+                        tracing::error!("telemetry: {e}; the loops run on the daemon's runtime");
+                        tokio::runtime::Handle::current()
+                    }
+                };
+                self.runtime.insert(runtime).clone()
+            }
         };
         self.tasks.reconcile(targets, |_, target| {
             runtime.spawn(run(daemon.clone(), target.clone()))
@@ -90,6 +95,7 @@ impl TelemetryLoops {
     /// Stops the loops and their thread.
     pub fn stop(&mut self) {
         self.tasks.stop();
+        self.runtime = None;
         if let Some(thread) = self.thread.take() {
             thread.stop();
         }
@@ -256,6 +262,65 @@ mod tests {
             };
             counter.fetch_add(1, Ordering::SeqCst);
         }
+    }
+
+    /// One target; records the thread each round runs on.
+    struct OnThread {
+        target: ScrapeTarget,
+        threads: std::sync::Mutex<Vec<Option<String>>>,
+    }
+
+    impl TelemetryPort for OnThread {
+        fn scrape_targets(&self) -> Vec<ScrapeTarget> {
+            vec![self.target.clone()]
+        }
+        fn record_round(
+            &self,
+            _vip: &Endpoint,
+            _name: &str,
+            _results: Vec<(IpAddr, Result<Signals, String>)>,
+        ) {
+            let name = std::thread::current().name().map(str::to_string);
+            self.threads.lock().unwrap().push(name);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_loops_run_on_their_own_thread_until_stopped() {
+        // A backend that never answers: each scrape ends by its timeout with an error.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = silent.local_addr().unwrap();
+        let port = Arc::new(OnThread {
+            target: ScrapeTarget {
+                vip: ("10.0.0.1".parse().unwrap(), 80, Protocol::Tcp),
+                name: "v".into(),
+                backends: vec![address.ip()],
+                telemetry: TelemetryConfig {
+                    source: TelemetrySource::Scrape(vec![(address.port(), "/metrics".into())]),
+                    interval: Duration::from_millis(100),
+                    timeout: Duration::from_millis(20),
+                    max_body: 1 << 16,
+                    access: Default::default(),
+                },
+                rounds_every: None,
+            },
+            threads: Default::default(),
+        });
+        let mut loops = TelemetryLoops::default();
+        loops.reconcile(&port);
+        loops.reconcile(&port); // the same target: the same loop, no second thread
+        tokio::time::sleep(Duration::from_millis(450)).await;
+        let rounds = port.threads.lock().unwrap().clone();
+        assert!(rounds.len() >= 3, "{} rounds in 450 ms", rounds.len());
+        assert!(
+            rounds.iter().all(|t| t.as_deref() == Some("telemetry")),
+            "rounds ran on {rounds:?}"
+        );
+        // Stopping joins the thread: no round after it.
+        loops.stop();
+        let stopped = port.threads.lock().unwrap().len();
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert_eq!(port.threads.lock().unwrap().len(), stopped);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
