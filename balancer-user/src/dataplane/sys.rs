@@ -193,13 +193,30 @@ pub fn fill_mmapable<T: Copy>(map: BorrowedFd<'_>, values: &[T]) -> io::Result<(
     Ok(())
 }
 
-/// The size of a shared mapping of `count` values of `T`: whole pages, values
-/// `size_of::<T>()` rounded up to 8 bytes apart, as the kernel lays array elements out.
-fn mapping_len<T>(count: usize) -> usize {
+/// A shared mapping (`prot`: its protection) of `count` values of `T` of the BPF_F_MMAPABLE
+/// array `map`: its start and its length, whole pages, values `size_of::<T>()` rounded up to
+/// 8 bytes apart, as the kernel lays array elements out. The caller unmaps it.
+fn map_shared<T>(map: BorrowedFd<'_>, count: usize, prot: i32) -> io::Result<(*mut u8, usize)> {
     let stride = std::mem::size_of::<T>().next_multiple_of(8);
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-    (count * stride).div_ceil(page).max(1) * page
+    let len = (count * stride).div_ceil(page).max(1) * page;
+    // SAFETY: a new mapping of `len` bytes of the map's values, which the kernel checks
+    // against the map's size; nothing else is touched.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            prot,
+            libc::MAP_SHARED,
+            map.as_raw_fd(),
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((ptr.cast::<u8>(), len))
 }
 
 /// A shared writable mapping of a memory-mappable array, kept for repeated fills (a table
@@ -221,23 +238,9 @@ impl<T: Copy> WritableArray<T> {
     /// Maps `count` values of the BPF_F_MMAPABLE array `map` for writing (the mapping
     /// outlives the descriptor).
     pub fn map(map: BorrowedFd<'_>, count: usize) -> io::Result<WritableArray<T>> {
-        let len = mapping_len::<T>(count);
-        // SAFETY: mapping a BPF_F_MMAPABLE array of at least `count` values.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                map.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        let (base, len) = map_shared::<T>(map, count, libc::PROT_READ | libc::PROT_WRITE)?;
         Ok(WritableArray {
-            base: ptr.cast::<u8>(),
+            base,
             mapped_bytes: len,
             count,
             _values: std::marker::PhantomData,
@@ -320,23 +323,9 @@ impl<T: Copy> MappedArray<T> {
     /// Maps `count` values of the BPF_F_MMAPABLE array `map` (the mapping outlives the
     /// descriptor).
     pub fn map(map: BorrowedFd<'_>, count: usize) -> io::Result<MappedArray<T>> {
-        let len = mapping_len::<T>(count);
-        // SAFETY: mapping a BPF_F_MMAPABLE array of at least `count` values, read only.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                map.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        let (base, len) = map_shared::<T>(map, count, libc::PROT_READ)?;
         Ok(MappedArray {
-            base: ptr.cast::<u8>(),
+            base,
             mapped_bytes: len,
             count,
             _values: std::marker::PhantomData,
