@@ -257,9 +257,11 @@ fn real_vllm_servers_behind_the_vip_get_weights_from_their_real_metrics() {
         "40 connections, fewer than 2 on the small server"
     );
 
-    // 4. Saturate the small server directly (not through the VIP): 8 long requests on a
-    //    4-request, 4,096-token server fill its KV cache and queue the rest.
-    let direct: Vec<_> = (0..8)
+    // 4. Saturate the small server directly (not through the VIP): 16 long requests on a
+    //    4-request, 4,096-token server fill its KV cache and queue the rest — enough work to
+    //    keep it saturated through step 5 also when the machine runs fast (8 once ran out in
+    //    the middle of it, the server idle again).
+    let direct: Vec<_> = (0..16)
         .map(|i| spawn_stream(topo, SocketAddr::new(b_small, PORT), 40, 300 + i, 900).0)
         .collect();
     let w = wait_weights(

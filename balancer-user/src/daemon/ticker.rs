@@ -11,17 +11,23 @@
 //! (The connection table's flow counts are not taken here: status, stats, weights and metrics
 //! count when asked, and the connection-aware policies read the data plane's own counters.)
 
+use std::sync::Arc;
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow};
 
-use super::state::Daemon;
-use crate::discovery::DiscoveryLoops;
-use crate::health::HealthChecks;
-use crate::telemetry::loops::TelemetryLoops;
+use crate::discovery::{DiscoveryLoops, DiscoveryPort};
+use crate::health::{HealthChecks, HealthPort};
+use crate::telemetry::loops::{TelemetryLoops, TelemetryPort};
+
+/// The daemon as the thread reaches it: the work of a second, and the ports of the loops it
+/// keeps. (Implemented by the daemon; the thread knows nothing else of it.)
+pub trait TickerPort: HealthPort + TelemetryPort + DiscoveryPort {
+    /// The once-a-second work; blocking.
+    fn every_second(&self);
+}
 
 /// How often the work runs.
 const PERIOD: Duration = Duration::from_secs(1);
@@ -35,7 +41,7 @@ pub struct Loops {
 
 impl Loops {
     /// Starts the loops the daemon's config asks for (on the runtime of the caller's context).
-    pub fn start(daemon: &Arc<Mutex<Daemon>>) -> Loops {
+    pub fn start<P: TickerPort>(daemon: &Arc<P>) -> Loops {
         let mut loops = Loops {
             health: HealthChecks::default(),
             telemetry: TelemetryLoops::default(),
@@ -45,7 +51,7 @@ impl Loops {
         loops
     }
 
-    fn reconcile(&mut self, daemon: &Arc<Mutex<Daemon>>) {
+    fn reconcile<P: TickerPort>(&mut self, daemon: &Arc<P>) {
         self.health.reconcile(daemon);
         self.telemetry.reconcile(daemon);
         self.discovery.reconcile(daemon);
@@ -75,8 +81,8 @@ pub struct Ticker {
 impl Ticker {
     /// Starts the thread, which runs the work at once and then every second, and owns `loops`
     /// (their tasks run on `runtime`).
-    pub fn start(
-        daemon: Arc<Mutex<Daemon>>,
+    pub fn start<P: TickerPort>(
+        daemon: Arc<P>,
         loops: Loops,
         runtime: tokio::runtime::Handle,
     ) -> Result<Ticker> {
@@ -118,18 +124,13 @@ impl Ticker {
     }
 }
 
-fn run(daemon: &Arc<Mutex<Daemon>>, mut loops: Loops, requests: &mpsc::Receiver<Request>) {
+fn run<P: TickerPort>(daemon: &Arc<P>, mut loops: Loops, requests: &mpsc::Receiver<Request>) {
     let mut due = Instant::now();
     loop {
         match requests.recv_timeout(due.saturating_duration_since(Instant::now())) {
             Ok(Request::Reconcile) => loops.reconcile(daemon),
             Err(RecvTimeoutError::Timeout) => {
-                if let Ok(mut d) = daemon.lock() {
-                    d.tick();
-                    d.sample();
-                    d.announce();
-                }
-                Daemon::sweep_nat(daemon);
+                daemon.every_second();
                 loops.reconcile(daemon);
                 // A second that overran delays the next, as a missed tick does.
                 due += PERIOD;
@@ -142,4 +143,120 @@ fn run(daemon: &Arc<Mutex<Daemon>>, mut loops: Loops, requests: &mpsc::Receiver<
         }
     }
     loops.stop();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::IpAddr;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use crate::balancer::Endpoint;
+    use crate::config::HealthConfig;
+    use crate::discovery::PoolDiscovery;
+    use crate::telemetry::loops::ScrapeTarget;
+    use crate::telemetry::signals::Signals;
+
+    /// Counts seconds and reconciles (each asks for the health targets), in order; panics in
+    /// the second numbered `panic_at`.
+    #[derive(Default)]
+    struct Counting {
+        seconds: AtomicUsize,
+        events: std::sync::Mutex<Vec<&'static str>>,
+        panic_at: usize,
+    }
+
+    impl TickerPort for Counting {
+        fn every_second(&self) {
+            let n = self.seconds.fetch_add(1, Ordering::SeqCst) + 1;
+            self.events.lock().unwrap().push("second");
+            assert_ne!(n, self.panic_at, "second {n} fails");
+        }
+    }
+
+    impl HealthPort for Counting {
+        fn health_targets(&self) -> Vec<(Endpoint, String, IpAddr, HealthConfig)> {
+            self.events.lock().unwrap().push("reconcile");
+            Vec::new()
+        }
+        fn believed_healthy(&self, _: &str, _: IpAddr) -> Option<bool> {
+            None
+        }
+        fn count_probe(&self, _: &str, _: IpAddr, _: &str) {}
+        fn set_health(&self, _: &Endpoint, _: &str, _: IpAddr, _: bool) {}
+    }
+
+    impl TelemetryPort for Counting {
+        fn scrape_targets(&self) -> Vec<ScrapeTarget> {
+            Vec::new()
+        }
+        fn record_round(&self, _: &Endpoint, _: &str, _: Vec<(IpAddr, Result<Signals, String>)>) {}
+    }
+
+    impl DiscoveryPort for Counting {
+        fn discovery_targets(&self) -> Vec<(String, PoolDiscovery)> {
+            Vec::new()
+        }
+        fn record_models(&self, _: &str, _: Vec<(IpAddr, Result<Vec<String>, String>)>) {}
+    }
+
+    fn start(port: &Arc<Counting>) -> Ticker {
+        let loops = Loops::start(port);
+        Ticker::start(port.clone(), loops, tokio::runtime::Handle::current()).unwrap()
+    }
+
+    /// Waits (up to 5 s) until `done` holds.
+    async fn until(what: &str, done: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !done() {
+            assert!(Instant::now() < deadline, "{what}: not within 5 s");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn the_work_runs_at_once_then_every_second_and_a_reload_reconciles_at_once() {
+        let port = Arc::new(Counting::default());
+        let started = Instant::now();
+        let ticker = start(&port);
+        let seconds = || port.seconds.load(Ordering::SeqCst);
+        let events = || port.events.lock().unwrap().clone();
+        until("the first second", || events().len() == 3).await;
+        // A reload's request, sent long before the next second is due.
+        ticker.reconcile();
+        until("the next second", || events().len() == 6).await;
+        assert!(
+            Instant::now() >= started + Duration::from_millis(900),
+            "the next second came early"
+        );
+        assert_eq!(
+            events(),
+            [
+                "reconcile", // Loops::start
+                "second",
+                "reconcile",
+                "reconcile", // the request, at once
+                "second",
+                "reconcile",
+            ]
+        );
+        ticker.stop().unwrap();
+        let after = seconds();
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        assert_eq!(seconds(), after, "a second after stop");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_panic_of_the_thread_is_seen_and_is_the_stop_s_error() {
+        let port = Arc::new(Counting {
+            panic_at: 2,
+            ..Counting::default()
+        });
+        let mut ticker = start(&port);
+        tokio::time::timeout(Duration::from_secs(5), ticker.ended())
+            .await
+            .expect("the main loop hears of the thread's end");
+        let error = ticker.stop().unwrap_err().to_string();
+        assert!(error.contains("panicked"), "{error}");
+    }
 }

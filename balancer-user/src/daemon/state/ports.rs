@@ -43,6 +43,17 @@ impl HealthPort for Mutex<Daemon> {
     }
 }
 
+impl crate::daemon::ticker::TickerPort for Mutex<Daemon> {
+    fn every_second(&self) {
+        if let Ok(mut d) = self.lock() {
+            d.tick();
+            d.sample();
+            d.announce();
+        }
+        Daemon::sweep_nat(self);
+    }
+}
+
 impl TelemetryPort for Mutex<Daemon> {
     fn scrape_targets(&self) -> Vec<ScrapeTarget> {
         self.lock().map(|d| d.scrape_targets()).unwrap_or_default()
