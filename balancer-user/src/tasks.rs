@@ -7,6 +7,15 @@ use std::hash::Hash;
 
 use tokio::task::JoinHandle;
 
+/// When a periodic thread's next run is due after the run due at `due`: a period later, or,
+/// when that has passed already (the run overran), a period from now — an overrun delays the
+/// next run, as a missed tick of a `Delay` interval does.
+pub fn next_due(due: std::time::Instant, period: std::time::Duration) -> std::time::Instant {
+    let next = due + period;
+    let now = std::time::Instant::now();
+    if next <= now { now + period } else { next }
+}
+
 pub struct Tasks<K, T> {
     running: HashMap<K, (T, JoinHandle<()>)>,
 }
@@ -52,6 +61,17 @@ impl<K: Eq + Hash, T: PartialEq> Tasks<K, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_run_is_due_a_period_later_or_a_period_after_an_overrun() {
+        let second = Duration::from_secs(1);
+        let now = Instant::now();
+        assert_eq!(next_due(now, second), now + second);
+        // The run due 5 s ago overran: the next one is a period from now, not at once.
+        let late = next_due(now - 5 * second, second);
+        assert!(late >= now + second, "{:?} after now", late - now);
+    }
 
     #[tokio::test]
     async fn tasks_follow_their_targets() {

@@ -34,9 +34,9 @@ const PERIOD: Duration = Duration::from_secs(1);
 
 /// The loops the thread keeps in line with the config.
 pub struct Loops {
-    pub health: HealthChecks,
-    pub telemetry: TelemetryLoops,
-    pub discovery: DiscoveryLoops,
+    health: HealthChecks,
+    telemetry: TelemetryLoops,
+    discovery: DiscoveryLoops,
 }
 
 impl Loops {
@@ -132,12 +132,7 @@ fn run<P: TickerPort>(daemon: &Arc<P>, mut loops: Loops, requests: &mpsc::Receiv
             Err(RecvTimeoutError::Timeout) => {
                 daemon.every_second();
                 loops.reconcile(daemon);
-                // A second that overran delays the next, as a missed tick does.
-                due += PERIOD;
-                let now = Instant::now();
-                if due < now {
-                    due = now + PERIOD;
-                }
+                due = crate::tasks::next_due(due, PERIOD);
             }
             Err(RecvTimeoutError::Disconnected) => break,
         }

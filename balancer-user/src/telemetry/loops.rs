@@ -215,11 +215,7 @@ fn spawn_rounds<P: TelemetryPort>(
                     _ => return,
                 }
                 daemon.record_round(&vip, &name, Vec::new());
-                next += every;
-                let now = Instant::now();
-                if next <= now {
-                    next = now + every;
-                }
+                next = crate::tasks::next_due(next, every);
             }
         });
     match thread {
