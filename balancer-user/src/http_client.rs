@@ -51,7 +51,18 @@ pub struct HttpClient {
     authorization: Option<String>,
     /// The token's setting, named when a page wants credentials.
     token_setting: &'static str,
+    /// The URLs of the pages fetched so far, parsed once: a page is fetched every interval,
+    /// and parsing its URL (a vLLM page's is long, with its `name[]` filter) was a good part of
+    /// the client's own work.
+    urls: std::sync::Arc<std::sync::Mutex<Urls>>,
 }
+
+/// Parsed URLs by address and path (and query).
+type Urls = std::collections::HashMap<SocketAddr, std::collections::HashMap<String, reqwest::Url>>;
+
+/// More pages than this in the cache of parsed URLs starts it afresh (a scrape's pages are a
+/// handful per backend; only a long churn of backends could reach it).
+const MAX_CACHED_URLS: usize = 4096;
 
 impl HttpClient {
     /// A plain-HTTP client.
@@ -102,6 +113,7 @@ impl HttpClient {
             scheme: if access.https { "https" } else { "http" },
             authorization,
             token_setting: names.token,
+            urls: Default::default(),
         })
     }
 
@@ -131,6 +143,7 @@ impl HttpClient {
             scheme: if https { "https" } else { "http" },
             authorization: None,
             token_setting: "",
+            urls: Default::default(),
         })
     }
 
@@ -165,22 +178,24 @@ impl HttpClient {
         timeout: Duration,
         max_body: usize,
     ) -> Result<String, String> {
-        let url = format!("{}://{addr}{path}", self.scheme);
         // Errors name the page, not a long query (as the `name[]` filter of a vLLM page).
-        let path = match path.split_once('?') {
+        let page = || match path.split_once('?') {
             Some((page, _)) => format!("{page}?..."),
             None => path.to_string(),
         };
-        let shown = format!("{}://{addr}{path}", self.scheme);
+        let shown = || format!("{}://{addr}{}", self.scheme, page());
+        let url = self
+            .url(addr, path)
+            .map_err(|e| format!("{}: {e}", shown()))?;
         let attempt = async {
-            let mut request = self.client.get(&url).header("accept", "text/plain");
+            let mut request = self.client.get(url).header("accept", "text/plain");
             if let Some(auth) = &self.authorization {
                 request = request.header("authorization", auth);
             }
             let mut response = request
                 .send()
                 .await
-                .map_err(|e| format!("{shown}: {}", error_chain(&e)))?;
+                .map_err(|e| format!("{}: {}", shown(), error_chain(&e)))?;
             let status = response.status().as_u16();
             if status == 401 || status == 403 {
                 let hint = if self.authorization.is_some() {
@@ -188,10 +203,10 @@ impl HttpClient {
                 } else {
                     format!("it wants credentials: set {}", self.token_setting)
                 };
-                return Err(format!("{shown} answered status {status} ({hint})"));
+                return Err(format!("{} answered status {status} ({hint})", shown()));
             }
             if status != 200 {
-                return Err(format!("{shown} answered status {status}"));
+                return Err(format!("{} answered status {status}", shown()));
             }
             // Sized once when the length is known (a chunked page grows as it comes).
             let known = response.content_length().unwrap_or(0).min(max_body as u64);
@@ -199,23 +214,42 @@ impl HttpClient {
             while let Some(chunk) = response
                 .chunk()
                 .await
-                .map_err(|e| format!("{addr}{path}: {}", error_chain(&e)))?
+                .map_err(|e| format!("{addr}{}: {}", page(), error_chain(&e)))?
             {
                 if body.len() + chunk.len() > max_body {
                     return Err(format!(
-                        "page from {addr}{path} larger than {max_body} bytes"
+                        "page from {addr}{} larger than {max_body} bytes",
+                        page()
                     ));
                 }
                 body.extend_from_slice(&chunk);
             }
-            String::from_utf8(body).map_err(|_| format!("page from {addr}{path} is not UTF-8"))
+            String::from_utf8(body).map_err(|_| format!("page from {addr}{} is not UTF-8", page()))
         };
         tokio::time::timeout(timeout, attempt).await.map_err(|_| {
             format!(
-                "{addr}{path}: no complete answer within {} ms",
+                "{addr}{}: no complete answer within {} ms",
+                page(),
                 timeout.as_millis()
             )
         })?
+    }
+
+    /// The URL of `path` at `addr`, parsed the first time it is asked for.
+    fn url(&self, addr: SocketAddr, path: &str) -> Result<reqwest::Url, String> {
+        let mut urls = self.urls.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(url) = urls.get(&addr).and_then(|pages| pages.get(path)) {
+            return Ok(url.clone());
+        }
+        let url = reqwest::Url::parse(&format!("{}://{addr}{path}", self.scheme))
+            .map_err(|e| format!("not a valid URL: {e}"))?;
+        if urls.values().map(|pages| pages.len()).sum::<usize>() >= MAX_CACHED_URLS {
+            urls.clear();
+        }
+        urls.entry(addr)
+            .or_default()
+            .insert(path.to_string(), url.clone());
+        Ok(url)
     }
 }
 

@@ -139,8 +139,8 @@ pub struct VipState {
     pub backends: BTreeMap<IpAddr, BackendState>,
     /// Current Maglev table (backend ids).
     pub table: Vec<u32>,
-    /// Host-independent fingerprint of the table (see `maglev::fingerprint`).
-    pub fingerprint: u64,
+    /// Host-independent fingerprint of the table: [`VipState::fingerprint`].
+    pub(crate) fingerprint: tables::Fingerprint,
     /// Maglev tables of the priority tiers the VIP dedicates backends to.
     pub tier_tables: BTreeMap<u8, Vec<u32>>,
     /// Tiers that spill into the shared pool, as published.
@@ -151,6 +151,11 @@ pub struct VipState {
 }
 
 impl VipState {
+    /// Host-independent fingerprint of the table (see `maglev::fingerprint`).
+    pub fn fingerprint(&self) -> u64 {
+        self.fingerprint.value(&self.table)
+    }
+
     /// What the data plane gets for this VIP: the Maglev table, then the schedule (see
     /// `balancer_common::schedule`).
     pub fn published(&self) -> Vec<u32> {
@@ -275,7 +280,7 @@ impl<D: Dataplane> Balancer<D> {
         name: &str,
         table_size: u32,
         backends: &BTreeMap<IpAddr, BackendState>,
-    ) -> Result<(Vec<u32>, u64), BalancerError> {
+    ) -> Result<(Vec<u32>, tables::Fingerprint), BalancerError> {
         let started = Instant::now();
         let built = build_table(name, table_size, backends);
         self.build_time += started.elapsed();

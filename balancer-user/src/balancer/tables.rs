@@ -77,13 +77,54 @@ pub(super) fn backend_entry(vip_id: u32, _vip: &VipConfig, b: &BackendState) -> 
     }
 }
 
-/// Builds the Maglev table of a VIP's backends.
+/// Builds the Maglev table of a VIP's backends, with what its fingerprint needs.
 pub fn build_table(
     name: &str,
     table_size: u32,
     backends: &BTreeMap<IpAddr, BackendState>,
-) -> Result<(Vec<u32>, u64), BalancerError> {
-    build_pool_table(name, table_size, backends, 0)
+) -> Result<(Vec<u32>, Fingerprint), BalancerError> {
+    let table = build_pool_table(name, table_size, backends, 0)?;
+    Ok((table, Fingerprint::of_pool(backends, 0)))
+}
+
+/// A table's host-independent fingerprint (see [`maglev::fingerprint`]), computed when first
+/// asked for: status and `balancer table` want it, the weight rounds that rebuild a table
+/// several times a second under load do not. Keeps the identities and ids of the backends
+/// the table was built from, which is all the fingerprint reads besides the table.
+#[derive(Clone, Debug, Default)]
+pub struct Fingerprint {
+    backends: Vec<(String, u32)>,
+    value: std::sync::OnceLock<u64>,
+}
+
+impl Fingerprint {
+    /// Of the table built from the backends of pool `tier` among `backends`.
+    fn of_pool(backends: &BTreeMap<IpAddr, BackendState>, tier: u8) -> Fingerprint {
+        Fingerprint {
+            backends: backends
+                .values()
+                .filter(|b| b.tier == tier)
+                .map(|b| (b.address.to_string(), b.id))
+                .collect(),
+            value: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The fingerprint of `table`, the table this was made with.
+    pub fn value(&self, table: &[u32]) -> u64 {
+        *self.value.get_or_init(|| {
+            let input: Vec<MaglevBackend<'_>> = self
+                .backends
+                .iter()
+                .map(|(identity, id)| MaglevBackend {
+                    identity: identity.as_bytes(),
+                    weight: 0,
+                    id: *id,
+                })
+                .collect();
+            maglev::fingerprint(table, &input)
+        })
+    }
 }
 
 /// The Maglev tables of the priority tiers among `backends` (the same size as the VIP's).
@@ -99,7 +140,7 @@ pub fn build_tier_tables(
         .collect();
     tiers
         .into_iter()
-        .map(|t| Ok((t, build_pool_table(name, table_size, backends, t)?.0)))
+        .map(|t| Ok((t, build_pool_table(name, table_size, backends, t)?)))
         .collect()
 }
 
@@ -109,7 +150,7 @@ pub(super) fn build_pool_table(
     table_size: u32,
     backends: &BTreeMap<IpAddr, BackendState>,
     tier: u8,
-) -> Result<(Vec<u32>, u64), BalancerError> {
+) -> Result<Vec<u32>, BalancerError> {
     let identities: Vec<(String, &BackendState)> = backends
         .values()
         .filter(|b| b.tier == tier)
@@ -123,10 +164,8 @@ pub(super) fn build_pool_table(
             id: b.id,
         })
         .collect();
-    let table = maglev::build_table(&input, table_size).map_err(|source| BalancerError::Table {
+    maglev::build_table(&input, table_size).map_err(|source| BalancerError::Table {
         vip: name.to_string(),
         source,
-    })?;
-    let fingerprint = maglev::fingerprint(&table, &input);
-    Ok((table, fingerprint))
+    })
 }

@@ -385,7 +385,7 @@ fn fleet_weights_give_every_balancer_the_leaders_table() {
     leader.set_dynamic_weights(&endpoint, &[(a, 700)]).unwrap();
     let mut follower = balancer();
     follower.apply(&cfg.vips, &macs()).unwrap();
-    let fingerprint = |lb: &Balancer<MemoryDataplane>| lb.vip("web").unwrap().fingerprint;
+    let fingerprint = |lb: &Balancer<MemoryDataplane>| lb.vip("web").unwrap().fingerprint();
     assert_ne!(fingerprint(&leader), fingerprint(&follower));
     let published = crate::fleet::local_weights(&leader);
     assert_eq!(published["web"][&b], 0);

@@ -1,7 +1,8 @@
 //! The daemon's once-a-second work, on a thread of its own: retired backends expire, traffic
 //! rates move, BGP hears of changes, expired source-NAT flows are swept (while NAT is in use),
-//! and the health-check, telemetry and discovery loops follow the config (API changes may have
-//! added or removed checked or scraped backends, or pools).
+//! and the health-check, telemetry and discovery loops follow the config when it changed (API
+//! changes may have added or removed checked or scraped backends, or pools; a reload asks at
+//! once).
 //!
 //! Why a thread that sleeps between seconds rather than a timer on the runtime: a tokio timer
 //! wakes a runtime worker to fire it, which wakes the thread that waits for it, and the work
@@ -27,6 +28,8 @@ use crate::telemetry::loops::{TelemetryLoops, TelemetryPort};
 pub trait TickerPort: HealthPort + TelemetryPort + DiscoveryPort {
     /// The once-a-second work; blocking.
     fn every_second(&self);
+    /// A number that moves whenever the config the loops follow may have changed.
+    fn config_generation(&self) -> u64;
 }
 
 /// How often the work runs.
@@ -126,12 +129,22 @@ impl Ticker {
 
 fn run<P: TickerPort>(daemon: &Arc<P>, mut loops: Loops, requests: &mpsc::Receiver<Request>) {
     let mut due = Instant::now();
+    // The config generation the loops were last brought in line with (read before, so a
+    // change during a reconcile is looked at again); none yet: the first second looks.
+    let mut seen = None;
+    let reconcile = |loops: &mut Loops, seen: &mut Option<u64>| {
+        let generation = daemon.config_generation();
+        loops.reconcile(daemon);
+        *seen = Some(generation);
+    };
     loop {
         match requests.recv_timeout(due.saturating_duration_since(Instant::now())) {
-            Ok(Request::Reconcile) => loops.reconcile(daemon),
+            Ok(Request::Reconcile) => reconcile(&mut loops, &mut seen),
             Err(RecvTimeoutError::Timeout) => {
                 daemon.every_second();
-                loops.reconcile(daemon);
+                if seen != Some(daemon.config_generation()) {
+                    reconcile(&mut loops, &mut seen);
+                }
                 due = crate::tasks::next_due(due, PERIOD);
             }
             Err(RecvTimeoutError::Disconnected) => break,
@@ -153,12 +166,13 @@ mod tests {
     use crate::telemetry::signals::Signals;
 
     /// Counts seconds and reconciles (each asks for the health targets), in order; panics in
-    /// the second numbered `panic_at`.
+    /// the second numbered `panic_at`; its config's generation is `generation`.
     #[derive(Default)]
     struct Counting {
         seconds: AtomicUsize,
         events: std::sync::Mutex<Vec<&'static str>>,
         panic_at: usize,
+        generation: std::sync::atomic::AtomicU64,
     }
 
     impl TickerPort for Counting {
@@ -166,6 +180,10 @@ mod tests {
             let n = self.seconds.fetch_add(1, Ordering::SeqCst) + 1;
             self.events.lock().unwrap().push("second");
             assert_ne!(n, self.panic_at, "second {n} fails");
+        }
+
+        fn config_generation(&self) -> u64 {
+            self.generation.load(Ordering::SeqCst)
         }
     }
 
@@ -210,7 +228,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
-    async fn the_work_runs_at_once_then_every_second_and_a_reload_reconciles_at_once() {
+    async fn the_work_runs_at_once_then_every_second_and_the_loops_follow_the_config() {
         let port = Arc::new(Counting::default());
         let started = Instant::now();
         let ticker = start(&port);
@@ -219,20 +237,26 @@ mod tests {
         until("the first second", || events().len() == 3).await;
         // A reload's request, sent long before the next second is due.
         ticker.reconcile();
-        until("the next second", || events().len() == 6).await;
+        until("the next second", || seconds() == 2).await;
         assert!(
             Instant::now() >= started + Duration::from_millis(900),
             "the next second came early"
         );
+        // The config changes (as by the API), after the second's own look: the next second
+        // looks.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        port.generation.fetch_add(1, Ordering::SeqCst);
+        until("the third second", || events().len() == 7).await;
         assert_eq!(
             events(),
             [
                 "reconcile", // Loops::start
                 "second",
-                "reconcile",
+                "reconcile", // the first second looks
                 "reconcile", // the request, at once
+                "second",    // the config unchanged: no look
                 "second",
-                "reconcile",
+                "reconcile", // it changed
             ]
         );
         ticker.stop().unwrap();

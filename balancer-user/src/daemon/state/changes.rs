@@ -162,7 +162,14 @@ impl Daemon {
             })?;
         }
         self.config = new;
+        self.config_generation += 1;
         Ok(report)
+    }
+
+    /// How many configs were put in force since the daemon started: the loops that follow
+    /// the config need a look only when this moved.
+    pub fn config_generation(&self) -> u64 {
+        self.config_generation
     }
 
     /// Records a change's table work in the metrics.

@@ -68,6 +68,10 @@ impl ChangeError {
 /// The daemon.
 pub struct Daemon {
     pub config: Config,
+    /// Counts the configs put in force ([`Daemon::apply_config`]): the once-a-second thread
+    /// brings the health, telemetry and discovery loops in line with the config only when it
+    /// moved.
+    config_generation: u64,
     pub config_path: PathBuf,
     pub links: Links,
     pub balancer: Balancer<DynDataplane>,
@@ -159,6 +163,7 @@ impl Daemon {
         } = host;
         Daemon {
             config,
+            config_generation: 0,
             config_path,
             links,
             balancer,

@@ -52,6 +52,10 @@ impl crate::daemon::ticker::TickerPort for Mutex<Daemon> {
         }
         Daemon::sweep_nat(self);
     }
+
+    fn config_generation(&self) -> u64 {
+        self.lock().map(|d| d.config_generation()).unwrap_or(0)
+    }
 }
 
 impl TelemetryPort for Mutex<Daemon> {

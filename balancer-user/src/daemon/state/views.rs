@@ -161,7 +161,7 @@ impl Daemon {
                     s
                 },
                 table_size: c.table_size,
-                table_fingerprint: format!("{:016x}", vip.fingerprint),
+                table_fingerprint: format!("{:016x}", vip.fingerprint()),
                 health_check: match &c.health.kind {
                     HealthCheckKind::None => "none".into(),
                     HealthCheckKind::Tcp => format!("tcp:{}", c.health.port),
@@ -284,7 +284,7 @@ impl Daemon {
         Ok(Table {
             vip: name.to_string(),
             table_size: vip.config.table_size,
-            fingerprint: format!("{:016x}", vip.fingerprint),
+            fingerprint: format!("{:016x}", vip.fingerprint()),
             backends: vip
                 .backends
                 .values()
