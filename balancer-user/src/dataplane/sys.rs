@@ -193,35 +193,11 @@ pub fn fill_mmapable<T: Copy>(map: BorrowedFd<'_>, values: &[T]) -> io::Result<(
     Ok(())
 }
 
-/// A shared mapping (`prot`: its protection) of `count` values of `T` of the BPF_F_MMAPABLE
-/// array `map`: its start and its length, whole pages, values `size_of::<T>()` rounded up to
-/// 8 bytes apart, as the kernel lays array elements out. The caller unmaps it.
-fn map_shared<T>(map: BorrowedFd<'_>, count: usize, prot: i32) -> io::Result<(*mut u8, usize)> {
-    let stride = std::mem::size_of::<T>().next_multiple_of(8);
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-    let len = (count * stride).div_ceil(page).max(1) * page;
-    // SAFETY: a new mapping of `len` bytes of the map's values, which the kernel checks
-    // against the map's size; nothing else is touched.
-    let ptr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            prot,
-            libc::MAP_SHARED,
-            map.as_raw_fd(),
-            0,
-        )
-    };
-    if ptr == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
-    Ok((ptr.cast::<u8>(), len))
-}
-
-/// A shared writable mapping of a memory-mappable array, kept for repeated fills (a table
-/// refilled in place costs no mapping, no page faults and no new map).
-pub struct WritableArray<T: Copy> {
+/// A shared mapping of `count` values of `T` of a BPF_F_MMAPABLE array: whole pages, values
+/// `size_of::<T>()` rounded up to 8 bytes apart, as the kernel lays array elements out;
+/// unmapped when dropped. What `&self` allows is the wrappers' to decide ([`MappedArray`]
+/// reads, [`WritableArray`] writes through `&mut self`).
+struct SharedMapping<T: Copy> {
     base: *mut u8,
     /// Bytes mapped (whole pages).
     mapped_bytes: usize,
@@ -229,48 +205,85 @@ pub struct WritableArray<T: Copy> {
     _values: std::marker::PhantomData<T>,
 }
 
-// SAFETY: the mapping is owned by this value; writes need `&mut self`.
-unsafe impl<T: Copy> Send for WritableArray<T> {}
-// SAFETY: as above: nothing is reachable through `&self`.
-unsafe impl<T: Copy> Sync for WritableArray<T> {}
+// SAFETY: the mapping is owned by this value and outlives the descriptor; nothing is reachable
+// through it but the pointer to value `i` (`slot`), used by the wrappers as said above.
+unsafe impl<T: Copy> Send for SharedMapping<T> {}
+// SAFETY: as above.
+unsafe impl<T: Copy> Sync for SharedMapping<T> {}
 
-impl<T: Copy> WritableArray<T> {
-    /// Maps `count` values of the BPF_F_MMAPABLE array `map` for writing (the mapping
-    /// outlives the descriptor).
-    pub fn map(map: BorrowedFd<'_>, count: usize) -> io::Result<WritableArray<T>> {
-        let (base, len) = map_shared::<T>(map, count, libc::PROT_READ | libc::PROT_WRITE)?;
-        Ok(WritableArray {
-            base,
+impl<T: Copy> SharedMapping<T> {
+    const STRIDE: usize = std::mem::size_of::<T>().next_multiple_of(8);
+
+    /// Maps `count` values of `map` with protection `prot`.
+    fn map(map: BorrowedFd<'_>, count: usize, prot: i32) -> io::Result<SharedMapping<T>> {
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        let len = (count * Self::STRIDE).div_ceil(page).max(1) * page;
+        // SAFETY: a new mapping of `len` bytes of the map's values, which the kernel checks
+        // against the map's size; nothing else is touched.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_SHARED,
+                map.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(SharedMapping {
+            base: ptr.cast::<u8>(),
             mapped_bytes: len,
             count,
             _values: std::marker::PhantomData,
         })
     }
 
+    /// Where value `i` lies (panics past the mapped values).
+    fn slot(&self, i: usize) -> *mut T {
+        assert!(i < self.count, "index {i} of {}", self.count);
+        // SAFETY: within the mapping (checked above).
+        unsafe { self.base.add(i * Self::STRIDE).cast::<T>() }
+    }
+}
+
+impl<T: Copy> Drop for SharedMapping<T> {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, unmapped once.
+        unsafe { libc::munmap(self.base.cast(), self.mapped_bytes) };
+    }
+}
+
+/// A shared writable mapping of a memory-mappable array, kept for repeated fills (a table
+/// refilled in place costs no mapping, no page faults and no new map).
+pub struct WritableArray<T: Copy>(SharedMapping<T>);
+
+impl<T: Copy> WritableArray<T> {
+    /// Maps `count` values of the BPF_F_MMAPABLE array `map` for writing (the mapping
+    /// outlives the descriptor).
+    pub fn map(map: BorrowedFd<'_>, count: usize) -> io::Result<WritableArray<T>> {
+        SharedMapping::map(map, count, libc::PROT_READ | libc::PROT_WRITE).map(WritableArray)
+    }
+
     pub fn len(&self) -> usize {
-        self.count
+        self.0.count
     }
 
     /// Writes `values` from the first element on (at most [`WritableArray::len`] of them).
     pub fn fill(&mut self, values: &[T]) {
         assert!(
-            values.len() <= self.count,
+            values.len() <= self.0.count,
             "{} values for {}",
             values.len(),
-            self.count
+            self.0.count
         );
-        let stride = std::mem::size_of::<T>().next_multiple_of(8);
         for (i, v) in values.iter().enumerate() {
-            // SAFETY: within the mapping (checked above); each value written whole.
-            unsafe { self.base.add(i * stride).cast::<T>().write_unaligned(*v) };
+            // SAFETY: a value of the mapping, written whole.
+            unsafe { self.0.slot(i).write_unaligned(*v) };
         }
-    }
-}
-
-impl<T: Copy> Drop for WritableArray<T> {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `map`, unmapped once.
-        unsafe { libc::munmap(self.base.cast(), self.mapped_bytes) };
     }
 }
 
@@ -306,49 +319,23 @@ pub fn read_mmapable<T: Copy>(map: BorrowedFd<'_>, count: usize) -> io::Result<V
 /// 32 MiB connection table mapped afresh each second costs thousands of faults), and values
 /// are read in place, not copied out. Values may change under the reader (the XDP program
 /// writes them): each is read whole but the set is not a snapshot.
-pub struct MappedArray<T: Copy> {
-    base: *const u8,
-    /// Bytes mapped (whole pages).
-    mapped_bytes: usize,
-    count: usize,
-    _values: std::marker::PhantomData<T>,
-}
-
-// SAFETY: the mapping is read-only and owned by this value; reads go through `get`.
-unsafe impl<T: Copy> Send for MappedArray<T> {}
-// SAFETY: as above: no interior mutability on our side.
-unsafe impl<T: Copy> Sync for MappedArray<T> {}
+pub struct MappedArray<T: Copy>(SharedMapping<T>);
 
 impl<T: Copy> MappedArray<T> {
     /// Maps `count` values of the BPF_F_MMAPABLE array `map` (the mapping outlives the
     /// descriptor).
     pub fn map(map: BorrowedFd<'_>, count: usize) -> io::Result<MappedArray<T>> {
-        let (base, len) = map_shared::<T>(map, count, libc::PROT_READ)?;
-        Ok(MappedArray {
-            base,
-            mapped_bytes: len,
-            count,
-            _values: std::marker::PhantomData,
-        })
+        SharedMapping::map(map, count, libc::PROT_READ).map(MappedArray)
     }
 
     pub fn len(&self) -> usize {
-        self.count
+        self.0.count
     }
 
     /// Value `i` as it is now (the kernel lays values out 8-byte aligned).
     pub fn get(&self, i: usize) -> T {
-        assert!(i < self.count, "index {i} of {}", self.count);
-        let stride = std::mem::size_of::<T>().next_multiple_of(8);
-        // SAFETY: within the mapping (checked above); read whole, as the kernel writes.
-        unsafe { self.base.add(i * stride).cast::<T>().read_unaligned() }
-    }
-}
-
-impl<T: Copy> Drop for MappedArray<T> {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `map`, unmapped once.
-        unsafe { libc::munmap(self.base.cast_mut().cast(), self.mapped_bytes) };
+        // SAFETY: a value of the mapping, read whole, as the kernel writes.
+        unsafe { self.0.slot(i).read_unaligned() }
     }
 }
 
