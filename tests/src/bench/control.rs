@@ -76,6 +76,25 @@ fn maglev(figures: &mut Figures) -> Result<()> {
         println!("100 backends with unequal weights, M=65537: {ms:.2} ms");
         figures.insert("maglev_build_100_weighted_65537_ms".into(), ms);
     }
+    // The tables a load-driven policy publishes for a small pool: one or two backends far
+    // ahead, the rest at the floor (the last backend with quota left takes the free slots in
+    // one pass instead of walking to them).
+    for (key, weights) in [
+        ("one_ahead", [1000u32, 240, 10, 10]),
+        ("two_ahead", [620, 410, 10, 20]),
+    ] {
+        let names = names(4);
+        let input = backends(&names, |i| weights[i]);
+        let mut samples = Vec::new();
+        for _ in 0..21 {
+            let started = Instant::now();
+            std::hint::black_box(build_table(&input, 65_537)?);
+            samples.push(started.elapsed().as_secs_f64() * 1e3);
+        }
+        let ms = median(&samples);
+        println!("4 backends weighted {weights:?}, M=65537: {ms:.3} ms (median of 21)");
+        figures.insert(format!("maglev_build_4_{key}_65537_ms"), ms);
+    }
 
     println!("\nSlots moved (M=65537), against what must move");
     println!(
