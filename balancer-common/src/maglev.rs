@@ -92,6 +92,14 @@ struct Permutation {
 }
 
 impl Permutation {
+    /// The walk of the backend with this identity through a table of `m` slots (m prime).
+    fn of(identity: &[u8], m: u64) -> Permutation {
+        Permutation {
+            position: xxh3_64_with_seed(identity, OFFSET_SEED) % m,
+            skip: xxh3_64_with_seed(identity, SKIP_SEED) % (m - 1) + 1,
+        }
+    }
+
     /// The next preferred slot: `(position + skip) mod m`, without a division (skip < m).
     fn advance(&mut self, m: u64) {
         self.position += self.skip;
@@ -138,10 +146,7 @@ pub fn build_table(
 
     let mut walks: Vec<Permutation> = sorted
         .iter()
-        .map(|b| Permutation {
-            position: xxh3_64_with_seed(b.identity, OFFSET_SEED) % m,
-            skip: xxh3_64_with_seed(b.identity, SKIP_SEED) % (m - 1) + 1,
-        })
+        .map(|b| Permutation::of(b.identity, m))
         .collect();
     let ids: Vec<u32> = sorted.iter().map(|b| b.id).collect();
     if sorted.iter().all(|b| b.weight == sorted[0].weight) {
@@ -177,18 +182,9 @@ fn fill_round_robin(table: &mut [u32], walks: &mut [Permutation], ids: &[u32]) {
     }
 }
 
-/// Weighted turns: each backend's quota of slots is its exact share of the table (largest
-/// remainders, ties to the lower rank); backends with quota left take turns in rank order, round
-/// after round, dropping out as their quota runs out. O(M) whatever the weights.
-///
-/// The quotas add up to the table's size, so once a single backend has quota left, its quota
-/// is the number of free slots and its walk would claim every one of them: they are given to it
-/// in one pass instead. Same table; but the walk's end is where nearly all of a build's probes
-/// of taken slots are (filling the last free slots of M by probing costs about M ln M), so a
-/// table with one dominant weight, as a load-driven policy publishes, builds several times
-/// faster.
-fn fill_weighted(table: &mut [u32], walks: &mut [Permutation], ids: &[u32], weights: &[u32]) {
-    let m = table.len() as u64;
+/// Each backend's exact share of `m` slots by weight, rounded by largest remainder (ties to
+/// the lower rank); the quotas add up to `m`.
+fn quotas(m: u64, weights: &[u32]) -> Vec<u64> {
     let total: u64 = weights.iter().map(|w| u64::from(*w)).sum();
     let mut quotas: Vec<u64> = weights.iter().map(|w| m * u64::from(*w) / total).collect();
     let mut left = m - quotas.iter().sum::<u64>();
@@ -202,6 +198,21 @@ fn fill_weighted(table: &mut [u32], walks: &mut [Permutation], ids: &[u32], weig
         quotas[r] += 1;
         left -= 1;
     }
+    quotas
+}
+
+/// Weighted turns: each backend's quota of slots is its exact share of the table (largest
+/// remainders, ties to the lower rank); backends with quota left take turns in rank order, round
+/// after round, dropping out as their quota runs out. O(M) whatever the weights.
+///
+/// The quotas add up to the table's size, so once a single backend has quota left, its quota
+/// is the number of free slots and its walk would claim every one of them: they are given to it
+/// in one pass instead. Same table; but the walk's end is where nearly all of a build's probes
+/// of taken slots are (filling the last free slots of M by probing costs about M ln M), so a
+/// table with one dominant weight, as a load-driven policy publishes, builds several times
+/// faster.
+fn fill_weighted(table: &mut [u32], walks: &mut [Permutation], ids: &[u32], weights: &[u32]) {
+    let mut quotas = quotas(table.len() as u64, weights);
     let mut active: Vec<usize> = (0..weights.len()).filter(|&r| quotas[r] > 0).collect();
     while active.len() > 1 {
         for &r in &active {
@@ -324,10 +335,7 @@ mod tests {
         let walks = || -> Vec<Permutation> {
             sorted
                 .iter()
-                .map(|b| Permutation {
-                    position: xxh3_64_with_seed(b.identity, OFFSET_SEED) % m,
-                    skip: xxh3_64_with_seed(b.identity, SKIP_SEED) % (m - 1) + 1,
-                })
+                .map(|b| Permutation::of(b.identity, m))
                 .collect()
         };
         let mut a = vec![NO_BACKEND; m as usize];
@@ -344,19 +352,7 @@ mod tests {
         ids: &[u32],
         weights: &[u32],
     ) {
-        let m = table.len() as u64;
-        let total: u64 = weights.iter().map(|w| u64::from(*w)).sum();
-        let mut quotas: Vec<u64> = weights.iter().map(|w| m * u64::from(*w) / total).collect();
-        let mut left = m - quotas.iter().sum::<u64>();
-        let mut by_remainder: Vec<usize> = (0..weights.len()).collect();
-        by_remainder.sort_by_key(|&r| std::cmp::Reverse(m * u64::from(weights[r]) % total));
-        for &r in &by_remainder {
-            if left == 0 {
-                break;
-            }
-            quotas[r] += 1;
-            left -= 1;
-        }
+        let mut quotas = quotas(table.len() as u64, weights);
         let mut active: Vec<usize> = (0..weights.len()).filter(|&r| quotas[r] > 0).collect();
         while !active.is_empty() {
             for &r in &active {
@@ -393,10 +389,7 @@ mod tests {
                 let walks = || -> Vec<Permutation> {
                     sorted
                         .iter()
-                        .map(|b| Permutation {
-                            position: xxh3_64_with_seed(b.identity, OFFSET_SEED) % u64::from(m),
-                            skip: xxh3_64_with_seed(b.identity, SKIP_SEED) % u64::from(m - 1) + 1,
-                        })
+                        .map(|b| Permutation::of(b.identity, u64::from(m)))
                         .collect()
                 };
                 let mut by_walks = vec![NO_BACKEND; m as usize];
