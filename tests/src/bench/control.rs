@@ -38,9 +38,10 @@ fn backends(names: &[String], weight: impl Fn(usize) -> u32) -> Vec<MaglevBacken
         .collect()
 }
 
-fn time_builds(n: usize, m: u32, runs: usize) -> Result<f64> {
+/// Median build time in ms of a table of `m` slots for `n` backends weighted by `weight`.
+fn time_builds(n: usize, m: u32, runs: usize, weight: impl Fn(usize) -> u32) -> Result<f64> {
     let names = names(n);
-    let input = backends(&names, |_| 1);
+    let input = backends(&names, weight);
     let mut samples = Vec::new();
     for _ in 0..runs {
         let started = Instant::now();
@@ -56,26 +57,16 @@ fn maglev(figures: &mut Figures) -> Result<()> {
     println!("Maglev table build time (median of 5), ms");
     println!("{:>8} {:>12} {:>12}", "backends", "M=65537", "M=655373");
     for n in [10usize, 100, 1000, 5000] {
-        let small = time_builds(n, 65_537, 5)?;
-        let large = time_builds(n, 655_373, 5)?;
+        let small = time_builds(n, 65_537, 5, |_| 1)?;
+        let large = time_builds(n, 655_373, 5, |_| 1)?;
         println!("{n:>8} {small:>12.2} {large:>12.2}");
         figures.insert(format!("maglev_build_{n}_65537_ms"), small);
         figures.insert(format!("maglev_build_{n}_655373_ms"), large);
     }
     println!("(Maglev paper: 1.8 ms at M=65537)");
-    {
-        let names = names(100);
-        let input = backends(&names, |i| if i == 0 { 1 } else { 10 });
-        let mut samples = Vec::new();
-        for _ in 0..5 {
-            let started = Instant::now();
-            std::hint::black_box(build_table(&input, 65_537)?);
-            samples.push(started.elapsed().as_secs_f64() * 1e3);
-        }
-        let ms = median(&samples);
-        println!("100 backends with unequal weights, M=65537: {ms:.2} ms");
-        figures.insert("maglev_build_100_weighted_65537_ms".into(), ms);
-    }
+    let ms = time_builds(100, 65_537, 5, |i| if i == 0 { 1 } else { 10 })?;
+    println!("100 backends with unequal weights, M=65537: {ms:.2} ms");
+    figures.insert("maglev_build_100_weighted_65537_ms".into(), ms);
     // The tables a load-driven policy publishes for a small pool: one or two backends far
     // ahead, the rest at the floor (the last backend with quota left takes the free slots in
     // one pass instead of walking to them).
@@ -83,15 +74,7 @@ fn maglev(figures: &mut Figures) -> Result<()> {
         ("one_ahead", [1000u32, 240, 10, 10]),
         ("two_ahead", [620, 410, 10, 20]),
     ] {
-        let names = names(4);
-        let input = backends(&names, |i| weights[i]);
-        let mut samples = Vec::new();
-        for _ in 0..21 {
-            let started = Instant::now();
-            std::hint::black_box(build_table(&input, 65_537)?);
-            samples.push(started.elapsed().as_secs_f64() * 1e3);
-        }
-        let ms = median(&samples);
+        let ms = time_builds(4, 65_537, 21, |i| weights[i])?;
         println!("4 backends weighted {weights:?}, M=65537: {ms:.3} ms (median of 21)");
         figures.insert(format!("maglev_build_4_{key}_65537_ms"), ms);
     }
