@@ -203,14 +203,13 @@ fn quotas(m: u64, weights: &[u32]) -> Vec<u64> {
 
 /// Weighted turns: each backend's quota of slots is its exact share of the table (largest
 /// remainders, ties to the lower rank); backends with quota left take turns in rank order, round
-/// after round, dropping out as their quota runs out. O(M) whatever the weights.
+/// after round, dropping out as their quota runs out (about M ln M probes in all, most of them
+/// of taken slots near the end).
 ///
 /// The quotas add up to the table's size, so once a single backend has quota left, its quota
 /// is the number of free slots and its walk would claim every one of them: they are given to it
-/// in one pass instead. Same table; but the walk's end is where nearly all of a build's probes
-/// of taken slots are (filling the last free slots of M by probing costs about M ln M), so a
-/// table with one dominant weight, as a load-driven policy publishes, builds several times
-/// faster.
+/// in one pass instead. Same table, fewer probes: weights 1000/240/10/10 build in about half the
+/// time; when the last two backends finish together there is little left to skip.
 fn fill_weighted(table: &mut [u32], walks: &mut [Permutation], ids: &[u32], weights: &[u32]) {
     let mut quotas = quotas(table.len() as u64, weights);
     let mut active: Vec<usize> = (0..weights.len()).filter(|&r| quotas[r] > 0).collect();
