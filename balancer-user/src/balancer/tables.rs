@@ -83,8 +83,9 @@ pub fn build_table(
     table_size: u32,
     backends: &BTreeMap<IpAddr, BackendState>,
 ) -> Result<(Vec<u32>, Fingerprint), BalancerError> {
-    let table = build_pool_table(name, table_size, backends, 0)?;
-    Ok((table, Fingerprint::of_pool(backends, 0)))
+    let members = pool_members(backends, 0);
+    let table = build_members_table(name, table_size, &members)?;
+    Ok((table, Fingerprint::of(members)))
 }
 
 /// A table's host-independent fingerprint (see [`maglev::fingerprint`]), computed when first
@@ -98,13 +99,12 @@ pub struct Fingerprint {
 }
 
 impl Fingerprint {
-    /// Of the table built from the backends of pool `tier` among `backends`.
-    fn of_pool(backends: &BTreeMap<IpAddr, BackendState>, tier: u8) -> Fingerprint {
+    /// Of the table built from `members` (a pool's identities and backends).
+    fn of(members: Vec<(String, &BackendState)>) -> Fingerprint {
         Fingerprint {
-            backends: backends
-                .values()
-                .filter(|b| b.tier == tier)
-                .map(|b| (b.address.to_string(), b.id))
+            backends: members
+                .into_iter()
+                .map(|(identity, b)| (identity, b.id))
                 .collect(),
             value: std::sync::OnceLock::new(),
         }
@@ -151,12 +151,28 @@ pub(super) fn build_pool_table(
     backends: &BTreeMap<IpAddr, BackendState>,
     tier: u8,
 ) -> Result<Vec<u32>, BalancerError> {
-    let identities: Vec<(String, &BackendState)> = backends
+    build_members_table(name, table_size, &pool_members(backends, tier))
+}
+
+/// The backends of pool `tier` among `backends`, each with its Maglev identity (its address).
+fn pool_members(
+    backends: &BTreeMap<IpAddr, BackendState>,
+    tier: u8,
+) -> Vec<(String, &BackendState)> {
+    backends
         .values()
         .filter(|b| b.tier == tier)
         .map(|b| (b.address.to_string(), b))
-        .collect();
-    let input: Vec<MaglevBackend<'_>> = identities
+        .collect()
+}
+
+/// The Maglev table of `members` ([`pool_members`]).
+fn build_members_table(
+    name: &str,
+    table_size: u32,
+    members: &[(String, &BackendState)],
+) -> Result<Vec<u32>, BalancerError> {
+    let input: Vec<MaglevBackend<'_>> = members
         .iter()
         .map(|(identity, b)| MaglevBackend {
             identity: identity.as_bytes(),
