@@ -91,6 +91,9 @@ pub struct VipSettings {
     /// Session persistence: a client's new flows go to its previous server for this long
     /// after its last one (while that server has room under bounded load).
     pub persistence_secs: Option<u32>,
+    /// The composite policy's weights barely move after its first round (EWMA 0.01,
+    /// hysteresis 100%): a diagnostic of what the daemon costs with few table rebuilds.
+    pub held: bool,
     pub scrape_ms: u64,
 }
 
@@ -110,8 +113,13 @@ impl VipSettings {
             queue_saturation: None,
             admission: false,
             persistence_secs: None,
+            held: false,
             scrape_ms: 0,
         }
+    }
+
+    const fn held(self) -> Self {
+        VipSettings { held: true, ..self }
     }
 
     const fn persistent(self, secs: u32) -> Self {
@@ -195,6 +203,8 @@ impl VipSettings {
                 // so slower scrapes are compared, not taken for stale.
                 fresher_load: Some(self.fresher_load),
                 queue_saturation: self.queue_saturation.map(i64::from),
+                ewma_alpha: self.held.then_some(0.01),
+                hysteresis: self.held.then_some(1.0),
                 ..RawPolicy::default()
             });
         }
@@ -285,6 +295,21 @@ const OURS: [(&str, &str, VipSettings); 12] = [
     ),
 ];
 
+/// Contenders that measure something about the balancer rather than a policy to deploy: named
+/// with `--sweep` / `--at-knee`, never run by default.
+const DIAGNOSTICS: [(&str, &str, VipSettings); 1] = [(
+    "composite-held",
+    "diagnostic, not a policy: composite whose weights barely move after its first round (EWMA 0.01, hysteresis 100%), so the table is rebuilt only when a server saturates or a weight more than doubles — the daemon's cost of the same scrapes and rounds with few rebuilds",
+    VipSettings::new("maglev", None, true).held(),
+)];
+
+/// The balancer's contenders by name: its policies, then the diagnostics.
+fn balancer_contender(name: &str) -> Option<&'static (&'static str, &'static str, VipSettings)> {
+    OURS.iter()
+        .chain(DIAGNOSTICS.iter())
+        .find(|(n, _, _)| *n == name)
+}
+
 /// Composite with a saturation cut-off at 5 waiting requests (the queue threshold of llm-d's
 /// flow control), the policy admission control reads.
 const CUTOFF: VipSettings = VipSettings::new("maglev", None, true).queue_cutoff(5);
@@ -340,10 +365,11 @@ impl Contender {
                 },
             });
         }
-        let (_, _, settings) = OURS.iter().find(|(n, _, _)| *n == name).with_context(|| {
+        let (_, _, settings) = balancer_contender(name).with_context(|| {
             format!(
-                "unknown contender {name:?}: one of {}, tenant-affinity/LEN, or vllm:POLICY / sglang:POLICY",
-                OURS.map(|o| o.0).join(", ")
+                "unknown contender {name:?}: one of {}, tenant-affinity/LEN, or vllm:POLICY / sglang:POLICY (diagnostics: {})",
+                OURS.map(|o| o.0).join(", "),
+                DIAGNOSTICS.map(|o| o.0).join(", ")
             )
         })?;
         Ok(Contender::Balancer {
@@ -373,7 +399,7 @@ impl Contender {
                 "balancer: source hash of the client's /{len} (a tenant's network: its clients to one server) with bounded load 1.25, weights from the composite policy"
             );
         }
-        match OURS.iter().find(|(n, _, _)| *n == name) {
+        match balancer_contender(name) {
             Some((_, what, _)) => format!("balancer: {what}"),
             None => match name.split_once(':') {
                 Some(("vllm", p)) => format!("vllm-router 0.1.17, policy {p}"),

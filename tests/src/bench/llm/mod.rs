@@ -43,6 +43,10 @@ use crate::topology::{LB4, Topology, TopologyOptions, VIP4, backend4, rack_confi
 pub const LLM_PORT: u16 = 8000;
 /// The model they serve.
 pub const MODEL: &str = "llama-3-8b";
+/// The LLM VIP's name in the balancer's config.
+const VIP_NAME: &str = "llm";
+/// Where the balancer's daemon serves its metrics, in the balancer's namespace.
+const METRICS_PORT: u16 = 9190;
 
 /// How to run the benchmark.
 #[derive(Clone, Debug)]
@@ -165,6 +169,9 @@ pub struct Run {
     pub bpf_cpu_per_1k: Option<f64>,
     /// BPF program runs (packets through the balancer) per request.
     pub bpf_runs_per_request: Option<f64>,
+    /// The balancer's rebuilds of the VIP's table per minute of the run (its weight rounds'
+    /// changes reaching the table).
+    pub table_rebuilds_per_min: Option<f64>,
     /// Prompt tokens found in the servers' prefix caches, of those looked up.
     pub prefix_hit_rate: Option<f64>,
     /// Every completed request's TTFT (for CDFs).
@@ -388,6 +395,28 @@ impl LlmRack {
         Ok(())
     }
 
+    /// How many times the balancer's daemon has rebuilt the LLM VIP's table (its metrics'
+    /// `balancer_table_rebuilds_total`); None for a router.
+    fn table_rebuilds(&self, c: &Contender) -> Result<Option<f64>> {
+        if c.is_router() {
+            return Ok(None);
+        }
+        let addr = SocketAddr::new([127, 0, 0, 1].into(), METRICS_PORT);
+        let page = self.topo.lb.run_in(move || {
+            crate::traffic::http_get_path(addr, "/metrics", Duration::from_secs(5))
+        })??;
+        let samples = balancer::telemetry::exposition::parse(&page)?;
+        samples
+            .iter()
+            .find(|s| s.name == "balancer_table_rebuilds_total" && s.label("vip") == Some(VIP_NAME))
+            .map(|s| Some(s.value))
+            .with_context(|| {
+                format!(
+                    "the daemon's metrics have no balancer_table_rebuilds_total of VIP {VIP_NAME}"
+                )
+            })
+    }
+
     /// Prompt tokens the servers found in their prefix caches, and looked up, since they
     /// started.
     fn prefix_counts(&self) -> Result<(f64, f64)> {
@@ -426,6 +455,9 @@ impl LlmRack {
             // The first scrapes and weight rounds.
             std::thread::sleep(Duration::from_millis(3 * opts.scrape_ms));
         }
+        // Read before the CPU is counted and after: a page of the daemon's metrics costs it
+        // a count of the connection table.
+        let rebuilds0 = self.table_rebuilds(c)?;
         let cpu0 = self.start_accounting(c)?;
         let target = Target {
             addr,
@@ -444,6 +476,7 @@ impl LlmRack {
             .run_in(move || client::run(&target, &w, copts))?;
         let wall = t0.elapsed().as_secs_f64();
         let cpu = self.cpu_use(c)?.since(&cpu0);
+        let rebuilds = self.table_rebuilds(c)?.zip(rebuilds0).map(|(r, r0)| r - r0);
         let (hits, queries) = self.prefix_counts()?;
         if c.is_router() {
             self.check_router_inputs(c)?;
@@ -456,6 +489,7 @@ impl LlmRack {
             bpf_cpu_per_1k: (!c.is_router()).then(|| per_1k(cpu.bpf_ns)),
             bpf_runs_per_request: (!c.is_router())
                 .then(|| cpu.bpf_runs as f64 / outcomes.len().max(1) as f64),
+            table_rebuilds_per_min: rebuilds.map(|r| r / wall.max(1e-3) * 60.0),
             outcomes,
             prefix_hit_rate: (queries > 0.0).then(|| hits / queries),
             wall,
@@ -491,6 +525,7 @@ struct RunOutput {
     bpf_cpu_per_1k: Option<f64>,
     /// BPF program runs (packets) per request.
     bpf_runs_per_request: Option<f64>,
+    table_rebuilds_per_min: Option<f64>,
     prefix_hit_rate: Option<f64>,
     wall: f64,
 }
@@ -532,7 +567,7 @@ pub fn config(topo: &Topology, settings: &VipSettings) -> String {
 /// Like [`config`], with the LLM VIP's settings made by `edit`.
 pub fn config_with(topo: &Topology, edit: impl FnOnce(&mut RawVip)) -> String {
     let mut config = rack_config(topo, "l2-dsr", AttachMode::Native);
-    config.metrics.listen = Some("127.0.0.1:9190".into());
+    config.metrics.listen = Some(format!("127.0.0.1:{METRICS_PORT}"));
     // The premium clients, a tier for the contenders with admission control (the others
     // never look it up: their VIP dedicates no backends to it).
     config.tier.push(balancer::config::RawTier {
@@ -540,7 +575,7 @@ pub fn config_with(topo: &Topology, edit: impl FnOnce(&mut RawVip)) -> String {
         prefixes: vec![workload::PREMIUM_PREFIX.into()],
         ..Default::default()
     });
-    let mut llm = vip("llm", VIP4, LLM_PORT);
+    let mut llm = vip(VIP_NAME, VIP4, LLM_PORT);
     llm.backend = (0..topo.backends.len())
         .map(|i| backend(backend4(i), None))
         .collect();
@@ -594,6 +629,7 @@ fn measured_run(
         cpu_per_1k,
         bpf_cpu_per_1k,
         bpf_runs_per_request,
+        table_rebuilds_per_min,
         prefix_hit_rate,
         wall,
     } = rack.run(&c, &work, opts)?;
@@ -642,6 +678,7 @@ fn measured_run(
         cpu_per_1k: Some(cpu_per_1k),
         bpf_cpu_per_1k,
         bpf_runs_per_request,
+        table_rebuilds_per_min,
         prefix_hit_rate,
         ttfts,
         premium,

@@ -53,6 +53,9 @@ fn metrics(r: &Run) -> Vec<(&'static str, f64)> {
     if let Some(n) = r.bpf_runs_per_request {
         v.push(("bpf_runs_per_request", n));
     }
+    if let Some(n) = r.table_rebuilds_per_min {
+        v.push(("table_rebuilds_per_min", n));
+    }
     if let Some(h) = r.prefix_hit_rate {
         v.push(("prefix_hit_rate", h));
     }
@@ -221,7 +224,10 @@ pub fn write(res: &Results) -> Result<Figures> {
         "\nCPU per 1,000 requests, over a run (from its first request to its last answer): the contender's \
          processes' time, read from {}; for the balancer, its daemon's (and, for `-passive` contenders, \
          the backends' reporters') plus the run time of its BPF programs from the kernel's BPF statistics \
-         (that part and the packets it saw per request in the column `XDP`).\n",
+         (that part and the packets it saw per request in the column `XDP`). Table rebuilds: the \
+         balancer's rebuilds of the VIP's Maglev table per minute of the run (its metric \
+         `balancer_table_rebuilds_total`, read before and after), each a change of the weights \
+         reaching the data plane.\n",
         res.cpu_source.describe()
     );
 
@@ -346,8 +352,8 @@ fn shape_section(
     let knee = load_key(1.0);
     let _ = writeln!(
         md,
-        "### At the knee ({:.2} requests/s)\n\n| contender | TTFT p50 s | p90 s | p99 s | mean s | ITL p50 ms | p99 ms | E2E p50 s | p99 s | throughput /s | goodput /s | failed | prefix hits | CPU s / 1k req | XDP s / 1k req (packets / req) |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "### At the knee ({:.2} requests/s)\n\n| contender | TTFT p50 s | p90 s | p99 s | mean s | ITL p50 ms | p99 ms | E2E p50 s | p99 s | throughput /s | goodput /s | failed | prefix hits | CPU s / 1k req | XDP s / 1k req (packets / req) | table rebuilds / min |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         s.knee
     );
     for n in &names {
@@ -357,7 +363,7 @@ fn shape_section(
         let c = |m: &str, scale: f64, d: usize| cell(stat(runs, m), scale, d);
         let _ = writeln!(
             md,
-            "| `{n}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| `{n}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             c("ttft_p50_s", 1.0, 2),
             c("ttft_p90_s", 1.0, 2),
             c("ttft_p99_s", 1.0, 2),
@@ -377,6 +383,10 @@ fn shape_section(
                     c("bpf_cpu_s_per_1k_requests", 1.0, 4),
                     stat(runs, "bpf_runs_per_request").map_or(f64::NAN, |s| s.0)
                 ),
+                None => "–".into(),
+            },
+            match stat(runs, "table_rebuilds_per_min") {
+                Some(_) => c("table_rebuilds_per_min", 1.0, 1),
                 None => "–".into(),
             },
         );
