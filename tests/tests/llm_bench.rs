@@ -8,6 +8,7 @@
 
 use std::path::PathBuf;
 
+use balancer_tests::bench::llm::contenders::Contender;
 use balancer_tests::bench::llm::{self, Options};
 
 /// The report's directory, removed at the end (also when the test fails).
@@ -68,8 +69,8 @@ fn the_quick_benchmark_runs_every_contender_to_the_end() {
             "{}: CPU per 1k requests measured ({cpu})",
             run.contender
         );
-        let is_router = run.contender.contains(':');
-        match (is_router, run.table_rebuilds_per_min) {
+        let contender = Contender::parse(&run.contender, opts.scrape_ms).expect("a contender");
+        match (contender.is_router(), run.table_rebuilds_per_min) {
             (true, None) => {}
             (false, Some(r)) if r >= 0.0 => {
                 // The composite policy's weights follow the load: under 20 s of it they move.

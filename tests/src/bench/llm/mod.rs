@@ -373,10 +373,7 @@ impl LlmRack {
     /// Fails if vllm-router's prefix policy routed without the prompt's tokens (the servers'
     /// render/tokenize answers did not reach it: the comparison would flatter the balancer).
     fn check_router_inputs(&self, c: &Contender) -> Result<()> {
-        let addr = SocketAddr::new([127, 0, 0, 1].into(), contenders::ROUTER_METRICS_PORT);
-        let page = self.topo.lb.run_in(move || {
-            crate::traffic::http_get_path(addr, "/metrics", Duration::from_secs(5))
-        })??;
+        let page = self.metrics_page_in_lb(contenders::ROUTER_METRICS_PORT)?;
         let samples = balancer::telemetry::exposition::parse(&page)?;
         let missing: f64 = samples
             .iter()
@@ -395,18 +392,23 @@ impl LlmRack {
         Ok(())
     }
 
+    /// The metrics page served on loopback `port` in the balancer's namespace (the router's
+    /// or the daemon's).
+    fn metrics_page_in_lb(&self, port: u16) -> Result<String> {
+        let addr = SocketAddr::new([127, 0, 0, 1].into(), port);
+        self.topo.lb.run_in(move || {
+            crate::traffic::http_get_path(addr, "/metrics", Duration::from_secs(5))
+        })?
+    }
+
     /// How many times the balancer's daemon has rebuilt the LLM VIP's table (its metrics'
     /// `balancer_table_rebuilds_total`); None for a router.
     fn table_rebuilds(&self, c: &Contender) -> Result<Option<f64>> {
         if c.is_router() {
             return Ok(None);
         }
-        let addr = SocketAddr::new([127, 0, 0, 1].into(), METRICS_PORT);
-        let page = self.topo.lb.run_in(move || {
-            crate::traffic::http_get_path(addr, "/metrics", Duration::from_secs(5))
-        })??;
-        let samples = balancer::telemetry::exposition::parse(&page)?;
-        samples
+        let page = self.metrics_page_in_lb(METRICS_PORT)?;
+        balancer::telemetry::exposition::parse(&page)?
             .iter()
             .find(|s| s.name == "balancer_table_rebuilds_total" && s.label("vip") == Some(VIP_NAME))
             .map(|s| Some(s.value))
