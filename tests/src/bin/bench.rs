@@ -117,8 +117,8 @@ enum Bench {
         /// knee only).
         #[arg(long, value_delimiter = ',')]
         sweep: Option<Vec<String>>,
-        /// Contenders at the knee (default: every policy and router policy; the diagnostic
-        /// `composite-held` only when named).
+        /// Contenders at the knee (default: every policy and router policy; the diagnostics
+        /// `composite-held` and `composite-table-4099` only when named).
         #[arg(long, value_delimiter = ',')]
         at_knee: Option<Vec<String>>,
         /// GPU profiles of the backends.

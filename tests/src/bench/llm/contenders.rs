@@ -94,6 +94,8 @@ pub struct VipSettings {
     /// The composite policy's weights barely move after its first round (EWMA 0.01,
     /// hysteresis 100%): a diagnostic of what the daemon costs with few table rebuilds.
     pub held: bool,
+    /// The VIP's Maglev table size, if not the default (65,537 slots).
+    pub table_size: Option<u32>,
     pub scrape_ms: u64,
 }
 
@@ -114,12 +116,20 @@ impl VipSettings {
             admission: false,
             persistence_secs: None,
             held: false,
+            table_size: None,
             scrape_ms: 0,
         }
     }
 
     const fn held(self) -> Self {
         VipSettings { held: true, ..self }
+    }
+
+    const fn table(self, slots: u32) -> Self {
+        VipSettings {
+            table_size: Some(slots),
+            ..self
+        }
     }
 
     const fn persistent(self, secs: u32) -> Self {
@@ -177,6 +187,7 @@ impl VipSettings {
         vip.max_load_factor = self.max_load_factor;
         vip.affinity_prefix_v4 = self.affinity_prefix_v4.map(i64::from);
         vip.persistence_secs = self.persistence_secs.map(i64::from);
+        vip.table_size = self.table_size.map(i64::from);
         vip.admission = self.admission.then(|| balancer::config::RawAdmission {
             admit: [(PREMIUM_TIER.to_string(), 0)].into_iter().collect(),
             ..Default::default()
@@ -297,11 +308,18 @@ const OURS: [(&str, &str, VipSettings); 12] = [
 
 /// Contenders that measure something about the balancer rather than a policy to deploy: named
 /// with `--sweep` / `--at-knee`, never run by default.
-const DIAGNOSTICS: [(&str, &str, VipSettings); 1] = [(
-    "composite-held",
-    "diagnostic, not a policy: composite whose weights barely move after its first round (EWMA 0.01, hysteresis 100%), so the table is rebuilt only when a server saturates or a weight more than doubles — the daemon's cost of the same scrapes and rounds with few rebuilds",
-    VipSettings::new("maglev", None, true).held(),
-)];
+const DIAGNOSTICS: [(&str, &str, VipSettings); 2] = [
+    (
+        "composite-held",
+        "diagnostic, not a policy: composite whose weights barely move after its first round (EWMA 0.01, hysteresis 100%), so the table is rebuilt only when a server saturates or a weight more than doubles — the daemon's cost of the same scrapes and rounds with few rebuilds",
+        VipSettings::new("maglev", None, true).held(),
+    ),
+    (
+        "composite-table-4099",
+        "diagnostic: composite on a Maglev table of 4,099 slots (about 1,000 per server) instead of the default 65,537 — the same policy and rebuilds, each a sixteenth of the Maglev fill",
+        VipSettings::new("maglev", None, true).table(4099),
+    ),
+];
 
 /// The balancer's contenders by name: its policies, then the diagnostics.
 fn balancer_contender(name: &str) -> Option<&'static (&'static str, &'static str, VipSettings)> {
@@ -519,6 +537,35 @@ pub fn start_router(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn diagnostics_run_only_when_named() {
+        let defaults = all();
+        for (name, _, _) in DIAGNOSTICS {
+            assert!(
+                !defaults.iter().any(|n| n == name),
+                "{name} runs by default"
+            );
+            assert!(
+                Contender::parse(name, 2000).is_ok(),
+                "{name} does not parse"
+            );
+        }
+        let Contender::Balancer { settings, .. } =
+            Contender::parse("composite-table-4099", 2000).unwrap()
+        else {
+            panic!("the balancer's");
+        };
+        assert_eq!(settings.table_size, Some(4099));
+        assert!(balancer_common::maglev::is_prime(4099));
+        let mut vip = balancer::config::RawVip::default();
+        settings.apply(&mut vip);
+        assert_eq!(vip.table_size, Some(4099));
+        // Every other contender keeps the daemon's default table.
+        for (name, _, settings) in OURS {
+            assert_eq!(settings.table_size, None, "{name}");
+        }
+    }
 
     #[test]
     fn tenant_affinity_names_carry_their_prefix() {

@@ -458,7 +458,7 @@ impl LlmRack {
             std::thread::sleep(Duration::from_millis(3 * opts.scrape_ms));
         }
         // Read before the CPU is counted and after: a page of the daemon's metrics costs it
-        // a count of the connection table.
+        // a count of the connection table and of each table's slots.
         let rebuilds0 = self.table_rebuilds(c)?;
         let cpu0 = self.start_accounting(c)?;
         let target = Target {
