@@ -385,10 +385,7 @@ fn shape_section(
                 ),
                 None => "–".into(),
             },
-            match stat(runs, "table_rebuilds_per_min") {
-                Some(_) => c("table_rebuilds_per_min", 1.0, 1),
-                None => "–".into(),
-            },
+            c("table_rebuilds_per_min", 1.0, 1),
         );
     }
     targets(s, res, &names, &loads, &g, md, f);
