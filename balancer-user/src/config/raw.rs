@@ -270,6 +270,10 @@ pub struct RawTelemetry {
     pub timeout_ms: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_body_kib: Option<i64>,
+    /// Half-life of the recent window of the figures derived from counter pairs (mean TTFT,
+    /// prefill time per prompt token, prompt size, prefix-cache hits); default 200.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub derived_half_life_ms: Option<i64>,
     /// "http" (default) or "https".
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scheme: Option<String>,

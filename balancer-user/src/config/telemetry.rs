@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::policy::{
     Factors, MAX_WEIGHT as MAX_POLICY_WEIGHT, PolicyConfig, PolicyKind, StaleMode,
 };
+use crate::telemetry::store::RECENT_HALF_LIFE;
 
 use super::error::{ConfigError, invalid};
 use super::fields::{cert_and_key, float_in, int_in, optional_path, required};
@@ -34,6 +35,10 @@ pub struct TelemetryConfig {
     pub timeout: Duration,
     /// Largest page accepted.
     pub max_body: usize,
+    /// Half-life of the recent window of the figures derived from counter pairs (see
+    /// [`DecayedRatio`](crate::telemetry::store::DecayedRatio)); default
+    /// [`RECENT_HALF_LIFE`] at any interval.
+    pub derived_half_life: Duration,
     /// How the pages are reached: HTTP or HTTPS, certificates, a token.
     pub access: ScrapeAccess,
 }
@@ -149,6 +154,10 @@ pub(super) fn validate_telemetry(
         Some(v) => int_in::<usize>(v, 1, 64 * 1024, &key("max_body_kib"))? * 1024,
         None => 4 * 1024 * 1024,
     };
+    let derived_half_life: u64 = match raw.derived_half_life_ms {
+        Some(v) => int_in(v, 10, 3_600_000, &key("derived_half_life_ms"))?,
+        None => RECENT_HALF_LIFE.as_millis() as u64,
+    };
     let source = match raw.source.as_deref().unwrap_or("none") {
         "none" => TelemetrySource::None,
         "push" => TelemetrySource::Push,
@@ -222,6 +231,7 @@ pub(super) fn validate_telemetry(
         interval: Duration::from_millis(interval),
         timeout: Duration::from_millis(timeout),
         max_body,
+        derived_half_life: Duration::from_millis(derived_half_life),
         access,
     })
 }
@@ -249,6 +259,7 @@ pub(super) fn telemetry_to_raw(t: &TelemetryConfig) -> RawTelemetry {
         interval_ms: Some(t.interval.as_millis() as i64),
         timeout_ms: Some(t.timeout.as_millis() as i64),
         max_body_kib: Some((t.max_body / 1024) as i64),
+        derived_half_life_ms: Some(t.derived_half_life.as_millis() as i64),
         scheme: access.scheme,
         ca: access.ca,
         cert: access.cert,

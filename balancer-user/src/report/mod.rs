@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use crate::telemetry::exposition;
 use crate::telemetry::scrape::http_get;
 use crate::telemetry::signals::{Signals, extract};
-use crate::telemetry::store::BackendTelemetry;
+use crate::telemetry::store::{BackendTelemetry, RECENT_HALF_LIFE};
 use gpu::{GpuSource, GpuStats};
 use passive::PassiveLatency;
 
@@ -125,7 +125,8 @@ impl Reporter {
             let stats = p.stats().map_err(|e| e.to_string())?;
             signals.merge(passive::signals(&stats));
         }
-        self.history.record(signals, Instant::now());
+        self.history
+            .record(signals, Instant::now(), RECENT_HALF_LIFE);
         let signals = self
             .history
             .latest

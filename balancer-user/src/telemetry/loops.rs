@@ -296,6 +296,7 @@ mod tests {
                     interval: Duration::from_millis(100),
                     timeout: Duration::from_millis(20),
                     max_body: 1 << 16,
+                    derived_half_life: Duration::from_millis(200),
                     access: Default::default(),
                 },
                 rounds_every: None,
@@ -330,6 +331,7 @@ mod tests {
             interval: Duration::from_secs(1),
             timeout: Duration::from_millis(50),
             max_body: 1 << 16,
+            derived_half_life: Duration::from_secs(2),
             access: Default::default(),
         };
         let target = ScrapeTarget {

@@ -10,9 +10,13 @@ use std::time::{Duration, Instant};
 use super::signals::Signals;
 use crate::balancer::Endpoint;
 
-/// Half-life of the recent window of a [`DecayedRatio`]: two scrapes at the default
-/// interval, so that under load the figure stays about as fresh as the one interval's ratio
-/// the policies were measured with before, and only its staleness once requests stop is new.
+/// Default half-life of the recent window of a [`DecayedRatio`] (a VIP's
+/// `telemetry.derived_half_life_ms`): two scrapes at the default interval, so that under load
+/// the figure stays about as fresh as the one interval's ratio the policies were measured
+/// with before, and only its staleness once requests stop is new. With slower scrapes it is
+/// the last interval's requests alone; two intervals' instead (4 s at a 2 s scrape) measured
+/// no better on any shape — a prefill time measured under the current batch is news, not
+/// noise (docs/llm-benchmark.md).
 pub const RECENT_HALF_LIFE: Duration = Duration::from_millis(200);
 /// Half-life of the long-run window of a [`DecayedRatio`].
 pub const LONG_RUN_HALF_LIFE: Duration = Duration::from_secs(60);
@@ -21,8 +25,8 @@ const LONG_RUN_SHARE: f64 = 0.25;
 
 /// The ratio of the increments of a counter pair (`Δsum / Δcount` of a histogram, `Δhits /
 /// Δqueries`), each increment weighted by its own size, over two windows that decay with
-/// time: a recent one (half-life [`RECENT_HALF_LIFE`]) and a long-run one
-/// ([`LONG_RUN_HALF_LIFE`]) that counts for a quarter as much at a steady rate.
+/// time: a recent one (the given half-life, [`RECENT_HALF_LIFE`] by default) and a long-run
+/// one ([`LONG_RUN_HALF_LIFE`]) that counts for a quarter as much at a steady rate.
 ///
 /// While requests keep finishing the figure follows the recent window; when they stop, the
 /// recent evidence ages faster than the long-run one and the figure moves to the backend's
@@ -39,14 +43,20 @@ pub struct DecayedRatio {
 
 impl DecayedRatio {
     /// Takes a reading `elapsed` after the previous one and returns the figure, if any data
-    /// arrived so far.
-    pub fn update(&mut self, reading: (f64, f64), elapsed: Duration) -> Option<f64> {
+    /// arrived so far; `recent`: the recent window's half-life.
+    pub fn update(
+        &mut self,
+        reading: (f64, f64),
+        elapsed: Duration,
+        recent: Duration,
+    ) -> Option<f64> {
         let decay = |window: &mut (f64, f64), half_life: Duration| {
             let f = (-elapsed.as_secs_f64() / half_life.as_secs_f64()).exp2();
             window.0 *= f;
             window.1 *= f;
         };
-        decay(&mut self.recent, RECENT_HALF_LIFE);
+        let recent = recent.max(Duration::from_millis(1));
+        decay(&mut self.recent, recent);
         decay(&mut self.long_run, LONG_RUN_HALF_LIFE);
         if let Some((n0, d0)) = self.previous {
             let (n, d) = reading;
@@ -58,14 +68,13 @@ impl DecayedRatio {
             }
         }
         self.previous = Some(reading);
-        self.value()
+        self.value(recent)
     }
 
     /// The figure: both windows pooled, the long-run one scaled so that it counts for
-    /// [`LONG_RUN_SHARE`] of the recent one at a steady rate of data.
-    pub fn value(&self) -> Option<f64> {
-        let scale =
-            LONG_RUN_SHARE * RECENT_HALF_LIFE.as_secs_f64() / LONG_RUN_HALF_LIFE.as_secs_f64();
+    /// [`LONG_RUN_SHARE`] of the recent one (of half-life `recent`) at a steady rate of data.
+    pub fn value(&self, recent: Duration) -> Option<f64> {
+        let scale = LONG_RUN_SHARE * recent.as_secs_f64() / LONG_RUN_HALF_LIFE.as_secs_f64();
         let n = self.recent.0 + scale * self.long_run.0;
         let d = self.recent.1 + scale * self.long_run.1;
         (d > 0.0 && d.is_normal()).then(|| n / d)
@@ -92,9 +101,10 @@ pub struct BackendTelemetry {
 }
 
 impl BackendTelemetry {
-    /// Records a report received at `now`, deriving rates from the counters. Figures a
-    /// server reports itself (a pushed report, SGLang's hit rate) are taken as they are.
-    pub fn record(&mut self, mut signals: Signals, now: Instant) {
+    /// Records a report received at `now`, deriving rates from the counters (the ratios over
+    /// a recent window of half-life `recent`, see [`DecayedRatio`]). Figures a server reports
+    /// itself (a pushed report, SGLang's hit rate) are taken as they are.
+    pub fn record(&mut self, mut signals: Signals, now: Instant, recent: Duration) {
         let elapsed = self
             .latest
             .as_ref()
@@ -112,7 +122,7 @@ impl BackendTelemetry {
         let derive =
             |ratio: &mut DecayedRatio, reading: Option<(f64, f64)>, own: &mut Option<f64>| {
                 if let Some(reading) = reading {
-                    let derived = ratio.update(reading, elapsed);
+                    let derived = ratio.update(reading, elapsed, recent);
                     if own.is_none() {
                         *own = derived;
                     }
@@ -196,6 +206,9 @@ impl TelemetryStore {
 mod tests {
     use super::*;
 
+    /// The recent window of a VIP scraped every 100 ms (the default).
+    const H: Duration = RECENT_HALF_LIFE;
+
     fn close(v: Option<f64>, want: f64) -> bool {
         v.is_some_and(|v| (v - want).abs() < 1e-9)
     }
@@ -211,10 +224,14 @@ mod tests {
             prompt_sum_count: Some((count * 100.0, count)),
             ..Signals::default()
         };
-        t.record(report(1000.0, 1.0, 10.0), t0);
+        t.record(report(1000.0, 1.0, 10.0), t0, H);
         assert_eq!(t.latest.as_ref().unwrap().0.ttft_seconds, None);
         assert_eq!(t.latest.as_ref().unwrap().0.tokens_per_second, None);
-        t.record(report(3000.0, 4.0, 20.0), t0 + Duration::from_millis(500));
+        t.record(
+            report(3000.0, 4.0, 20.0),
+            t0 + Duration::from_millis(500),
+            H,
+        );
         let s = &t.latest.as_ref().unwrap().0;
         assert_eq!(s.tokens_per_second, Some(4000.0));
         assert!(close(s.ttft_seconds, 0.3));
@@ -223,7 +240,7 @@ mod tests {
         assert!((s.prefill_seconds_per_token.unwrap() - 0.0003).abs() < 1e-12);
         assert!(close(s.prompt_tokens_mean, 100.0));
         // No new first tokens: the last TTFT stands; a counter reset gives no rate.
-        t.record(report(10.0, 4.0, 20.0), t0 + Duration::from_millis(1000));
+        t.record(report(10.0, 4.0, 20.0), t0 + Duration::from_millis(1000), H);
         let s = &t.latest.as_ref().unwrap().0;
         assert!(close(s.ttft_seconds, 0.3));
         assert!((s.prefill_seconds.unwrap() - 0.03).abs() < 1e-12, "kept");
@@ -244,21 +261,21 @@ mod tests {
             ..Signals::default()
         };
         let rate = |t: &BackendTelemetry| t.latest.as_ref().unwrap().0.prefix_cache_hit_rate;
-        t.record(report(0.0, 0.0), t0);
+        t.record(report(0.0, 0.0), t0, H);
         assert_eq!(rate(&t), None, "one reading gives no rate");
         // 1,024 prompt tokens looked up, 768 found.
-        t.record(report(768.0, 1024.0), t0 + Duration::from_millis(100));
+        t.record(report(768.0, 1024.0), t0 + Duration::from_millis(100), H);
         assert!(close(rate(&t), 0.75));
         // No lookups since: the rate stands.
-        t.record(report(768.0, 1024.0), t0 + Duration::from_millis(200));
+        t.record(report(768.0, 1024.0), t0 + Duration::from_millis(200), H);
         assert!(close(rate(&t), 0.75));
         // 3,000 more, none found: the recent share falls, token-weighted (the 1,024 of two
         // intervals ago count half: 384 of 3,512).
-        t.record(report(768.0, 4024.0), t0 + Duration::from_millis(300));
+        t.record(report(768.0, 4024.0), t0 + Duration::from_millis(300), H);
         let after = rate(&t).unwrap();
         assert!((0.10..0.12).contains(&after), "{after}");
         // A restarted server (counters back to small numbers): nothing from the reset.
-        t.record(report(10.0, 3000.0), t0 + Duration::from_millis(400));
+        t.record(report(10.0, 3000.0), t0 + Duration::from_millis(400), H);
         assert!(
             (rate(&t).unwrap() - after).abs() < 0.01,
             "not computed across a reset"
@@ -270,6 +287,7 @@ mod tests {
                 ..Signals::default()
             },
             t0 + Duration::from_millis(500),
+            H,
         );
         assert_eq!(rate(&t), Some(0.4));
     }
@@ -280,30 +298,37 @@ mod tests {
         for _ in 0..(secs * 10.0).round() as usize {
             at.0 += count * ratio;
             at.1 += count;
-            r.update(*at, Duration::from_millis(100));
+            r.update(*at, Duration::from_millis(100), H);
         }
     }
 
     #[test]
     fn a_decayed_ratio_follows_recent_data_and_keeps_its_value_when_none_arrives() {
         let mut r = DecayedRatio::default();
-        assert_eq!(r.update((5.0, 10.0), Duration::ZERO), None, "one reading");
+        assert_eq!(
+            r.update((5.0, 10.0), Duration::ZERO, H),
+            None,
+            "one reading"
+        );
         assert!(close(
-            r.update((8.0, 20.0), Duration::from_millis(100)),
+            r.update((8.0, 20.0), Duration::from_millis(100), H),
             0.3
         ));
         // Data of one ratio only: idle time does not change it.
-        assert!(close(r.update((8.0, 20.0), Duration::from_secs(30)), 0.3));
+        assert!(close(
+            r.update((8.0, 20.0), Duration::from_secs(30), H),
+            0.3
+        ));
         // Two minutes at 1.0, then ten seconds at 2.0: the figure is near the new value.
         let mut at = (8.0, 20.0);
         feed(&mut r, &mut at, 120.0, 1.0, 4.0);
-        assert!((r.value().unwrap() - 1.0).abs() < 1e-3);
+        assert!((r.value(H).unwrap() - 1.0).abs() < 1e-3);
         feed(&mut r, &mut at, 10.0, 2.0, 4.0);
-        let v = r.value().unwrap();
+        let v = r.value(H).unwrap();
         assert!((1.75..2.0).contains(&v), "{v}");
         // Each increment weighs by its size: one request in a second of 40 moves it little.
         feed(&mut r, &mut at, 0.1, 100.0, 1.0 / 40.0);
-        assert!(r.value().unwrap() < v * 1.1);
+        assert!(r.value(H).unwrap() < v * 1.1);
     }
 
     #[test]
@@ -312,13 +337,13 @@ mod tests {
         // one of them with a full batch (prefill 5x slower) and the other idle.
         let (mut a, mut b) = (DecayedRatio::default(), DecayedRatio::default());
         let (mut at_a, mut at_b) = ((0.0, 0.0), (0.0, 0.0));
-        a.update(at_a, Duration::ZERO);
-        b.update(at_b, Duration::ZERO);
+        a.update(at_a, Duration::ZERO, H);
+        b.update(at_b, Duration::ZERO, H);
         feed(&mut a, &mut at_a, 60.0, 1.0, 2.0);
         feed(&mut b, &mut at_b, 60.0, 1.0, 2.0);
         feed(&mut a, &mut at_a, 1.0, 5.0, 2.0);
         feed(&mut b, &mut at_b, 1.0, 1.0, 2.0);
-        let spread = |a: &DecayedRatio, b: &DecayedRatio| a.value().unwrap() / b.value().unwrap();
+        let spread = |a: &DecayedRatio, b: &DecayedRatio| a.value(H).unwrap() / b.value(H).unwrap();
         let after = spread(&a, &b);
         assert!(after > 1.5, "just after the burst: {after}");
         // Twenty idle seconds later only the long-run trace of that second is left (the
@@ -333,9 +358,40 @@ mod tests {
         // A GPU that is slower in the long run stays slower when idle.
         let mut slow = DecayedRatio::default();
         let mut at = (0.0, 0.0);
-        slow.update(at, Duration::ZERO);
+        slow.update(at, Duration::ZERO, H);
         feed(&mut slow, &mut at, 60.0, 4.0, 0.5);
         feed(&mut slow, &mut at, 20.0, 0.0, 0.0);
         assert!(spread(&slow, &b) > 3.5);
+    }
+
+    #[test]
+    fn a_window_of_two_slow_scrapes_pools_their_requests() {
+        // Scrapes every 2 s, two or three requests finishing in each, their prefill times
+        // 0.2, 0.6, 0.2, 0.6 s... (the same GPU, a batch busier or not). A half-life of 200 ms
+        // reads each interval alone; one of two intervals (4 s, set) reads them pooled.
+        let interval = Duration::from_secs(2);
+        let read = |half_life: Duration| {
+            let mut r = DecayedRatio::default();
+            let mut at = (0.0, 0.0);
+            r.update(at, Duration::ZERO, half_life);
+            let mut figures = Vec::new();
+            for i in 0..20 {
+                let (each, n) = if i % 2 == 0 { (0.2, 3.0) } else { (0.6, 2.0) };
+                at.0 += each * n;
+                at.1 += n;
+                figures.push(r.update(at, interval, half_life).unwrap());
+            }
+            let last = &figures[10..];
+            let (lo, hi) = last
+                .iter()
+                .fold((f64::MAX, 0.0f64), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
+            (lo, hi)
+        };
+        let (lo, hi) = read(RECENT_HALF_LIFE);
+        assert!(lo < 0.22 && hi > 0.57, "interval by interval: {lo}..{hi}");
+        let (lo, hi) = read(2 * interval);
+        // The pooled mean is 0.36 s; the swing from one scrape to the next is a fraction of
+        // the intervals' own.
+        assert!(lo > 0.3 && hi < 0.45 && hi / lo < 1.4, "pooled: {lo}..{hi}");
     }
 }

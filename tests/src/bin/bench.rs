@@ -118,7 +118,7 @@ enum Bench {
         #[arg(long, value_delimiter = ',')]
         sweep: Option<Vec<String>>,
         /// Contenders at the knee (default: every policy and router policy; the diagnostics
-        /// `composite-held` and `composite-table-4099` only when named).
+        /// `composite-held`, `composite-table-4099` and `composite-window-two-scrapes` only when named).
         #[arg(long, value_delimiter = ',')]
         at_knee: Option<Vec<String>>,
         /// GPU profiles of the backends.

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::balancer::Endpoint;
 use crate::config::{TelemetrySource, VipConfig};
@@ -12,6 +12,7 @@ use crate::policy::{FlowsSince, PolicyKind};
 use crate::telemetry::loops::{ROUNDS_BETWEEN_SCRAPES, ScrapeTarget};
 use crate::telemetry::round;
 use crate::telemetry::signals::Signals;
+use crate::telemetry::store::RECENT_HALF_LIFE;
 
 use super::{ChangeError, Daemon};
 
@@ -94,9 +95,15 @@ impl Daemon {
             .reports
             .with_label_values(&[name, &backend.to_string(), outcome])
             .inc();
+        let half_life = self
+            .config
+            .vips
+            .iter()
+            .find(|v| v.endpoint() == *vip)
+            .map_or(RECENT_HALF_LIFE, |v| v.telemetry.derived_half_life);
         let entry = self.telemetry.entry(vip, backend);
         match result {
-            Ok(signals) => entry.record(signals, Instant::now()),
+            Ok(signals) => entry.record(signals, Instant::now(), half_life),
             Err(why) => {
                 tracing::debug!(vip = name, %backend, "scrape failed: {why}");
                 entry.error(why);
@@ -107,12 +114,12 @@ impl Daemon {
     /// Records a pushed report for `backend` in every VIP that takes pushed reports from it.
     pub fn record_push(&mut self, backend: IpAddr, signals: Signals) -> Result<usize, ChangeError> {
         check_report(&signals)?;
-        let vips: Vec<(Endpoint, String)> = self
+        let vips: Vec<(Endpoint, String, Duration)> = self
             .config
             .vips
             .iter()
             .filter(|v| v.telemetry.source == TelemetrySource::Push && v.backend(backend).is_some())
-            .map(|v| (v.endpoint(), v.name.clone()))
+            .map(|v| (v.endpoint(), v.name.clone(), v.telemetry.derived_half_life))
             .collect();
         if vips.is_empty() {
             return Err(ChangeError::NotFound(format!(
@@ -120,10 +127,10 @@ impl Daemon {
             )));
         }
         let now = Instant::now();
-        for (vip, name) in &vips {
+        for (vip, name, half_life) in &vips {
             self.telemetry
                 .entry(vip, backend)
-                .record(signals.clone(), now);
+                .record(signals.clone(), now, *half_life);
             self.metrics
                 .reports
                 .with_label_values(&[name, &backend.to_string(), "pushed"])

@@ -96,6 +96,9 @@ pub struct VipSettings {
     pub held: bool,
     /// The VIP's Maglev table size, if not the default (65,537 slots).
     pub table_size: Option<u32>,
+    /// The half-life of the derived figures' recent window in scrape intervals, if not the
+    /// daemon's default (200 ms at any interval).
+    pub derived_half_life_scrapes: Option<u32>,
     pub scrape_ms: u64,
 }
 
@@ -117,7 +120,15 @@ impl VipSettings {
             persistence_secs: None,
             held: false,
             table_size: None,
+            derived_half_life_scrapes: None,
             scrape_ms: 0,
+        }
+    }
+
+    const fn derived_half_life(self, scrapes: u32) -> Self {
+        VipSettings {
+            derived_half_life_scrapes: Some(scrapes),
+            ..self
         }
     }
 
@@ -206,6 +217,9 @@ impl VipSettings {
                 port: Some(i64::from(port)),
                 extra,
                 interval_ms: Some(self.scrape_ms as i64),
+                derived_half_life_ms: self
+                    .derived_half_life_scrapes
+                    .map(|n| i64::from(n) * self.scrape_ms as i64),
                 ..RawTelemetry::default()
             });
             vip.policy = Some(RawPolicy {
@@ -308,7 +322,7 @@ const OURS: [(&str, &str, VipSettings); 12] = [
 
 /// Contenders that measure something about the balancer rather than a policy to deploy: named
 /// with `--sweep` / `--at-knee`, never run by default.
-const DIAGNOSTICS: [(&str, &str, VipSettings); 2] = [
+const DIAGNOSTICS: [(&str, &str, VipSettings); 3] = [
     (
         "composite-held",
         "diagnostic, not a policy: composite whose weights barely move after its first round (EWMA 0.01, hysteresis 100%), so the table is rebuilt only when a server saturates or a weight more than doubles — the daemon's cost of the same scrapes and rounds with few rebuilds",
@@ -318,6 +332,11 @@ const DIAGNOSTICS: [(&str, &str, VipSettings); 2] = [
         "composite-table-4099",
         "diagnostic: composite on a Maglev table of 4,099 slots (about 1,000 per server) instead of the default 65,537 — the same policy and rebuilds, each a sixteenth of the Maglev fill",
         VipSettings::new("maglev", None, true).table(4099),
+    ),
+    (
+        "composite-window-two-scrapes",
+        "diagnostic: composite with the figures it derives from counters (mean TTFT, prefill time per prompt token, prompt size) over a recent window of half-life two scrape intervals instead of the default 200 ms — at a 2 s scrape, the requests of the last two or three intervals pooled instead of the last one's",
+        VipSettings::new("maglev", None, true).derived_half_life(2),
     ),
 ];
 
@@ -561,10 +580,23 @@ mod tests {
         let mut vip = balancer::config::RawVip::default();
         settings.apply(&mut vip);
         assert_eq!(vip.table_size, Some(4099));
-        // Every other contender keeps the daemon's default table.
+        // Every other contender keeps the daemon's default table and window.
         for (name, _, settings) in OURS {
             assert_eq!(settings.table_size, None, "{name}");
+            assert_eq!(settings.derived_half_life_scrapes, None, "{name}");
         }
+        let Contender::Balancer { settings, .. } =
+            Contender::parse("composite-window-two-scrapes", 2000).unwrap()
+        else {
+            panic!("the balancer's");
+        };
+        let mut vip = balancer::config::RawVip::default();
+        settings.apply(&mut vip);
+        let telemetry = vip.telemetry.unwrap();
+        assert_eq!(
+            (telemetry.interval_ms, telemetry.derived_half_life_ms),
+            (Some(2000), Some(4000))
+        );
     }
 
     #[test]
