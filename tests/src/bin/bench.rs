@@ -114,7 +114,8 @@ enum Bench {
         /// Contenders of the sweep (default per shape: round-robin, least-conn, composite,
         /// affinity and persistence for the multi-turn shapes, tenant-affinity for tenants,
         /// vllm:cache_aware, sglang:cache_aware; none for multi-turn-nat, which runs at the
-        /// knee only).
+        /// knee only). A balancer's contender may name its own scrape interval, e.g.
+        /// composite@4000.
         #[arg(long, value_delimiter = ',')]
         sweep: Option<Vec<String>>,
         /// Contenders at the knee (default: every policy and router policy; the diagnostics

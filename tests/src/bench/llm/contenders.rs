@@ -368,8 +368,28 @@ fn tenant_prefix(name: &str) -> Option<&str> {
 }
 
 impl Contender {
-    /// `round-robin`, `composite`, ... or `vllm:cache_aware`, `sglang:power_of_two`, ...
+    /// `round-robin`, `composite`, ... or `vllm:cache_aware`, `sglang:power_of_two`, ...; a
+    /// balancer's contender may name its own scrape interval, `composite@4000` (else
+    /// `scrape_ms`), so that two intervals run in one run.
     pub fn parse(name: &str, scrape_ms: u64) -> Result<Contender> {
+        if let Some((base, ms)) = name.rsplit_once('@') {
+            let ms: u64 = ms
+                .parse()
+                .ok()
+                .filter(|ms| (10..=60_000).contains(ms))
+                .with_context(|| {
+                    format!("{name:?}: the scrape interval after '@' is 10-60000 (ms)")
+                })?;
+            return match Contender::parse(base, ms)? {
+                Contender::Balancer { settings, .. } => Ok(Contender::Balancer {
+                    name: name.to_string(),
+                    settings,
+                }),
+                Contender::Router { .. } => bail!(
+                    "{name:?}: a router polls its workers on its own; '@ms' sets the balancer's scrape interval"
+                ),
+            };
+        }
         if let Some((router, policy)) = name.split_once(':') {
             let router = match router {
                 "vllm" => Router::Vllm,
@@ -431,6 +451,9 @@ impl Contender {
 
     /// What it is, for the report.
     pub fn describe(name: &str) -> String {
+        if let Some((base, ms)) = name.rsplit_once('@') {
+            return format!("{}; scraping every {ms} ms", Contender::describe(base));
+        }
         if let Some(len) = tenant_prefix(name) {
             return format!(
                 "balancer: source hash of the client's /{len} (a tenant's network: its clients to one server) with bounded load 1.25, weights from the composite policy"
@@ -597,6 +620,46 @@ mod tests {
             (telemetry.interval_ms, telemetry.derived_half_life_ms),
             (Some(2000), Some(4000))
         );
+    }
+
+    #[test]
+    fn a_contender_may_name_its_own_scrape_interval() {
+        let Contender::Balancer { name, settings } =
+            Contender::parse("composite@4000", 2000).unwrap()
+        else {
+            panic!("the balancer's");
+        };
+        assert_eq!(
+            (name.as_str(), settings.scrape_ms),
+            ("composite@4000", 4000)
+        );
+        let Contender::Balancer {
+            settings: plain, ..
+        } = Contender::parse("composite", 2000).unwrap()
+        else {
+            panic!("the balancer's");
+        };
+        assert_eq!(
+            VipSettings {
+                scrape_ms: 4000,
+                ..plain
+            },
+            settings
+        );
+        assert!(Contender::describe("composite@4000").ends_with("; scraping every 4000 ms"));
+        for bad in [
+            "composite@",
+            "composite@5",
+            "composite@fast",
+            "sglang:cache_aware@4000",
+            "nope@4000",
+        ] {
+            assert!(Contender::parse(bad, 2000).is_err(), "{bad}");
+        }
+        let why = Contender::parse("composite@5", 2000)
+            .unwrap_err()
+            .to_string();
+        assert!(why.contains("10-60000"), "{why}");
     }
 
     #[test]

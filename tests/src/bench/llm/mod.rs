@@ -453,9 +453,9 @@ impl LlmRack {
     ) -> Result<RunOutput> {
         self.start_sims()?;
         let addr = self.prepare(c)?;
-        if !c.is_router() {
+        if let Contender::Balancer { settings, .. } = c {
             // The first scrapes and weight rounds.
-            std::thread::sleep(Duration::from_millis(3 * opts.scrape_ms));
+            std::thread::sleep(Duration::from_millis(3 * settings.scrape_ms));
         }
         // Read before the CPU is counted and after: a page of the daemon's metrics costs it
         // a count of the connection table and of each table's slots.
