@@ -380,6 +380,9 @@ impl Contender {
                 .with_context(|| {
                     format!("{name:?}: the scrape interval after '@' is 10-60000 (ms)")
                 })?;
+            if base.contains('@') {
+                bail!("{name:?}: one scrape interval per contender");
+            }
             return match Contender::parse(base, ms)? {
                 Contender::Balancer { settings, .. } => Ok(Contender::Balancer {
                     name: name.to_string(),
@@ -651,6 +654,7 @@ mod tests {
             "composite@",
             "composite@5",
             "composite@fast",
+            "composite@4000@2000",
             "sglang:cache_aware@4000",
             "nope@4000",
         ] {
