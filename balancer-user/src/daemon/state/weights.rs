@@ -97,9 +97,7 @@ impl Daemon {
             .inc();
         let half_life = self
             .config
-            .vips
-            .iter()
-            .find(|v| v.endpoint() == *vip)
+            .vip(name)
             .map_or(RECENT_HALF_LIFE, |v| v.telemetry.derived_half_life);
         let entry = self.telemetry.entry(vip, backend);
         match result {

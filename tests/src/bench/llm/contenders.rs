@@ -340,6 +340,12 @@ const DIAGNOSTICS: [(&str, &str, VipSettings); 3] = [
     ),
 ];
 
+/// A contender's name without the scrape interval it may carry (`composite@4000`:
+/// `composite`).
+pub fn without_interval(name: &str) -> &str {
+    name.split_once('@').map_or(name, |(base, _)| base)
+}
+
 /// The balancer's contenders by name: its policies, then the diagnostics.
 fn balancer_contender(name: &str) -> Option<&'static (&'static str, &'static str, VipSettings)> {
     OURS.iter()

@@ -128,9 +128,8 @@ fn cell(v: Option<(f64, f64, f64)>, scale: f64, digits: usize) -> String {
 /// The balancer's contenders that choose by load (round robin and static Maglev are not),
 /// at any scrape interval (`composite@4000`).
 fn is_load_aware_ours(name: &str) -> bool {
-    let policy = name.split_once('@').map_or(name, |(policy, _)| policy);
     matches!(
-        policy,
+        super::contenders::without_interval(name),
         "least-conn" | "composite" | "affinity" | "persistence"
     )
 }
