@@ -189,7 +189,7 @@ async fn refresh_flow_counts(s: &ApiState) -> Result<(), ApiError> {
 async fn status(State(s): State<ApiState>) -> ApiResult<crate::api::types::Status> {
     refresh_flow_counts(&s).await?;
     with_daemon(&s, |d| {
-        d.sample();
+        d.sample_for_view();
         Ok(d.status())
     })
     .await
@@ -199,7 +199,7 @@ async fn status(State(s): State<ApiState>) -> ApiResult<crate::api::types::Statu
 async fn stats(State(s): State<ApiState>) -> ApiResult<crate::api::types::Stats> {
     refresh_flow_counts(&s).await?;
     with_daemon(&s, |d| {
-        d.sample();
+        d.sample_for_view();
         d.stats()
     })
     .await

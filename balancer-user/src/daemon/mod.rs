@@ -294,8 +294,14 @@ pub async fn run(opts: RunOptions) -> Result<()> {
                 async move {
                     let text = tokio::task::spawn_blocking(move || {
                         // Scrapers come often: a count younger than a second is reused.
+                        // The traffic counters are read afresh (two system calls).
                         Daemon::refresh_flow_counts_older_than(&d, Duration::from_secs(1));
-                        d.lock().map(|d| d.render_metrics()).unwrap_or_default()
+                        d.lock()
+                            .map(|mut d| {
+                                d.sample();
+                                d.render_metrics()
+                            })
+                            .unwrap_or_default()
                     })
                     .await
                     .unwrap_or_default();

@@ -280,9 +280,12 @@ impl<T: Copy> WritableArray<T> {
             values.len(),
             self.0.count
         );
+        // Checked once above, not per value: a table of 65,537 slots is written in a plain
+        // strided loop.
+        let stride = SharedMapping::<T>::STRIDE;
         for (i, v) in values.iter().enumerate() {
-            // SAFETY: a value of the mapping, written whole.
-            unsafe { self.0.slot(i).write_unaligned(*v) };
+            // SAFETY: value `i` < `count` of the mapping (checked above), written whole.
+            unsafe { self.0.base.add(i * stride).cast::<T>().write_unaligned(*v) };
         }
     }
 }
@@ -352,4 +355,59 @@ pub fn random_u64() -> u64 {
             .unwrap_or(0x5eed);
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::FileExt as _;
+
+    use super::*;
+
+    /// A file in memory of `bytes` bytes, as a stand-in for a map's values (the mapping
+    /// code maps any descriptor; no BPF, so no root).
+    fn memory_file(bytes: usize) -> std::fs::File {
+        // SAFETY: a new descriptor from a NUL-terminated name; owned by the File.
+        let fd = unsafe { libc::memfd_create(c"fill_test".as_ptr(), 0) };
+        assert!(fd >= 0, "memfd_create: {}", io::Error::last_os_error());
+        // SAFETY: the kernel returned a new file descriptor that nothing else owns.
+        let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        file.set_len(bytes as u64).unwrap();
+        file
+    }
+
+    /// The `u32` at each 8-byte stride of the file, as the kernel lays a `u32` array out.
+    fn values_at_the_kernel_stride(file: &std::fs::File, count: usize) -> Vec<u32> {
+        let mut bytes = vec![0; count * 8];
+        file.read_exact_at(&mut bytes, 0).unwrap();
+        (0..count)
+            .map(|i| u32::from_ne_bytes(bytes[i * 8..i * 8 + 4].try_into().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn a_fill_writes_each_value_at_the_kernel_stride_and_refills_in_place() {
+        // A prime count whose values span several pages.
+        let count: usize = 4_099;
+        let file = memory_file((count * 8).next_multiple_of(4096));
+        let mut table = WritableArray::<u32>::map(file.as_fd(), count).unwrap();
+        assert_eq!(table.len(), count);
+        let first: Vec<u32> = (0..count as u32).map(|i| i * 7 + 1).collect();
+        table.fill(&first);
+        assert_eq!(values_at_the_kernel_stride(&file, count), first);
+        // Fewer values refill the front and leave the rest.
+        let second: Vec<u32> = (0..100).map(|i| 1_000_000 + i).collect();
+        table.fill(&second);
+        let read = values_at_the_kernel_stride(&file, count);
+        assert_eq!(read[..100], second[..]);
+        assert_eq!(read[100..], first[100..]);
+    }
+
+    #[test]
+    #[should_panic(expected = "4100 values for 4099")]
+    fn more_values_than_the_mapping_holds_are_refused() {
+        let file = memory_file(4_099 * 8);
+        let mut table = WritableArray::<u32>::map(file.as_fd(), 4_099).unwrap();
+        table.fill(&vec![1; 4_100]);
+    }
 }

@@ -85,6 +85,10 @@ pub struct Daemon {
     vip_traffic: HashMap<u32, Sampled>,
     backend_traffic: HashMap<u32, Sampled>,
     rates_at: Option<Instant>,
+    /// When the traffic counters were last read, and when a view that shows their rates
+    /// (status, stats) was last asked for.
+    read_at: Option<Instant>,
+    rates_watched_at: Option<Instant>,
     /// Whether the last reading of the traffic counters failed (its warning is logged once,
     /// not every second).
     traffic_unread: bool,
@@ -175,6 +179,8 @@ impl Daemon {
             vip_traffic: HashMap::new(),
             backend_traffic: HashMap::new(),
             rates_at: None,
+            read_at: None,
+            rates_watched_at: None,
             traffic_unread: false,
             flows: HashMap::new(),
             flows_at: None,

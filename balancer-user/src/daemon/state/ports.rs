@@ -47,7 +47,7 @@ impl crate::daemon::ticker::TickerPort for Mutex<Daemon> {
     fn every_second(&self) {
         if let Ok(mut d) = self.lock() {
             d.tick();
-            d.sample();
+            d.sample_if_due();
             d.announce();
         }
         Daemon::sweep_nat(self);

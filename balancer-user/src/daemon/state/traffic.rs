@@ -22,6 +22,30 @@ pub(super) struct Sampled {
 /// themselves are read afresh on every request.
 const RATE_INTERVAL: Duration = Duration::from_millis(100);
 
+/// The rates are watched while a view that shows them (status, stats: `balancer status`,
+/// `balancer top`) was asked for within this long; the once-a-second work then reads the
+/// counters every second, so each view's rates span about a second.
+const WATCHED_FOR: Duration = Duration::from_secs(30);
+
+/// How often the once-a-second work reads the counters while nobody watches the rates: a
+/// view then shows rates over the last 0.1 to 10 s (the reading it makes ends the interval).
+/// Two system calls and a wake-up's worth of work a second were a seventh of the daemon's CPU
+/// with one VIP scraped every 4 s; counters themselves are read afresh by every view and by
+/// every page of the metrics.
+const UNWATCHED_READ_EVERY: Duration = Duration::from_secs(10);
+
+/// Whether the once-a-second work reads the counters at `now`: every second while the rates
+/// are watched (a view of them at `watched_at`, within [`WATCHED_FOR`]), else once the last
+/// reading (at `read_at`) is [`UNWATCHED_READ_EVERY`] old. (A second's tick may come a little
+/// early: "old" allows 100 ms.)
+fn reading_due(now: Instant, read_at: Option<Instant>, watched_at: Option<Instant>) -> bool {
+    let watched = watched_at.is_some_and(|at| now.saturating_duration_since(at) < WATCHED_FOR);
+    let slack = Duration::from_millis(100);
+    watched
+        || read_at
+            .is_none_or(|at| now.saturating_duration_since(at) + slack >= UNWATCHED_READ_EVERY)
+}
+
 impl Sampled {
     /// A reading inside the rate interval: new totals, the last rates.
     pub(super) fn with_totals(self, totals: TrafficStats) -> Sampled {
@@ -58,10 +82,26 @@ impl Daemon {
         }
     }
 
+    /// The once-a-second reading of the traffic counters, when due: every second while a
+    /// view of the rates was asked for recently, else every [`UNWATCHED_READ_EVERY`].
+    pub fn sample_if_due(&mut self) {
+        if reading_due(Instant::now(), self.read_at, self.rates_watched_at) {
+            self.sample();
+        }
+    }
+
+    /// Reads the traffic counters for a view that shows their rates (status, stats): the
+    /// rates count as watched from now on, for [`WATCHED_FOR`].
+    pub fn sample_for_view(&mut self) {
+        self.rates_watched_at = Some(Instant::now());
+        self.sample();
+    }
+
     /// Reads the traffic counters, and updates the rates when the last rate interval is at
     /// least [`RATE_INTERVAL`] old (else the last rates stand).
     pub fn sample(&mut self) {
         let now = Instant::now();
+        self.read_at = Some(now);
         let elapsed = self.rates_at.map(|t| now.duration_since(t));
         let new_rates = elapsed.is_none_or(|e| e >= RATE_INTERVAL);
         let seconds = elapsed.map(|e| e.as_secs_f64()).filter(|s| *s > 0.0);
@@ -191,5 +231,24 @@ mod tests {
         // Counters that went backwards (a map recreated): no negative rate.
         let fifth = fourth.with_rates(traffic(5, 500, 1), Some(1.0));
         assert_eq!((fifth.pps, fifth.bps), (0.0, 0.0));
+    }
+
+    #[test]
+    fn the_counters_are_read_every_second_while_watched_else_every_ten() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // Never read: due at once, watched or not.
+        assert!(reading_due(t0, None, None));
+        // Unwatched: not a second after the last reading, nor 9 s after; 10 s after (a
+        // tick up to 100 ms early included), due.
+        assert!(!reading_due(at(1_000), Some(t0), None));
+        assert!(!reading_due(at(9_000), Some(t0), None));
+        assert!(reading_due(at(9_950), Some(t0), None));
+        assert!(reading_due(at(10_000), Some(t0), None));
+        // Watched (a view 5 s ago): every tick.
+        assert!(reading_due(at(6_000), Some(at(5_000)), Some(at(1_000))));
+        // A view 30 s ago or more no longer counts.
+        assert!(reading_due(at(30_500), Some(at(29_500)), Some(at(1_000))));
+        assert!(!reading_due(at(31_000), Some(at(30_000)), Some(at(1_000))));
     }
 }
