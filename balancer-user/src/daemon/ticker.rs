@@ -1,9 +1,9 @@
 //! The daemon's once-a-second work, on a thread of its own: retired backends expire, the
-//! traffic counters are read for their rates (every second while a view of the rates was asked
-//! for in the last 30 s, else every 10 s), BGP hears of changes, expired source-NAT flows are swept (while NAT is in use),
-//! and the health-check, telemetry and discovery loops follow the config when it changed (API
-//! changes may have added or removed checked or scraped backends, or pools; a reload asks at
-//! once).
+//! traffic counters are read for their rates (every second while a view of the rates was
+//! asked for in the last 30 s, else every 10 s), BGP hears of changes, expired source-NAT
+//! flows are swept (while NAT is in use), and the health-check, telemetry and discovery loops
+//! follow the config when it changed (API changes may have added or removed checked or
+//! scraped backends, or pools; a reload asks at once).
 //!
 //! Why a thread that sleeps between seconds rather than a timer on the runtime: a tokio timer
 //! wakes a runtime worker to fire it, which wakes the thread that waits for it, and the work
