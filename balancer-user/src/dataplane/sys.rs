@@ -246,6 +246,15 @@ impl<T: Copy> SharedMapping<T> {
     fn slot(&self, i: usize) -> *mut T {
         assert!(i < self.count, "index {i} of {}", self.count);
         // SAFETY: within the mapping (checked above).
+        unsafe { self.slot_unchecked(i) }
+    }
+
+    /// Where value `i` lies, for a caller that checked `i < count` itself (once for many).
+    ///
+    /// # Safety
+    /// `i` must be below the mapping's `count`.
+    unsafe fn slot_unchecked(&self, i: usize) -> *mut T {
+        // SAFETY: `i < count` (the caller's promise): within the mapping.
         unsafe { self.base.add(i * Self::STRIDE).cast::<T>() }
     }
 }
@@ -282,10 +291,9 @@ impl<T: Copy> WritableArray<T> {
         );
         // Checked once above, not per value: a table of 65,537 slots is written in a plain
         // strided loop.
-        let stride = SharedMapping::<T>::STRIDE;
         for (i, v) in values.iter().enumerate() {
             // SAFETY: value `i` < `count` of the mapping (checked above), written whole.
-            unsafe { self.0.base.add(i * stride).cast::<T>().write_unaligned(*v) };
+            unsafe { self.0.slot_unchecked(i).write_unaligned(*v) };
         }
     }
 }
