@@ -77,6 +77,12 @@ pub struct Summary {
     pub slo_share: f64,
     /// Requests served per backend (`x-served-by`), as shares.
     pub shares: BTreeMap<String, f64>,
+    /// Of the later turns of conversations (each after a completed turn of its own), the
+    /// share served by another backend than the turn before: how often a conversation left
+    /// the server that holds its context. NaN without such turns.
+    pub turns_moved: f64,
+    /// The same per backend of the turn before: (later turns, of them moved).
+    pub turns_moved_from: BTreeMap<String, (usize, usize)>,
 }
 
 /// Sums up `outcomes` against `slo`.
@@ -95,6 +101,7 @@ pub fn summarize(outcomes: &[Outcome], slo: Slo) -> Summary {
         .fold(0.0, f64::max);
     let span = (last - first).max(1e-9);
     let met = outcomes.iter().filter(|o| slo.met(o)).count();
+    let turns_moved = turns_moved(outcomes);
     let mut shares = BTreeMap::new();
     for o in &done {
         *shares
@@ -123,7 +130,40 @@ pub fn summarize(outcomes: &[Outcome], slo: Slo) -> Summary {
         goodput: met as f64 / span,
         slo_share: met as f64 / outcomes.len().max(1) as f64,
         shares,
+        turns_moved: moved_share(turns_moved.values()),
+        turns_moved_from: turns_moved,
     }
+}
+
+/// The share of moved turns over some backends' (later turns, moved) counts; NaN when none.
+pub fn moved_share<'a>(counts: impl Iterator<Item = &'a (usize, usize)>) -> f64 {
+    let (later, moved) = counts.fold((0, 0), |(l, m), (a, b)| (l + a, m + b));
+    if later == 0 {
+        f64::NAN
+    } else {
+        moved as f64 / later as f64
+    }
+}
+
+/// Per backend, the later turns whose conversation's turn before it served (both completed,
+/// both naming their backend), and how many of them another backend served.
+fn turns_moved(outcomes: &[Outcome]) -> BTreeMap<String, (usize, usize)> {
+    let mut served: Vec<(usize, usize, &str)> = outcomes
+        .iter()
+        .filter(|o| o.ok())
+        .filter_map(|o| Some((o.conversation, o.turn, o.backend.as_deref()?)))
+        .collect();
+    served.sort_unstable();
+    let mut counts: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    for pair in served.windows(2) {
+        let ((c0, t0, b0), (c1, t1, b1)) = (pair[0], pair[1]);
+        if c0 == c1 && t1 == t0 + 1 {
+            let (later, moved) = counts.entry(b0.to_string()).or_default();
+            *later += 1;
+            *moved += usize::from(b0 != b1);
+        }
+    }
+    counts
 }
 
 #[cfg(test)]
@@ -172,5 +212,45 @@ mod tests {
         assert!((s.slo_share - 0.25).abs() < 1e-9);
         assert!((s.shares["a"] - 2.0 / 3.0).abs() < 1e-9);
         assert_eq!(s.ttft_p99, 3.0);
+        // Four single requests: no later turns.
+        assert!(s.turns_moved.is_nan());
+    }
+
+    #[test]
+    fn turns_moved_counts_later_turns_served_elsewhere_than_the_turn_before() {
+        let turn = |conversation, turn, backend: &str| Outcome {
+            conversation,
+            turn,
+            ..outcome(0.0, 0.1, 1.0, 0.05, backend)
+        };
+        let outcomes = vec![
+            // Conversation 0: a, a, b -> two later turns, one moved.
+            turn(0, 2, "b"),
+            turn(0, 0, "a"),
+            turn(0, 1, "a"),
+            // Conversation 1: a, then a failed turn, then b: the turn after a failure has
+            // no turn before to compare with.
+            turn(1, 0, "a"),
+            Outcome {
+                conversation: 1,
+                turn: 1,
+                error: Some("timed out".into()),
+                ..Outcome::default()
+            },
+            turn(1, 2, "b"),
+            // Conversation 2: b, a -> one later turn, moved.
+            turn(2, 0, "b"),
+            turn(2, 1, "a"),
+        ];
+        let s = summarize(&outcomes, Slo::default());
+        assert!(
+            (s.turns_moved - 2.0 / 3.0).abs() < 1e-9,
+            "{}",
+            s.turns_moved
+        );
+        // After a turn on a: two later turns, one moved (conversation 0); after one on b: one,
+        // moved (conversation 2).
+        assert_eq!(s.turns_moved_from["a"], (2, 1));
+        assert_eq!(s.turns_moved_from["b"], (1, 1));
     }
 }

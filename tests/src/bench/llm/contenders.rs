@@ -322,7 +322,7 @@ const OURS: [(&str, &str, VipSettings); 12] = [
 
 /// Contenders that measure something about the balancer rather than a policy to deploy: named
 /// with `--sweep` / `--at-knee`, never run by default.
-const DIAGNOSTICS: [(&str, &str, VipSettings); 3] = [
+const DIAGNOSTICS: [(&str, &str, VipSettings); 4] = [
     (
         "composite-held",
         "diagnostic, not a policy: composite whose weights barely move after its first round (EWMA 0.01, hysteresis 100%), so the table is rebuilt only when a server saturates or a weight more than doubles — the daemon's cost of the same scrapes and rounds with few rebuilds",
@@ -337,6 +337,11 @@ const DIAGNOSTICS: [(&str, &str, VipSettings); 3] = [
         "composite-window-two-scrapes",
         "diagnostic: composite with the figures it derives from counters (mean TTFT, prefill time per prompt token, prompt size) over a recent window of half-life two scrape intervals instead of the default 200 ms — at a 2 s scrape, the requests of the last two or three intervals pooled instead of the last one's",
         VipSettings::new("maglev", None, true).derived_half_life(2),
+    ),
+    (
+        "persistence-unbounded",
+        "diagnostic: `persistence` without bounded load — a client's later requests go to its server whatever that server's share of the active connections (still not while the composite policy gives it no weight: saturated or stale)",
+        VipSettings::new("maglev", None, true).persistent(60),
     ),
 ];
 

@@ -59,6 +59,24 @@ fn metrics(r: &Run) -> Vec<(&'static str, f64)> {
     if let Some(h) = r.prefix_hit_rate {
         v.push(("prefix_hit_rate", h));
     }
+    if !s.turns_moved.is_nan() {
+        v.push(("turns_moved", s.turns_moved));
+    }
+    // The same by the kind of GPU the turn before was on (servers are named gpuN-PROFILE).
+    for (profile, key) in [
+        ("large", "turns_moved_from_large"),
+        ("small", "turns_moved_from_small"),
+    ] {
+        let share = crate::load::stats::moved_share(
+            s.turns_moved_from
+                .iter()
+                .filter(|(backend, _)| backend.rsplit('-').next() == Some(profile))
+                .map(|(_, counts)| counts),
+        );
+        if !share.is_nan() {
+            v.push((key, share));
+        }
+    }
     v
 }
 
@@ -170,7 +188,11 @@ fn options_line(o: &super::Options) -> String {
             )
         },
         list(&o.sweep, "each shape's default set"),
-        list(&o.at_knee, "every contender"),
+        if o.loads.iter().any(|l| (l - 1.0).abs() < 1e-9) {
+            list(&o.at_knee, "every contender")
+        } else {
+            "none (the loads leave the knee out)".to_string()
+        },
         o.scrape_ms
     )
 }
@@ -508,17 +530,23 @@ fn targets(
             continue;
         };
         let p99 = at(policy, "ttft_p99_s").zip(at("composite", "ttft_p99_s"));
+        let per_contender = |metric: &str| {
+            names
+                .iter()
+                .filter_map(|n| Some(format!("`{n}` {:.0}%", at(n, metric)? * 100.0)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         let _ = writeln!(
             md,
-            "- Session affinity by {what} (`{policy}`) against load only (`composite`) at the knee: mean TTFT {:.2} s vs {c:.2} s = **{:.2}x lower** (target >= 1.5x), p99 {}; prefix-cache hit rates: {}",
+            "- Session affinity by {what} (`{policy}`) against load only (`composite`) at the knee: mean TTFT {:.2} s vs {c:.2} s = **{:.2}x lower** (target >= 1.5x), p99 {}; prefix-cache hit rates: {}; later turns served by another server than the turn before: {} (after a turn on a large GPU: {}; on a small one: {})",
             a,
             c / a,
             p99.map_or("–".into(), |(x, y)| format!("{x:.2} s vs {y:.2} s")),
-            names
-                .iter()
-                .filter_map(|n| Some(format!("`{n}` {:.0}%", at(n, "prefix_hit_rate")? * 100.0)))
-                .collect::<Vec<_>>()
-                .join(", ")
+            per_contender("prefix_hit_rate"),
+            per_contender("turns_moved"),
+            per_contender("turns_moved_from_large"),
+            per_contender("turns_moved_from_small"),
         );
         f.insert(
             format!("{shape}/target/composite_over_{policy}_mean_ttft"),
