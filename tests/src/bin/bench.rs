@@ -119,8 +119,8 @@ enum Bench {
         #[arg(long, value_delimiter = ',')]
         sweep: Option<Vec<String>>,
         /// Contenders at the knee (default: every policy and router policy; the diagnostics
-        /// `composite-held`, `composite-table-4099`, `composite-window-two-scrapes` and
-        /// `persistence-unbounded` only when named).
+        /// `composite-held`, `composite-table-4099`, `composite-window-two-scrapes`,
+        /// `persistence-unbounded` and `persistence-held` only when named).
         #[arg(long, value_delimiter = ',')]
         at_knee: Option<Vec<String>>,
         /// GPU profiles of the backends.

@@ -322,7 +322,7 @@ const OURS: [(&str, &str, VipSettings); 12] = [
 
 /// Contenders that measure something about the balancer rather than a policy to deploy: named
 /// with `--sweep` / `--at-knee`, never run by default.
-const DIAGNOSTICS: [(&str, &str, VipSettings); 4] = [
+const DIAGNOSTICS: [(&str, &str, VipSettings); 5] = [
     (
         "composite-held",
         "diagnostic, not a policy: composite whose weights barely move after its first round (EWMA 0.01, hysteresis 100%), so the table is rebuilt only when a server saturates or a weight more than doubles — the daemon's cost of the same scrapes and rounds with few rebuilds",
@@ -342,6 +342,11 @@ const DIAGNOSTICS: [(&str, &str, VipSettings); 4] = [
         "persistence-unbounded",
         "diagnostic: `persistence` without bounded load — a client's later requests go to its server whatever that server's share of the active connections (still not while the composite policy gives it no weight: saturated or stale)",
         VipSettings::new("maglev", None, true).persistent(60),
+    ),
+    (
+        "persistence-held",
+        "diagnostic: `persistence` (bound 1.25) over weights that barely move after the first round, as `composite-held`'s — whether the bound moves returning clients because the weights it compares with move every scrape",
+        PERSISTENCE.held(),
     ),
 ];
 
