@@ -77,12 +77,18 @@ pub struct Summary {
     pub slo_share: f64,
     /// Requests served per backend (`x-served-by`), as shares.
     pub shares: BTreeMap<String, f64>,
+    /// Per backend, the later turns of conversations whose turn before it served (both
+    /// completed), and how many of them another backend served (see [`Summary::turns_moved`]).
+    pub turns_moved_from: BTreeMap<String, (usize, usize)>,
+}
+
+impl Summary {
     /// Of the later turns of conversations (each after a completed turn of its own), the
     /// share served by another backend than the turn before: how often a conversation left
     /// the server that holds its context. NaN without such turns.
-    pub turns_moved: f64,
-    /// The same per backend of the turn before: (later turns, of them moved).
-    pub turns_moved_from: BTreeMap<String, (usize, usize)>,
+    pub fn turns_moved(&self) -> f64 {
+        moved_share(self.turns_moved_from.values())
+    }
 }
 
 /// Sums up `outcomes` against `slo`.
@@ -101,7 +107,6 @@ pub fn summarize(outcomes: &[Outcome], slo: Slo) -> Summary {
         .fold(0.0, f64::max);
     let span = (last - first).max(1e-9);
     let met = outcomes.iter().filter(|o| slo.met(o)).count();
-    let turns_moved = turns_moved(outcomes);
     let mut shares = BTreeMap::new();
     for o in &done {
         *shares
@@ -130,8 +135,7 @@ pub fn summarize(outcomes: &[Outcome], slo: Slo) -> Summary {
         goodput: met as f64 / span,
         slo_share: met as f64 / outcomes.len().max(1) as f64,
         shares,
-        turns_moved: moved_share(turns_moved.values()),
-        turns_moved_from: turns_moved,
+        turns_moved_from: turns_moved(outcomes),
     }
 }
 
@@ -213,7 +217,7 @@ mod tests {
         assert!((s.shares["a"] - 2.0 / 3.0).abs() < 1e-9);
         assert_eq!(s.ttft_p99, 3.0);
         // Four single requests: no later turns.
-        assert!(s.turns_moved.is_nan());
+        assert!(s.turns_moved().is_nan());
     }
 
     #[test]
@@ -244,9 +248,9 @@ mod tests {
         ];
         let s = summarize(&outcomes, Slo::default());
         assert!(
-            (s.turns_moved - 2.0 / 3.0).abs() < 1e-9,
+            (s.turns_moved() - 2.0 / 3.0).abs() < 1e-9,
             "{}",
-            s.turns_moved
+            s.turns_moved()
         );
         // After a turn on a: two later turns, one moved (conversation 0); after one on b: one,
         // moved (conversation 2).

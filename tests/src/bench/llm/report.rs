@@ -59,8 +59,9 @@ fn metrics(r: &Run) -> Vec<(&'static str, f64)> {
     if let Some(h) = r.prefix_hit_rate {
         v.push(("prefix_hit_rate", h));
     }
-    if !s.turns_moved.is_nan() {
-        v.push(("turns_moved", s.turns_moved));
+    let moved = s.turns_moved();
+    if !moved.is_nan() {
+        v.push(("turns_moved", moved));
     }
     // The same by the kind of GPU the turn before was on (servers are named gpuN-PROFILE).
     for (profile, key) in [
