@@ -289,6 +289,9 @@ pub const VIP_F_ADMISSION: u8 = 8;
 /// A backend slot is in use and may receive packets.
 pub const BACKEND_F_ACTIVE: u8 = 1;
 
+/// [`Backend::bound_share`] of a backend with all of its pool's weight.
+pub const BOUND_SHARE_SCALE: u32 = 1 << 15;
+
 /// Value of the backend array.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -300,8 +303,14 @@ pub struct Backend {
     /// `BACKEND_F_*` bits.
     pub flags: u8,
     /// Changes whenever the slot is given to a different backend, so connection-table entries
-    /// that point at a previous occupant are detected and re-hashed (16 bits are compared).
-    pub generation: u32,
+    /// that point at a previous occupant are detected and re-hashed.
+    pub generation: u16,
+    /// What bounded load judges its share of the VIP's active flows against: its share of its
+    /// pool's weights averaged over the VIP's mean flow duration, in units of
+    /// 1/[`BOUND_SHARE_SCALE`] (a flow placed under the weights of a moment stays for its
+    /// whole life, so its backend's share of flows follows the weights' average, not their
+    /// latest value). Read as at least 1.
+    pub bound_share: u16,
     /// The VIP it serves (a chosen backend must belong to the flow's VIP).
     pub vip_id: u16,
     /// Its weight in the VIP's table (0: takes no new flows: drained, weight 0, unhealthy).
@@ -628,7 +637,7 @@ const _: () = assert!(core::mem::size_of::<DecapAddrKey>() == 20);
 
 /// Identifies the layout of the pinned maps: a daemon adopts pinned maps only when their
 /// layout is its own. The top byte is bumped by hand when a meaning changes without a size.
-pub const LAYOUT: u64 = (3 << 56)
+pub const LAYOUT: u64 = (4 << 56)
     | (core::mem::size_of::<VipSlot>() as u64) << 40
     | (core::mem::size_of::<Backend>() as u64) << 32
     | (core::mem::size_of::<FlowBucket>() as u64) << 24

@@ -6,7 +6,7 @@
 //! | --- | --- |
 //! | `[0]` | `L`: backends taking new flows (weight > 0), each once, in identity order |
 //! | `[1]` | `S`: length of the weighted round-robin sequence (0 unless that scheduler) |
-//! | `[2]` | `W`: total weight of the listed backends |
+//! | `[2]` | reserved (0; bounded load reads each backend's averaged share, `Backend::bound_share`) |
 //! | `[3]` | tiers whose flows spill to the shared pool when their own backends cannot take them (bit `t`) |
 //! | `[4, 11)` | for tiers 1..=7: where the tier's block starts in the map (0: no block) |
 //! | `[11, 11 + L)` | the listed backend ids |
@@ -80,11 +80,9 @@ pub fn build(backends: &[(u32, u32)], sequence: bool) -> Vec<u32> {
     } else {
         Vec::new()
     };
-    let total: u64 = listed.iter().map(|(_, w)| u64::from(*w)).sum();
     let mut out = vec![0; HEADER as usize];
     out[0] = listed.len() as u32;
     out[1] = seq.len() as u32;
-    out[2] = total.min(u64::from(u32::MAX)) as u32;
     out.extend(listed.iter().map(|(id, _)| *id));
     out.extend(seq);
     out
@@ -204,13 +202,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_layout_lists_backends_with_weight_and_totals_them() {
+    fn the_layout_lists_backends_with_weight() {
         let h = HEADER as usize;
         let s = build(&[(7, 2), (9, 0), (11, 1)], false);
-        assert_eq!(&s[..3], &[2, 0, 3]);
+        assert_eq!(&s[..3], &[2, 0, 0]);
         assert_eq!(&s[h..], &[7, 11]);
         let s = build(&[(7, 2), (9, 0), (11, 1)], true);
-        assert_eq!(&s[..3], &[2, 3, 3]);
+        assert_eq!(&s[..3], &[2, 3, 0]);
         assert_eq!(&s[h..], &[7, 11, 7, 11, 7]);
         assert_eq!(build(&[], true), vec![0; h]);
     }

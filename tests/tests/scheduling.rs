@@ -265,6 +265,40 @@ fn source_hash_and_persistence_keep_clients_together() {
         per_network.values().all(|s| s.len() == 1),
         "a network's clients split: {per_network:?}"
     );
+
+    // Bounded load: each backend's averaged weight share is written and shown (equal weights:
+    // a third each, summing to one).
+    cli_ok(
+        &topo,
+        &[
+            "vip",
+            "set-scheduler",
+            "http4",
+            "source-hash",
+            "--max-load-factor",
+            "1.25",
+        ],
+    );
+    let s: Status = serde_json::from_str(&topo.cli(&["status", "--json"]).unwrap().1).unwrap();
+    let http4 = s.vips.iter().find(|v| v.name == "http4").unwrap();
+    assert!(
+        http4.scheduler.starts_with("source-hash, max load 1.25x"),
+        "{}",
+        http4.scheduler
+    );
+    let shares: Vec<f64> = http4
+        .backends
+        .iter()
+        .map(|b| {
+            b.bound_share
+                .expect("a bounded VIP's backend has an averaged share")
+        })
+        .collect();
+    assert_eq!(shares.len(), 3, "{shares:?}");
+    assert!(
+        shares.iter().all(|s| (s - 1.0 / 3.0).abs() < 0.001),
+        "{shares:?}"
+    );
 }
 
 #[test]

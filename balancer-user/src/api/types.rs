@@ -77,6 +77,10 @@ pub struct BackendStatus {
     pub bps: f64,
     /// Removed from the VIP, still serving its established flows.
     pub retiring: bool,
+    /// Under bounded load: its share of its pool's weights averaged over the VIP's mean flow
+    /// duration, 0..1 (what its share of active flows is held to, times the bound).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bound_share: Option<f64>,
 }
 
 /// One VIP in `status`.

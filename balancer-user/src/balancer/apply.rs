@@ -151,6 +151,7 @@ impl<D: Dataplane> Balancer<D> {
             mac,
             generation: self.next_generation(),
             tier: self.tier_id(config.tier.as_deref()),
+            bound_share: 0,
         };
         // A fresh id counts no active flows (its previous holder's may linger).
         let written = self.dataplane.reset_active(id).and_then(|()| {
@@ -208,6 +209,8 @@ impl<D: Dataplane> Balancer<D> {
         config: &VipConfig,
         macs: &HashMap<IpAddr, MacAddr>,
     ) -> Result<Option<StagedVip>, BalancerError> {
+        // The averaged shares take in the weights in force until now.
+        self.age_bound_shares(endpoint);
         let current = self.vips.get(endpoint).cloned();
         let is_new = current.is_none();
         let id = match &current {
@@ -354,8 +357,8 @@ impl<D: Dataplane> Balancer<D> {
             (_, Some((t, _))) => t.len(),
             (_, None) => 0,
         };
-        let (old_table, old_fingerprint) = current
-            .map(|c| (c.table, c.fingerprint))
+        let (old_table, old_fingerprint, bound) = current
+            .map(|c| (c.table, c.fingerprint, c.bound))
             .unwrap_or_default();
         let shrinks = resized && (config.table_size as usize) < old_table.len();
         let (table, fingerprint, table_changed) = match table {
@@ -382,6 +385,7 @@ impl<D: Dataplane> Balancer<D> {
                 tier_tables,
                 spill,
                 saturated: current_saturated,
+                bound,
             },
         }))
     }
@@ -481,6 +485,8 @@ impl<D: Dataplane> Balancer<D> {
                 );
             }
             self.vips.insert(s.endpoint, s.state);
+            // Shares of new or reweighted backends, and of the rest of their pool.
+            self.publish_bound_shares(&s.endpoint)?;
         }
         Ok(())
     }

@@ -14,10 +14,12 @@
 
 mod admission;
 mod apply;
+mod bound;
 mod snapshot;
 mod tables;
 mod weights;
 
+pub use bound::{BoundShares, MAX_MEAN_FLOW};
 pub use snapshot::{BackendSnapshot, RestoreError, RetiringSnapshot, Snapshot, VipSnapshot};
 pub use tables::{build_table, build_tier_tables};
 
@@ -109,6 +111,9 @@ pub struct BackendState {
     pub generation: u32,
     /// The priority tier it is dedicated to (0: the shared pool).
     pub tier: u8,
+    /// Its averaged share of its pool's weights as written for bounded load (see [`bound`];
+    /// 0 until its VIP has a bound and a share was worked out).
+    pub bound_share: u16,
 }
 
 impl BackendState {
@@ -148,6 +153,8 @@ pub struct VipState {
     /// Admission control holds the shared pool saturated (as published; always false for a
     /// VIP without admission control).
     pub saturated: bool,
+    /// The backends' weight shares averaged for bounded load (see [`bound`]).
+    pub bound: BoundShares,
 }
 
 impl VipState {

@@ -47,6 +47,9 @@ pub struct BackendSnapshot {
     pub generation: u32,
     #[serde(default)]
     pub tier: u8,
+    /// Its averaged weight share as written (see [`BackendState::bound_share`]).
+    #[serde(default)]
+    pub bound_share: u16,
 }
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -81,6 +84,7 @@ impl<D: Dataplane> Balancer<D> {
             mac: b.mac.to_string(),
             generation: b.generation,
             tier: b.tier,
+            bound_share: b.bound_share,
         };
         let now = Instant::now();
         Snapshot {
@@ -134,6 +138,7 @@ impl<D: Dataplane> Balancer<D> {
                 mac: b.mac.parse().map_err(RestoreError::Invalid)?,
                 generation: b.generation,
                 tier: b.tier,
+                bound_share: b.bound_share,
             })
         };
         for vip in &snapshot.vips {
@@ -175,6 +180,7 @@ impl<D: Dataplane> Balancer<D> {
                     tier_tables,
                     spill: vip.spill,
                     saturated: false,
+                    bound: Default::default(),
                 },
             );
         }

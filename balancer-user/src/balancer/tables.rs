@@ -71,7 +71,8 @@ pub(super) fn backend_entry(vip_id: u32, _vip: &VipConfig, b: &BackendState) -> 
         mac: b.mac.0,
         family,
         flags: if b.healthy { BACKEND_F_ACTIVE } else { 0 },
-        generation: b.generation,
+        generation: b.generation as u16,
+        bound_share: b.bound_share,
         vip_id: vip_id as u16,
         weight: b.table_weight().min(u32::from(u16::MAX)) as u16,
     }

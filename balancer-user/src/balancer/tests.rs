@@ -1,5 +1,7 @@
 //! Tests of [`super`].
 
+use std::time::{Duration, Instant};
+
 use super::tables::vip_key;
 use super::*;
 use crate::config::{BackendConfig, Config};
@@ -75,7 +77,7 @@ fn apply_writes_vips_backends_tables_and_address_markers() {
         balancer_common::schedule::HEADER as usize + 2
     );
     assert_eq!(published[web.table.len()], 2);
-    assert_eq!(published[web.table.len() + 2], 4, "total weight 1 + 3");
+    assert_eq!(published[web.table.len() + 2], 0, "reserved");
     // Shares follow weights 1:3.
     let shares = web.slot_shares();
     let a = shares[&"10.0.0.11".parse::<IpAddr>().unwrap()] as f64;
@@ -257,7 +259,7 @@ fn removing_a_backend_retires_it_and_keeps_the_others() {
     );
     assert_eq!(dp.backends[&kept.id].flags, BACKEND_F_ACTIVE);
     assert_eq!(
-        dp.backends[&kept.id].generation, kept.generation,
+        dp.backends[&kept.id].generation, kept.generation as u16,
         "survivor's flows must stay"
     );
     let web = lb.vip("web").unwrap();
@@ -335,6 +337,68 @@ fn unhealthy_backends_leave_the_table_and_are_deactivated_until_they_recover() {
     assert!(lb.vip("web").unwrap().table.contains(&back.id));
     assert_eq!(lb.dataplane().backends[&back.id].flags, BACKEND_F_ACTIVE);
     assert_ne!(back.generation, before.generation);
+}
+
+#[test]
+fn bounded_load_judges_backends_against_their_weights_averaged_over_the_mean_flow() {
+    let mut lb = balancer();
+    let mut cfg = two_vips();
+    cfg.vips[0].policy.kind = crate::policy::PolicyKind::LeastConn;
+    cfg.vips[0].load_bound_pct = 25;
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    let endpoint = cfg.vips[0].endpoint();
+    let (a, b): (IpAddr, IpAddr) = ("10.0.0.11".parse().unwrap(), "10.0.0.12".parse().unwrap());
+    let id = |lb: &Balancer<MemoryDataplane>, x: IpAddr| lb.vip("web").unwrap().backends[&x].id;
+    let entry = |lb: &Balancer<MemoryDataplane>, x: IpAddr| lb.dataplane().backends[&id(lb, x)];
+    let scale = balancer_common::maps::BOUND_SHARE_SCALE;
+    // Written with the table: the shares of weights 1:3.
+    assert_eq!(u32::from(entry(&lb, a).bound_share), scale / 4);
+    assert_eq!(u32::from(entry(&lb, b).bound_share), scale * 3 / 4);
+    // The VIP's flows last 8 s: 40 active, 10 new in 2 s.
+    let vip_id = lb.vip("web").unwrap().id;
+    let t0 = Instant::now();
+    lb.refresh_bound_shares(t0).unwrap();
+    lb.dataplane
+        .vip_traffic
+        .entry(vip_id)
+        .or_default()
+        .new_flows += 10;
+    let (ia, ib) = (id(&lb, a), id(&lb, b));
+    lb.dataplane.active.insert(ia, 10);
+    lb.dataplane.active.insert(ib, 30);
+    let t1 = t0 + Duration::from_secs(2);
+    lb.refresh_bound_shares(t1).unwrap();
+    assert_eq!(
+        lb.vip("web").unwrap().bound.mean_flow(),
+        Duration::from_secs(8)
+    );
+    // The policy turns the weights to 3:1: placement follows at once, the bound does not.
+    lb.set_dynamic_weights(&endpoint, &[(a, 300), (b, 100)])
+        .unwrap();
+    assert_eq!(entry(&lb, a).weight, 300);
+    assert_eq!(u32::from(entry(&lb, a).bound_share), scale / 4);
+    // One mean flow duration later it has moved by 1 - 1/e of the way.
+    lb.refresh_bound_shares(t1 + Duration::from_secs(8))
+        .unwrap();
+    let expected = 0.75 - 0.5 * (-1.0f64).exp();
+    let got = f64::from(entry(&lb, a).bound_share) / f64::from(scale);
+    assert!((got - expected).abs() < 1e-4, "{got} against {expected}");
+    let other = f64::from(entry(&lb, b).bound_share) / f64::from(scale);
+    assert!((got + other - 1.0).abs() < 1e-4);
+    // A backend that is drained takes no flow, whatever its share.
+    let mut drained = cfg.clone();
+    drained.vips[0].backends[0].drained = true;
+    lb.apply(&drained.vips, &macs()).unwrap();
+    assert_eq!(entry(&lb, a).weight, 0);
+    assert!(entry(&lb, a).bound_share > 0);
+    // A VIP without a bound keeps no averages.
+    cfg.vips[0].load_bound_pct = 0;
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    assert_eq!(
+        lb.refresh_bound_shares(t1 + Duration::from_secs(60))
+            .unwrap(),
+        0
+    );
 }
 
 #[test]

@@ -22,9 +22,20 @@ impl<D: Dataplane> Balancer<D> {
         weights: &[(IpAddr, u32)],
     ) -> Result<ApplyReport, BalancerError> {
         let mut report = ApplyReport::default();
-        let Some(state) = self.vips.get_mut(vip) else {
+        let Some(state) = self.vips.get(vip) else {
             return Ok(report);
         };
+        let changes = weights.iter().any(|(address, weight)| {
+            state
+                .backends
+                .get(address)
+                .is_some_and(|b| b.dynamic_weight != Some(*weight))
+        });
+        if changes {
+            // The averaged shares take in the weights in force until now.
+            self.age_bound_shares(vip);
+        }
+        let state = self.vips.get_mut(vip).expect("checked above");
         let mut changed = false;
         for (address, weight) in weights {
             if let Some(b) = state.backends.get_mut(address)
@@ -60,6 +71,7 @@ impl<D: Dataplane> Balancer<D> {
         self.publish_time = Duration::ZERO;
         let endpoints: Vec<Endpoint> = self.vips.keys().copied().collect();
         for vip in endpoints {
+            self.age_bound_shares(&vip);
             let state = self.vips.get_mut(&vip).expect("listed above");
             let weights = published.and_then(|p| p.get(&state.config.name));
             let mut changed = false;
@@ -106,7 +118,9 @@ impl<D: Dataplane> Balancer<D> {
         report.tables_published += 1;
         report.rebuilt.push(config.name.clone());
         report.vips_updated += 1;
-        // Their weights for the connection-aware schedulers, once the table is live.
+        // Their weights for the connection-aware schedulers and their averaged shares for
+        // bounded load, once the table is live.
+        self.settle_bound_shares(vip);
         for b in self.vips[vip].backends.values() {
             self.dataplane
                 .set_backend(b.id, &backend_entry(id, &config, b))?;

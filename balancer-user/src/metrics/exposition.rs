@@ -216,6 +216,14 @@ pub fn families(counters: Option<&Counters>, status: &Status, weights: &[VipWeig
                 &l,
                 b.table_share,
             );
+            if let Some(share) = b.bound_share {
+                f.gauge(
+                    "balancer_backend_bound_share",
+                    "Under bounded load: a backend's share of its pool's weights averaged over the VIP's mean flow duration (0..1), what its share of active flows is held to times the bound.",
+                    &l,
+                    share,
+                );
+            }
             f.gauge(
                 "balancer_backend_healthy",
                 "1 if the backend passes its health checks (or is unchecked).",
@@ -443,6 +451,7 @@ mod tests {
                 pps: 0.0,
                 bps: 0.0,
                 retiring: false,
+                bound_share: Some(0.25),
             }],
             announced: true,
             admission: Some(crate::api::types::AdmissionStatus {
@@ -510,6 +519,10 @@ mod tests {
         );
         assert!(
             text.contains("balancer_vip_announced{vip=\"llm\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("balancer_backend_bound_share{vip=\"llm\",backend=\"10.0.0.21\"} 0.25"),
             "{text}"
         );
         assert!(

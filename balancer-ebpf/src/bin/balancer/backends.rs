@@ -50,6 +50,16 @@ pub fn weight_of(b: &Backend) -> u32 {
     }
 }
 
+/// A backend's averaged weight share for bounded load (at least 1).
+#[inline(always)]
+pub fn bound_share_of(b: &Backend) -> u32 {
+    if b.bound_share == 0 {
+        1
+    } else {
+        u32::from(b.bound_share)
+    }
+}
+
 /// A scheduler's pick: a backend id and its entry, or none (`backend` null). A plain struct
 /// rather than `Option<(u32, &Backend)>`, whose `None` leaves the id undefined: carried
 /// through branches and across helper calls, LLVM may then spill an uninitialised register,

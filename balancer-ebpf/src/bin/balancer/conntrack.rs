@@ -57,9 +57,7 @@ pub fn tracked(slot: &Slot) -> Tracked {
                 return Tracked::Miss;
             };
             return match BACKENDS.get(u32::from(value.backend_id)) {
-                Some(backend)
-                    if usable(backend) && backend.generation as u16 == value.generation =>
-                {
+                Some(backend) if usable(backend) && backend.generation == value.generation => {
                     Tracked::Live(way, value, backend)
                 }
                 _ => Tracked::Gone,
@@ -171,7 +169,7 @@ pub fn pin(
         slot,
         FlowValue {
             backend_id: id as u16,
-            generation: backend.generation as u16,
+            generation: backend.generation,
             last_seen: now as u16,
             referenced: false,
             closed,
@@ -243,7 +241,7 @@ fn forget_evicted(tag: u64, value: u64) {
     }
     let id = u32::from(v.backend_id);
     if let Some(b) = BACKENDS.get(id)
-        && b.generation as u16 == v.generation
+        && b.generation == v.generation
     {
         add_active(id, b.vip_id, u64::MAX);
     }

@@ -12,7 +12,7 @@ use balancer_common::{
 use crate::{
     backends::Pick,
     clock::now_ticks,
-    maps::{AFFINITY, BACKENDS, MAGLEV, SOURCE_PREFIXES},
+    maps::{AFFINITY, BACKENDS, SOURCE_PREFIXES},
     schedulers::{full, scheduled, unpack, unpack_addr},
 };
 
@@ -51,7 +51,7 @@ pub extern "C" fn balancer_pick(vip: u64, opts: u64, src_lo: u64, src_hi: u64) -
     if let Some(b) = BACKENDS.get(id) {
         let value = AffinityValue {
             backend_id: id as u16,
-            generation: b.generation as u16,
+            generation: b.generation,
             last_seen: now,
             _pad: 0,
         };
@@ -84,15 +84,10 @@ fn affinity_source(src: &RawAddr, vip_id: u32, opts: u64) -> RawAddr {
 #[inline(never)]
 pub extern "C" fn balancer_may_stick(vip: u64, opts: u64, id: u32, generation: u32) -> u32 {
     let meta = unpack(vip, opts);
-    let Some(table) = MAGLEV.get(meta.vip_id) else {
-        return 0;
-    };
     let p = Pick::candidate(meta.vip_id, id);
     if !p.is_some() {
         return 0;
     }
     let b = p.backend();
-    u32::from(
-        b.weight != 0 && b.generation as u16 == generation as u16 && !full(&meta, table, id, b),
-    )
+    u32::from(b.weight != 0 && b.generation == generation as u16 && !full(&meta, id, b))
 }

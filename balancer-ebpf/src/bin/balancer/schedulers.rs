@@ -15,13 +15,16 @@ use aya_ebpf::btf_maps::Array;
 use balancer_common::{
     addr::RawAddr,
     flow_hash::{flow_hash, slot},
-    maps::{Backend, MAGLEV_TABLE_FLAGS, MAX_TABLE_ENTRIES, NO_BACKEND, Scheduler, VipMeta},
+    maps::{
+        BOUND_SHARE_SCALE, Backend, MAGLEV_TABLE_FLAGS, MAX_TABLE_ENTRIES, NO_BACKEND, Scheduler,
+        VipMeta,
+    },
     schedule::{HEADER, less_loaded, over_bound},
 };
 
 use crate::{
     active::{backend_active, vip_active},
-    backends::{Pick, serves, serving, valid_id, weight_of},
+    backends::{Pick, bound_share_of, serves, serving, valid_id, weight_of},
     clock::random,
     maps::{BACKENDS, MAGLEV, RR_CURSOR},
 };
@@ -198,21 +201,18 @@ fn below(x: u32, n: u32) -> u32 {
     ((u64::from(x) * u64::from(n)) >> 32) as u32
 }
 
-/// Whether a backend is over the VIP's bounded load.
+/// Whether a backend is over the VIP's bounded load: its share of the VIP's active flows
+/// against its averaged share of its pool's weights (see [`Backend::bound_share`]).
 #[inline(always)]
-pub fn full(vip: &Pool, table: &Table, id: u32, b: &Backend) -> bool {
+pub fn full(vip: &Pool, id: u32, b: &Backend) -> bool {
     if vip.load_bound == 0 {
         return false;
     }
-    let total = match table.get(vip.base + vip.table_size + 2) {
-        Some(t) => *t,
-        None => 0,
-    };
     over_bound(
         backend_active(id),
         vip_active(vip.vip_id),
-        weight_of(b),
-        total,
+        bound_share_of(b),
+        BOUND_SHARE_SCALE,
         u32::from(vip.load_bound),
     )
 }
@@ -264,7 +264,7 @@ fn hashed(vip: &Pool, table: &Table, hash: u32) -> Pick {
     let mut index = first;
     while i < BOUNDED_PROBES {
         let p = at_slot(vip, table, index);
-        if p.is_some() && !full(vip, table, p.id, p.backend()) {
+        if p.is_some() && !full(vip, p.id, p.backend()) {
             return p;
         }
         index += 1;

@@ -80,6 +80,9 @@ impl Daemon {
             Ok(_) => self.persist_state(),
             Err(e) => tracing::error!("retiring removed backends: {e}"),
         }
+        if let Err(e) = self.balancer.refresh_bound_shares(Instant::now()) {
+            tracing::error!("writing bounded load's averaged weight shares: {e}");
+        }
     }
 
     /// The once-a-second reading of the traffic counters, when due: every second while a

@@ -2,6 +2,7 @@
 
 use std::time::Instant;
 
+use balancer_common::maps::BOUND_SHARE_SCALE;
 use balancer_common::stats::Counter;
 
 use crate::api::types::{
@@ -103,6 +104,8 @@ impl Daemon {
                         pps: t.pps,
                         bps: t.bps,
                         retiring: false,
+                        bound_share: (vip.config.load_bound_pct > 0)
+                            .then(|| f64::from(b.bound_share) / f64::from(BOUND_SHARE_SCALE)),
                     }
                 })
                 .collect();
@@ -131,6 +134,7 @@ impl Daemon {
                     pps: t.pps,
                     bps: t.bps,
                     retiring: true,
+                    bound_share: None,
                 });
             }
             let t = self.vip_traffic.get(&vip.id).copied().unwrap_or_default();
@@ -151,6 +155,13 @@ impl Daemon {
                             ", max load {:.2}x",
                             1.0 + f64::from(c.load_bound_pct) / 100.0
                         ));
+                        let mean_flow = vip.bound.mean_flow();
+                        if !mean_flow.is_zero() {
+                            s.push_str(&format!(
+                                " of weights averaged over {:.1}s",
+                                mean_flow.as_secs_f64()
+                            ));
+                        }
                     }
                     if c.affinity_prefix.is_prefix() {
                         s.push_str(&format!(
