@@ -293,6 +293,56 @@ fn persistence_keeps_a_client_on_its_backend_until_it_is_drained() {
 
 #[test]
 #[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
+fn persistence_over_the_bound_spills_a_flow_and_keeps_the_client_s_backend() {
+    let mut config = harness_settings(65_536);
+    let mut vip = scheduled_vip(
+        "sticky-bounded",
+        vip_addr(0),
+        "maglev",
+        &[(B1, 1), (B2, 1), (B3, 1)],
+        Extra::PersistenceSecs(60),
+    );
+    vip.max_load_factor = Some(1.25);
+    config.vip = vec![vip];
+    let mut h = harness(&to_toml(&config));
+    let end = |h: &mut Harness, client: IpAddr, sport: u16, backend: IpAddr| {
+        let (action, out) = h
+            .run(&tcp_flags_frame(
+                client,
+                sport,
+                vip_addr(0),
+                80,
+                true,
+                false,
+            ))
+            .unwrap();
+        assert_eq!(action_name(action), "XDP_TX");
+        assert_eq!(backend_of_output(&out, &[backend]), Some(backend));
+    };
+    // Several clients in turn, each alone on the VIP (so a lucky hash cannot pass the test).
+    for c in 1..=4 {
+        let client = ip(&format!("10.9.9.{c}"));
+        let home = syn(&mut h, 0, client, 1000);
+        // Its backend holds every active flow, over 1.25 x a third: the next flow spills.
+        let spilled = syn(&mut h, 0, client, 1001);
+        assert_ne!(
+            spilled, home,
+            "client {client}: a flow over the bound stayed"
+        );
+        // Its backend has room again: the client's flows return to it, not to where the
+        // excess went.
+        end(&mut h, client, 1000, home);
+        assert_eq!(syn(&mut h, 0, client, 1002), home, "client {client}");
+        assert_eq!(syn(&mut h, 0, client, 1003), home, "client {client}");
+        for (sport, backend) in [(1001, spilled), (1002, home), (1003, home)] {
+            end(&mut h, client, sport, backend);
+        }
+        assert!(active(&h).values().all(|n| *n == 0), "{:?}", active(&h));
+    }
+}
+
+#[test]
+#[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
 fn bounded_load_caps_each_backend_near_its_share() {
     let mut h = harness(&config(&[
         ("sh", "source-hash", [1, 1, 1], Extra::None),

@@ -38,13 +38,20 @@ pub extern "C" fn balancer_pick(vip: u64, opts: u64, src_lo: u64, src_hi: u64) -
         // SAFETY: a map value, valid for the program's run.
         let sticky = unsafe { &mut *sticky };
         let id = u32::from(sticky.backend_id);
-        if now.wrapping_sub(sticky.last_seen) <= meta.persist_ticks
-            && balancer_may_stick(vip, opts, id, u32::from(sticky.generation)) != 0
-        {
-            if sticky.last_seen != now {
-                sticky.last_seen = now;
+        if now.wrapping_sub(sticky.last_seen) <= meta.persist_ticks {
+            let verdict = balancer_may_stick(vip, opts, id, u32::from(sticky.generation));
+            if verdict != STICK_NO {
+                if sticky.last_seen != now {
+                    sticky.last_seen = now;
+                }
+                if verdict == STICK_YES {
+                    return id;
+                }
+                // Its backend is over the bound: this flow goes where the scheduler puts it,
+                // the client keeps its backend (a key behind a NAT carries many clients'
+                // flows: only the excess leaves, not all of them).
+                return scheduled(vip, opts, &src, sport);
             }
-            return id;
         }
     }
     let id = scheduled(vip, opts, &src, sport);
@@ -78,16 +85,31 @@ fn affinity_source(src: &RawAddr, vip_id: u32, opts: u64) -> RawAddr {
     prefix_of(src, u32::from(len))
 }
 
-/// 1 if a client's remembered backend may take its new flow: it serves the VIP, is the same
-/// backend (generation), takes new flows, and has room under bounded load.
+/// [`balancer_may_stick`]: the remembered backend is gone, another, or takes no new flows.
+const STICK_NO: u32 = 0;
+/// [`balancer_may_stick`]: it takes the flow.
+const STICK_YES: u32 = 1;
+/// [`balancer_may_stick`]: it stays the client's, but is over the bounded load.
+const STICK_FULL: u32 = 2;
+
+/// Whether a client's remembered backend may take its new flow: [`STICK_YES`] if it serves
+/// the VIP, is the same backend (generation), takes new flows and has room under bounded
+/// load; [`STICK_FULL`] if only the room is missing; else [`STICK_NO`].
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn balancer_may_stick(vip: u64, opts: u64, id: u32, generation: u32) -> u32 {
     let meta = unpack(vip, opts);
     let p = Pick::candidate(meta.vip_id, id);
     if !p.is_some() {
-        return 0;
+        return STICK_NO;
     }
     let b = p.backend();
-    u32::from(b.weight != 0 && b.generation == generation as u16 && !full(&meta, id, b))
+    if b.weight == 0 || b.generation != generation as u16 {
+        return STICK_NO;
+    }
+    if full(&meta, id, b) {
+        STICK_FULL
+    } else {
+        STICK_YES
+    }
 }
