@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use balancer::api::types::Status;
+use balancer::api::types::{Status, VipStatus};
 use balancer::config::{AttachMode, RawPool, RawTier};
 use balancer_tests::configs::{backends, to_toml, vip, vip_mut};
 use balancer_tests::topology::*;
@@ -26,6 +26,18 @@ fn rack(tag: &str) -> Topology {
 fn cli_ok(topo: &Topology, args: &[&str]) {
     let (code, out, err) = topo.cli(args).expect("cli");
     assert_eq!(code, 0, "balancer {args:?} failed: {out}{err}");
+}
+
+/// Sets http4's scheduler (`balancer vip set-scheduler http4 ARGS`); its status after.
+fn set_http4_scheduler(topo: &Topology, args: &[&str]) -> VipStatus {
+    let mut all = vec!["vip", "set-scheduler", "http4"];
+    all.extend_from_slice(args);
+    cli_ok(topo, &all);
+    let s: Status = serde_json::from_str(&topo.cli(&["status", "--json"]).unwrap().1).unwrap();
+    s.vips
+        .into_iter()
+        .find(|v| v.name == "http4")
+        .expect("http4 in status")
 }
 
 /// `n` fresh HTTP connections to the IPv4 HTTP VIP: how many each backend served.
@@ -52,9 +64,7 @@ fn cpus() -> usize {
 #[ignore = "needs root and network namespaces; run by cargo xtask test"]
 fn round_robin_and_weighted_round_robin_distribute_exactly() {
     let topo = rack("srr");
-    cli_ok(&topo, &["vip", "set-scheduler", "http4", "round-robin"]);
-    let s: Status = serde_json::from_str(&topo.cli(&["status", "--json"]).unwrap().1).unwrap();
-    let http4 = s.vips.iter().find(|v| v.name == "http4").unwrap();
+    let http4 = set_http4_scheduler(&topo, &["round-robin"]);
     assert_eq!(http4.scheduler, "round-robin");
     let n = 300;
     let got = served(&topo, n);
@@ -228,12 +238,9 @@ fn source_hash_and_persistence_keep_clients_together() {
 
     // Tenant affinity: source hash by /24 puts every client of each network on one backend
     // (the two networks' backends as the hash gives them).
-    cli_ok(
+    let http4 = set_http4_scheduler(
         &topo,
         &[
-            "vip",
-            "set-scheduler",
-            "http4",
             "source-hash",
             "--persistence-secs",
             "0",
@@ -241,8 +248,6 @@ fn source_hash_and_persistence_keep_clients_together() {
             "24",
         ],
     );
-    let s: Status = serde_json::from_str(&topo.cli(&["status", "--json"]).unwrap().1).unwrap();
-    let http4 = s.vips.iter().find(|v| v.name == "http4").unwrap();
     assert_eq!(http4.scheduler, "source-hash, by /24 and /128");
     let list: Vec<IpAddr> = clients.iter().step_by(5).copied().collect();
     let per_network = topo
@@ -268,19 +273,7 @@ fn source_hash_and_persistence_keep_clients_together() {
 
     // Bounded load: each backend's averaged weight share is written and shown (equal weights:
     // a third each, summing to one).
-    cli_ok(
-        &topo,
-        &[
-            "vip",
-            "set-scheduler",
-            "http4",
-            "source-hash",
-            "--max-load-factor",
-            "1.25",
-        ],
-    );
-    let s: Status = serde_json::from_str(&topo.cli(&["status", "--json"]).unwrap().1).unwrap();
-    let http4 = s.vips.iter().find(|v| v.name == "http4").unwrap();
+    let http4 = set_http4_scheduler(&topo, &["source-hash", "--max-load-factor", "1.25"]);
     assert!(
         http4.scheduler.starts_with("source-hash, max load 1.25x"),
         "{}",
