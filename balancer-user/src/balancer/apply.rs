@@ -486,7 +486,7 @@ impl<D: Dataplane> Balancer<D> {
             }
             self.vips.insert(s.endpoint, s.state);
             // Shares of new or reweighted backends, and of the rest of their pool.
-            self.publish_bound_shares(&s.endpoint)?;
+            self.publish_bound_shares(&s.endpoint, Instant::now())?;
         }
         Ok(())
     }

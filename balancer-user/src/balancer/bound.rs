@@ -146,16 +146,16 @@ impl<D: Dataplane> Balancer<D> {
         }
     }
 
-    /// Sets the averaged shares in a VIP's backend states (not yet written); returns the ids
-    /// whose value changed.
-    pub(super) fn settle_bound_shares(&mut self, vip: &Endpoint) -> Vec<u32> {
+    /// Ages a VIP's averaged shares to `now` and sets them in its backend states (not yet
+    /// written); returns the ids whose value changed.
+    pub(super) fn settle_bound_shares(&mut self, vip: &Endpoint, now: Instant) -> Vec<u32> {
         let Some(state) = self.vips.get_mut(vip) else {
             return Vec::new();
         };
         if state.config.load_bound_pct == 0 {
             return Vec::new();
         }
-        state.bound.age(&state.backends, Instant::now());
+        state.bound.age(&state.backends, now);
         let mut changed = Vec::new();
         for (address, b) in &mut state.backends {
             let value = state.bound.published(*address);
@@ -167,9 +167,14 @@ impl<D: Dataplane> Balancer<D> {
         changed
     }
 
-    /// Writes a VIP's backend entries whose averaged share moved; returns how many.
-    pub(super) fn publish_bound_shares(&mut self, vip: &Endpoint) -> Result<usize, BalancerError> {
-        let changed = self.settle_bound_shares(vip);
+    /// Ages a VIP's averaged shares to `now` and writes the backend entries whose value moved;
+    /// returns how many.
+    pub(super) fn publish_bound_shares(
+        &mut self,
+        vip: &Endpoint,
+        now: Instant,
+    ) -> Result<usize, BalancerError> {
+        let changed = self.settle_bound_shares(vip, now);
         let Some(state) = self.vips.get(vip) else {
             return Ok(0);
         };
@@ -197,8 +202,7 @@ impl<D: Dataplane> Balancer<D> {
             let active: u64 = self.dataplane.active_flows(&ids)?.values().sum();
             let state = self.vips.get_mut(&vip).expect("listed above");
             state.bound.measure(now, new_flows, active);
-            state.bound.age(&state.backends, now);
-            written += self.publish_bound_shares(&vip)?;
+            written += self.publish_bound_shares(&vip, now)?;
         }
         Ok(written)
     }

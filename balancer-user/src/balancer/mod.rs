@@ -19,7 +19,7 @@ mod snapshot;
 mod tables;
 mod weights;
 
-pub use bound::{BoundShares, MAX_MEAN_FLOW};
+pub use bound::BoundShares;
 pub use snapshot::{BackendSnapshot, RestoreError, RetiringSnapshot, Snapshot, VipSnapshot};
 pub use tables::{build_table, build_tier_tables};
 

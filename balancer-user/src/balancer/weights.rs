@@ -22,20 +22,11 @@ impl<D: Dataplane> Balancer<D> {
         weights: &[(IpAddr, u32)],
     ) -> Result<ApplyReport, BalancerError> {
         let mut report = ApplyReport::default();
-        let Some(state) = self.vips.get(vip) else {
+        // The averaged shares take in the weights in force until now.
+        self.age_bound_shares(vip);
+        let Some(state) = self.vips.get_mut(vip) else {
             return Ok(report);
         };
-        let changes = weights.iter().any(|(address, weight)| {
-            state
-                .backends
-                .get(address)
-                .is_some_and(|b| b.dynamic_weight != Some(*weight))
-        });
-        if changes {
-            // The averaged shares take in the weights in force until now.
-            self.age_bound_shares(vip);
-        }
-        let state = self.vips.get_mut(vip).expect("checked above");
         let mut changed = false;
         for (address, weight) in weights {
             if let Some(b) = state.backends.get_mut(address)
@@ -120,7 +111,7 @@ impl<D: Dataplane> Balancer<D> {
         report.vips_updated += 1;
         // Their weights for the connection-aware schedulers and their averaged shares for
         // bounded load, once the table is live.
-        self.settle_bound_shares(vip);
+        self.settle_bound_shares(vip, Instant::now());
         for b in self.vips[vip].backends.values() {
             self.dataplane
                 .set_backend(b.id, &backend_entry(id, &config, b))?;
