@@ -335,7 +335,9 @@ pub fn balancer_config(topo: &Topology) -> String {
             source: Some("scrape".into()),
             port: Some(PORT.into()),
             path: Some("/metrics".into()),
+            // Every 500 ms, not paced by the requests: the checks send few.
             interval_ms: Some(500),
+            requests_per_scrape: Some(0),
             timeout_ms: Some(500),
             ..RawTelemetry::default()
         });

@@ -346,7 +346,9 @@ fn passive_ttft_matches_the_servers_own_and_feeds_least_latency() {
     llm.telemetry = Some(RawTelemetry {
         source: Some("scrape".into()),
         port: Some(REPORT_PORT.into()),
+        // Every 100 ms, not paced by this test's few requests.
         interval_ms: Some(100),
+        requests_per_scrape: Some(0),
         ..RawTelemetry::default()
     });
     llm.policy = Some(RawPolicy {

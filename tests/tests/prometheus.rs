@@ -214,7 +214,9 @@ fn a_real_prometheus_finds_every_series_the_rules_and_the_dashboard_read() {
             source: Some("scrape".into()),
             port: Some(80),
             path: Some("/metrics".into()),
+            // Every 100 ms, not paced by this test's few requests.
             interval_ms: Some(100),
+            requests_per_scrape: Some(0),
             ..RawTelemetry::default()
         });
         http4.policy = Some(RawPolicy {

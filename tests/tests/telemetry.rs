@@ -32,13 +32,15 @@ fn rack(tag: &str, edit: impl FnOnce(&Topology, &mut RawConfig)) -> Topology {
     topo
 }
 
-/// Scrapes of `port` (at `path`, else the default) every `interval_ms`.
+/// Scrapes of `port` (at `path`, else the default) every `interval_ms` (not paced by the
+/// requests: these tests send few, which would slow the scrapes to `max_interval_ms`).
 fn scrape(port: i64, path: Option<&str>, interval_ms: i64) -> Option<RawTelemetry> {
     Some(RawTelemetry {
         source: Some("scrape".into()),
         port: Some(port),
         path: path.map(str::to_string),
         interval_ms: Some(interval_ms),
+        requests_per_scrape: Some(0),
         ..RawTelemetry::default()
     })
 }

@@ -105,6 +105,7 @@ fn the_example_lists_every_key_with_the_codes_default() {
         "vip.telemetry.source",
         "vip.policy.kind",
         "vip.policy.min_free_gpu_memory_mib",
+        "vip.policy.stale_after_ms",
     ];
     let problems = defaults_problems(
         include_str!("../../../config/balancer.example.toml"),
@@ -126,6 +127,7 @@ fn the_configuration_reference_lists_every_key_with_the_codes_default() {
         "vip.health.check",
         "vip.telemetry.source",
         "vip.policy.kind",
+        "vip.policy.stale_after_ms",
     ];
     let problems = defaults_problems(block, &choices);
     assert!(

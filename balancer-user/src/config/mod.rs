@@ -75,6 +75,12 @@ pub const DEFAULT_REMOVAL_GRACE_SECS: u64 = 60;
 pub const DEFAULT_HEALTH_INTERVAL_MS: u64 = 1000;
 /// Longest default health-check timeout (half the interval, at most this).
 pub const DEFAULT_HEALTH_TIMEOUT_MS: u64 = 500;
+/// A VIP's fastest scrape interval (`telemetry.interval_ms`), ms.
+pub const DEFAULT_SCRAPE_INTERVAL_MS: u64 = 100;
+/// Its slowest (`telemetry.max_interval_ms`, unless `interval_ms` is slower), ms.
+pub const DEFAULT_MAX_SCRAPE_INTERVAL_MS: u64 = 4000;
+/// Requests per backend between two scrapes (`telemetry.requests_per_scrape`).
+pub const DEFAULT_REQUESTS_PER_SCRAPE: u32 = 8;
 /// Root of the default pin directory (`<root>/<interface>`).
 pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/balancer";
 /// Directory of the default state file (`<dir>/<interface>.state.json`).

@@ -264,8 +264,17 @@ pub struct RawTelemetry {
     /// More pages, as "port/path" (e.g. "9400/metrics" for a DCGM exporter).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub extra: Vec<String>,
+    /// The fastest a scrape (and weight round) follows the one before.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub interval_ms: Option<i64>,
+    /// The slowest: the wait while the VIP takes few requests (default the larger of 4000 and
+    /// `interval_ms`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_interval_ms: Option<i64>,
+    /// Requests per backend between scrapes, which paces them between the two intervals
+    /// (default 8; 0: every `interval_ms`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requests_per_scrape: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -12,6 +12,21 @@ use crate::telemetry::store::RECENT_HALF_LIFE;
 use super::error::{ConfigError, invalid};
 use super::fields::{cert_and_key, float_in, int_in, optional_path, required};
 use super::raw::{RawPolicy, RawTelemetry};
+use super::{
+    DEFAULT_MAX_SCRAPE_INTERVAL_MS, DEFAULT_REQUESTS_PER_SCRAPE, DEFAULT_SCRAPE_INTERVAL_MS,
+};
+
+impl TelemetryConfig {
+    /// The longest a scrape waits for the next: `max_interval` when the requests pace the
+    /// scrapes, else `interval`.
+    pub fn slowest(&self) -> Duration {
+        if self.requests_per_scrape == 0 {
+            self.interval
+        } else {
+            self.max_interval.max(self.interval)
+        }
+    }
+}
 
 /// Where a VIP's backends report their load.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,8 +44,14 @@ pub enum TelemetrySource {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TelemetryConfig {
     pub source: TelemetrySource,
-    /// Scrape (and weight) interval.
+    /// The fastest scrapes (and weight rounds) follow each other; pushed reports' rounds run
+    /// at this interval.
     pub interval: Duration,
+    /// The slowest: how long a scrape waits while the VIP takes few requests.
+    pub max_interval: Duration,
+    /// Requests per backend between two scrapes, which paces them between `interval` and
+    /// `max_interval` ([`crate::telemetry::pace`]); 0: every `interval`.
+    pub requests_per_scrape: u32,
     /// Per scrape.
     pub timeout: Duration,
     /// Largest page accepted.
@@ -137,7 +158,22 @@ pub(super) fn validate_telemetry(
     let key = |k: &str| format!("{label}.telemetry.{k}");
     let interval: u64 = match raw.interval_ms {
         Some(v) => int_in(v, 10, 60_000, &key("interval_ms"))?,
-        None => 100,
+        None => DEFAULT_SCRAPE_INTERVAL_MS,
+    };
+    let max_interval: u64 = match raw.max_interval_ms {
+        Some(v) => int_in(v, 10, 600_000, &key("max_interval_ms"))?,
+        None => interval.max(DEFAULT_MAX_SCRAPE_INTERVAL_MS),
+    };
+    if max_interval < interval {
+        return Err(invalid(
+            key("max_interval_ms"),
+            max_interval,
+            format!("must not be below interval_ms ({interval})"),
+        ));
+    }
+    let requests_per_scrape: u32 = match raw.requests_per_scrape {
+        Some(v) => int_in(v, 0, 1_000_000, &key("requests_per_scrape"))?,
+        None => DEFAULT_REQUESTS_PER_SCRAPE,
     };
     let timeout: u64 = match raw.timeout_ms {
         Some(v) => int_in(v, 1, 60_000, &key("timeout_ms"))?,
@@ -229,6 +265,8 @@ pub(super) fn validate_telemetry(
     Ok(TelemetryConfig {
         source,
         interval: Duration::from_millis(interval),
+        max_interval: Duration::from_millis(max_interval),
+        requests_per_scrape,
         timeout: Duration::from_millis(timeout),
         max_body,
         derived_half_life: Duration::from_millis(derived_half_life),
@@ -257,6 +295,8 @@ pub(super) fn telemetry_to_raw(t: &TelemetryConfig) -> RawTelemetry {
         path,
         extra,
         interval_ms: Some(t.interval.as_millis() as i64),
+        max_interval_ms: Some(t.max_interval.as_millis() as i64),
+        requests_per_scrape: Some(i64::from(t.requests_per_scrape)),
         timeout_ms: Some(t.timeout.as_millis() as i64),
         max_body_kib: Some((t.max_body / 1024) as i64),
         derived_half_life_ms: Some(t.derived_half_life.as_millis() as i64),
@@ -268,9 +308,10 @@ pub(super) fn telemetry_to_raw(t: &TelemetryConfig) -> RawTelemetry {
     }
 }
 
-/// The policy of a VIP whose backends report through `telemetry` (a scrape's interval sets
-/// the default `stale_after`: three scrapes, at least the second of [`PolicyConfig`]'s
-/// default, so a report is not stale just because the next scrape has not come yet).
+/// The policy of a VIP whose backends report through `telemetry` (a scrape's slowest interval
+/// sets the default `stale_after`: three scrapes, at least the second of [`PolicyConfig`]'s
+/// default, so a report is not stale just because the next scrape has not come yet; one set
+/// below that interval is refused).
 pub(super) fn validate_policy(
     raw: Option<RawPolicy>,
     telemetry: &TelemetryConfig,
@@ -334,9 +375,24 @@ pub(super) fn validate_policy(
             None => d.min_free_gpu_memory_bytes,
         },
         stale_after: match raw.stale_after_ms {
-            Some(v) => Duration::from_millis(int_in(v, 1, 3_600_000, &key("stale_after_ms"))?),
+            Some(v) => {
+                let ms: u64 = int_in(v, 1, 3_600_000, &key("stale_after_ms"))?;
+                let slowest = telemetry.slowest().as_millis() as u64;
+                if matches!(telemetry.source, TelemetrySource::Scrape(_)) && ms < slowest {
+                    return Err(invalid(
+                        key("stale_after_ms"),
+                        ms,
+                        format!(
+                            "must be at least the slowest scrape interval ({slowest} ms, \
+                             telemetry.max_interval_ms): a quiet VIP's reports would go stale \
+                             between two scrapes"
+                        ),
+                    ));
+                }
+                Duration::from_millis(ms)
+            }
             None => match telemetry.source {
-                TelemetrySource::Scrape(_) => d.stale_after.max(3 * telemetry.interval),
+                TelemetrySource::Scrape(_) => d.stale_after.max(3 * telemetry.slowest()),
                 TelemetrySource::None | TelemetrySource::Push => d.stale_after,
             },
         },

@@ -573,24 +573,87 @@ fn telemetry_and_policy_settings() {
     assert_eq!(Config::parse(&c.to_toml()).unwrap(), c);
 }
 
-/// A report is stale after three scrapes by default (at least a second), so slow scrapes do
-/// not make every report stale before the next one comes; a set value stands.
+/// A report is stale after three of the slowest scrapes by default (at least a second), so
+/// slow scrapes do not make every report stale before the next one comes; a set value stands,
+/// unless a scraped VIP's reports would go stale between two scrapes.
 #[test]
 fn stale_after_defaults_to_three_scrapes() {
     let stale_after = |telemetry: &str, policy: &str| {
-        let c = Config::parse(&with_vip(&format!(
+        Config::parse(&with_vip(&format!(
             "address = \"10.0.0.1\"\nport = 80\n[vip.telemetry]\n{telemetry}\n[vip.policy]\nkind = \"composite\"\n{policy}"
         )))
-        .unwrap();
-        assert_eq!(Config::parse(&c.to_toml()).unwrap(), c);
-        c.vips[0].policy.stale_after.as_millis()
+        .map(|c| {
+            assert_eq!(Config::parse(&c.to_toml()).unwrap(), c);
+            c.vips[0].policy.stale_after.as_millis()
+        })
+        .map_err(|e| e.to_string())
     };
-    let scrape = |ms: u32| format!("source = \"scrape\"\nport = 8000\ninterval_ms = {ms}");
-    assert_eq!(stale_after(&scrape(2000), ""), 6000);
-    assert_eq!(stale_after(&scrape(500), ""), 1500);
-    assert_eq!(stale_after(&scrape(100), ""), 1000);
-    assert_eq!(stale_after(&scrape(2000), "stale_after_ms = 2500"), 2500);
-    assert_eq!(stale_after("source = \"push\"", ""), 1000);
+    // A fixed interval (requests_per_scrape = 0): three of it.
+    let fixed = |ms: u32| {
+        format!("source = \"scrape\"\nport = 8000\ninterval_ms = {ms}\nrequests_per_scrape = 0")
+    };
+    assert_eq!(stale_after(&fixed(2000), ""), Ok(6000));
+    assert_eq!(stale_after(&fixed(500), ""), Ok(1500));
+    assert_eq!(stale_after(&fixed(100), ""), Ok(1000));
+    assert_eq!(stale_after(&fixed(2000), "stale_after_ms = 2500"), Ok(2500));
+    // Paced (the default): three of the slowest, max_interval_ms.
+    let paced = "source = \"scrape\"\nport = 8000";
+    assert_eq!(stale_after(paced, ""), Ok(12000));
+    assert_eq!(
+        stale_after(&format!("{paced}\nmax_interval_ms = 1000"), ""),
+        Ok(3000)
+    );
+    assert_eq!(stale_after("source = \"push\"", ""), Ok(1000));
+    assert_eq!(
+        stale_after(paced, "stale_after_ms = 1000"),
+        Err("vip[0].policy.stale_after_ms = 1000: must be at least the slowest scrape interval (4000 ms, telemetry.max_interval_ms): a quiet VIP's reports would go stale between two scrapes".into())
+    );
+    assert_eq!(
+        stale_after("source = \"push\"", "stale_after_ms = 300"),
+        Ok(300)
+    );
+}
+
+/// Scrapes are paced by the VIP's requests between interval_ms and max_interval_ms (default
+/// the larger of 4 s and interval_ms), 8 requests per backend between scrapes by default;
+/// settings out of range are refused by name.
+#[test]
+fn the_scrapes_pace_between_two_intervals() {
+    let pace = |telemetry: &str| {
+        Config::parse(&with_vip(&format!(
+            "address = \"10.0.0.1\"\nport = 80\n[vip.telemetry]\nsource = \"scrape\"\nport = 8000\n{telemetry}"
+        )))
+        .map(|c| {
+            assert_eq!(Config::parse(&c.to_toml()).unwrap(), c);
+            let t = &c.vips[0].telemetry;
+            (
+                t.interval.as_millis(),
+                t.max_interval.as_millis(),
+                t.requests_per_scrape,
+                t.slowest().as_millis(),
+            )
+        })
+        .map_err(|e| e.to_string())
+    };
+    assert_eq!(pace(""), Ok((100, 4000, 8, 4000)));
+    assert_eq!(pace("interval_ms = 5000"), Ok((5000, 5000, 8, 5000)));
+    assert_eq!(
+        pace("interval_ms = 200\nmax_interval_ms = 1000\nrequests_per_scrape = 2"),
+        Ok((200, 1000, 2, 1000))
+    );
+    assert_eq!(pace("requests_per_scrape = 0"), Ok((100, 4000, 0, 100)));
+    assert_eq!(
+        pace("interval_ms = 500\nmax_interval_ms = 200"),
+        Err("vip[0].telemetry.max_interval_ms = 200: must not be below interval_ms (500)".into())
+    );
+    assert_eq!(
+        pace("max_interval_ms = 700000"),
+        Err("vip[0].telemetry.max_interval_ms = 700000: must be between 10 and 600000".into())
+    );
+    assert_eq!(
+        pace("requests_per_scrape = -1"),
+        Err("vip[0].telemetry.requests_per_scrape = -1: must be between 0 and 1000000".into())
+    );
 }
 
 /// The derived figures' recent window is 200 ms by default, whatever the interval (two

@@ -204,6 +204,9 @@ mod tests {
         fn scrape_targets(&self) -> Vec<ScrapeTarget> {
             Vec::new()
         }
+        fn new_flows(&self, _: &str) -> Option<u64> {
+            None
+        }
         fn record_round(&self, _: &Endpoint, _: &str, _: Vec<(IpAddr, Result<Signals, String>)>) {}
     }
 

@@ -1,7 +1,8 @@
-//! The daemon's telemetry loops: one task per VIP that, every interval, scrapes its backends
-//! concurrently (when it scrapes), records the reports, and runs a weight round right after, so
-//! a report reaches the table within one policy round; a policy that corrects reports by what
-//! the data plane sees also runs between scrapes.
+//! The daemon's telemetry loops: one task per VIP that scrapes its backends concurrently (when
+//! it scrapes) at the pace its requests set ([`super::pace`]), records the reports, and runs a
+//! weight round right after, so a report reaches the table within one policy round; a policy
+//! that corrects reports by what the data plane sees also runs between scrapes. Pushed reports'
+//! rounds run every interval.
 //!
 //! The loops run on a single-threaded runtime of their own, on one thread, which also runs the
 //! rounds after the scrapes (they block: the daemon's lock, a table rebuild): a scrape's timer,
@@ -16,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use tokio::task::JoinSet;
 
+use super::pace::{COUNT_CHECK, ScrapePace};
 use super::scrape::{VllmPages, scrape};
 use super::signals::Signals;
 use crate::balancer::Endpoint;
@@ -42,6 +44,9 @@ pub struct ScrapeTarget {
 pub trait TelemetryPort: Send + Sync + 'static {
     /// The VIPs whose backends report.
     fn scrape_targets(&self) -> Vec<ScrapeTarget>;
+    /// The VIP's new flows counted by the data plane so far (None where they cannot be read),
+    /// for the pace of its scrapes.
+    fn new_flows(&self, name: &str) -> Option<u64>;
     /// Records one round's results (an empty list for pushed reports) and runs the VIP's
     /// weight round; blocking.
     fn record_round(
@@ -146,8 +151,12 @@ async fn run<P: TelemetryPort>(daemon: Arc<P>, target: ScrapeTarget) {
         telemetry: cfg,
         rounds_every,
     } = target;
+    let mut pace = ScrapePace::new(&cfg);
+    let paced = pace.varies() && matches!(cfg.source, TelemetrySource::Scrape(_));
     let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_scrape = Instant::now();
+    let mut wait = Duration::ZERO;
     // Rounds between scrapes (only while they are more frequent than the scrapes) run on a
     // thread of their own that sleeps between them: one wake-up a round, where a timer on
     // the runtime and a hop to its blocking pool and back took three. The thread ends when
@@ -163,7 +172,27 @@ async fn run<P: TelemetryPort>(daemon: Arc<P>, target: ScrapeTarget) {
     }
     let vllm = Arc::new(VllmPages::default());
     loop {
-        tick.tick().await;
+        if paced {
+            // The first scrape at once, then each after the wait its last interval's
+            // requests set (from the start of the scrape before, as a tick would) — or at
+            // once when the VIP's new flows reach a scrape's requests first (a burst), read
+            // every COUNT_CHECK of a longer wait.
+            let due = last_scrape + wait;
+            loop {
+                let left = due.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                tokio::time::sleep(left.min(COUNT_CHECK)).await;
+                if left > COUNT_CHECK && pace.due_by_flows(daemon.new_flows(&name), backends.len())
+                {
+                    break;
+                }
+            }
+        } else {
+            tick.tick().await;
+        }
+        let started = Instant::now();
         let mut results = Vec::new();
         if let TelemetrySource::Scrape(pages) = &cfg.source {
             let mut set = JoinSet::new();
@@ -185,6 +214,11 @@ async fn run<P: TelemetryPort>(daemon: Arc<P>, target: ScrapeTarget) {
                     results.push(result);
                 }
             }
+        }
+        if paced {
+            let requests = pace.requests_since(daemon.new_flows(&name), &results);
+            wait = pace.next_wait(requests, started - last_scrape, backends.len());
+            last_scrape = started;
         }
         // Blocking, here: on the loops' own thread this only delays the other VIPs' scrapes
         // by a round's few milliseconds, and a hop to a blocking pool and back cost two
@@ -245,6 +279,9 @@ mod tests {
         fn scrape_targets(&self) -> Vec<ScrapeTarget> {
             Vec::new()
         }
+        fn new_flows(&self, _name: &str) -> Option<u64> {
+            None
+        }
         fn record_round(
             &self,
             _vip: &Endpoint,
@@ -270,6 +307,9 @@ mod tests {
         fn scrape_targets(&self) -> Vec<ScrapeTarget> {
             vec![self.target.clone()]
         }
+        fn new_flows(&self, _name: &str) -> Option<u64> {
+            None
+        }
         fn record_round(
             &self,
             _vip: &Endpoint,
@@ -294,6 +334,8 @@ mod tests {
                 telemetry: TelemetryConfig {
                     source: TelemetrySource::Scrape(vec![(address.port(), "/metrics".into())]),
                     interval: Duration::from_millis(100),
+                    max_interval: Duration::from_secs(4),
+                    requests_per_scrape: 8,
                     timeout: Duration::from_millis(20),
                     max_body: 1 << 16,
                     derived_half_life: Duration::from_millis(200),
@@ -329,6 +371,8 @@ mod tests {
         let telemetry = TelemetryConfig {
             source: TelemetrySource::Scrape(vec![(address.port(), "/metrics".into())]),
             interval: Duration::from_secs(1),
+            max_interval: Duration::from_secs(4),
+            requests_per_scrape: 8,
             timeout: Duration::from_millis(50),
             max_body: 1 << 16,
             derived_half_life: Duration::from_secs(2),
@@ -353,5 +397,119 @@ mod tests {
         let stopped = port.between.load(Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(port.between.load(Ordering::SeqCst), stopped);
+    }
+
+    /// A VIP whose data plane counts `step` new flows between two readings.
+    struct Flows {
+        step: u64,
+        counted: std::sync::atomic::AtomicU64,
+        rounds: AtomicUsize,
+    }
+
+    impl TelemetryPort for Flows {
+        fn scrape_targets(&self) -> Vec<ScrapeTarget> {
+            Vec::new()
+        }
+        fn new_flows(&self, _name: &str) -> Option<u64> {
+            Some(self.counted.fetch_add(self.step, Ordering::SeqCst) + self.step)
+        }
+        fn record_round(
+            &self,
+            _vip: &Endpoint,
+            _name: &str,
+            _results: Vec<(IpAddr, Result<Signals, String>)>,
+        ) {
+            self.rounds.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// The scrape rounds a loop runs in 500 ms over a VIP whose data plane counts `step` new
+    /// flows a round, scraping every 20 ms at the fastest and 200 ms at the slowest.
+    async fn rounds_in_half_a_second(step: u64, requests_per_scrape: u32) -> usize {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = silent.local_addr().unwrap();
+        let port = Arc::new(Flows {
+            step,
+            counted: Default::default(),
+            rounds: Default::default(),
+        });
+        let target = ScrapeTarget {
+            vip: ("10.0.0.1".parse().unwrap(), 80, Protocol::Tcp),
+            name: "v".into(),
+            backends: vec![address.ip()],
+            telemetry: TelemetryConfig {
+                source: TelemetrySource::Scrape(vec![(address.port(), "/metrics".into())]),
+                interval: Duration::from_millis(20),
+                max_interval: Duration::from_millis(200),
+                requests_per_scrape,
+                timeout: Duration::from_millis(5),
+                max_body: 1 << 16,
+                derived_half_life: Duration::from_millis(200),
+                access: Default::default(),
+            },
+            rounds_every: None,
+        };
+        let task = tokio::spawn(run(port.clone(), target));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        task.abort();
+        let _ = task.await;
+        port.rounds.load(Ordering::SeqCst)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn scrapes_follow_the_vips_requests_between_the_two_intervals() {
+        // No new flows: after the first two (the second sets where counting starts), one
+        // every 200 ms — at 0, 20, 220 and 420 ms.
+        let idle = rounds_in_half_a_second(0, 8).await;
+        assert!((3..=5).contains(&idle), "{idle} rounds of an idle VIP");
+        // A thousand new flows a round: every 20 ms.
+        let busy = rounds_in_half_a_second(1000, 8).await;
+        assert!(busy >= 12, "{busy} rounds of a busy VIP");
+        // requests_per_scrape = 0: every interval however idle.
+        let fixed = rounds_in_half_a_second(0, 0).await;
+        assert!(fixed >= 12, "{fixed} rounds at a fixed interval");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_burst_of_new_flows_cuts_a_slow_wait_short() {
+        // Idle (no new flow), scraping every 2 s at the slowest: then a burst of 50 new flows
+        // (over 8 per backend) is counted within COUNT_CHECK and scraped at once.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = silent.local_addr().unwrap();
+        let port = Arc::new(Flows {
+            step: 0,
+            counted: Default::default(),
+            rounds: Default::default(),
+        });
+        let target = ScrapeTarget {
+            vip: ("10.0.0.1".parse().unwrap(), 80, Protocol::Tcp),
+            name: "v".into(),
+            backends: vec![address.ip()],
+            telemetry: TelemetryConfig {
+                source: TelemetrySource::Scrape(vec![(address.port(), "/metrics".into())]),
+                interval: Duration::from_millis(20),
+                max_interval: Duration::from_secs(2),
+                requests_per_scrape: 8,
+                timeout: Duration::from_millis(5),
+                max_body: 1 << 16,
+                derived_half_life: Duration::from_millis(200),
+                access: Default::default(),
+            },
+            rounds_every: None,
+        };
+        let task = tokio::spawn(run(port.clone(), target));
+        // The first two rounds (at 0 and 20 ms), then a 2 s wait.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(port.rounds.load(Ordering::SeqCst), 2);
+        port.counted.fetch_add(50, Ordering::SeqCst);
+        tokio::time::sleep(COUNT_CHECK + Duration::from_millis(200)).await;
+        let rounds = port.rounds.load(Ordering::SeqCst);
+        task.abort();
+        let _ = task.await;
+        // The burst's scrape (and, paced by the burst's rate, one more 80 ms later).
+        assert!(
+            (3..=4).contains(&rounds),
+            "{rounds} rounds: the burst's scrape did not come within {COUNT_CHECK:?}"
+        );
     }
 }

@@ -1,9 +1,11 @@
 //! Backend telemetry: scraping the metrics pages inference servers and GPU exporters serve
-//! ([`exposition`], [`signals`]), reports pushed to the API, and the store of each backend's
-//! latest signals with the rates derived from its counters ([`store`]).
+//! ([`exposition`], [`signals`]) at a pace set by the VIP's requests ([`pace`]), reports pushed
+//! to the API, and the store of each backend's latest signals with the rates derived from its
+//! counters ([`store`]).
 
 pub mod exposition;
 pub mod loops;
+pub mod pace;
 pub mod round;
 pub mod scrape;
 pub mod signals;

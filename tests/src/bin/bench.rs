@@ -132,9 +132,11 @@ enum Bench {
         /// SLO: mean inter-token latency, ms.
         #[arg(long, default_value_t = 100.0)]
         slo_itl_ms: f64,
-        /// The balancer's scrape interval for its telemetry policies, ms.
-        #[arg(long, default_value_t = 100)]
-        scrape_ms: u64,
+        /// A fixed scrape interval for the balancer's telemetry policies, ms (default: the
+        /// daemon's, paced by the VIP's requests: 8 per backend between scrapes, every
+        /// 100-4000 ms)
+        #[arg(long)]
+        scrape_ms: Option<u64>,
         /// Where the report and plots go (default docs/results/llm, or
         /// target/bench/llm-quick with --quick).
         #[arg(long)]
@@ -318,7 +320,7 @@ fn main() -> Result<()> {
                 || opts.loads.is_empty()
                 || opts.loads.iter().any(|l| !(*l > 0.0 && *l <= 5.0))
                 || !(knee_ttft > 0.0 && slo_ttft > 0.0 && slo_itl_ms > 0.0)
-                || !(10..=60_000).contains(&scrape_ms)
+                || scrape_ms.is_some_and(|ms| !(10..=60_000).contains(&ms))
             {
                 anyhow::bail!(
                     "--requests must be in 1..=100000, --duration in [1, 3600], --reps in 1..=20, --loads in (0, 5], the SLOs and --knee-ttft positive, --scrape-ms in 10..=60000"

@@ -63,6 +63,12 @@ impl TelemetryPort for Mutex<Daemon> {
         self.lock().map(|d| d.scrape_targets()).unwrap_or_default()
     }
 
+    fn new_flows(&self, name: &str) -> Option<u64> {
+        let d = self.lock().ok()?;
+        let vip = d.balancer.vip(name)?;
+        d.balancer.vip_stats(vip).ok().map(|t| t.new_flows)
+    }
+
     fn record_round(
         &self,
         vip: &Endpoint,

@@ -99,7 +99,8 @@ pub struct VipSettings {
     /// The half-life of the derived figures' recent window in scrape intervals, if not the
     /// daemon's default (200 ms at any interval).
     pub derived_half_life_scrapes: Option<u32>,
-    pub scrape_ms: u64,
+    /// A fixed scrape interval, ms (None: the daemon's default, paced by the VIP's requests).
+    pub scrape_ms: Option<u64>,
 }
 
 impl VipSettings {
@@ -121,7 +122,7 @@ impl VipSettings {
             held: false,
             table_size: None,
             derived_half_life_scrapes: None,
-            scrape_ms: 0,
+            scrape_ms: None,
         }
     }
 
@@ -216,10 +217,15 @@ impl VipSettings {
                 source: Some("scrape".into()),
                 port: Some(i64::from(port)),
                 extra,
-                interval_ms: Some(self.scrape_ms as i64),
-                derived_half_life_ms: self
-                    .derived_half_life_scrapes
-                    .map(|n| i64::from(n) * self.scrape_ms as i64),
+                // A fixed interval: every scrape_ms, whatever the requests.
+                interval_ms: self.scrape_ms.map(|ms| ms as i64),
+                requests_per_scrape: self.scrape_ms.map(|_| 0),
+                derived_half_life_ms: self.derived_half_life_scrapes.map(|n| {
+                    let ms = self
+                        .scrape_ms
+                        .unwrap_or(balancer::config::DEFAULT_MAX_SCRAPE_INTERVAL_MS);
+                    i64::from(n) * ms as i64
+                }),
                 ..RawTelemetry::default()
             });
             vip.policy = Some(RawPolicy {
@@ -385,9 +391,9 @@ fn tenant_prefix(name: &str) -> Option<&str> {
 
 impl Contender {
     /// `round-robin`, `composite`, ... or `vllm:cache_aware`, `sglang:power_of_two`, ...; a
-    /// balancer's contender may name its own scrape interval, `composite@4000` (else
-    /// `scrape_ms`), so that two intervals run in one run.
-    pub fn parse(name: &str, scrape_ms: u64) -> Result<Contender> {
+    /// balancer's contender may name its own fixed scrape interval, `composite@4000` (else
+    /// `scrape_ms`; None: the daemon's paced default), so that two intervals run in one run.
+    pub fn parse(name: &str, scrape_ms: Option<u64>) -> Result<Contender> {
         if let Some((base, ms)) = name.rsplit_once('@') {
             let ms: u64 = ms
                 .parse()
@@ -399,7 +405,7 @@ impl Contender {
             if base.contains('@') {
                 bail!("{name:?}: one scrape interval per contender");
             }
-            return match Contender::parse(base, ms)? {
+            return match Contender::parse(base, Some(ms))? {
                 Contender::Balancer { settings, .. } => Ok(Contender::Balancer {
                     name: name.to_string(),
                     settings,
@@ -608,12 +614,12 @@ mod tests {
                 "{name} runs by default"
             );
             assert!(
-                Contender::parse(name, 2000).is_ok(),
+                Contender::parse(name, Some(2000)).is_ok(),
                 "{name} does not parse"
             );
         }
         let Contender::Balancer { settings, .. } =
-            Contender::parse("composite-table-4099", 2000).unwrap()
+            Contender::parse("composite-table-4099", Some(2000)).unwrap()
         else {
             panic!("the balancer's");
         };
@@ -628,7 +634,7 @@ mod tests {
             assert_eq!(settings.derived_half_life_scrapes, None, "{name}");
         }
         let Contender::Balancer { settings, .. } =
-            Contender::parse("composite-window-two-scrapes", 2000).unwrap()
+            Contender::parse("composite-window-two-scrapes", Some(2000)).unwrap()
         else {
             panic!("the balancer's");
         };
@@ -644,26 +650,45 @@ mod tests {
     #[test]
     fn a_contender_may_name_its_own_scrape_interval() {
         let Contender::Balancer { name, settings } =
-            Contender::parse("composite@4000", 2000).unwrap()
+            Contender::parse("composite@4000", Some(2000)).unwrap()
         else {
             panic!("the balancer's");
         };
         assert_eq!(
             (name.as_str(), settings.scrape_ms),
-            ("composite@4000", 4000)
+            ("composite@4000", Some(4000))
         );
         let Contender::Balancer {
             settings: plain, ..
-        } = Contender::parse("composite", 2000).unwrap()
+        } = Contender::parse("composite", Some(2000)).unwrap()
         else {
             panic!("the balancer's");
         };
         assert_eq!(
             VipSettings {
-                scrape_ms: 4000,
+                scrape_ms: Some(4000),
                 ..plain
             },
             settings
+        );
+        // A fixed interval sets the fastest and no pacing; none leaves the daemon's default.
+        let mut vip = balancer::config::RawVip::default();
+        settings.apply(&mut vip);
+        let telemetry = vip.telemetry.unwrap();
+        assert_eq!(
+            (telemetry.interval_ms, telemetry.requests_per_scrape),
+            (Some(4000), Some(0))
+        );
+        let Contender::Balancer { settings, .. } = Contender::parse("composite", None).unwrap()
+        else {
+            panic!("the balancer's");
+        };
+        let mut vip = balancer::config::RawVip::default();
+        settings.apply(&mut vip);
+        let telemetry = vip.telemetry.unwrap();
+        assert_eq!(
+            (telemetry.interval_ms, telemetry.requests_per_scrape),
+            (None, None)
         );
         assert!(Contender::describe("composite@4000").ends_with("; scraping every 4000 ms"));
         for bad in [
@@ -674,9 +699,9 @@ mod tests {
             "sglang:cache_aware@4000",
             "nope@4000",
         ] {
-            assert!(Contender::parse(bad, 2000).is_err(), "{bad}");
+            assert!(Contender::parse(bad, Some(2000)).is_err(), "{bad}");
         }
-        let why = Contender::parse("composite@5", 2000)
+        let why = Contender::parse("composite@5", Some(2000))
             .unwrap_err()
             .to_string();
         assert!(why.contains("10-60000"), "{why}");
@@ -685,7 +710,8 @@ mod tests {
     #[test]
     fn tenant_affinity_names_carry_their_prefix() {
         let name = tenant_affinity(28);
-        let Contender::Balancer { settings, .. } = Contender::parse(&name, 100).unwrap() else {
+        let Contender::Balancer { settings, .. } = Contender::parse(&name, Some(100)).unwrap()
+        else {
             panic!("{name} is the balancer's");
         };
         assert_eq!(settings.affinity_prefix_v4, Some(28));
@@ -703,7 +729,7 @@ mod tests {
             "tenant-affinity/33",
             "tenant-affinity/x",
         ] {
-            let e = Contender::parse(bad, 100).unwrap_err().to_string();
+            let e = Contender::parse(bad, Some(100)).unwrap_err().to_string();
             assert!(e.contains("prefix length is 1-32"), "{bad}: {e}");
         }
     }

@@ -71,8 +71,9 @@ pub struct Options {
     /// GPU profiles of the backends.
     pub gpus: Vec<String>,
     pub slo: Slo,
-    /// The balancer's scrape interval for the telemetry policies, ms.
-    pub scrape_ms: u64,
+    /// The balancer's fixed scrape interval for the telemetry policies, ms (None: the
+    /// daemon's default, paced by the VIP's requests).
+    pub scrape_ms: Option<u64>,
     pub timeout: Duration,
     pub out_dir: PathBuf,
     /// One shape at one given load, one repetition: a check that everything still runs.
@@ -96,7 +97,7 @@ impl Options {
                 .map(String::from)
                 .to_vec(),
             slo: Slo::default(),
-            scrape_ms: 100,
+            scrape_ms: None,
             timeout: Duration::from_secs(300),
             out_dir,
             quick: false,
@@ -454,8 +455,11 @@ impl LlmRack {
         self.start_sims()?;
         let addr = self.prepare(c)?;
         if let Contender::Balancer { settings, .. } = c {
-            // The first scrapes and weight rounds.
-            std::thread::sleep(Duration::from_millis(3 * settings.scrape_ms));
+            // The first scrapes and weight rounds (paced: the first two come 100 ms apart).
+            let ms = settings
+                .scrape_ms
+                .unwrap_or(balancer::config::DEFAULT_SCRAPE_INTERVAL_MS);
+            std::thread::sleep(Duration::from_millis(3 * ms));
         }
         // Read before the CPU is counted and after: a page of the daemon's metrics costs it
         // a count of the connection table and of each table's slots.
@@ -593,7 +597,7 @@ pub fn composite_rack(tag: &str) -> Result<Topology> {
         .map(String::from)
         .to_vec();
     let mut rack = LlmRack::build(tag, &gpus)?;
-    let Contender::Balancer { settings, .. } = Contender::parse("composite", 100)? else {
+    let Contender::Balancer { settings, .. } = Contender::parse("composite", None)? else {
         bail!("composite is the balancer's");
     };
     let text = config(&rack.topo, &settings);

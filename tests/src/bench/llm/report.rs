@@ -165,7 +165,7 @@ fn options_line(o: &super::Options) -> String {
         None => default.to_string(),
     };
     format!(
-        "Covered: shapes {}; loads {} of the knee; knees {}; swept: {}; also at the knee: {}; the balancer scraped every {} ms.",
+        "Covered: shapes {}; loads {} of the knee; knees {}; swept: {}; also at the knee: {}; the balancer {}.",
         o.shapes
             .iter()
             .map(|s| format!("`{}`", s.name()))
@@ -194,7 +194,15 @@ fn options_line(o: &super::Options) -> String {
         } else {
             "none (the loads leave the knee out)".to_string()
         },
-        o.scrape_ms
+        match o.scrape_ms {
+            Some(ms) => format!("scraped every {ms} ms"),
+            None => format!(
+                "paced its scrapes by its requests (the daemon's default: {} requests per backend between scrapes, every {}-{} ms)",
+                balancer::config::DEFAULT_REQUESTS_PER_SCRAPE,
+                balancer::config::DEFAULT_SCRAPE_INTERVAL_MS,
+                balancer::config::DEFAULT_MAX_SCRAPE_INTERVAL_MS
+            ),
+        }
     )
 }
 
