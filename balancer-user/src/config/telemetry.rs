@@ -379,13 +379,18 @@ pub(super) fn validate_policy(
                 let ms: u64 = int_in(v, 1, 3_600_000, &key("stale_after_ms"))?;
                 let slowest = telemetry.slowest().as_millis() as u64;
                 if matches!(telemetry.source, TelemetrySource::Scrape(_)) && ms < slowest {
+                    let which = if telemetry.requests_per_scrape == 0 {
+                        "interval_ms"
+                    } else {
+                        "max_interval_ms"
+                    };
                     return Err(invalid(
                         key("stale_after_ms"),
                         ms,
                         format!(
                             "must be at least the slowest scrape interval ({slowest} ms, \
-                             telemetry.max_interval_ms): a quiet VIP's reports would go stale \
-                             between two scrapes"
+                             telemetry.{which}): a quiet VIP's reports would go stale between \
+                             two scrapes"
                         ),
                     ));
                 }

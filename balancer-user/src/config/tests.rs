@@ -609,6 +609,10 @@ fn stale_after_defaults_to_three_scrapes() {
         Err("vip[0].policy.stale_after_ms = 1000: must be at least the slowest scrape interval (4000 ms, telemetry.max_interval_ms): a quiet VIP's reports would go stale between two scrapes".into())
     );
     assert_eq!(
+        stale_after(&fixed(2000), "stale_after_ms = 1000"),
+        Err("vip[0].policy.stale_after_ms = 1000: must be at least the slowest scrape interval (2000 ms, telemetry.interval_ms): a quiet VIP's reports would go stale between two scrapes".into())
+    );
+    assert_eq!(
         stale_after("source = \"push\"", "stale_after_ms = 300"),
         Ok(300)
     );
