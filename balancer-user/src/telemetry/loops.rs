@@ -423,9 +423,19 @@ mod tests {
         }
     }
 
-    /// The scrape rounds a loop runs in 500 ms over a VIP whose data plane counts `step` new
-    /// flows a round, scraping every 20 ms at the fastest and 200 ms at the slowest.
-    async fn rounds_in_half_a_second(step: u64, requests_per_scrape: u32) -> usize {
+    /// A loop over one backend that never answers (each scrape ends by its 5 ms timeout),
+    /// scraping every 20 ms at the fastest and `slowest` at the slowest, its VIP's data plane
+    /// counting `step` new flows a reading: the loop's task, the stand-in daemon, and the
+    /// backend's listener (to keep open while the loop runs).
+    fn paced_loop(
+        step: u64,
+        slowest: Duration,
+        requests_per_scrape: u32,
+    ) -> (
+        tokio::task::JoinHandle<()>,
+        Arc<Flows>,
+        std::net::TcpListener,
+    ) {
         let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let address = silent.local_addr().unwrap();
         let port = Arc::new(Flows {
@@ -440,7 +450,7 @@ mod tests {
             telemetry: TelemetryConfig {
                 source: TelemetrySource::Scrape(vec![(address.port(), "/metrics".into())]),
                 interval: Duration::from_millis(20),
-                max_interval: Duration::from_millis(200),
+                max_interval: slowest,
                 requests_per_scrape,
                 timeout: Duration::from_millis(5),
                 max_body: 1 << 16,
@@ -449,7 +459,14 @@ mod tests {
             },
             rounds_every: None,
         };
-        let task = tokio::spawn(run(port.clone(), target));
+        (tokio::spawn(run(port.clone(), target)), port, silent)
+    }
+
+    /// The scrape rounds a loop runs in 500 ms over a VIP whose data plane counts `step` new
+    /// flows a round, scraping every 20 ms at the fastest and 200 ms at the slowest.
+    async fn rounds_in_half_a_second(step: u64, requests_per_scrape: u32) -> usize {
+        let (task, port, _silent) =
+            paced_loop(step, Duration::from_millis(200), requests_per_scrape);
         tokio::time::sleep(Duration::from_millis(500)).await;
         task.abort();
         let _ = task.await;
@@ -474,30 +491,7 @@ mod tests {
     async fn a_burst_of_new_flows_cuts_a_slow_wait_short() {
         // Idle (no new flow), scraping every 2 s at the slowest: then a burst of 50 new flows
         // (over 8 per backend) is counted within COUNT_CHECK and scraped at once.
-        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let address = silent.local_addr().unwrap();
-        let port = Arc::new(Flows {
-            step: 0,
-            counted: Default::default(),
-            rounds: Default::default(),
-        });
-        let target = ScrapeTarget {
-            vip: ("10.0.0.1".parse().unwrap(), 80, Protocol::Tcp),
-            name: "v".into(),
-            backends: vec![address.ip()],
-            telemetry: TelemetryConfig {
-                source: TelemetrySource::Scrape(vec![(address.port(), "/metrics".into())]),
-                interval: Duration::from_millis(20),
-                max_interval: Duration::from_secs(2),
-                requests_per_scrape: 8,
-                timeout: Duration::from_millis(5),
-                max_body: 1 << 16,
-                derived_half_life: Duration::from_millis(200),
-                access: Default::default(),
-            },
-            rounds_every: None,
-        };
-        let task = tokio::spawn(run(port.clone(), target));
+        let (task, port, _silent) = paced_loop(0, Duration::from_secs(2), 8);
         // The first two rounds (at 0 and 20 ms), then a 2 s wait.
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(port.rounds.load(Ordering::SeqCst), 2);

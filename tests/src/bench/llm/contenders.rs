@@ -638,13 +638,18 @@ mod tests {
         else {
             panic!("the balancer's");
         };
-        let mut vip = balancer::config::RawVip::default();
-        settings.apply(&mut vip);
-        let telemetry = vip.telemetry.unwrap();
+        let telemetry = telemetry_of(&settings);
         assert_eq!(
             (telemetry.interval_ms, telemetry.derived_half_life_ms),
             (Some(2000), Some(4000))
         );
+    }
+
+    /// The telemetry settings `settings` give a VIP.
+    fn telemetry_of(settings: &VipSettings) -> balancer::config::RawTelemetry {
+        let mut vip = balancer::config::RawVip::default();
+        settings.apply(&mut vip);
+        vip.telemetry.expect("a telemetry policy's contender")
     }
 
     #[test]
@@ -672,9 +677,7 @@ mod tests {
             settings
         );
         // A fixed interval sets the fastest and no pacing; none leaves the daemon's default.
-        let mut vip = balancer::config::RawVip::default();
-        settings.apply(&mut vip);
-        let telemetry = vip.telemetry.unwrap();
+        let telemetry = telemetry_of(&settings);
         assert_eq!(
             (telemetry.interval_ms, telemetry.requests_per_scrape),
             (Some(4000), Some(0))
@@ -683,9 +686,7 @@ mod tests {
         else {
             panic!("the balancer's");
         };
-        let mut vip = balancer::config::RawVip::default();
-        settings.apply(&mut vip);
-        let telemetry = vip.telemetry.unwrap();
+        let telemetry = telemetry_of(&settings);
         assert_eq!(
             (telemetry.interval_ms, telemetry.requests_per_scrape),
             (None, None)
