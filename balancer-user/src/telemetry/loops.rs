@@ -157,12 +157,12 @@ async fn run<P: TelemetryPort>(daemon: Arc<P>, target: ScrapeTarget) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_scrape = Instant::now();
     let mut wait = Duration::ZERO;
-    // Rounds between scrapes (only while they are more frequent than the scrapes) run on a
-    // thread of their own that sleeps between them: one wake-up a round, where a timer on
-    // the runtime and a hop to its blocking pool and back took three. The thread ends when
+    // Rounds between scrapes (only while they are more frequent than the slowest scrapes) run
+    // on a thread of their own that sleeps between them: one wake-up a round, where a timer
+    // on the runtime and a hop to its blocking pool and back took three. The thread ends when
     // this task does (it drops `_rounds`).
     let _rounds = rounds_every
-        .filter(|every| *every < cfg.interval)
+        .filter(|every| *every < cfg.slowest())
         .and_then(|every| spawn_rounds(daemon.clone(), vip, name.clone(), every));
     // One pooled client for this VIP's pages (its scheme, CA, certificate and token); a
     // setting that cannot be used fails every scrape with its reason, which status shows.
@@ -397,6 +397,40 @@ mod tests {
         let stopped = port.between.load(Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(port.between.load(Ordering::SeqCst), stopped);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn rounds_run_between_paced_scrapes_as_fast_as_the_fastest() {
+        // Scrapes paced from 100 ms to 4 s (an idle VIP: 4 s apart), rounds every 20 ms
+        // between them: they run, as they would between fixed 4 s scrapes.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = silent.local_addr().unwrap();
+        let port = Arc::new(Counting::default());
+        let target = ScrapeTarget {
+            vip: ("10.0.0.1".parse().unwrap(), 80, Protocol::Tcp),
+            name: "v".into(),
+            backends: vec![address.ip()],
+            telemetry: TelemetryConfig {
+                source: TelemetrySource::Scrape(vec![(address.port(), "/metrics".into())]),
+                interval: Duration::from_millis(20),
+                max_interval: Duration::from_secs(4),
+                requests_per_scrape: 8,
+                timeout: Duration::from_millis(10),
+                max_body: 1 << 16,
+                derived_half_life: Duration::from_millis(200),
+                access: Default::default(),
+            },
+            rounds_every: Some(Duration::from_millis(20)),
+        };
+        let task = tokio::spawn(run(port.clone(), target));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        task.abort();
+        let _ = task.await;
+        let between = port.between.load(Ordering::SeqCst);
+        assert!(
+            between >= 5,
+            "{between} rounds between paced scrapes in 300 ms"
+        );
     }
 
     /// A VIP whose data plane counts `step` new flows between two readings.
