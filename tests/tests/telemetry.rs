@@ -167,9 +167,15 @@ fn traffic_follows_the_weights_backends_report() {
             && m.get("10.111.0.13") == Some(&170)
     });
     assert!(w.backends[0].reason.contains("memory 25% used"), "{w:#?}");
+    // Scraped at a fixed interval: the VIP shows it as the wait to its next scrape.
+    assert_eq!(w.scrape_interval_ms, Some(100), "{w:#?}");
     let (code, table, _) = topo.cli(&["weights", "http4"]).unwrap();
     assert_eq!(code, 0);
     assert!(table.contains("gpu: memory 88% used"), "{table}");
+    assert!(
+        table.contains("next scrape 0.1 s after the last"),
+        "{table}"
+    );
     let observed = http_shares(&topo, VIP4.into(), 900);
     println!("gpu weights 1000/500/170: shares {observed:?}");
     assert_shares_follow(&observed, &weight_shares(&w), 0.06);
@@ -471,6 +477,10 @@ fn reporters_push_and_serve_gpu_figures() {
             && m.get("10.111.0.13") == Some(&0)
     });
     assert!(w.backends[2].reason.contains("no report yet"), "{w:#?}");
+    assert_eq!(
+        w.scrape_interval_ms, None,
+        "pushed reports have no scrapes: {w:#?}"
+    );
     let served = topo
         .client
         .run_in(|| {

@@ -231,5 +231,10 @@ pub struct VipWeights {
     /// flows).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool_saturated: Option<bool>,
+    /// A scraped VIP's wait from its last scrape to the next, ms: `interval_ms` when fixed,
+    /// else the pace its requests set (`interval_ms` to `max_interval_ms`); absent before the
+    /// first scrape and for pushed or no telemetry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scrape_interval_ms: Option<u64>,
     pub backends: Vec<WeightRow>,
 }

@@ -39,8 +39,12 @@ pub fn run(args: WeightsArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
             Some(false) => ", admission: pool open",
             None => "",
         };
+        let pace = v
+            .scrape_interval_ms
+            .map(|ms| format!(", next scrape {:.1} s after the last", ms as f64 / 1000.0))
+            .unwrap_or_default();
         println!(
-            "VIP {}: policy {}, telemetry {}{admission}",
+            "VIP {}: policy {}, telemetry {}{pace}{admission}",
             v.vip, v.policy, v.telemetry
         );
         println!(

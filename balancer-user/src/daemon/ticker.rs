@@ -207,7 +207,14 @@ mod tests {
         fn new_flows(&self, _: &str) -> Option<u64> {
             None
         }
-        fn record_round(&self, _: &Endpoint, _: &str, _: Vec<(IpAddr, Result<Signals, String>)>) {}
+        fn record_round(
+            &self,
+            _: &Endpoint,
+            _: &str,
+            _: Vec<(IpAddr, Result<Signals, String>)>,
+            _: Option<Duration>,
+        ) {
+        }
     }
 
     impl DiscoveryPort for Counting {

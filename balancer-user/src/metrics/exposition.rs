@@ -239,6 +239,14 @@ pub fn families(counters: Option<&Counters>, status: &Status, weights: &[VipWeig
         }
     }
     for v in weights {
+        if let Some(ms) = v.scrape_interval_ms {
+            f.gauge(
+                "balancer_vip_scrape_interval_seconds",
+                "Seconds from a scraped VIP's last scrape to its next: telemetry.interval_ms when fixed, else the pace its requests set (interval_ms to max_interval_ms).",
+                &[("vip", v.vip.as_str())],
+                ms as f64 / 1000.0,
+            );
+        }
         for b in &v.backends {
             let addr = b.address.to_string();
             let l = [("vip", v.vip.as_str()), ("backend", addr.as_str())];
@@ -474,6 +482,7 @@ mod tests {
             policy: "composite".into(),
             telemetry: "scrape".into(),
             pool_saturated: Some(true),
+            scrape_interval_ms: Some(4000),
             backends: vec![WeightRow {
                 address: backend,
                 configured_weight: 1,
@@ -523,6 +532,10 @@ mod tests {
         );
         assert!(
             text.contains("balancer_backend_bound_share{vip=\"llm\",backend=\"10.0.0.21\"} 0.25"),
+            "{text}"
+        );
+        assert!(
+            text.contains("balancer_vip_scrape_interval_seconds{vip=\"llm\"} 4"),
             "{text}"
         );
         assert!(

@@ -47,13 +47,16 @@ pub trait TelemetryPort: Send + Sync + 'static {
     /// The VIP's new flows counted by the data plane so far (None where they cannot be read),
     /// for the pace of its scrapes.
     fn new_flows(&self, name: &str) -> Option<u64>;
-    /// Records one round's results (an empty list for pushed reports) and runs the VIP's
-    /// weight round; blocking.
+    /// Records one round's results (an empty list for pushed reports and rounds between
+    /// scrapes) and runs the VIP's weight round; blocking. `next_scrape`: after a scrape, the
+    /// wait from its start to the next (the fixed interval, or the pace the VIP's requests
+    /// set); None for other rounds.
     fn record_round(
         &self,
         vip: &Endpoint,
         name: &str,
         results: Vec<(IpAddr, Result<Signals, String>)>,
+        next_scrape: Option<Duration>,
     );
 }
 
@@ -215,15 +218,20 @@ async fn run<P: TelemetryPort>(daemon: Arc<P>, target: ScrapeTarget) {
                 }
             }
         }
-        if paced {
+        let next_scrape = if paced {
             let requests = pace.requests_since(daemon.new_flows(&name), &results);
             wait = pace.next_wait(requests, started - last_scrape, backends.len());
             last_scrape = started;
-        }
+            Some(wait)
+        } else if matches!(cfg.source, TelemetrySource::Scrape(_)) {
+            Some(cfg.interval)
+        } else {
+            None
+        };
         // Blocking, here: on the loops' own thread this only delays the other VIPs' scrapes
         // by a round's few milliseconds, and a hop to a blocking pool and back cost two
         // more wake-ups a round.
-        daemon.record_round(&vip, &name, results);
+        daemon.record_round(&vip, &name, results, next_scrape);
     }
 }
 
@@ -248,7 +256,7 @@ fn spawn_rounds<P: TelemetryPort>(
                     Err(RecvTimeoutError::Timeout) => {}
                     _ => return,
                 }
-                daemon.record_round(&vip, &name, Vec::new());
+                daemon.record_round(&vip, &name, Vec::new(), None);
                 next = crate::tasks::next_due(next, every);
             }
         });
@@ -287,6 +295,7 @@ mod tests {
             _vip: &Endpoint,
             _name: &str,
             results: Vec<(IpAddr, Result<Signals, String>)>,
+            _next_scrape: Option<Duration>,
         ) {
             let counter = if results.is_empty() {
                 &self.between
@@ -315,6 +324,7 @@ mod tests {
             _vip: &Endpoint,
             _name: &str,
             _results: Vec<(IpAddr, Result<Signals, String>)>,
+            _next_scrape: Option<Duration>,
         ) {
             let name = std::thread::current().name().map(str::to_string);
             self.threads.lock().unwrap().push(name);
@@ -433,11 +443,13 @@ mod tests {
         );
     }
 
-    /// A VIP whose data plane counts `step` new flows between two readings.
+    /// A VIP whose data plane counts `step` new flows between two readings; keeps the wait
+    /// to the next scrape its last round was given.
     struct Flows {
         step: u64,
         counted: std::sync::atomic::AtomicU64,
         rounds: AtomicUsize,
+        next_scrape: std::sync::Mutex<Option<Duration>>,
     }
 
     impl TelemetryPort for Flows {
@@ -452,8 +464,10 @@ mod tests {
             _vip: &Endpoint,
             _name: &str,
             _results: Vec<(IpAddr, Result<Signals, String>)>,
+            next_scrape: Option<Duration>,
         ) {
             self.rounds.fetch_add(1, Ordering::SeqCst);
+            *self.next_scrape.lock().unwrap() = next_scrape;
         }
     }
 
@@ -476,6 +490,7 @@ mod tests {
             step,
             counted: Default::default(),
             rounds: Default::default(),
+            next_scrape: Default::default(),
         });
         let target = ScrapeTarget {
             vip: ("10.0.0.1".parse().unwrap(), 80, Protocol::Tcp),
@@ -497,28 +512,38 @@ mod tests {
     }
 
     /// The scrape rounds a loop runs in 500 ms over a VIP whose data plane counts `step` new
-    /// flows a round, scraping every 20 ms at the fastest and 200 ms at the slowest.
-    async fn rounds_in_half_a_second(step: u64, requests_per_scrape: u32) -> usize {
+    /// flows a round, scraping every 20 ms at the fastest and 200 ms at the slowest, and the
+    /// wait to the next scrape the last round was given.
+    async fn rounds_in_half_a_second(
+        step: u64,
+        requests_per_scrape: u32,
+    ) -> (usize, Option<Duration>) {
         let (task, port, _silent) =
             paced_loop(step, Duration::from_millis(200), requests_per_scrape);
         tokio::time::sleep(Duration::from_millis(500)).await;
         task.abort();
         let _ = task.await;
-        port.rounds.load(Ordering::SeqCst)
+        let next = *port.next_scrape.lock().unwrap();
+        (port.rounds.load(Ordering::SeqCst), next)
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn scrapes_follow_the_vips_requests_between_the_two_intervals() {
         // No new flows: after the first two (the second sets where counting starts), one
         // every 200 ms — at 0, 20, 220 and 420 ms.
-        let idle = rounds_in_half_a_second(0, 8).await;
+        // Each round is told the wait to the next scrape (what the daemon shows as the VIP's
+        // scrape interval).
+        let (idle, next) = rounds_in_half_a_second(0, 8).await;
         assert!((3..=5).contains(&idle), "{idle} rounds of an idle VIP");
+        assert_eq!(next, Some(Duration::from_millis(200)));
         // A thousand new flows a round: every 20 ms.
-        let busy = rounds_in_half_a_second(1000, 8).await;
+        let (busy, next) = rounds_in_half_a_second(1000, 8).await;
         assert!(busy >= 12, "{busy} rounds of a busy VIP");
+        assert_eq!(next, Some(Duration::from_millis(20)));
         // requests_per_scrape = 0: every interval however idle.
-        let fixed = rounds_in_half_a_second(0, 0).await;
+        let (fixed, next) = rounds_in_half_a_second(0, 0).await;
         assert!(fixed >= 12, "{fixed} rounds at a fixed interval");
+        assert_eq!(next, Some(Duration::from_millis(20)));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

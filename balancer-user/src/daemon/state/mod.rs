@@ -103,6 +103,8 @@ pub struct Daemon {
     /// Per VIP name: the weight policy's memory and its last decisions.
     policies: HashMap<String, PolicyState>,
     decisions: HashMap<String, Vec<Decision>>,
+    /// Per VIP name: the wait its telemetry loop set from its last scrape to the next.
+    scrape_intervals: HashMap<String, Duration>,
     /// Model routing: per pool, the models each backend was found serving, and the last
     /// discovery error per backend.
     pub served: HashMap<String, HashMap<IpAddr, Vec<String>>>,
@@ -188,6 +190,7 @@ impl Daemon {
             telemetry: TelemetryStore::default(),
             policies: HashMap::new(),
             decisions: HashMap::new(),
+            scrape_intervals: HashMap::new(),
             served: HashMap::new(),
             discovery_errors: HashMap::new(),
             fleet: crate::fleet::FleetStatus::default(),

@@ -4,6 +4,7 @@
 
 use std::net::IpAddr;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use super::Daemon;
 use crate::balancer::Endpoint;
@@ -74,10 +75,19 @@ impl TelemetryPort for Mutex<Daemon> {
         vip: &Endpoint,
         name: &str,
         results: Vec<(IpAddr, Result<Signals, String>)>,
+        next_scrape: Option<Duration>,
     ) {
         let Ok(mut d) = self.lock() else {
             return;
         };
+        if let Some(next) = next_scrape {
+            match d.scrape_intervals.get_mut(name) {
+                Some(at) => *at = next,
+                None => {
+                    d.scrape_intervals.insert(name.to_string(), next);
+                }
+            }
+        }
         let marks = match d.config.vip(name) {
             Some(v) if !results.is_empty() => d.flow_marks(v, None),
             _ => Default::default(),

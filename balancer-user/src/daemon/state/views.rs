@@ -32,6 +32,15 @@ impl Daemon {
                         .admission
                         .as_ref()
                         .map(|_| state.is_some_and(|s| s.saturated)),
+                    // Only while the VIP scrapes (a VIP changed to pushed reports keeps no
+                    // loop to update it).
+                    scrape_interval_ms: match &v.telemetry.source {
+                        TelemetrySource::Scrape(_) => self
+                            .scrape_intervals
+                            .get(&v.name)
+                            .map(|w| w.as_millis() as u64),
+                        _ => None,
+                    },
                     telemetry: match &v.telemetry.source {
                         TelemetrySource::None => "none".into(),
                         TelemetrySource::Push => "push".into(),
