@@ -331,28 +331,49 @@ mod tests {
         }
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_loops_run_on_their_own_thread_until_stopped() {
-        // A backend that never answers: each scrape ends by its timeout with an error.
+    /// VIP "v" scraping one backend that never answers (each scrape ends by its `timeout`
+    /// with an error) every `interval` at the fastest and `max_interval` at the slowest, paced
+    /// by `requests_per_scrape`, with `rounds_every` between scrapes; and the backend's
+    /// listener, to keep open while the loop runs.
+    fn silent_target(
+        interval: Duration,
+        max_interval: Duration,
+        requests_per_scrape: u32,
+        timeout: Duration,
+        rounds_every: Option<Duration>,
+    ) -> (ScrapeTarget, std::net::TcpListener) {
         let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let address = silent.local_addr().unwrap();
-        let port = Arc::new(OnThread {
-            target: ScrapeTarget {
-                vip: ("10.0.0.1".parse().unwrap(), 80, Protocol::Tcp),
-                name: "v".into(),
-                backends: vec![address.ip()],
-                telemetry: TelemetryConfig {
-                    source: TelemetrySource::Scrape(vec![(address.port(), "/metrics".into())]),
-                    interval: Duration::from_millis(100),
-                    max_interval: Duration::from_secs(4),
-                    requests_per_scrape: 8,
-                    timeout: Duration::from_millis(20),
-                    max_body: 1 << 16,
-                    derived_half_life: Duration::from_millis(200),
-                    access: Default::default(),
-                },
-                rounds_every: None,
+        let target = ScrapeTarget {
+            vip: ("10.0.0.1".parse().unwrap(), 80, Protocol::Tcp),
+            name: "v".into(),
+            backends: vec![address.ip()],
+            telemetry: TelemetryConfig {
+                source: TelemetrySource::Scrape(vec![(address.port(), "/metrics".into())]),
+                interval,
+                max_interval,
+                requests_per_scrape,
+                timeout,
+                max_body: 1 << 16,
+                derived_half_life: Duration::from_millis(200),
+                access: Default::default(),
             },
+            rounds_every,
+        };
+        (target, silent)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_loops_run_on_their_own_thread_until_stopped() {
+        let (target, _silent) = silent_target(
+            Duration::from_millis(100),
+            Duration::from_secs(4),
+            8,
+            Duration::from_millis(20),
+            None,
+        );
+        let port = Arc::new(OnThread {
+            target,
             threads: Default::default(),
         });
         let mut loops = TelemetryLoops::default();
@@ -374,27 +395,14 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn rounds_run_between_scrapes_until_the_loop_stops() {
-        // A backend that never answers: each scrape ends by its timeout with an error.
-        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let address = silent.local_addr().unwrap();
+        let (target, _silent) = silent_target(
+            Duration::from_secs(1),
+            Duration::from_secs(4),
+            8,
+            Duration::from_millis(50),
+            Some(Duration::from_millis(20)),
+        );
         let port = Arc::new(Counting::default());
-        let telemetry = TelemetryConfig {
-            source: TelemetrySource::Scrape(vec![(address.port(), "/metrics".into())]),
-            interval: Duration::from_secs(1),
-            max_interval: Duration::from_secs(4),
-            requests_per_scrape: 8,
-            timeout: Duration::from_millis(50),
-            max_body: 1 << 16,
-            derived_half_life: Duration::from_secs(2),
-            access: Default::default(),
-        };
-        let target = ScrapeTarget {
-            vip: ("10.0.0.1".parse().unwrap(), 80, Protocol::Tcp),
-            name: "v".into(),
-            backends: vec![address.ip()],
-            telemetry,
-            rounds_every: Some(Duration::from_millis(20)),
-        };
         let task = tokio::spawn(run(port.clone(), target));
         tokio::time::sleep(Duration::from_millis(300)).await;
         let between = port.between.load(Ordering::SeqCst);
@@ -413,25 +421,14 @@ mod tests {
     async fn rounds_run_between_paced_scrapes_as_fast_as_the_fastest() {
         // Scrapes paced from 100 ms to 4 s (an idle VIP: 4 s apart), rounds every 20 ms
         // between them: they run, as they would between fixed 4 s scrapes.
-        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let address = silent.local_addr().unwrap();
+        let (target, _silent) = silent_target(
+            Duration::from_millis(20),
+            Duration::from_secs(4),
+            8,
+            Duration::from_millis(10),
+            Some(Duration::from_millis(20)),
+        );
         let port = Arc::new(Counting::default());
-        let target = ScrapeTarget {
-            vip: ("10.0.0.1".parse().unwrap(), 80, Protocol::Tcp),
-            name: "v".into(),
-            backends: vec![address.ip()],
-            telemetry: TelemetryConfig {
-                source: TelemetrySource::Scrape(vec![(address.port(), "/metrics".into())]),
-                interval: Duration::from_millis(20),
-                max_interval: Duration::from_secs(4),
-                requests_per_scrape: 8,
-                timeout: Duration::from_millis(10),
-                max_body: 1 << 16,
-                derived_half_life: Duration::from_millis(200),
-                access: Default::default(),
-            },
-            rounds_every: Some(Duration::from_millis(20)),
-        };
         let task = tokio::spawn(run(port.clone(), target));
         tokio::time::sleep(Duration::from_millis(300)).await;
         task.abort();
@@ -484,30 +481,19 @@ mod tests {
         Arc<Flows>,
         std::net::TcpListener,
     ) {
-        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let address = silent.local_addr().unwrap();
+        let (target, silent) = silent_target(
+            Duration::from_millis(20),
+            slowest,
+            requests_per_scrape,
+            Duration::from_millis(5),
+            None,
+        );
         let port = Arc::new(Flows {
             step,
             counted: Default::default(),
             rounds: Default::default(),
             next_scrape: Default::default(),
         });
-        let target = ScrapeTarget {
-            vip: ("10.0.0.1".parse().unwrap(), 80, Protocol::Tcp),
-            name: "v".into(),
-            backends: vec![address.ip()],
-            telemetry: TelemetryConfig {
-                source: TelemetrySource::Scrape(vec![(address.port(), "/metrics".into())]),
-                interval: Duration::from_millis(20),
-                max_interval: slowest,
-                requests_per_scrape,
-                timeout: Duration::from_millis(5),
-                max_body: 1 << 16,
-                derived_half_life: Duration::from_millis(200),
-                access: Default::default(),
-            },
-            rounds_every: None,
-        };
         (tokio::spawn(run(port.clone(), target)), port, silent)
     }
 
