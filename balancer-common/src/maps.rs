@@ -28,6 +28,24 @@ pub const BACKEND_STATS: &str = "BACKEND_STATS";
 pub const ACTIVE: &str = "ACTIVE";
 /// Active flows per VIP id, like [`ACTIVE`] (the bounded-load reference).
 pub const VIP_ACTIVE: &str = "VIP_ACTIVE";
+/// Scrapes due by new flows: array by VIP id of `u64` used as a signed counter, the new flows
+/// left before the VIP's next scrape is due. The daemon sets it at each scrape of a VIP whose
+/// telemetry is paced by its requests; the program counts it down (atomic adds) for each new
+/// flow of the VIPs flagged [`VIP_F_SCRAPE_DUE`], and the flow that brings it to zero puts the
+/// VIP's id in [`SCRAPE_EVENTS`].
+pub const SCRAPE_DUE: &str = "SCRAPE_DUE";
+/// Ring buffer of VIP ids (`u32`) whose new flows reached a scrape's ([`SCRAPE_DUE`]): the
+/// daemon, woken by it, scrapes their backends at once (where it would otherwise read every
+/// VIP's counter on a timer).
+pub const SCRAPE_EVENTS: &str = "SCRAPE_EVENTS";
+/// Bytes of [`SCRAPE_EVENTS`]: one page, 256 events (each record an 8-byte header and the
+/// 4-byte id, rounded up to 8).
+pub const SCRAPE_EVENTS_BYTES: u32 = 4096;
+/// Values of a [`SCRAPE_DUE`] count after the new flow's own that put an event in
+/// [`SCRAPE_EVENTS`]: 0 (the flow that reached the count) and the few after it, so two CPUs
+/// that both count down before either reads the result (the program has no fetch-and-add)
+/// still tell; the daemon takes several events for a VIP as one.
+pub const SCRAPE_DUE_WINDOW: i64 = 4;
 /// Per-CPU round-robin cursors per VIP id (`u32`).
 pub const RR_CURSOR: &str = "RR_CURSOR";
 /// Session persistence: LRU hash of [`AffinityKey`] -> [`AffinityValue`].
@@ -285,6 +303,9 @@ pub const VIP_F_COUNT: u8 = 2;
 pub const VIP_F_SOURCE_PREFIX: u8 = 4;
 /// [`VipMeta::flags`]: new flows pass admission control first (the VIP's [`ADMISSION`] entry).
 pub const VIP_F_ADMISSION: u8 = 8;
+/// [`VipMeta::flags`]: new flows count down the VIP's [`SCRAPE_DUE`] entry (its telemetry is
+/// paced by its requests).
+pub const VIP_F_SCRAPE_DUE: u8 = 16;
 
 /// A backend slot is in use and may receive packets.
 pub const BACKEND_F_ACTIVE: u8 = 1;
@@ -646,7 +667,7 @@ pub const LAYOUT: u64 = (4 << 56)
     | core::mem::size_of::<crate::stats::TrafficStats>() as u64;
 
 /// The maps pinned under the daemon's pin directory (the program, its XDP link and these).
-pub const PINNED_MAPS: [&str; 25] = [
+pub const PINNED_MAPS: [&str; 27] = [
     VIPS,
     MAGLEV,
     BACKENDS,
@@ -657,6 +678,8 @@ pub const PINNED_MAPS: [&str; 25] = [
     BACKEND_STATS,
     ACTIVE,
     VIP_ACTIVE,
+    SCRAPE_DUE,
+    SCRAPE_EVENTS,
     RR_CURSOR,
     AFFINITY,
     NAT_REPLIES,

@@ -184,6 +184,9 @@ pub enum Extra {
         prefix_v4: i64,
         max_load_factor: f64,
     },
+    /// Scrapes of port 9000 paced by the VIP's requests (the defaults): its new flows count
+    /// down toward its next scrape.
+    PacedScrapes,
 }
 
 /// A VIP on port 80 with `scheduler` (and `extra`) over backends of the given weights.
@@ -206,6 +209,13 @@ pub fn scheduled_vip(
         } => {
             v.affinity_prefix_v4 = Some(prefix_v4);
             v.max_load_factor = Some(max_load_factor);
+        }
+        Extra::PacedScrapes => {
+            v.telemetry = Some(balancer::config::RawTelemetry {
+                source: Some("scrape".into()),
+                port: Some(9000),
+                ..Default::default()
+            })
         }
     }
     v.backend = backends

@@ -1430,3 +1430,83 @@ fn tcp_both_ways(
     let (action, out) = h.run(&stray).unwrap();
     assert_eq!((action_name(action), out), ("XDP_PASS", stray), "{name}");
 }
+
+#[test]
+#[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
+fn a_paced_vips_new_flows_count_down_to_its_scrape_and_say_so() {
+    // l2dsr4's scrapes paced by its requests (the defaults: 8 per backend, 100 ms to 4 s);
+    // ipip4 scraped every 100 ms (not paced): its flows count nothing.
+    let mut config = packet_fixture();
+    vip_mut(&mut config, "l2dsr4").telemetry = Some(balancer::config::RawTelemetry {
+        source: Some("scrape".into()),
+        port: Some(9000),
+        ..Default::default()
+    });
+    vip_mut(&mut config, "ipip4").telemetry = Some(balancer::config::RawTelemetry {
+        source: Some("scrape".into()),
+        port: Some(9000),
+        requests_per_scrape: Some(0),
+        ..Default::default()
+    });
+    let mut h = Harness::new(&to_toml(&config)).expect("loading the balancer");
+    let paced = h.balancer.vip("l2dsr4").unwrap().id;
+    let fixed = h.balancer.vip("ipip4").unwrap().id;
+    let balancer::dataplane::ScrapeDue {
+        mut counts,
+        mut events,
+    } = h
+        .balancer
+        .take_scrape_due()
+        .expect("the program's scrape-due maps");
+    assert!(h.balancer.take_scrape_due().is_none(), "handed over once");
+    let heard = |events: &mut balancer::dataplane::scrape_due::ScrapeEvents| {
+        let mut ids = Vec::new();
+        events.drain(|id| ids.push(id));
+        ids
+    };
+    let client = ip("10.9.5.5");
+    counts.set(paced, 3).unwrap();
+    counts.set(fixed, 1).unwrap();
+    let sport = std::cell::Cell::new(2000u16);
+    let syn = |h: &mut Harness, vip: &str| {
+        sport.set(sport.get() + 1);
+        let frame = tcp_frame(client, sport.get(), ip(vip), 80, true, b"");
+        let (action, _) = h.run(&frame).unwrap();
+        assert_eq!(action_name(action), "XDP_TX");
+    };
+    // Two new flows of three, and the established flow's later packets: nothing yet.
+    syn(&mut h, "10.111.1.1");
+    syn(&mut h, "10.111.1.1");
+    h.run(&tcp_frame(
+        client,
+        sport.get(),
+        ip("10.111.1.1"),
+        80,
+        false,
+        b"data",
+    ))
+    .unwrap();
+    assert_eq!(heard(&mut events), Vec::<u32>::new());
+    // The third: the VIP's id, once.
+    syn(&mut h, "10.111.1.1");
+    assert_eq!(heard(&mut events), [paced]);
+    // The few after it tell again (for CPUs that raced), then no more until the count is set
+    // again.
+    for _ in 0..10 {
+        syn(&mut h, "10.111.1.1");
+    }
+    let after = heard(&mut events);
+    assert_eq!(
+        after.len() as i64,
+        balancer_common::maps::SCRAPE_DUE_WINDOW - 1,
+        "{after:?}"
+    );
+    assert!(after.iter().all(|id| *id == paced));
+    counts.set(paced, 1).unwrap();
+    syn(&mut h, "10.111.1.1");
+    assert_eq!(heard(&mut events), [paced]);
+    // A VIP not paced by its requests counts nothing, whatever its count says.
+    syn(&mut h, "10.111.1.2");
+    syn(&mut h, "10.111.1.2");
+    assert_eq!(heard(&mut events), Vec::<u32>::new());
+}

@@ -1,6 +1,7 @@
 //! Telemetry end to end (needs root): simulated inference servers whose `/metrics` pages the
 //! tests rewrite, the daemon scraping them and turning them into weights, traffic following
-//! those weights, established connections surviving weights that change every 100 ms,
+//! those weights, a burst of connections bringing a quiet VIP's scrape forward, established
+//! connections surviving weights that change every 100 ms,
 //! `balancer report` pushing and serving GPU figures, and admission control refusing a free
 //! tier's connections while every backend is saturated.
 
@@ -228,6 +229,65 @@ fn traffic_follows_the_weights_backends_report() {
     let echo = weights(&topo, "echo4");
     assert_eq!(echo.policy, "static");
     assert!(echo.backends.iter().all(|b| b.weight == 1), "{echo:#?}");
+}
+
+/// Reports received from each of the VIP's backends, summed.
+fn reports(topo: &Topology, vip: &str) -> u64 {
+    weights(topo, vip).backends.iter().map(|b| b.reports).sum()
+}
+
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn a_burst_of_connections_brings_a_quiet_vips_scrape_forward() {
+    // http4's scrapes paced by its requests: one per backend between scrapes (3 new flows),
+    // every 100 ms at the fastest, every 60 s while quiet.
+    let topo = rack("tb", |_, config| {
+        let http4 = vip_mut(config, "http4");
+        http4.telemetry = Some(RawTelemetry {
+            source: Some("scrape".into()),
+            port: Some(80),
+            path: Some("/metrics".into()),
+            interval_ms: Some(100),
+            max_interval_ms: Some(60_000),
+            requests_per_scrape: Some(1),
+            ..RawTelemetry::default()
+        });
+        http4.policy = Some(unsmoothed("gpu"));
+    });
+    for i in 0..3 {
+        write_atomically(&topo.metrics_file(i), &dcgm_page(20, 80));
+    }
+    // The first scrapes (the second sets where counting starts), then quiet: the next one
+    // 60 s away.
+    let started = Instant::now();
+    loop {
+        let w = weights(&topo, "http4");
+        if w.scrape_interval_ms == Some(60_000) && w.backends.iter().all(|b| b.reports > 0) {
+            break;
+        }
+        assert!(
+            started.elapsed() < TIMEOUT,
+            "http4 never went quiet: {w:#?}\n{}",
+            topo.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let quiet = reports(&topo, "http4");
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(reports(&topo, "http4"), quiet, "a scrape while quiet");
+    // Three new connections: the XDP program counts them down to the scrape and wakes the
+    // daemon, which scrapes at once.
+    http_shares(&topo, VIP4.into(), 3);
+    let burst = Instant::now();
+    while reports(&topo, "http4") == quiet {
+        assert!(
+            burst.elapsed() < TIMEOUT,
+            "no scrape within {TIMEOUT:?} of the burst\n{}",
+            topo.logs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!("scraped {:?} after the burst", burst.elapsed());
 }
 
 #[test]

@@ -341,6 +341,12 @@ impl<D: Dataplane> Balancer<D> {
         &self.retiring
     }
 
+    /// The data plane's word of paced VIPs' scrapes due, handed over once (see
+    /// [`Dataplane::take_scrape_due`]).
+    pub fn take_scrape_due(&mut self) -> Option<crate::dataplane::ScrapeDue> {
+        self.dataplane.take_scrape_due()
+    }
+
     pub fn dataplane(&self) -> &D {
         &self.dataplane
     }

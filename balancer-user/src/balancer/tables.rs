@@ -8,8 +8,8 @@ use balancer_common::addr::raw_from_ip;
 use balancer_common::maglev;
 use balancer_common::maglev::MaglevBackend;
 use balancer_common::maps::{
-    BACKEND_F_ACTIVE, Backend, ForwardMode, VIP_F_ADMISSION, VIP_F_COUNT, VIP_F_SOURCE_PREFIX,
-    VIP_F_TIERS, VipKey, VipMeta,
+    BACKEND_F_ACTIVE, Backend, ForwardMode, VIP_F_ADMISSION, VIP_F_COUNT, VIP_F_SCRAPE_DUE,
+    VIP_F_SOURCE_PREFIX, VIP_F_TIERS, VipKey, VipMeta,
 };
 
 use crate::config::{Forwarding, VipConfig};
@@ -54,6 +54,10 @@ pub(super) fn vip_meta(id: u32, config: &VipConfig) -> VipMeta {
             0
         } | if config.admission.is_some() {
             VIP_F_ADMISSION
+        } else {
+            0
+        } | if config.telemetry.paced() {
+            VIP_F_SCRAPE_DUE
         } else {
             0
         },

@@ -26,6 +26,14 @@ impl TelemetryConfig {
             self.max_interval.max(self.interval)
         }
     }
+
+    /// Whether the VIP's requests pace its scrapes ([`crate::telemetry::pace`]): scraped pages,
+    /// requests per scrape set, and a slowest interval above the fastest.
+    pub fn paced(&self) -> bool {
+        matches!(self.source, TelemetrySource::Scrape(_))
+            && self.requests_per_scrape > 0
+            && self.slowest() > self.interval
+    }
 }
 
 /// Where a VIP's backends report their load.

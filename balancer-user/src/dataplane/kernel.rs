@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use aya::Ebpf;
 use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
-use aya::maps::{Array, IterableMap as _, Map, MapData, MapError, PerCpuArray};
+use aya::maps::{Array, IterableMap as _, Map, MapData, MapError, PerCpuArray, RingBuf};
 use balancer_common::flow_cache::FlowValue;
 use balancer_common::maps::{
     self as names, ADMISSION_TIERS, Admission, Backend, FlowBucket, GlobalConfig,
@@ -19,6 +19,7 @@ use balancer_common::stats::{
 use balancer_common::vip_index::build_index;
 
 use super::nat_expiry::{NatSweeper, NatTables, sweep};
+use super::scrape_due::{ScrapeDue, ScrapeDueCounts, ScrapeEvents};
 use super::sys::MappedArray;
 use super::{AdmissionCounts, Dataplane, DataplaneError, FlowCounter, add_traffic, sys};
 
@@ -59,6 +60,9 @@ pub struct KernelDataplane {
     /// The source-NAT tables (shared with sweeps run later).
     nat: Arc<Mutex<KernelNat>>,
     swap_started: Option<std::time::Instant>,
+    /// The paced VIPs' counts of new flows left before a scrape, and the ring buffer of those
+    /// that reached it (None once taken, or in an object of an earlier build).
+    scrape_due: Option<ScrapeDue>,
     /// By VIP id, the Maglev tables this process swapped in, kept mapped for reuse.
     tables: HashMap<u32, InnerTables>,
 }
@@ -134,7 +138,10 @@ impl NatTables for KernelNat {
     }
 }
 
-fn map_err(map: &'static str, op: &'static str) -> impl FnOnce(MapError) -> DataplaneError {
+pub(super) fn map_err(
+    map: &'static str,
+    op: &'static str,
+) -> impl FnOnce(MapError) -> DataplaneError {
     move |source| DataplaneError::Map { map, op, source }
 }
 
@@ -290,6 +297,16 @@ impl KernelDataplane {
                 stats: take(ebpf, names::NAT_STATS)?,
             })),
             swap_started: None,
+            scrape_due: match (
+                take_optional::<Array<MapData, u64>>(ebpf, names::SCRAPE_DUE)?,
+                take_optional::<RingBuf<MapData>>(ebpf, names::SCRAPE_EVENTS)?,
+            ) {
+                (Some(counts), Some(events)) => Some(ScrapeDue {
+                    counts: ScrapeDueCounts::new(counts),
+                    events: ScrapeEvents::new(events),
+                }),
+                _ => None,
+            },
         })
     }
 
@@ -664,6 +681,10 @@ impl Dataplane for KernelDataplane {
 
     fn swap_started(&self) -> Option<std::time::Instant> {
         self.swap_started
+    }
+
+    fn take_scrape_due(&mut self) -> Option<ScrapeDue> {
+        self.scrape_due.take()
     }
 
     fn clear_tables(&mut self, vip_ids: &[u32]) -> Result<(), DataplaneError> {

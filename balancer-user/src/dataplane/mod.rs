@@ -6,9 +6,11 @@
 pub mod kernel;
 pub mod memory;
 pub mod nat_expiry;
+pub mod scrape_due;
 pub(crate) mod sys;
 
 pub use nat_expiry::{NatSweep, NatSweeper, NatTimeouts};
+pub use scrape_due::ScrapeDue;
 
 use balancer_common::maps::{
     ADMISSION_TIERS, Admission, Backend, GlobalConfig, NatLinks, SnatSource, SourcePrefix, VipKey,
@@ -132,6 +134,12 @@ pub trait Dataplane {
     }
     /// Drops the tables of VIPs whose index entries are already gone.
     fn clear_tables(&mut self, vip_ids: &[u32]) -> Result<(), DataplaneError>;
+    /// The counts of new flows left before the paced VIPs' scrapes and the ring buffer of
+    /// those that reached it, handed over once (None afterwards, and where the program has
+    /// neither: the telemetry loops then read the VIPs' counters on a timer).
+    fn take_scrape_due(&mut self) -> Option<ScrapeDue> {
+        None
+    }
     /// Global counters summed over CPUs.
     fn global_stats(&self) -> Result<GlobalStats, DataplaneError>;
     /// Traffic of one VIP summed over CPUs.
@@ -228,6 +236,9 @@ impl<T: Dataplane + ?Sized> Dataplane for Box<T> {
     }
     fn clear_tables(&mut self, vip_ids: &[u32]) -> Result<(), DataplaneError> {
         (**self).clear_tables(vip_ids)
+    }
+    fn take_scrape_due(&mut self) -> Option<ScrapeDue> {
+        (**self).take_scrape_due()
     }
     fn global_stats(&self) -> Result<GlobalStats, DataplaneError> {
         (**self).global_stats()

@@ -17,11 +17,13 @@ use std::time::{Duration, Instant};
 
 use tokio::task::JoinSet;
 
+use super::due::{DueWatch, relay};
 use super::pace::{COUNT_CHECK, ScrapePace};
 use super::scrape::{VllmPages, scrape};
 use super::signals::Signals;
 use crate::balancer::Endpoint;
 use crate::config::{TelemetryConfig, TelemetrySource};
+use crate::dataplane::ScrapeDue;
 use crate::http_client::{AccessNames, HttpClient};
 
 /// How often a VIP's policy runs between its scrapes when it corrects reports by what the
@@ -33,6 +35,8 @@ pub const ROUNDS_BETWEEN_SCRAPES: Duration = Duration::from_millis(100);
 pub struct ScrapeTarget {
     pub vip: Endpoint,
     pub name: String,
+    /// The VIP's id in the data plane (None until it has one).
+    pub vip_id: Option<u32>,
     pub backends: Vec<IpAddr>,
     pub telemetry: TelemetryConfig,
     /// Weight rounds between scrapes this often (None: one round after each scrape).
@@ -58,6 +62,12 @@ pub trait TelemetryPort: Send + Sync + 'static {
         results: Vec<(IpAddr, Result<Signals, String>)>,
         next_scrape: Option<Duration>,
     );
+    /// The data plane's counts of new flows left before the paced VIPs' scrapes and its ring
+    /// buffer of those that reached it, handed over once (None afterwards, or where the data
+    /// plane has none).
+    fn take_scrape_due(&self) -> Option<ScrapeDue> {
+        None
+    }
 }
 
 /// The running loops, by VIP name, and the thread they run on (started with the first loop).
@@ -67,6 +77,8 @@ pub struct TelemetryLoops {
     thread: Option<LoopThread>,
     /// Where the loops run: the thread's runtime (or, had it failed to start, the caller's).
     runtime: Option<tokio::runtime::Handle>,
+    /// Where the paced VIPs' loops hear that a scrape is due, when the data plane tells.
+    due: Option<Arc<DueWatch>>,
 }
 
 impl TelemetryLoops {
@@ -92,11 +104,19 @@ impl TelemetryLoops {
                         tokio::runtime::Handle::current()
                     }
                 };
+                if let Some(ScrapeDue { mut counts, events }) = daemon.take_scrape_due() {
+                    let watch = DueWatch::new(move |vip_id, flows| {
+                        counts.set(vip_id, flows).map_err(|e| e.to_string())
+                    });
+                    runtime.spawn(relay(events, watch.clone()));
+                    self.due = Some(watch);
+                }
                 self.runtime.insert(runtime).clone()
             }
         };
+        let due = self.due.clone();
         self.tasks.reconcile(targets, |_, target| {
-            runtime.spawn(run(daemon.clone(), target.clone()))
+            runtime.spawn(run(daemon.clone(), target.clone(), due.clone()))
         });
     }
 
@@ -104,6 +124,8 @@ impl TelemetryLoops {
     pub fn stop(&mut self) {
         self.tasks.stop();
         self.runtime = None;
+        // Its relay stopped with the thread: loops started later read the counters themselves.
+        self.due = None;
         if let Some(thread) = self.thread.take() {
             thread.stop();
         }
@@ -146,10 +168,13 @@ impl LoopThread {
     }
 }
 
-async fn run<P: TelemetryPort>(daemon: Arc<P>, target: ScrapeTarget) {
+/// One VIP's loop. `due`: where the data plane tells that a paced VIP's new flows reached a
+/// scrape's (None: the loop reads the VIP's counter every [`COUNT_CHECK`] of a long wait).
+async fn run<P: TelemetryPort>(daemon: Arc<P>, target: ScrapeTarget, due: Option<Arc<DueWatch>>) {
     let ScrapeTarget {
         vip,
         name,
+        vip_id,
         backends,
         telemetry: cfg,
         rounds_every,
@@ -160,6 +185,13 @@ async fn run<P: TelemetryPort>(daemon: Arc<P>, target: ScrapeTarget) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_scrape = Instant::now();
     let mut wait = Duration::ZERO;
+    // The data plane's word that the flows a scrape is for came: heard on `told` once the
+    // count is set after a scrape (`counting`).
+    let mut told = match (&due, vip_id) {
+        (Some(watch), Some(id)) if paced => Some((watch.clone(), id, watch.listen(id))),
+        _ => None,
+    };
+    let mut counting = false;
     // Rounds between scrapes (only while they are more frequent than the slowest scrapes) run
     // on a thread of their own that sleeps between them: one wake-up a round, where a timer
     // on the runtime and a hop to its blocking pool and back took three. The thread ends when
@@ -177,20 +209,38 @@ async fn run<P: TelemetryPort>(daemon: Arc<P>, target: ScrapeTarget) {
     loop {
         if paced {
             // The first scrape at once, then each after the wait its last interval's
-            // requests set (from the start of the scrape before, as a tick would) — or at
-            // once when the VIP's new flows reach a scrape's requests first (a burst), read
-            // every COUNT_CHECK of a longer wait.
-            let due = last_scrape + wait;
-            loop {
-                let left = due.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
+            // requests set (from the start of the scrape before, as a tick would) — or, when
+            // the VIP's new flows reach a scrape's requests first (a burst), at once (though
+            // not sooner than the fastest scrapes follow each other): as the data plane tells,
+            // else as read every COUNT_CHECK of a longer wait.
+            let due_at = last_scrape + wait;
+            match told.as_mut().filter(|_| counting) {
+                Some((_, _, heard)) => {
+                    let word = tokio::select! {
+                        _ = tokio::time::sleep_until(due_at.into()) => None,
+                        word = heard.recv() => Some(word),
+                    };
+                    if let Some(word) = word {
+                        if word.is_none() {
+                            // Another loop took this VIP's events (not expected while this
+                            // one runs): read the counter from here on.
+                            told = None;
+                        }
+                        tokio::time::sleep_until((last_scrape + cfg.interval).into()).await;
+                    }
                 }
-                tokio::time::sleep(left.min(COUNT_CHECK)).await;
-                if left > COUNT_CHECK && pace.due_by_flows(daemon.new_flows(&name), backends.len())
-                {
-                    break;
-                }
+                None => loop {
+                    let left = due_at.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    tokio::time::sleep(left.min(COUNT_CHECK)).await;
+                    if left > COUNT_CHECK
+                        && pace.due_by_flows(daemon.new_flows(&name), backends.len())
+                    {
+                        break;
+                    }
+                },
             }
         } else {
             tick.tick().await;
@@ -222,6 +272,12 @@ async fn run<P: TelemetryPort>(daemon: Arc<P>, target: ScrapeTarget) {
             let requests = pace.requests_since(daemon.new_flows(&name), &results);
             wait = pace.next_wait(requests, started - last_scrape, backends.len());
             last_scrape = started;
+            // The next scrape's flows counted from the reading just taken: a word left from
+            // the count before is stale.
+            if let Some((watch, id, heard)) = told.as_mut() {
+                while heard.try_recv().is_ok() {}
+                counting = watch.expect(*id, pace.flows_per_scrape(backends.len()));
+            }
             Some(wait)
         } else if matches!(cfg.source, TelemetrySource::Scrape(_)) {
             Some(cfg.interval)
@@ -347,6 +403,7 @@ mod tests {
         let target = ScrapeTarget {
             vip: ("10.0.0.1".parse().unwrap(), 80, Protocol::Tcp),
             name: "v".into(),
+            vip_id: Some(1),
             backends: vec![address.ip()],
             telemetry: TelemetryConfig {
                 source: TelemetrySource::Scrape(vec![(address.port(), "/metrics".into())]),
@@ -403,7 +460,7 @@ mod tests {
             Some(Duration::from_millis(20)),
         );
         let port = Arc::new(Counting::default());
-        let task = tokio::spawn(run(port.clone(), target));
+        let task = tokio::spawn(run(port.clone(), target, None));
         tokio::time::sleep(Duration::from_millis(300)).await;
         let between = port.between.load(Ordering::SeqCst);
         assert!(between >= 5, "{between} rounds between scrapes in 300 ms");
@@ -429,7 +486,7 @@ mod tests {
             Some(Duration::from_millis(20)),
         );
         let port = Arc::new(Counting::default());
-        let task = tokio::spawn(run(port.clone(), target));
+        let task = tokio::spawn(run(port.clone(), target, None));
         tokio::time::sleep(Duration::from_millis(300)).await;
         task.abort();
         let _ = task.await;
@@ -445,6 +502,8 @@ mod tests {
     struct Flows {
         step: u64,
         counted: std::sync::atomic::AtomicU64,
+        /// Readings of the counter.
+        reads: AtomicUsize,
         rounds: AtomicUsize,
         next_scrape: std::sync::Mutex<Option<Duration>>,
     }
@@ -454,6 +513,7 @@ mod tests {
             Vec::new()
         }
         fn new_flows(&self, _name: &str) -> Option<u64> {
+            self.reads.fetch_add(1, Ordering::SeqCst);
             Some(self.counted.fetch_add(self.step, Ordering::SeqCst) + self.step)
         }
         fn record_round(
@@ -481,6 +541,20 @@ mod tests {
         Arc<Flows>,
         std::net::TcpListener,
     ) {
+        paced_loop_told(step, slowest, requests_per_scrape, None)
+    }
+
+    /// [`paced_loop`], told by `due` when its VIP's (id 1) scrape is due.
+    fn paced_loop_told(
+        step: u64,
+        slowest: Duration,
+        requests_per_scrape: u32,
+        due: Option<Arc<DueWatch>>,
+    ) -> (
+        tokio::task::JoinHandle<()>,
+        Arc<Flows>,
+        std::net::TcpListener,
+    ) {
         let (target, silent) = silent_target(
             Duration::from_millis(20),
             slowest,
@@ -491,10 +565,11 @@ mod tests {
         let port = Arc::new(Flows {
             step,
             counted: Default::default(),
+            reads: Default::default(),
             rounds: Default::default(),
             next_scrape: Default::default(),
         });
-        (tokio::spawn(run(port.clone(), target)), port, silent)
+        (tokio::spawn(run(port.clone(), target, due)), port, silent)
     }
 
     /// The scrape rounds a loop runs in 500 ms over a VIP whose data plane counts `step` new
@@ -546,6 +621,58 @@ mod tests {
         task.abort();
         let _ = task.await;
         // The burst's scrape (and, paced by the burst's rate, one more 80 ms later).
+        assert!(
+            (3..=4).contains(&rounds),
+            "{rounds} rounds: the burst's scrape did not come within {COUNT_CHECK:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_data_plane_tells_when_a_burst_makes_a_scrape_due() {
+        // As above, but the data plane counts the flows down and tells: the loop sets the
+        // count after each scrape, reads no counter while it waits, and scrapes at once when
+        // told.
+        let counts: Arc<std::sync::Mutex<Vec<(u32, u64)>>> = Default::default();
+        let set = counts.clone();
+        let watch = DueWatch::new(move |id, flows| {
+            set.lock().unwrap().push((id, flows));
+            Ok(())
+        });
+        let (task, port, _silent) =
+            paced_loop_told(0, Duration::from_secs(2), 8, Some(watch.clone()));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(port.rounds.load(Ordering::SeqCst), 2);
+        // Set after each scrape: 8 flows per backend, one backend, VIP id 1.
+        assert_eq!(*counts.lock().unwrap(), [(1, 8), (1, 8)]);
+        // One reading per scrape (for the pace), none while waiting.
+        let reads = port.reads.load(Ordering::SeqCst);
+        tokio::time::sleep(COUNT_CHECK + Duration::from_millis(100)).await;
+        assert_eq!(
+            port.reads.load(Ordering::SeqCst),
+            reads,
+            "a counter read while told"
+        );
+        assert_eq!(port.rounds.load(Ordering::SeqCst), 2);
+        watch.due(1);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let rounds = port.rounds.load(Ordering::SeqCst);
+        task.abort();
+        let _ = task.await;
+        assert_eq!(rounds, 3, "the burst's scrape did not come within 100 ms");
+        assert_eq!(counts.lock().unwrap().len(), 3);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_count_that_cannot_be_set_leaves_the_loop_reading_the_counter() {
+        let watch = DueWatch::new(|_, _| Err("the map is gone".into()));
+        let (task, port, _silent) = paced_loop_told(0, Duration::from_secs(2), 8, Some(watch));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(port.rounds.load(Ordering::SeqCst), 2);
+        port.counted.fetch_add(50, Ordering::SeqCst);
+        tokio::time::sleep(COUNT_CHECK + Duration::from_millis(200)).await;
+        let rounds = port.rounds.load(Ordering::SeqCst);
+        task.abort();
+        let _ = task.await;
         assert!(
             (3..=4).contains(&rounds),
             "{rounds} rounds: the burst's scrape did not come within {COUNT_CHECK:?}"

@@ -1,8 +1,10 @@
 //! Backend telemetry: scraping the metrics pages inference servers and GPU exporters serve
-//! ([`exposition`], [`signals`]) at a pace set by the VIP's requests ([`pace`]), reports pushed
+//! ([`exposition`], [`signals`]) at a pace set by the VIP's requests ([`pace`]; a burst's
+//! scrape told by the data plane, [`due`]), reports pushed
 //! to the API, and the store of each backend's latest signals with the rates derived from its
 //! counters ([`store`]).
 
+pub mod due;
 pub mod exposition;
 pub mod loops;
 pub mod pace;

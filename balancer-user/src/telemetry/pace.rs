@@ -9,10 +9,11 @@
 //! bounded at any rate, where a fixed interval spends the same each second on 1 request as on
 //! 1,000.
 //!
-//! A burst must not wait for the slowest interval: while a wait is longer than [`COUNT_CHECK`],
-//! the loop reads the VIP's new flows every [`COUNT_CHECK`] and scrapes at once when they reach
-//! `requests_per_scrape` per backend since the last scrape (a read of the data plane's counter,
-//! no request to any backend).
+//! A burst must not wait for the slowest interval: the loop scrapes at once (though not sooner
+//! than `interval` after the last) when the VIP's new flows reach `requests_per_scrape` per
+//! backend since the last scrape. The data plane counts them down and tells the loop
+//! ([`super::due`]); where it cannot, the loop reads the VIP's new-flow counter every
+//! [`COUNT_CHECK`] of a wait longer than that.
 //!
 //! Requests are counted two ways, and the larger count is taken: the data plane's new flows to
 //! the VIP (every kind of backend; one per connection) and the servers' own count of requests
@@ -29,7 +30,7 @@ use super::signals::Signals;
 use crate::config::TelemetryConfig;
 
 /// How often a loop waiting longer than this reads the VIP's new flows, to scrape at once
-/// when they reach the requests a scrape is for.
+/// when they reach the requests a scrape is for (where the data plane cannot tell it).
 pub const COUNT_CHECK: Duration = Duration::from_millis(500);
 
 /// The pace of one VIP's scrapes, and the counters it was last given.
@@ -96,14 +97,18 @@ impl ScrapePace {
         }
     }
 
+    /// The requests a scrape is for on `backends` backends.
+    pub fn flows_per_scrape(&self, backends: usize) -> u64 {
+        u64::from(self.requests_per_scrape) * backends.max(1) as u64
+    }
+
     /// Whether the VIP's new flows (`flows`, its counter now) since the last scrape reached the
     /// requests a scrape is for on `backends` backends, so the next is due at once.
     pub fn due_by_flows(&self, flows: Option<u64>, backends: usize) -> bool {
         let (Some(now), Some(before)) = (flows, self.flows) else {
             return false;
         };
-        let wanted = u64::from(self.requests_per_scrape) * backends.max(1) as u64;
-        self.varies() && now.checked_sub(before).unwrap_or(now) >= wanted
+        self.varies() && now.checked_sub(before).unwrap_or(now) >= self.flows_per_scrape(backends)
     }
 
     /// How long to wait before the next scrape, given `requests` seen over the `elapsed` time

@@ -26,7 +26,7 @@ use super::{Figures, median};
 
 /// The per-scheduler VIPs (10.111.2.1, 10.111.2.2, ... in this order), each over the same
 /// three backends weighted 3:1:2: (key, scheduler, extra VIP setting, description).
-const SCHEDULER_CASES: [(&str, &str, Extra, &str); 10] = [
+const SCHEDULER_CASES: [(&str, &str, Extra, &str); 11] = [
     (
         "source_hash",
         "source-hash",
@@ -89,6 +89,12 @@ const SCHEDULER_CASES: [(&str, &str, Extra, &str); 10] = [
         "maglev",
         Extra::PersistenceSecs(300),
         "new flow, maglev with session persistence (affinity hit)",
+    ),
+    (
+        "maglev_paced",
+        "maglev",
+        Extra::PacedScrapes,
+        "new flow, maglev on a VIP whose scrapes its requests pace (counted down to the next)",
     ),
 ];
 

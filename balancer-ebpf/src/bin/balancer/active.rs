@@ -34,7 +34,7 @@ fn add_counter<const N: usize, const F: usize>(map: &Array<u64, N, F>, index: u3
 
 /// Adds to a `u64` shared by all CPUs.
 #[inline(always)]
-fn atomic_add(p: *mut u64, delta: u64) {
+pub fn atomic_add(p: *mut u64, delta: u64) {
     // SAFETY: `p` points at an aligned u64 in a map value, changed atomically only.
     #[cfg(target_arch = "bpf")]
     unsafe {

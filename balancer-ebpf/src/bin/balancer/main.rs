@@ -7,10 +7,11 @@
 //!
 //! One module per concern, in the order a packet meets them: `vip_index`; `choose` (the
 //! decision) over `conntrack`, `admission` (with `reset`, the RST a refused SYN gets), `tiers`,
-//! `persistence` and `schedulers`, with `backends` (which
-//! backend may take a VIP's flow), `active` (active-flow counts), `flood` and `clock`;
-//! `forward` (DSR, IPIP, GUE) and `nat` (NAT, both ways, with `nat_icmp` and `links`, the link
-//! a NAT frame leaves on); `icmp` (errors about VIP flows, echo, PMTU); `stats`; `maps`.
+//! `persistence` and `schedulers`, with `backends` (which backend may take a VIP's flow),
+//! `active` (active-flow counts), `flood` and `clock`; `scrape_due` (a paced VIP's new flows,
+//! counted toward its next scrape); `forward` (DSR, IPIP, GUE) and `nat` (NAT, both ways, with
+//! `nat_icmp` and `links`, the link a NAT frame leaves on); `icmp` (errors about VIP flows,
+//! echo, PMTU); `stats`; `maps`.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 // Atomic adds to shared counters: the BPF target has no compare-and-swap, so `core::sync::atomic`
@@ -39,6 +40,7 @@ mod nat_icmp;
 mod persistence;
 mod reset;
 mod schedulers;
+mod scrape_due;
 mod stats;
 mod tiers;
 mod vip_index;
@@ -49,7 +51,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use balancer_common::{
-    maps::VipKey,
+    maps::{VIP_F_SCRAPE_DUE, VipKey},
     stats::{Counter, GlobalStats},
 };
 use balancer_ebpf::{
@@ -159,6 +161,9 @@ fn to_vip(
     let bytes = frame.size() as u64;
     add_traffic(VIP_STATS.get_ptr_mut(vip.vip_id), bytes, choice.new_flow);
     add_traffic(BACKEND_STATS.get_ptr_mut(choice.id), bytes, choice.new_flow);
+    if choice.new_flow && vip.flags & VIP_F_SCRAPE_DUE != 0 {
+        scrape_due::count_new_flow(vip.vip_id);
+    }
     let entropy = flow_entropy(flow.src, flow.sport);
     match to_backend(ctx, ip, vip, choice.id, choice.backend, cfg, entropy) {
         Ok(action) => action,

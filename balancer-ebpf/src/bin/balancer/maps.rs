@@ -2,7 +2,7 @@
 //! daemon resizes the connection table from its config before loading.
 
 use aya_ebpf::{
-    btf_maps::{Array, ArrayOfMaps, HashMap, LpmTrie, LruHashMap, PerCpuArray},
+    btf_maps::{Array, ArrayOfMaps, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
     macros::btf_map,
 };
 use balancer_common::{
@@ -11,8 +11,8 @@ use balancer_common::{
         ADMISSION_TIERS, Admission, AffinityKey, AffinityValue, BPF_F_MMAPABLE, Backend,
         DEFAULT_AFFINITY_ENTRIES, DEFAULT_FLOW_BUCKETS, FlowBucket, GlobalConfig,
         MAGLEV_TABLE_FLAGS, MAX_BACKENDS, MAX_TABLE_ENTRIES, MAX_TIER_PREFIXES, MAX_VIPS, NatLinks,
-        NatReplyKey, NatReplyValue, SnatFlowKey, SnatFlowValue, SnatPortValue, SnatSource,
-        SourcePrefix, VIP_INDEX_FLAGS, VIP_INDEX_SLOTS, VipSlot,
+        NatReplyKey, NatReplyValue, SCRAPE_EVENTS_BYTES, SnatFlowKey, SnatFlowValue, SnatPortValue,
+        SnatSource, SourcePrefix, VIP_INDEX_FLAGS, VIP_INDEX_SLOTS, VipSlot,
     },
     stats::{GlobalStats, NatLinkStats, NatStats, TierAdmission, TrafficStats},
 };
@@ -72,6 +72,15 @@ pub static ACTIVE: Array<u64, { MAX_BACKENDS as usize }, { BPF_F_MMAPABLE as usi
 #[btf_map]
 pub static VIP_ACTIVE: Array<u64, { MAX_VIPS as usize }, { BPF_F_MMAPABLE as usize }> =
     Array::new();
+
+/// New flows left before each VIP's next scrape is due (atomic adds; read as signed; counted
+/// only for VIPs flagged `VIP_F_SCRAPE_DUE`).
+#[btf_map]
+pub static SCRAPE_DUE: Array<u64, { MAX_VIPS as usize }> = Array::new();
+
+/// The ids of the VIPs whose scrape came due by new flows, for the daemon.
+#[btf_map]
+pub static SCRAPE_EVENTS: RingBuf<u32, { SCRAPE_EVENTS_BYTES as usize }> = RingBuf::new();
 
 /// Round-robin cursors per VIP id, per CPU.
 #[btf_map]

@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::Daemon;
 use crate::balancer::Endpoint;
 use crate::config::{Discovery, FleetConfig, HealthConfig, RawVip};
+use crate::dataplane::ScrapeDue;
 use crate::discovery::{DiscoveryPort, PoolDiscovery};
 use crate::fleet::agent::FleetPort;
 use crate::fleet::{FleetState, FleetStatus, FleetWeights, local_weights, vip_config};
@@ -105,6 +106,10 @@ impl TelemetryPort for Mutex<Daemon> {
             }
             tracing::error!(vip = %name, "weight round: {e}");
         }
+    }
+
+    fn take_scrape_due(&self) -> Option<ScrapeDue> {
+        self.lock().ok()?.balancer.take_scrape_due()
     }
 }
 

@@ -265,6 +265,7 @@ impl Daemon {
             .map(|v| ScrapeTarget {
                 vip: v.endpoint(),
                 name: v.name.clone(),
+                vip_id: self.balancer.vip(&v.name).map(|state| state.id),
                 backends: v.backends.iter().map(|b| b.address).collect(),
                 telemetry: v.telemetry.clone(),
                 rounds_every: v.policy.fresher_load.then_some(ROUNDS_BETWEEN_SCRAPES),
