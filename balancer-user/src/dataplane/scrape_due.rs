@@ -4,7 +4,7 @@
 //! out of the kernel data plane once ([`super::Dataplane::take_scrape_due`]) by the loops'
 //! thread, which then waits on the ring buffer instead of reading each VIP's counter on a timer.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 
 use aya::maps::{Array, MapData, RingBuf};
 use balancer_common::maps as names;
@@ -55,12 +55,6 @@ impl ScrapeEvents {
 }
 
 /// Readable (for epoll) while events wait.
-impl AsFd for ScrapeEvents {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        self.0.as_fd()
-    }
-}
-
 impl AsRawFd for ScrapeEvents {
     fn as_raw_fd(&self) -> RawFd {
         self.0.as_raw_fd()
