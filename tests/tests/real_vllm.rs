@@ -285,6 +285,14 @@ fn real_vllm_servers_behind_the_vip_get_weights_from_their_real_metrics() {
         s.running.is_some_and(|r| r <= 4.0) && s.waiting.is_some_and(|q| q >= 1.0),
         "a saturated 4-request server: {s:?}"
     );
+    // Its requests without a first token, from its counters: some of the 16 have not started
+    // (a request preempted after its first token waits too, so not every waiting one), and
+    // never more than those in flight.
+    let in_flight = s.running.unwrap_or(0.0) + s.waiting.unwrap_or(0.0);
+    assert!(
+        s.prefilling.is_some_and(|p| p >= 1.0 && p <= in_flight),
+        "requests without a first token on a saturated server: {s:?}"
+    );
     assert!(row(&w, b_large).weight > 0, "{w:#?}");
     let (code, table, _) = topo.cli(&["weights", VIP]).expect("balancer weights");
     assert_eq!(code, 0);

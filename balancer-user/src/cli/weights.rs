@@ -48,13 +48,14 @@ pub fn run(args: WeightsArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
             v.vip, v.policy, v.telemetry
         );
         println!(
-            "{:<26} {:>6} {:>5} {:>6} {:>5} {:>5} {:>9} {:>8} {:>6} {:>6} {:>7}  REASON",
+            "{:<26} {:>6} {:>5} {:>6} {:>5} {:>5} {:>7} {:>9} {:>8} {:>6} {:>6} {:>7}  REASON",
             "BACKEND",
             "WEIGHT",
             "CONF",
             "KV",
             "RUN",
             "WAIT",
+            "PREFILL",
             "GPU FREE",
             "TOK/S",
             "PREFIX",
@@ -72,13 +73,14 @@ pub fn run(args: WeightsArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
                 reason.push_str(&format!(" (last error: {e})"));
             }
             println!(
-                "{:<26} {:>6} {:>5} {:>6} {:>5} {:>5} {:>9} {:>8} {:>6} {:>6} {:>7}  {}",
+                "{:<26} {:>6} {:>5} {:>6} {:>5} {:>5} {:>7} {:>9} {:>8} {:>6} {:>6} {:>7}  {}",
                 b.address.to_string(),
                 b.weight,
                 b.configured_weight,
                 opt(s.kv_usage, &|v| format!("{:.1}%", v * 100.0)),
                 opt(s.running, &|v| format!("{v:.0}")),
                 opt(s.waiting, &|v| format!("{v:.0}")),
+                opt(s.prefilling, &|v| format!("{v:.0}")),
                 opt(s.gpu_memory_free_bytes(), &|v| format!("{:.1}G", v / 1e9)),
                 opt(s.tokens_per_second, &|v| format!("{v:.0}")),
                 opt(s.prefix_cache_hit_rate, &|v| format!("{:.0}%", v * 100.0)),

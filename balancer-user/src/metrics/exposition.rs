@@ -280,6 +280,11 @@ pub fn families(counters: Option<&Counters>, status: &Status, weights: &[VipWeig
                     s.waiting,
                 ),
                 (
+                    "balancer_backend_requests_prefilling",
+                    "Requests of a backend with no first token yet (queued, or in a chunked prefill).",
+                    s.prefilling,
+                ),
+                (
                     "balancer_backend_gpu_memory_free_bytes",
                     "Free GPU memory a backend reported.",
                     s.gpu_memory_free_bytes(),
@@ -303,6 +308,11 @@ pub fn families(counters: Option<&Counters>, status: &Status, weights: &[VipWeig
                     "balancer_backend_prefill_seconds_per_token",
                     "Prefill time per prompt token of the requests a backend finished over the last report interval.",
                     s.prefill_seconds_per_token,
+                ),
+                (
+                    "balancer_backend_prefill_seconds_per_token_fastest",
+                    "Fastest prefill time per prompt token a backend was measured at recently (its own speed).",
+                    s.prefill_seconds_per_token_fastest,
                 ),
                 (
                     "balancer_backend_prefix_cache_hit_rate",

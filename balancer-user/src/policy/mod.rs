@@ -11,7 +11,9 @@
 //! 3. **Score** by policy, times the backend's capacity: its configured weight, scaled — for
 //!    `composite`, when backends report prefill times — by exp(`delay` x (1 - d / best)), where
 //!    d is its expected delay for a new request (its prefill time for a prompt of the pool's
-//!    mean size, from its prefill seconds per prompt token, x (waiting + 1)) and best the pool's
+//!    mean size x (requests ahead of it + 1): where the backend says which requests have no
+//!    first token yet (`prefilling`), its fastest measured prefill per prompt token x those;
+//!    else its mean prefill per token x `waiting`) and best the pool's
 //!    smallest, so a slow GPU takes work only once the fast ones queue; otherwise by its KV
 //!    capacity against the pool's mean when backends report one, so a bigger GPU takes more.
 //!    `least-conn` 1/(1 + flows); `least-latency` 1/TTFT; `gpu` free GPU-memory fraction (or
@@ -208,6 +210,7 @@ fn with_fresher_load(input: &Input) -> Input {
         && (new > 0 || ended > 0)
     {
         s.waiting = Some(s.waiting.unwrap_or(0.0).max(0.0) + new as f64);
+        s.prefilling = s.prefilling.map(|p| p.max(0.0) + new as f64);
         s.running = s.running.map(|r| (r - ended as f64).max(0.0));
     }
     i
@@ -473,7 +476,8 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
 
 /// Each backend's expected delay for a new request under the composite policy: the time it
 /// takes to prefill a prompt of the pool's mean size, times the requests ahead of it and
-/// itself (`waiting + 1`).
+/// itself: those with no first token yet (`prefilling`: waiting, or running in a chunked
+/// prefill), else those waiting, + 1.
 ///
 /// The prefill time is the backend's measured prefill seconds per prompt token (vLLM's
 /// `request_prefill_time_seconds` over `request_prompt_tokens`) times the pool's mean prompt
@@ -520,9 +524,16 @@ fn expected_delays(
             .collect(),
     );
     // Prefill seconds of one prompt of the pool's mean size, per backend that was measured.
+    // Where a backend says which requests have no first token yet, its own speed (the fastest
+    // measured) times them: its mean prefill time under a burst already counts the requests
+    // it prefilled together, which `prefilling` counts again.
     let service = |i: &Input| -> Option<f64> {
         let s = i.signals.as_ref()?;
-        positive(s.prefill_seconds_per_token)
+        let fastest = s
+            .prefilling
+            .and(positive(s.prefill_seconds_per_token_fastest));
+        fastest
+            .or(positive(s.prefill_seconds_per_token))
             .zip(pool_prompt)
             .map(|(per_token, tokens)| per_token * tokens)
             .or_else(|| positive(s.prefill_seconds))
@@ -531,15 +542,15 @@ fn expected_delays(
     let by_address: BTreeMap<IpAddr, f64> = usable
         .iter()
         .map(|i| {
-            let waiting = i
+            let ahead = i
                 .signals
                 .as_ref()
-                .and_then(|s| s.waiting)
+                .and_then(|s| s.prefilling.or(s.waiting))
                 .unwrap_or(0.0)
                 .max(0.0);
             (
                 i.address,
-                service(i).unwrap_or(median_service) * (1.0 + waiting),
+                service(i).unwrap_or(median_service) * (1.0 + ahead),
             )
         })
         .collect();

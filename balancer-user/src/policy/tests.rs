@@ -245,6 +245,56 @@ fn composite_delays_compare_prefill_speed_not_the_prompts_each_backend_got() {
 }
 
 #[test]
+fn composite_delays_count_the_requests_still_in_their_prefill() {
+    // A GPU 4x faster per prompt token (its fastest measured: 0.1 ms) that admitted a burst to
+    // its batch: nothing waits, but 5 of its 6 running requests have no first token yet, and
+    // its mean prefill per token came out at 0.4 ms (requests admitted together share steps).
+    // Against an idle slow GPU (0.4 ms) its expected delay is 6 prefills at its own speed
+    // (1.2 s) to the slow one's 800 ms, so the slow one takes the next requests.
+    let gpu = |mean: f64, fastest: f64, running: f64, prefilling: Option<f64>| Signals {
+        kv_usage: Some(0.1),
+        running: Some(running),
+        waiting: Some(0.0),
+        prefilling,
+        prefill_seconds_per_token: Some(mean),
+        prefill_seconds_per_token_fastest: Some(fastest),
+        prompt_tokens_mean: Some(2000.0),
+        ..Signals::default()
+    };
+    let d = decide(
+        &cfg(PolicyKind::Composite),
+        &[
+            input(1, gpu(4e-4, 1e-4, 6.0, Some(5.0))),
+            input(2, gpu(4e-4, 4e-4, 0.0, Some(0.0))),
+        ],
+        &mut PolicyState::default(),
+    );
+    assert!(d[1].weight > d[0].weight, "{d:?}");
+    assert!(
+        d[0].reason
+            .contains("expected delay 1200 ms, pool's best 800 ms"),
+        "{}",
+        d[0].reason
+    );
+    // Where the servers do not say (other kinds): waiting, and the mean prefill per token.
+    let d = decide(
+        &cfg(PolicyKind::Composite),
+        &[
+            input(1, gpu(1e-4, 1e-4, 6.0, None)),
+            input(2, gpu(4e-4, 4e-4, 0.0, None)),
+        ],
+        &mut PolicyState::default(),
+    );
+    assert!(d[0].weight > d[1].weight, "{d:?}");
+    assert!(
+        d[1].reason
+            .contains("expected delay 800 ms, pool's best 200 ms"),
+        "{}",
+        d[1].reason
+    );
+}
+
+#[test]
 fn weights_follow_free_gpu_memory() {
     let mut state = PolicyState::default();
     let gib = 1024.0 * 1024.0 * 1024.0;

@@ -1,7 +1,9 @@
 //! The latest report of each backend, with figures derived from its counters: tokens per
 //! second from the token counters, and the ratios of counter pairs — mean time to first token
 //! (TTFT histogram), prefill time per request and per prompt token, mean prompt size, prefix
-//! cache hit rate — over a decaying window ([`DecayedRatio`]); and scrape error accounting.
+//! cache hit rate — over a decaying window ([`DecayedRatio`]); the fastest prefill per token
+//! ([`Fastest`]); the requests that have no first token yet ([`PrefillQueue`]); and scrape
+//! error accounting.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -81,6 +83,78 @@ impl DecayedRatio {
     }
 }
 
+/// The requests of a vLLM server that have no first token yet — waiting, or running in a
+/// chunked prefill — from what its page says: the requests in flight (`running + waiting`)
+/// less those past their first token. Those are the requests that got a first token
+/// (`time_to_first_token_seconds_count`) less those that finished (`request_prompt_tokens_count`,
+/// observed as a request finishes), give or take an offset `o` for requests counted in one and
+/// not the other (aborted before their first token, say): past = `first - finished - o`.
+///
+/// The offset is 0 on a server that never aborted a request; each reading bounds it, since
+/// between 0 and every request in flight are past their first token, and an idle server's
+/// reading pins it. So it starts at 0 and is kept within each reading's bounds; counters that
+/// go backwards (a restarted server) start it again.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PrefillQueue {
+    offset: f64,
+    previous: Option<(f64, f64)>,
+}
+
+impl PrefillQueue {
+    /// The requests without a first token, from a reading of first tokens and finished
+    /// requests (both cumulative) and the requests running and waiting now.
+    pub fn update(&mut self, first: f64, finished: f64, running: f64, waiting: f64) -> f64 {
+        if self
+            .previous
+            .is_some_and(|(f0, d0)| first < f0 || finished < d0)
+        {
+            self.offset = 0.0;
+        }
+        self.previous = Some((first, finished));
+        let in_flight = (running + waiting).max(0.0);
+        let gap = first - finished;
+        // 0 <= gap - offset <= in_flight.
+        self.offset = self.offset.clamp(gap - in_flight, gap);
+        let past = (gap - self.offset).clamp(0.0, in_flight);
+        in_flight - past
+    }
+}
+
+/// How fast [`Fastest`] lets go of its figure: it doubles in this time unless an interval
+/// measures faster.
+pub const FASTEST_DOUBLING: Duration = Duration::from_secs(30);
+
+/// The least per-interval ratio of a counter pair (`Δsum / Δcount` between two readings, when
+/// the count moved), relaxing upwards by doubling every [`FASTEST_DOUBLING`]: for the prefill
+/// time per prompt token, the server's own speed. Requests admitted to a batch together share
+/// its steps, so under a burst each measures the others' prompts too and the mean is a
+/// multiple of the speed; a quiet interval (or one request alone) measures the speed itself,
+/// and the figure keeps it through the burst. Counters that go backwards add nothing.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Fastest {
+    previous: Option<(f64, f64)>,
+    figure: Option<f64>,
+}
+
+impl Fastest {
+    /// Takes a reading `elapsed` after the previous one and returns the figure.
+    pub fn update(&mut self, reading: (f64, f64), elapsed: Duration) -> Option<f64> {
+        let relaxed = self
+            .figure
+            .map(|f| f * (elapsed.as_secs_f64() / FASTEST_DOUBLING.as_secs_f64()).exp2());
+        let interval = self.previous.and_then(|(n0, d0)| {
+            let (dn, dd) = (reading.0 - n0, reading.1 - d0);
+            (dn >= 0.0 && dd > 0.0 && dn.is_finite() && dd.is_finite()).then(|| dn / dd)
+        });
+        self.previous = Some(reading);
+        self.figure = match (relaxed, interval) {
+            (Some(f), Some(i)) => Some(f.min(i)),
+            (f, i) => f.or(i),
+        };
+        self.figure
+    }
+}
+
 /// One backend's telemetry.
 #[derive(Clone, Debug, Default)]
 pub struct BackendTelemetry {
@@ -98,6 +172,8 @@ pub struct BackendTelemetry {
     prompt: DecayedRatio,
     prefill_per_token: DecayedRatio,
     prefix: DecayedRatio,
+    prefill_queue: PrefillQueue,
+    fastest_prefill: Fastest,
 }
 
 impl BackendTelemetry {
@@ -156,6 +232,12 @@ impl BackendTelemetry {
             per_token,
             &mut signals.prefill_seconds_per_token,
         );
+        if let Some(reading) = per_token
+            && signals.prefill_seconds_per_token_fastest.is_none()
+        {
+            signals.prefill_seconds_per_token_fastest =
+                self.fastest_prefill.update(reading, elapsed);
+        }
         // Share of recent prompt tokens found in the cache.
         derive(
             &mut self.prefix,
@@ -164,6 +246,17 @@ impl BackendTelemetry {
         );
         if let Some(rate) = signals.prefix_cache_hit_rate.as_mut() {
             *rate = rate.clamp(0.0, 1.0);
+        }
+        // Requests without a first token: in flight less those past it.
+        if signals.prefilling.is_none()
+            && let (Some((_, first)), Some((_, finished)), Some(running), Some(waiting)) = (
+                signals.ttft_sum_count,
+                signals.prompt_sum_count,
+                signals.running,
+                signals.waiting,
+            )
+        {
+            signals.prefilling = Some(self.prefill_queue.update(first, finished, running, waiting));
         }
         self.latest = Some((signals, now));
         self.reports += 1;
@@ -250,6 +343,82 @@ mod tests {
             t.age(t0 + Duration::from_millis(1500)),
             Some(Duration::from_millis(500))
         );
+    }
+
+    #[test]
+    fn the_prefill_queue_is_the_requests_in_flight_less_those_past_their_first_token() {
+        let mut q = PrefillQueue::default();
+        // 10 first tokens, 4 finished: 6 past their first token of 8 running; 2 waiting.
+        assert_eq!(q.update(10.0, 4.0, 8.0, 2.0), 4.0);
+        // A burst admitted at once: 20 running, none waiting, no new first token.
+        assert_eq!(q.update(10.0, 4.0, 20.0, 0.0), 14.0);
+        // Two requests aborted before their first token were counted as finished (the gap
+        // is -2): the idle server's reading pins the offset at -2.
+        assert_eq!(q.update(10.0, 12.0, 0.0, 0.0), 0.0);
+        // From then on the offset (-2) is known: 3 first tokens later, 1 finished, 3 running.
+        assert_eq!(q.update(13.0, 13.0, 3.0, 0.0), 1.0);
+        // A restarted server's counters start again (and the offset with them).
+        assert_eq!(q.update(1.0, 0.0, 2.0, 1.0), 2.0);
+        // Never more than in flight, nor less than nothing.
+        assert_eq!(q.update(1.0, 5.0, 2.0, 1.0), 3.0);
+        assert_eq!(q.update(50.0, 5.0, 2.0, 1.0), 0.0);
+    }
+
+    #[test]
+    fn the_fastest_prefill_keeps_a_quiet_intervals_speed_through_a_burst() {
+        let mut f = Fastest::default();
+        let s = Duration::from_secs(1);
+        assert_eq!(f.update((0.0, 0.0), s), None);
+        // A request alone: 0.25 s for 2,000 tokens.
+        let alone = f.update((0.25, 2000.0), s).unwrap();
+        assert!((alone - 0.000125).abs() < 1e-12, "{alone}");
+        // A burst: four prompts prefilled together, each measuring the others' too.
+        let burst = f.update((4.25, 10000.0), s).unwrap();
+        assert!(
+            (burst - 0.000125 * 2f64.powf(1.0 / 30.0)).abs() < 1e-12,
+            "{burst}"
+        );
+        // Nothing finished for a minute: the figure lets go (doubles every 30 s)...
+        let later = f.update((4.25, 10000.0), Duration::from_secs(60)).unwrap();
+        assert!((later / burst - 4.0).abs() < 1e-9, "{later}");
+        // ... and a faster interval takes over at once.
+        let faster = f.update((4.45, 12000.0), s).unwrap();
+        assert!((faster - 0.0001).abs() < 1e-12, "{faster}");
+        // A restarted server's counters add nothing.
+        let after = f.update((0.1, 100.0), s).unwrap();
+        assert!(after > 0.0001 && after < 0.000103, "{after}");
+    }
+
+    #[test]
+    fn a_vllm_report_says_its_requests_without_a_first_token() {
+        let mut b = BackendTelemetry::default();
+        let now = Instant::now();
+        b.record(
+            Signals {
+                running: Some(5.0),
+                waiting: Some(1.0),
+                ttft_sum_count: Some((3.0, 7.0)),
+                prompt_sum_count: Some((700.0, 4.0)),
+                ..Signals::default()
+            },
+            now,
+            H,
+        );
+        assert_eq!(b.latest.as_ref().unwrap().0.prefilling, Some(3.0));
+        // A pushed report's own figure is kept.
+        b.record(
+            Signals {
+                prefilling: Some(9.0),
+                running: Some(5.0),
+                waiting: Some(1.0),
+                ttft_sum_count: Some((3.0, 7.0)),
+                prompt_sum_count: Some((700.0, 4.0)),
+                ..Signals::default()
+            },
+            now,
+            H,
+        );
+        assert_eq!(b.latest.as_ref().unwrap().0.prefilling, Some(9.0));
     }
 
     #[test]

@@ -3,9 +3,11 @@
 //! the tiny model) with a 32-block x 128-token KV cache and 4 requests at most, and `sim-llm`
 //! given the same cache, batch and token budget and the step and prefill times measured on the
 //! real one. Each gets the same burst — 8 concurrent streamed requests (the same prompts, sized
-//! in the real tokenizer's tokens), then one prompt twice in a row — while its `/metrics` is read
-//! every 50 ms. The timelines (running, waiting, KV use, the token, prefix-cache and preemption
-//! counters) and what they show go to `docs/results/llm/calibration.md` with a picture.
+//! in the real tokenizer's tokens), then one prompt twice in a row, then a burst of 8 long prompts
+//! with short outputs (chunked prefills) — while its `/metrics` is read every 50 ms. The
+//! timelines (running, waiting, KV use, the token, prefix-cache and preemption counters; the
+//! requests without a first token as the balancer derives them from the page, against the
+//! client's count) and what they show go to `docs/results/llm/calibration.md` with a picture.
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -22,6 +24,7 @@ use crate::netns::{Netns, PREFIX, sweep};
 use crate::openai::stream_completion;
 use crate::rack::{Process, binary};
 use crate::vllm::{self, ServerOptions, VllmEnv, completion_body, prompt};
+use balancer::telemetry::store::PrefillQueue;
 
 /// One reading of a server's page.
 #[derive(Clone, Debug, Default)]
@@ -34,6 +37,13 @@ struct Reading {
     generation_tokens: f64,
     prefix_hits: f64,
     preemptions: f64,
+    /// Requests that got a first token, and requests that finished (cumulative).
+    first_tokens: f64,
+    finished: f64,
+    /// Requests without a first token: as the balancer derives them from the page
+    /// (`PrefillQueue`), and as the client counts them (sent, no first token yet).
+    prefilling: f64,
+    unanswered: f64,
 }
 
 fn read_page(addr: SocketAddr, t: f64) -> Result<Reading> {
@@ -55,6 +65,9 @@ fn read_page(addr: SocketAddr, t: f64) -> Result<Reading> {
         generation_tokens: sum("vllm:generation_tokens_total"),
         prefix_hits: sum("vllm:prefix_cache_hits_total"),
         preemptions: sum("vllm:num_preemptions_total"),
+        first_tokens: sum("vllm:time_to_first_token_seconds_count"),
+        finished: sum("vllm:request_prompt_tokens_count"),
+        ..Reading::default()
     })
 }
 
@@ -99,6 +112,13 @@ fn sim_prompt(n: u64) -> String {
 
 /// One streamed request: TTFT and the mean gap between tokens.
 fn timed(addr: SocketAddr, text: &str, max_tokens: u64) -> Result<(f64, f64)> {
+    let c = streamed(addr, text, max_tokens)?;
+    let ttft = c.ttft.context("no token")?;
+    Ok((ttft, (c.e2e - ttft) / (max_tokens.max(2) - 1) as f64))
+}
+
+/// One streamed request, checked whole.
+fn streamed(addr: SocketAddr, text: &str, max_tokens: u64) -> Result<crate::openai::Completion> {
     let c = stream_completion(
         addr,
         "/v1/completions",
@@ -107,8 +127,42 @@ fn timed(addr: SocketAddr, text: &str, max_tokens: u64) -> Result<(f64, f64)> {
         |_| {},
     )?;
     c.check_intact(max_tokens).map_err(anyhow::Error::msg)?;
-    let ttft = c.ttft.context("no token")?;
-    Ok((ttft, (c.e2e - ttft) / (max_tokens.max(2) - 1) as f64))
+    Ok(c)
+}
+
+/// A request of a burst: when it was sent and when its first token came, seconds from the
+/// burst's start.
+#[derive(Clone, Copy, Debug)]
+struct Sent {
+    at: f64,
+    first_token: f64,
+}
+
+/// Sends `texts` at once (`max_tokens` each), each request timed from `t0`.
+fn concurrently(
+    addr: SocketAddr,
+    t0: Instant,
+    texts: &[String],
+    max_tokens: u64,
+) -> Result<Vec<Sent>> {
+    let handles: Vec<_> = texts
+        .iter()
+        .map(|t| {
+            let t = t.clone();
+            std::thread::spawn(move || -> Result<Sent> {
+                let at = t0.elapsed().as_secs_f64();
+                let c = streamed(addr, &t, max_tokens)?;
+                Ok(Sent {
+                    at,
+                    first_token: at + c.ttft.context("no token")?,
+                })
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().map_err(|_| anyhow::anyhow!("client thread"))?)
+        .collect()
 }
 
 /// What the burst did on one server.
@@ -118,11 +172,14 @@ struct Timeline {
     burst: f64,
     /// The second identical prompt's cached tokens (from the hit counter).
     repeat_hits: f64,
+    /// The span of the burst of long prompts.
+    long_burst: (f64, f64),
 }
 
-/// Plays the burst against `addr` (the prompts as `texts`, in the server's tokens), reading its
-/// page meanwhile.
-fn burst(addr: SocketAddr, texts: &[String], repeat: &str) -> Result<Timeline> {
+/// Plays the burst against `addr` (the prompts as `texts`, in the server's tokens), the repeated
+/// prompt, then the burst of long prompts (`long`, 16 output tokens each), reading its page
+/// meanwhile.
+fn burst(addr: SocketAddr, texts: &[String], repeat: &str, long: &[String]) -> Result<Timeline> {
     let t0 = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
     let readings = Arc::new(Mutex::new(Vec::new()));
@@ -132,39 +189,34 @@ fn burst(addr: SocketAddr, texts: &[String], repeat: &str) -> Result<Timeline> {
     };
     std::thread::sleep(Duration::from_millis(200));
     let started = t0.elapsed().as_secs_f64();
-    let handles: Vec<_> = texts
-        .iter()
-        .map(|t| {
-            let t = t.clone();
-            std::thread::spawn(move || {
-                stream_completion(
-                    addr,
-                    "/v1/completions",
-                    &completion_body(&t, 600),
-                    Duration::from_secs(600),
-                    |_| {},
-                )
-                .and_then(|c| c.check_intact(600).map_err(anyhow::Error::msg))
-            })
-        })
-        .collect();
-    for h in handles {
-        h.join().map_err(|_| anyhow::anyhow!("client thread"))??;
-    }
+    let mut sent = concurrently(addr, t0, texts, 600)?;
     let burst = t0.elapsed().as_secs_f64() - started;
     std::thread::sleep(Duration::from_millis(300));
-    timed(addr, repeat, 4)?;
+    sent.extend(concurrently(addr, t0, &[repeat.to_string()], 4)?);
     let mid = read_page(addr, 0.0)?.prefix_hits;
-    timed(addr, repeat, 4)?;
+    sent.extend(concurrently(addr, t0, &[repeat.to_string()], 4)?);
     let after = read_page(addr, 0.0)?.prefix_hits;
+    std::thread::sleep(Duration::from_millis(300));
+    let long_start = t0.elapsed().as_secs_f64();
+    sent.extend(concurrently(addr, t0, long, 16)?);
+    let long_burst = (long_start, t0.elapsed().as_secs_f64());
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::SeqCst);
     let _ = poller.join();
-    let readings = readings.lock().map(|v| v.clone()).unwrap_or_default();
+    let mut readings = readings.lock().map(|v| v.clone()).unwrap_or_default();
+    let mut queue = PrefillQueue::default();
+    for r in &mut readings {
+        r.prefilling = queue.update(r.first_tokens, r.finished, r.running, r.waiting);
+        r.unanswered = sent
+            .iter()
+            .filter(|s| s.at <= r.t && r.t < s.first_token)
+            .count() as f64;
+    }
     Ok(Timeline {
         readings,
         burst,
         repeat_hits: after - mid,
+        long_burst,
     })
 }
 
@@ -189,6 +241,23 @@ fn growth(r: &[Reading], f: impl Fn(&Reading) -> f64) -> f64 {
     match (r.first(), r.last()) {
         (Some(a), Some(b)) => f(b) - f(a),
         _ => 0.0,
+    }
+}
+
+/// Mean of `f` over the readings while requests were in flight (by the page or the client),
+/// those within `span` if given.
+fn busy_mean(t: &Timeline, span: Option<(f64, f64)>, f: impl Fn(&Reading) -> f64) -> f64 {
+    let v: Vec<f64> = t
+        .readings
+        .iter()
+        .filter(|r| r.running + r.waiting > 0.0 || r.unanswered > 0.0)
+        .filter(|r| span.is_none_or(|(a, b)| r.t >= a && r.t <= b))
+        .map(f)
+        .collect();
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
     }
 }
 
@@ -286,14 +355,17 @@ pub fn run(out_dir: &Path) -> Result<Figures> {
         ns.run_in(move || -> Result<(Timeline, Timeline, Vec<u64>)> {
             let texts: Vec<String> = (0..8).map(|i| prompt(60, 100 + i)).collect();
             let repeat = prompt(400, 200);
+            let long: Vec<String> = (0..8).map(|i| prompt(220, 300 + i)).collect();
             let counts: Vec<u64> = texts
                 .iter()
                 .chain([&repeat])
+                .chain(&long)
                 .map(|t| real_tokens(real_addr, t))
                 .collect::<Result<_>>()?;
-            let real_line = burst(real_addr, &texts, &repeat)?;
+            let real_line = burst(real_addr, &texts, &repeat, &long)?;
             let sim_texts: Vec<String> = counts[..8].iter().map(|n| sim_prompt(*n)).collect();
-            let sim_line = burst(sim_addr, &sim_texts, &sim_prompt(counts[8]))?;
+            let sim_long: Vec<String> = counts[9..].iter().map(|n| sim_prompt(*n)).collect();
+            let sim_line = burst(sim_addr, &sim_texts, &sim_prompt(counts[8]), &sim_long)?;
             Ok((real_line, sim_line, counts))
         })??;
     drop(sim);
@@ -408,7 +480,7 @@ fn report(
         0,
     );
     row(
-        "prompt tokens counted over the burst and the repeats",
+        "prompt tokens counted over the bursts and the repeats",
         "prompt_tokens",
         growth(&r(real), |x| x.prompt_tokens),
         growth(&r(sim), |x| x.prompt_tokens),
@@ -421,6 +493,33 @@ fn report(
         growth(&r(sim), |x| x.generation_tokens),
         0,
     );
+    for (long, during) in [(false, "all readings"), (true, "the long prompts' burst")] {
+        let key = if long { "long" } else { "all" };
+        let span = |t: &Timeline| long.then_some(t.long_burst);
+        row(
+            &format!("requests without a first token, by the client, mean over {during} in flight"),
+            &format!("unanswered_{key}"),
+            busy_mean(real, span(real), |x| x.unanswered),
+            busy_mean(sim, span(sim), |x| x.unanswered),
+            2,
+        );
+        row(
+            &format!(
+                "  mean error of the balancer's count from the page (running + waiting - first tokens + finished), {during}"
+            ),
+            &format!("prefilling_error_{key}"),
+            busy_mean(real, span(real), |x| (x.prefilling - x.unanswered).abs()),
+            busy_mean(sim, span(sim), |x| (x.prefilling - x.unanswered).abs()),
+            2,
+        );
+        row(
+            &format!("  mean error of `waiting` alone, {during}"),
+            &format!("waiting_error_{key}"),
+            busy_mean(real, span(real), |x| (x.waiting - x.unanswered).abs()),
+            busy_mean(sim, span(sim), |x| (x.waiting - x.unanswered).abs()),
+            2,
+        );
+    }
     row(
         "cached tokens of the repeated prompt",
         "repeat_hits",
@@ -438,11 +537,12 @@ fn report(
          4 requests at most) and `sim-llm` given the same cache, batch, a 2,048-token step budget and the real server's measured times \
          (a step of {:.1} ms with 1 request and {:.1} ms with 4; prefill {prefill:.0} tokens/s). The burst: 8 concurrent streamed requests of \
          {:?} prompt tokens (the real tokenizer's count; the simulator got as many words) and 600 output tokens each, then a {}-token \
-         prompt twice in a row; each page read every 50 ms.\n\n| | real vLLM | simulator |\n| --- | ---: | ---: |",
+         prompt twice in a row, then 8 concurrent requests of {:?} prompt tokens and 16 output tokens (chunked prefills); each page read every 50 ms.\n\n| | real vLLM | simulator |\n| --- | ---: | ---: |",
         step1 * 1e3,
         step4 * 1e3,
         &counts[..8],
-        counts[8]
+        counts[8],
+        &counts[9..]
     );
     for (what, a, b) in &rows {
         let _ = writeln!(md, "| {what} | {a} | {b} |");
@@ -492,7 +592,7 @@ fn plot(path: &Path, real: &Timeline, sim: &Timeline) -> Result<()> {
         let end = t.readings.last().map_or(1.0, |r| r.t - t0).max(0.1);
         let mut c = ChartBuilder::on(area)
             .caption(
-                format!("{name}: running, waiting (left), KV use x 10 (right scale)"),
+                format!("{name}: running, waiting, without a first token; KV use x 10"),
                 ("sans-serif", 18),
             )
             .margin(10)
@@ -509,6 +609,8 @@ fn plot(path: &Path, real: &Timeline, sim: &Timeline) -> Result<()> {
             ),
             ("waiting", BLUE, |r: &Reading| r.waiting),
             ("KV use x 10", GREEN, |r: &Reading| r.kv * 10.0),
+            ("no first token (page)", MAGENTA, |r: &Reading| r.prefilling),
+            ("no first token (client)", BLACK, |r: &Reading| r.unanswered),
         ] {
             c.draw_series(LineSeries::new(
                 t.readings.iter().map(|r| (r.t - t0, f(r))),

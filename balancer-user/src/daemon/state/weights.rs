@@ -285,12 +285,18 @@ fn check_report(s: &Signals) -> Result<(), ChangeError> {
         ("gpu_utilization", s.gpu_utilization, Some(1.0)),
         ("running", s.running, None),
         ("waiting", s.waiting, None),
+        ("prefilling", s.prefilling, None),
         ("tokens_per_second", s.tokens_per_second, None),
         ("ttft_seconds", s.ttft_seconds, None),
         ("prefill_seconds", s.prefill_seconds, None),
         (
             "prefill_seconds_per_token",
             s.prefill_seconds_per_token,
+            None,
+        ),
+        (
+            "prefill_seconds_per_token_fastest",
+            s.prefill_seconds_per_token_fastest,
             None,
         ),
         ("prompt_tokens_mean", s.prompt_tokens_mean, None),

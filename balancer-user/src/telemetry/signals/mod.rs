@@ -46,6 +46,12 @@ pub struct Signals {
     /// Requests queued.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<f64>,
+    /// Requests that have no first token yet: the waiting ones and the running ones still in
+    /// their prefill (a server that chunks prefills admits a burst to its batch at once, so
+    /// `waiting` stays near 0 while the prompts wait their turn). For vLLM, derived from its
+    /// counters by the telemetry store (`BackendTelemetry::record`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefilling: Option<f64>,
     /// Tokens per second (reported, or the rate of the token counters).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens_per_second: Option<f64>,
@@ -63,6 +69,12 @@ pub struct Signals {
     /// whatever the prompt sizes it happened to get.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_seconds_per_token: Option<f64>,
+    /// The fastest prefill per prompt token measured recently (the least per-interval ratio of
+    /// the same counters, relaxing by half a minute's doubling): the server's own speed, which
+    /// the mean under a burst is not — requests admitted together share their steps, so each
+    /// measures the others' prompts too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_seconds_per_token_fastest: Option<f64>,
     /// Mean prompt size of the requests a server finished recently (decaying window), tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_tokens_mean: Option<f64>,
@@ -111,10 +123,12 @@ impl Signals {
             gpu_utilization,
             running,
             waiting,
+            prefilling,
             tokens_per_second,
             ttft_seconds,
             prefill_seconds,
             prefill_seconds_per_token,
+            prefill_seconds_per_token_fastest,
             prompt_tokens_mean,
             prefix_cache_hit_rate,
             tokens_total,
