@@ -577,6 +577,13 @@ real server; the real server's steps vary more (Python, two cores shared with th
 one core between its API server and its engine, so its `/metrics` can lag by hundreds of milliseconds under load (the poller's \
 readings thin out during the burst). The routing benchmark's simulated GPUs are faster and steadier than this CPU server; \
 that is the point of simulating them, and every contender — the balancer and the L7 routers — meets the same servers.\n\
+- **Requests without a first token** (what the composite policy counts ahead of a new request): the count the balancer \
+derives from the page — requests in flight less those past their first token (`time_to_first_token_seconds_count` less \
+`request_prompt_tokens_count`, which vLLM observes as a request finishes) — agrees with the client's own count in both, but \
+for requests in transit (sent, not yet on the page: all of the real server's error above; the policy counts those from the \
+data plane's new flows). The CPU build prefills hundreds of tokens in milliseconds, so no reading 50 ms apart caught a request \
+running in its prefill on either server and the count equals `waiting` here; on GPUs serving long prompts a chunked prefill \
+runs over several steps, which the simulated GPUs of the routing benchmark show.\n\
 - **Left out** by the simulator: sampling and detokenization costs, speculative decoding, LoRA, CUDA graphs, KV offloading, \
 the prefill/decode interference of attention kernels beyond the per-request step cost. None is visible to a router except \
 through the signals above.\n";
