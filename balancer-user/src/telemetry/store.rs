@@ -393,31 +393,22 @@ mod tests {
     fn a_vllm_report_says_its_requests_without_a_first_token() {
         let mut b = BackendTelemetry::default();
         let now = Instant::now();
-        b.record(
-            Signals {
-                running: Some(5.0),
-                waiting: Some(1.0),
-                ttft_sum_count: Some((3.0, 7.0)),
-                prompt_sum_count: Some((700.0, 4.0)),
-                ..Signals::default()
-            },
-            now,
-            H,
-        );
+        // 6 in flight, 7 first tokens, 4 finished: 3 past their first token.
+        let page = Signals {
+            running: Some(5.0),
+            waiting: Some(1.0),
+            ttft_sum_count: Some((3.0, 7.0)),
+            prompt_sum_count: Some((700.0, 4.0)),
+            ..Signals::default()
+        };
+        b.record(page.clone(), now, H);
         assert_eq!(b.latest.as_ref().unwrap().0.prefilling, Some(3.0));
         // A pushed report's own figure is kept.
-        b.record(
-            Signals {
-                prefilling: Some(9.0),
-                running: Some(5.0),
-                waiting: Some(1.0),
-                ttft_sum_count: Some((3.0, 7.0)),
-                prompt_sum_count: Some((700.0, 4.0)),
-                ..Signals::default()
-            },
-            now,
-            H,
-        );
+        let pushed = Signals {
+            prefilling: Some(9.0),
+            ..page
+        };
+        b.record(pushed, now, H);
         assert_eq!(b.latest.as_ref().unwrap().0.prefilling, Some(9.0));
     }
 
