@@ -25,6 +25,14 @@ pub const LONG_RUN_HALF_LIFE: Duration = Duration::from_secs(60);
 /// Share of the long-run window beside the recent one while data arrives at a steady rate.
 const LONG_RUN_SHARE: f64 = 0.25;
 
+/// The increments of a counter pair since the previous reading; none for the first reading or
+/// counters that went backwards (a restarted server).
+fn increments(previous: Option<(f64, f64)>, reading: (f64, f64)) -> Option<(f64, f64)> {
+    let (n0, d0) = previous?;
+    let (dn, dd) = (reading.0 - n0, reading.1 - d0);
+    (dn >= 0.0 && dd >= 0.0 && dn.is_finite() && dd.is_finite()).then_some((dn, dd))
+}
+
 /// The ratio of the increments of a counter pair (`Δsum / Δcount` of a histogram, `Δhits /
 /// Δqueries`), each increment weighted by its own size, over two windows that decay with
 /// time: a recent one (the given half-life, [`RECENT_HALF_LIFE`] by default) and a long-run
@@ -60,13 +68,10 @@ impl DecayedRatio {
         let recent = recent.max(Duration::from_millis(1));
         decay(&mut self.recent, recent);
         decay(&mut self.long_run, LONG_RUN_HALF_LIFE);
-        if let Some((n0, d0)) = self.previous {
-            let (n, d) = reading;
-            if n >= n0 && d >= d0 && (n - n0).is_finite() && (d - d0).is_finite() {
-                for w in [&mut self.recent, &mut self.long_run] {
-                    w.0 += n - n0;
-                    w.1 += d - d0;
-                }
+        if let Some((dn, dd)) = increments(self.previous, reading) {
+            for w in [&mut self.recent, &mut self.long_run] {
+                w.0 += dn;
+                w.1 += dd;
             }
         }
         self.previous = Some(reading);
@@ -142,10 +147,9 @@ impl Fastest {
         let relaxed = self
             .figure
             .map(|f| f * (elapsed.as_secs_f64() / FASTEST_DOUBLING.as_secs_f64()).exp2());
-        let interval = self.previous.and_then(|(n0, d0)| {
-            let (dn, dd) = (reading.0 - n0, reading.1 - d0);
-            (dn >= 0.0 && dd > 0.0 && dn.is_finite() && dd.is_finite()).then(|| dn / dd)
-        });
+        let interval = increments(self.previous, reading)
+            .filter(|(_, dd)| *dd > 0.0)
+            .map(|(dn, dd)| dn / dd);
         self.previous = Some(reading);
         self.figure = match (relaxed, interval) {
             (Some(f), Some(i)) => Some(f.min(i)),

@@ -4,7 +4,7 @@
 //! given the same cache, batch and token budget and the step and prefill times measured on the
 //! real one. Each gets the same burst — 8 concurrent streamed requests (the same prompts, sized
 //! in the real tokenizer's tokens), then one prompt twice in a row, then a burst of 8 long prompts
-//! with short outputs (chunked prefills) — while its `/metrics` is read every 50 ms. The
+//! with short outputs (prefills that share steps) — while its `/metrics` is read every 50 ms. The
 //! timelines (running, waiting, KV use, the token, prefix-cache and preemption counters; the
 //! requests without a first token as the balancer derives them from the page, against the
 //! client's count) and what they show go to `docs/results/llm/calibration.md` with a picture.
@@ -537,7 +537,7 @@ fn report(
          4 requests at most) and `sim-llm` given the same cache, batch, a 2,048-token step budget and the real server's measured times \
          (a step of {:.1} ms with 1 request and {:.1} ms with 4; prefill {prefill:.0} tokens/s). The burst: 8 concurrent streamed requests of \
          {:?} prompt tokens (the real tokenizer's count; the simulator got as many words) and 600 output tokens each, then a {}-token \
-         prompt twice in a row, then 8 concurrent requests of {:?} prompt tokens and 16 output tokens (chunked prefills); each page read every 50 ms.\n\n| | real vLLM | simulator |\n| --- | ---: | ---: |",
+         prompt twice in a row, then 8 concurrent requests of {:?} prompt tokens and 16 output tokens (prefills that share steps); each page read every 50 ms.\n\n| | real vLLM | simulator |\n| --- | ---: | ---: |",
         step1 * 1e3,
         step4 * 1e3,
         &counts[..8],

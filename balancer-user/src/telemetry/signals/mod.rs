@@ -70,7 +70,8 @@ pub struct Signals {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_seconds_per_token: Option<f64>,
     /// The fastest prefill per prompt token measured recently (the least per-interval ratio of
-    /// the same counters, relaxing by half a minute's doubling): the server's own speed, which
+    /// the same counters, doubling every 30 s unless a faster interval comes): the server's own
+    /// speed, which
     /// the mean under a burst is not — requests admitted together share their steps, so each
     /// measures the others' prompts too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
