@@ -225,11 +225,13 @@ impl BackendTelemetry {
             signals.prompt_sum_count,
             &mut signals.prompt_tokens_mean,
         );
-        // Per prompt token: the same requests' prefill seconds over their prompt tokens
-        // (both histograms are observed as a request finishes).
+        // Per prompt token: the same requests' prefill seconds over the prompt tokens they
+        // computed where the page says (else over their prompt tokens): prefix-cache hits
+        // cost no prefill, and counted they would make a server that happened to get them
+        // look faster than it is. All these histograms are observed as a request finishes.
         let per_token = signals
             .prefill_sum_count
-            .zip(signals.prompt_sum_count)
+            .zip(signals.computed_sum_count.or(signals.prompt_sum_count))
             .map(|((seconds, _), (tokens, _))| (seconds, tokens));
         derive(
             &mut self.prefill_per_token,
@@ -347,6 +349,32 @@ mod tests {
             t.age(t0 + Duration::from_millis(1500)),
             Some(Duration::from_millis(500))
         );
+    }
+
+    #[test]
+    fn the_prefill_per_token_counts_only_the_tokens_a_server_computed() {
+        let mut t = BackendTelemetry::default();
+        let t0 = Instant::now();
+        // 10 requests of 1,000 prompt tokens, 800 of each found in the prefix cache: 0.5 s
+        // of prefill for 2,000 computed tokens.
+        let report = |n: f64, computed: Option<f64>| Signals {
+            prefill_sum_count: Some((n * 0.05, n)),
+            prompt_sum_count: Some((n * 1000.0, n)),
+            computed_sum_count: computed.map(|c| (n * c, n)),
+            ..Signals::default()
+        };
+        t.record(report(10.0, Some(200.0)), t0, H);
+        t.record(report(20.0, Some(200.0)), t0 + Duration::from_secs(1), H);
+        let s = &t.latest.as_ref().unwrap().0;
+        assert!(close(s.prefill_seconds_per_token, 0.00025));
+        assert!(close(s.prefill_seconds_per_token_fastest, 0.00025));
+        assert!(close(s.prompt_tokens_mean, 1000.0), "the prompt's size");
+        // A page without the computed tokens: over the prompt tokens, as before.
+        let mut old = BackendTelemetry::default();
+        old.record(report(10.0, None), t0, H);
+        old.record(report(20.0, None), t0 + Duration::from_secs(1), H);
+        let s = &old.latest.as_ref().unwrap().0;
+        assert!(close(s.prefill_seconds_per_token, 0.00005));
     }
 
     #[test]

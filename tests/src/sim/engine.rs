@@ -235,8 +235,9 @@ impl Request {
 pub struct Step {
     /// How long the step takes.
     pub duration: Duration,
-    /// Requests admitted at this step (not counting re-admissions after a preemption).
-    pub admitted: Vec<RequestId>,
+    /// Requests admitted at this step (not counting re-admissions after a preemption), with
+    /// the prompt tokens found in the prefix cache (not computed).
+    pub admitted: Vec<(RequestId, usize)>,
     /// Requests that got a token at this step: (request, tokens generated so far).
     pub tokens: Vec<(RequestId, u64)>,
     /// Requests that finished at this step.
@@ -465,7 +466,7 @@ impl Engine {
                 self.counters.prompt_tokens += r.prompt_len as u64;
                 self.counters.prefix_queries += r.prompt_len as u64;
                 self.counters.prefix_hits += cached.min(r.prompt_len) as u64;
-                step.admitted.push(r.id);
+                step.admitted.push((r.id, cached.min(r.prompt_len)));
             }
             budget -= new;
             scheduled.push((r.id, new, false));
@@ -559,7 +560,7 @@ mod tests {
         let mut e = Engine::new(Profile::large());
         e.submit(1, prompt(4000, 1), 3).unwrap();
         let s = e.step();
-        assert_eq!(s.admitted, vec![1]);
+        assert_eq!(s.admitted, vec![(1, 0)]);
         // 4000 / 8000 tok/s = 500 ms of prefill + 30 ms + 0.2 ms.
         assert_eq!(s.duration, Duration::from_micros(530_200));
         assert_eq!(s.tokens, vec![(1, 1)]);
@@ -586,7 +587,7 @@ mod tests {
         // keeps decoding meanwhile (its token comes out of the budget first).
         e.submit(2, prompt(5000, 2), 5).unwrap();
         let s = e.step();
-        assert_eq!(s.admitted, vec![2]);
+        assert_eq!(s.admitted, vec![(2, 0)]);
         assert_eq!(
             s.tokens,
             vec![(1, 2)],
@@ -613,7 +614,9 @@ mod tests {
         run(&mut e);
         // 62 full blocks of 16 are cached (992 tokens); 8 are computed again.
         e.submit(2, p, 2).unwrap();
-        let warm = e.step().duration;
+        let step = e.step();
+        assert_eq!(step.admitted, vec![(2, 992)], "admitted with its cached tokens");
+        let warm = step.duration;
         assert_eq!(cold, Duration::from_micros(155_200)); // 1000 / 8000 s + 30.2 ms
         assert_eq!(warm, Duration::from_micros(31_200)); // 8 / 8000 s + 30.2 ms
         assert_eq!(

@@ -125,6 +125,8 @@ struct Sink {
     first_token: Option<Instant>,
     last_token: Option<Instant>,
     prompt_tokens: usize,
+    /// Prompt tokens found in the prefix cache when admitted.
+    cached_tokens: usize,
 }
 
 /// vLLM's request histograms: TTFT and inter-token latency as tokens go out; queue, prefill
@@ -136,6 +138,8 @@ struct Histograms {
     queue: Histogram,
     prefill: Histogram,
     prompt_tokens: Histogram,
+    /// Prompt tokens computed (not found in the prefix cache), as a request finishes.
+    computed_tokens: Histogram,
 }
 
 struct Shared {
@@ -170,6 +174,7 @@ pub async fn serve(
             queue: Histogram::new(PHASE_BUCKETS),
             prefill: Histogram::new(PHASE_BUCKETS),
             prompt_tokens: Histogram::new(&prompt_buckets),
+            computed_tokens: Histogram::new(&prompt_buckets),
         }),
     });
     tokio::spawn(drive(shared.clone()));
@@ -211,9 +216,10 @@ async fn drive(shared: Arc<Shared>) {
         let began = Instant::now();
         if !step.admitted.is_empty() {
             let mut sinks = shared.sinks.lock().expect("sinks");
-            for id in &step.admitted {
+            for (id, cached) in &step.admitted {
                 if let Some(s) = sinks.get_mut(id) {
                     s.admitted = Some(began);
+                    s.cached_tokens = *cached;
                 }
             }
         }
@@ -253,6 +259,8 @@ async fn drive(shared: Arc<Shared>) {
                             .observe(first.duration_since(admitted).as_secs_f64());
                     }
                     h.prompt_tokens.observe(sink.prompt_tokens as f64);
+                    h.computed_tokens
+                        .observe(sink.prompt_tokens.saturating_sub(sink.cached_tokens) as f64);
                 }
             }
             for id in &gone {
@@ -475,6 +483,7 @@ async fn answer(shared: &Arc<Shared>, body: Bytes, chat: bool) -> Response {
             first_token: None,
             last_token: None,
             prompt_tokens: ask.prompt.len(),
+            cached_tokens: 0,
         },
     );
     let prompt_len = ask.prompt.len() as u64;
@@ -708,6 +717,12 @@ async fn metrics(State(shared): State<Arc<Shared>>, RawQuery(query): RawQuery) -
             &mut page,
             "vllm:request_prompt_tokens",
             "Number of prefill tokens processed.",
+            &l,
+        );
+        h.computed_tokens.render(
+            &mut page,
+            "vllm:request_prefill_kv_computed_tokens",
+            "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
             &l,
         );
     }

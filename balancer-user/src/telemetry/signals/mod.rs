@@ -3,7 +3,7 @@
 //!
 //! | server | metrics read |
 //! | --- | --- |
-//! | vLLM | `vllm:num_requests_running`, `vllm:num_requests_waiting` (not `..._waiting_by_reason`, a breakdown of the same queue), `vllm:kv_cache_usage_perc` (before 0.12 also `vllm:gpu_cache_usage_perc`), `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`, `vllm:cache_config_info` (`num_gpu_blocks` x `block_size`), `vllm:time_to_first_token_seconds`, `vllm:request_prefill_time_seconds` and `vllm:request_prompt_tokens` (recent means over a decaying window, and prefill time per prompt token), `vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total` (before 0.11 `vllm:gpu_prefix_cache_*`), label `model_name`; per-`engine` series are summed |
+//! | vLLM | `vllm:num_requests_running`, `vllm:num_requests_waiting` (not `..._waiting_by_reason`, a breakdown of the same queue), `vllm:kv_cache_usage_perc` (before 0.12 also `vllm:gpu_cache_usage_perc`), `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`, `vllm:cache_config_info` (`num_gpu_blocks` x `block_size`), `vllm:time_to_first_token_seconds`, `vllm:request_prefill_time_seconds` and `vllm:request_prompt_tokens` (recent means over a decaying window, and prefill time per prompt token: over `vllm:request_prefill_kv_computed_tokens`, the tokens not found in the prefix cache, where the page has it), `vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total` (before 0.11 `vllm:gpu_prefix_cache_*`), label `model_name`; per-`engine` series are summed |
 //! | SGLang | `sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:token_usage`, `sglang:gen_throughput`, `sglang:cache_hit_rate`, `sglang:prompt_tokens_total`, `sglang:generation_tokens_total` |
 //! | llama.cpp (`llama-server --metrics`) | `llamacpp:requests_processing`, `llamacpp:requests_deferred`, `llamacpp:prompt_tokens_total`, `llamacpp:prompt_tokens_cached_total`, `llamacpp:tokens_predicted_total` (moves when a request ends), and where a version exports them `llamacpp:kv_cache_usage_ratio`, `llamacpp:kv_cache_tokens` (b11312 does not) |
 //! | TGI | `tgi_queue_size`, `tgi_batch_current_size`, `tgi_batch_current_max_tokens`, `tgi_batch_max_total_tokens` |
@@ -65,15 +65,16 @@ pub struct Signals {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_seconds: Option<f64>,
     /// Prefill time per prompt token of the requests a server finished recently (decaying
-    /// window), seconds (`request_prefill_time_seconds` over `request_prompt_tokens`): its prefill speed
-    /// whatever the prompt sizes it happened to get.
+    /// window), seconds (`request_prefill_time_seconds` over the tokens it computed,
+    /// `request_prefill_kv_computed_tokens`, where the page has them, else over
+    /// `request_prompt_tokens`): its prefill speed whatever the prompt sizes it happened to get,
+    /// and, where it says which tokens it computed, whatever its prefix-cache hits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_seconds_per_token: Option<f64>,
     /// The fastest prefill per prompt token measured recently (the least per-interval ratio of
     /// the same counters, doubling every 30 s unless a faster interval comes): the server's own
-    /// speed, which
-    /// the mean under a burst is not — requests admitted together share their steps, so each
-    /// measures the others' prompts too.
+    /// speed, which the mean under a burst is not — requests admitted together share their
+    /// steps, so each measures the others' prompts too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_seconds_per_token_fastest: Option<f64>,
     /// Mean prompt size of the requests a server finished recently (decaying window), tokens.
@@ -98,6 +99,11 @@ pub struct Signals {
     /// finish, like the prefill time), for the per-token prefill rate; not reported by push.
     #[serde(skip)]
     pub prompt_sum_count: Option<(f64, f64)>,
+    /// Computed prompt tokens' histogram sum and count (`request_prefill_kv_computed_tokens`:
+    /// the prompt less its prefix-cache hits, observed as requests finish), for the per-token
+    /// prefill rate where the server says; not reported by push.
+    #[serde(skip)]
+    pub computed_sum_count: Option<(f64, f64)>,
     /// Prefix-cache hit and query counters (tokens), for the recent hit rate; not reported
     /// by push.
     #[serde(skip)]
@@ -136,6 +142,7 @@ impl Signals {
             ttft_sum_count,
             prefill_sum_count,
             prompt_sum_count,
+            computed_sum_count,
             prefix_cache_counts
         );
         for m in other.models {
@@ -202,6 +209,8 @@ pub const VLLM_SAMPLES: &[&str] = &[
     "vllm:request_prefill_time_seconds_count",
     "vllm:request_prompt_tokens_sum",
     "vllm:request_prompt_tokens_count",
+    "vllm:request_prefill_kv_computed_tokens_sum",
+    "vllm:request_prefill_kv_computed_tokens_count",
     "vllm:prefix_cache_hits_total",
     "vllm:gpu_prefix_cache_hits_total",
     "vllm:prefix_cache_queries_total",
@@ -368,6 +377,12 @@ pub fn extract(samples: &[Sample]) -> Signals {
         sum(samples, "vllm:request_prompt_tokens_count"),
     ) {
         s.prompt_sum_count = Some((total, count));
+    }
+    if let (Some(total), Some(count)) = (
+        sum(samples, "vllm:request_prefill_kv_computed_tokens_sum"),
+        sum(samples, "vllm:request_prefill_kv_computed_tokens_count"),
+    ) {
+        s.computed_sum_count = Some((total, count));
     }
 
     // Prefix caching: vLLM counts prompt tokens looked up and found, for an interval rate.

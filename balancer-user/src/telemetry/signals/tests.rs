@@ -285,6 +285,11 @@ fn real_vllm_0_32_pages_in_each_state() {
         Some((943.0, 8.0)),
         "request_prompt_tokens, finished with the same requests"
     );
+    assert_eq!(
+        full.computed_sum_count,
+        Some((943.0, 8.0)),
+        "request_prefill_kv_computed_tokens: these eight found nothing in the cache"
+    );
     let (hits, queries) = full.prefix_cache_counts.expect("prefix counters");
     assert!(hits > 0.0 && hits < queries, "{hits} of {queries}");
     assert!(
