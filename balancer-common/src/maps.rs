@@ -309,6 +309,11 @@ pub const VIP_F_SCRAPE_DUE: u8 = 16;
 
 /// A backend slot is in use and may receive packets.
 pub const BACKEND_F_ACTIVE: u8 = 1;
+/// Session persistence: clients returning to this backend are expected to be served sooner
+/// elsewhere this round (the daemon's policy weighs their cached prompt against the backend's
+/// queue): their new flows go where the VIP's scheduler puts them, and they keep it as their
+/// backend, as when it is over the load bound.
+pub const BACKEND_F_RETURNING_ELSEWHERE: u8 = 2;
 
 /// [`Backend::bound_share`] of a backend with all of its pool's weight.
 pub const BOUND_SHARE_SCALE: u32 = 1 << 15;

@@ -1,8 +1,8 @@
 //! The schedulers' choice logic in the XDP program through BPF_PROG_TEST_RUN (needs root):
 //! round robin, weighted round robin, source hash, random, weighted random, least
-//! connections, power of two choices, session persistence and bounded load, tenant affinity
-//! (source hash and persistence keyed on a source prefix), and the active-flow counts the
-//! connection-aware ones read.
+//! connections, power of two choices, session persistence with bounded load and with the
+//! policy's verdict on returning clients, tenant affinity (source hash and persistence keyed
+//! on a source prefix), and the active-flow counts the connection-aware ones read.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -245,16 +245,15 @@ fn power_of_two_choices_balance_active_flows() {
     assert!(max - min <= 6, "active flows {a:?}");
 }
 
+/// VIP "sticky": round robin with session persistence (60 s) over b1, b2, b3.
+fn sticky_round_robin(weights: [u32; 3]) -> String {
+    config(&[("sticky", "round-robin", weights, Extra::PersistenceSecs(60))])
+}
+
 #[test]
 #[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
 fn persistence_keeps_a_client_on_its_backend_until_it_is_drained() {
-    let text = config(&[(
-        "sticky",
-        "round-robin",
-        [1, 1, 1],
-        Extra::PersistenceSecs(60),
-    )]);
-    let mut h = harness(&text);
+    let mut h = harness(&sticky_round_robin([1, 1, 1]));
     let (a, b) = (ip("10.9.0.5"), ip("10.9.0.6"));
     let first = syn(&mut h, 0, a, 1000);
     for p in 1..10 {
@@ -274,13 +273,8 @@ fn persistence_keeps_a_client_on_its_backend_until_it_is_drained() {
         .iter()
         .map(|x| u32::from(ip(x) != first))
         .collect();
-    h.reconfigure(&config(&[(
-        "sticky",
-        "round-robin",
-        [weights[0], weights[1], weights[2]],
-        Extra::PersistenceSecs(60),
-    )]))
-    .unwrap();
+    h.reconfigure(&sticky_round_robin([weights[0], weights[1], weights[2]]))
+        .unwrap();
     let moved = syn(&mut h, 0, a, 2000);
     assert_ne!(
         moved, first,
@@ -288,6 +282,37 @@ fn persistence_keeps_a_client_on_its_backend_until_it_is_drained() {
     );
     for p in 1..5 {
         assert_eq!(syn(&mut h, 0, a, 2000 + p), moved);
+    }
+}
+
+#[test]
+#[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
+fn returning_clients_sent_elsewhere_spill_and_keep_their_backend() {
+    let mut h = harness(&sticky_round_robin([1, 1, 1]));
+    let endpoint = h.balancer.vip("sticky").unwrap().config.endpoint();
+    let client = ip("10.9.0.5");
+    let home = syn(&mut h, 0, client, 1000);
+    assert_eq!(syn(&mut h, 0, client, 1001), home);
+    // The policy expects the client's backend to serve it later than another would: its new
+    // flows go where round robin puts them (the two others in turn, then home again).
+    assert_eq!(
+        h.balancer
+            .set_returning_elsewhere(&endpoint, &[(home, true)])
+            .unwrap(),
+        1
+    );
+    let spilled: Vec<IpAddr> = (0..3).map(|p| syn(&mut h, 0, client, 1002 + p)).collect();
+    assert_eq!(
+        spilled.iter().filter(|b| **b != home).count(),
+        2,
+        "round robin over three backends: {spilled:?}"
+    );
+    // The verdict lifted: back to its backend, not to where the spilled flows went.
+    h.balancer
+        .set_returning_elsewhere(&endpoint, &[(home, false)])
+        .unwrap();
+    for p in 0..3 {
+        assert_eq!(syn(&mut h, 0, client, 1010 + p), home);
     }
 }
 

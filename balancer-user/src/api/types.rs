@@ -211,6 +211,10 @@ pub struct WeightRow {
     /// Over a saturation cut-off in the last round.
     #[serde(default)]
     pub saturated: bool,
+    /// Its returning clients (session persistence) sent elsewhere this round: the policy
+    /// expects them served sooner by another backend, their whole prompt prefilled there.
+    #[serde(default)]
+    pub returning_elsewhere: bool,
     /// The latest report (absent before the first).
     pub signals: Option<crate::telemetry::signals::Signals>,
     /// Age of that report, ms.

@@ -152,6 +152,7 @@ impl<D: Dataplane> Balancer<D> {
             generation: self.next_generation(),
             tier: self.tier_id(config.tier.as_deref()),
             bound_share: 0,
+            returning_elsewhere: false,
         };
         // A fresh id counts no active flows (its previous holder's may linger).
         let written = self.dataplane.reset_active(id).and_then(|()| {
@@ -255,6 +256,8 @@ impl<D: Dataplane> Balancer<D> {
                         tier: self.tier_id(b.tier.as_deref()),
                         ..old.clone()
                     };
+                    // Without persistence no client returns (the flag goes with it).
+                    state.returning_elsewhere &= !config.persistence.is_zero();
                     if healthy && !old.healthy {
                         // Back from failing checks: a new generation, so flows the kernel still
                         // pins to its old self are re-hashed rather than resurrected.
@@ -271,6 +274,9 @@ impl<D: Dataplane> Balancer<D> {
                     } else if state.table_weight() != old.table_weight() {
                         // The new weight is written once the table with it is live.
                         reweighted.push(state.clone());
+                    } else if state.returning_elsewhere != old.returning_elsewhere {
+                        self.dataplane
+                            .set_backend(state.id, &backend_entry(id, config, &state))?;
                     }
                     state
                 }

@@ -226,6 +226,7 @@ mod tests {
             generation: 1,
             tier,
             bound_share: 0,
+            returning_elsewhere: false,
         };
         (address, state)
     }

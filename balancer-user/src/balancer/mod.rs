@@ -114,6 +114,10 @@ pub struct BackendState {
     /// Its averaged share of its pool's weights as written for bounded load (see [`bound`];
     /// 0 until its VIP has a bound and a share was worked out).
     pub bound_share: u16,
+    /// The telemetry policy expects its returning clients to be served sooner elsewhere this
+    /// round (written as `BACKEND_F_RETURNING_ELSEWHERE` where the VIP has session
+    /// persistence; see [`crate::policy::Decision::returning_elsewhere`]).
+    pub returning_elsewhere: bool,
 }
 
 impl BackendState {

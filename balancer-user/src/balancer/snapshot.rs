@@ -139,6 +139,7 @@ impl<D: Dataplane> Balancer<D> {
                 generation: b.generation,
                 tier: b.tier,
                 bound_share: b.bound_share,
+                returning_elsewhere: false,
             })
         };
         for vip in &snapshot.vips {

@@ -8,8 +8,8 @@ use balancer_common::addr::raw_from_ip;
 use balancer_common::maglev;
 use balancer_common::maglev::MaglevBackend;
 use balancer_common::maps::{
-    BACKEND_F_ACTIVE, Backend, ForwardMode, VIP_F_ADMISSION, VIP_F_COUNT, VIP_F_SCRAPE_DUE,
-    VIP_F_SOURCE_PREFIX, VIP_F_TIERS, VipKey, VipMeta,
+    BACKEND_F_ACTIVE, BACKEND_F_RETURNING_ELSEWHERE, Backend, ForwardMode, VIP_F_ADMISSION,
+    VIP_F_COUNT, VIP_F_SCRAPE_DUE, VIP_F_SOURCE_PREFIX, VIP_F_TIERS, VipKey, VipMeta,
 };
 
 use crate::config::{Forwarding, VipConfig};
@@ -68,13 +68,17 @@ pub(super) fn vip_meta(id: u32, config: &VipConfig) -> VipMeta {
     }
 }
 
-pub(super) fn backend_entry(vip_id: u32, _vip: &VipConfig, b: &BackendState) -> Backend {
+pub(super) fn backend_entry(vip_id: u32, vip: &VipConfig, b: &BackendState) -> Backend {
     let (addr, family) = raw_from_ip(b.address);
+    let mut flags = if b.healthy { BACKEND_F_ACTIVE } else { 0 };
+    if b.returning_elsewhere && !vip.persistence.is_zero() {
+        flags |= BACKEND_F_RETURNING_ELSEWHERE;
+    }
     Backend {
         addr,
         mac: b.mac.0,
         family,
-        flags: if b.healthy { BACKEND_F_ACTIVE } else { 0 },
+        flags,
         generation: b.generation as u16,
         bound_share: b.bound_share,
         vip_id: vip_id as u16,

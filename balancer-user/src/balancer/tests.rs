@@ -402,6 +402,56 @@ fn bounded_load_judges_backends_against_their_weights_averaged_over_the_mean_flo
 }
 
 #[test]
+fn returning_clients_are_sent_elsewhere_only_under_session_persistence() {
+    use balancer_common::maps::BACKEND_F_RETURNING_ELSEWHERE as ELSEWHERE;
+    let mut lb = balancer();
+    let mut cfg = two_vips();
+    cfg.vips[0].policy.kind = crate::policy::PolicyKind::Composite;
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    let endpoint = cfg.vips[0].endpoint();
+    let (a, b): (IpAddr, IpAddr) = ("10.0.0.11".parse().unwrap(), "10.0.0.12".parse().unwrap());
+    let flags = |lb: &Balancer<MemoryDataplane>, x: IpAddr| {
+        lb.dataplane().backends[&lb.vip("web").unwrap().backends[&x].id].flags
+    };
+    // No persistence: no returning clients, nothing written.
+    assert_eq!(
+        lb.set_returning_elsewhere(&endpoint, &[(a, true), (b, false)])
+            .unwrap(),
+        0
+    );
+    assert_eq!(flags(&lb, a), BACKEND_F_ACTIVE);
+    // With persistence: the flag on a, and off again; the same verdict twice writes nothing.
+    cfg.vips[0].persistence = Duration::from_secs(60);
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    assert_eq!(
+        lb.set_returning_elsewhere(&endpoint, &[(a, true), (b, false)])
+            .unwrap(),
+        1
+    );
+    assert_eq!(flags(&lb, a), BACKEND_F_ACTIVE | ELSEWHERE);
+    assert_eq!(flags(&lb, b), BACKEND_F_ACTIVE);
+    assert_eq!(
+        lb.set_returning_elsewhere(&endpoint, &[(a, true)]).unwrap(),
+        0
+    );
+    // A weight change rewrites the entry with the flag kept.
+    lb.set_dynamic_weights(&endpoint, &[(a, 900), (b, 100)])
+        .unwrap();
+    assert_eq!(flags(&lb, a), BACKEND_F_ACTIVE | ELSEWHERE);
+    assert_eq!(
+        lb.set_returning_elsewhere(&endpoint, &[(a, false)])
+            .unwrap(),
+        1
+    );
+    assert_eq!(flags(&lb, a), BACKEND_F_ACTIVE);
+    // Persistence turned off by a reload: the entry loses the flag with it.
+    lb.set_returning_elsewhere(&endpoint, &[(a, true)]).unwrap();
+    cfg.vips[0].persistence = Duration::ZERO;
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    assert_eq!(flags(&lb, a), BACKEND_F_ACTIVE);
+}
+
+#[test]
 fn dynamic_weights_replace_configured_ones_until_the_policy_is_static() {
     let mut lb = balancer();
     let mut cfg = two_vips();

@@ -49,6 +49,39 @@ impl<D: Dataplane> Balancer<D> {
         Ok(report)
     }
 
+    /// Sets which of a VIP's backends a telemetry policy expects to serve their returning
+    /// clients more slowly than another would (see
+    /// [`crate::policy::Decision::returning_elsewhere`]) and writes the entries that change;
+    /// backends not listed keep theirs. Only a VIP with session persistence writes the flag
+    /// (others have no returning clients). Returns how many entries were written.
+    pub fn set_returning_elsewhere(
+        &mut self,
+        vip: &Endpoint,
+        verdicts: &[(IpAddr, bool)],
+    ) -> Result<usize, BalancerError> {
+        let Some(state) = self.vips.get_mut(vip) else {
+            return Ok(0);
+        };
+        let persistent = !state.config.persistence.is_zero();
+        let mut changed = Vec::new();
+        for (address, elsewhere) in verdicts {
+            let elsewhere = *elsewhere && persistent;
+            if let Some(b) = state.backends.get_mut(address)
+                && b.returning_elsewhere != elsewhere
+            {
+                b.returning_elsewhere = elsewhere;
+                changed.push(*address);
+            }
+        }
+        let state = &self.vips[vip];
+        for address in &changed {
+            let b = &state.backends[address];
+            self.dataplane
+                .set_backend(b.id, &backend_entry(state.id, &state.config, b))?;
+        }
+        Ok(changed.len())
+    }
+
     /// Sets the weights a fleet's leader published (VIP name → backend → weight) in place of
     /// every local one, or with `None` returns every VIP to its local weights. A VIP the
     /// published state does not name keeps its local weights; a backend it does not list gets

@@ -262,6 +262,12 @@ pub fn families(counters: Option<&Counters>, status: &Status, weights: &[VipWeig
                 &l,
                 if b.saturated { 1.0 } else { 0.0 },
             );
+            f.gauge(
+                "balancer_backend_returning_elsewhere",
+                "1 while session persistence sends the backend's returning clients elsewhere: the policy expects another backend to serve them sooner, their whole prompt prefilled there.",
+                &l,
+                if b.returning_elsewhere { 1.0 } else { 0.0 },
+            );
             let Some(s) = &b.signals else { continue };
             let inputs = [
                 (
@@ -499,6 +505,7 @@ mod tests {
                 weight: 0,
                 reason: "saturated: KV cache 97% >= 95%".into(),
                 saturated: true,
+                returning_elsewhere: false,
                 signals: Some(crate::telemetry::signals::Signals {
                     kv_usage: Some(0.97),
                     ..Default::default()

@@ -225,6 +225,11 @@ pub struct Decision {
     /// Over a saturation cut-off this round (KV cache, waiting requests, free GPU memory),
     /// whatever weight it got (when every backend is, they keep weights by capacity).
     pub saturated: bool,
+    /// A client returning to it (session persistence) is expected to get its first token
+    /// sooner from another backend, the prefill of its whole prompt there included (see
+    /// [`Delays::returning_elsewhere`]): its returning clients' new flows go where the
+    /// scheduler puts them this round (they keep it as their backend).
+    pub returning_elsewhere: bool,
 }
 
 /// What a policy remembers between rounds.
@@ -284,6 +289,7 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
                 weight: i.configured,
                 reason: "static: configured weight".into(),
                 saturated: false,
+                returning_elsewhere: false,
             })
             .collect();
     }
@@ -368,14 +374,24 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
             let (capacity, why) = match (&delays, delays.as_ref().and_then(|d| d.of(i))) {
                 (Some(d), Some(delay)) => {
                     let best = d.best.max(1e-3);
+                    let mut why = format!(
+                        "{why}; expected delay {:.0} ms, pool's best {:.0} ms",
+                        delay * 1e3,
+                        best * 1e3
+                    );
+                    if d.returning_elsewhere(i.address)
+                        && let Some((home, away)) = d.returning.get(&i.address)
+                    {
+                        why.push_str(&format!(
+                            "; a returning client sooner elsewhere ({:.0} ms here, {:.0} ms there with its whole prompt)",
+                            home * 1e3,
+                            away * 1e3
+                        ));
+                    }
                     (
                         f64::from(i.configured)
                             * (cfg.factors.delay * (1.0 - delay.max(best) / best)).exp(),
-                        format!(
-                            "{why}; expected delay {:.0} ms, pool's best {:.0} ms",
-                            delay * 1e3,
-                            best * 1e3
-                        ),
+                        why,
                     )
                 }
                 _ => (
@@ -438,6 +454,9 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
             weight,
             reason,
             saturated,
+            returning_elsewhere: delays
+                .as_ref()
+                .is_some_and(|d| d.returning_elsewhere(i.address)),
         });
     }
     if decisions.iter().all(|d| d.weight == 0) {
@@ -484,15 +503,35 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
 /// size, so two equal GPUs score alike whatever prompt sizes each happened to get; a backend
 /// that reports only a mean prefill time per request is taken at that; one not measured yet
 /// counts as the pool's median.
+///
+/// For a client returning to a backend that reports its prefix-cache hit rate h (session
+/// persistence), the delays differ: at home its prompt is cached but for its new message,
+/// elsewhere it is prefilled whole. With c = 1 − h the share of prompt tokens a backend
+/// computes (first requests and returning ones together), its prefill time p for a whole
+/// prompt and a requests ahead (each computing c of a prompt on average), the client's first
+/// token comes after about p x c x a at home (its own new message neglected) and after
+/// p x (c x a + 1) elsewhere.
 struct Delays {
     by_address: BTreeMap<IpAddr, f64>,
     /// The smallest expected delay of a usable backend.
     best: f64,
+    /// Per backend that reports its prefix-cache hits: a returning client's expected delay at
+    /// home, and the least elsewhere (another usable backend, its whole prompt prefilled).
+    returning: BTreeMap<IpAddr, (f64, f64)>,
 }
 
 impl Delays {
     fn of(&self, i: &Input) -> Option<f64> {
         self.by_address.get(&i.address).copied()
+    }
+
+    /// Whether a client returning to `address` is expected to get its first token sooner
+    /// elsewhere (never for a backend whose prefix-cache hits are unknown: without them the
+    /// cache's worth cannot be weighed, and a bound, if set, judges alone).
+    fn returning_elsewhere(&self, address: IpAddr) -> bool {
+        self.returning
+            .get(&address)
+            .is_some_and(|(home, away)| home > away)
     }
 }
 
@@ -539,23 +578,61 @@ fn expected_delays(
             .or_else(|| positive(s.prefill_seconds))
     };
     let median_service = median(usable.iter().filter_map(|i| service(i)).collect())?;
+    let ahead = |i: &Input| {
+        i.signals
+            .as_ref()
+            .and_then(|s| s.prefilling.or(s.waiting))
+            .unwrap_or(0.0)
+            .max(0.0)
+    };
     let by_address: BTreeMap<IpAddr, f64> = usable
         .iter()
         .map(|i| {
-            let ahead = i
-                .signals
-                .as_ref()
-                .and_then(|s| s.prefilling.or(s.waiting))
-                .unwrap_or(0.0)
-                .max(0.0);
             (
                 i.address,
-                service(i).unwrap_or(median_service) * (1.0 + ahead),
+                service(i).unwrap_or(median_service) * (1.0 + ahead(i)),
             )
         })
         .collect();
     let best = by_address.values().copied().fold(f64::INFINITY, f64::min);
-    Some(Delays { by_address, best })
+    // A returning client: at home the queue's share c of each prompt ahead (its own cached
+    // but for a new message), elsewhere the queue's and its whole prompt.
+    let parts: Vec<(IpAddr, f64, Option<f64>, f64)> = usable
+        .iter()
+        .map(|i| {
+            let computed = i
+                .signals
+                .as_ref()
+                .and_then(|s| s.prefix_cache_hit_rate)
+                .filter(|h| h.is_finite())
+                .map(|h| 1.0 - h.clamp(0.0, 1.0));
+            (
+                i.address,
+                service(i).unwrap_or(median_service),
+                computed,
+                ahead(i),
+            )
+        })
+        .collect();
+    let returning = parts
+        .iter()
+        .filter_map(|(address, prompt, computed, ahead)| {
+            let home = prompt * (*computed)? * ahead;
+            let away = parts
+                .iter()
+                .filter(|(other, ..)| other != address)
+                .map(|(_, prompt, computed, ahead)| {
+                    prompt * (computed.unwrap_or(1.0) * ahead + 1.0)
+                })
+                .fold(f64::INFINITY, f64::min);
+            away.is_finite().then_some((*address, (home, away)))
+        })
+        .collect();
+    Some(Delays {
+        by_address,
+        best,
+        returning,
+    })
 }
 
 fn quantize(weight: f64, quantum: u32) -> u32 {

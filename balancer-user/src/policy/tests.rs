@@ -295,6 +295,66 @@ fn composite_delays_count_the_requests_still_in_their_prefill() {
 }
 
 #[test]
+fn returning_clients_go_elsewhere_only_when_their_cached_prompt_is_worth_less_than_the_wait() {
+    // Three equal GPUs: a whole prompt (2,000 tokens at 0.1 ms) prefills in 200 ms; 80% of
+    // the prompt tokens they see are found in the prefix cache, so each request ahead computes
+    // 40 ms on average, and a returning client's own prompt is cached. GPU 1 has 3 requests
+    // ahead (120 ms at home against 200 ms on the idle GPU 3: it stays), GPU 2 has 6 (240 ms:
+    // it goes).
+    let gpu = |prefilling: f64, hits: Option<f64>| Signals {
+        kv_usage: Some(0.1),
+        running: Some(prefilling),
+        waiting: Some(0.0),
+        prefilling: Some(prefilling),
+        prefill_seconds_per_token: Some(1e-4),
+        prefill_seconds_per_token_fastest: Some(1e-4),
+        prompt_tokens_mean: Some(2000.0),
+        prefix_cache_hit_rate: hits,
+        ..Signals::default()
+    };
+    let d = decide(
+        &cfg(PolicyKind::Composite),
+        &[
+            input(1, gpu(3.0, Some(0.8))),
+            input(2, gpu(6.0, Some(0.8))),
+            input(3, gpu(0.0, Some(0.8))),
+        ],
+        &mut PolicyState::default(),
+    );
+    let elsewhere: Vec<bool> = d.iter().map(|d| d.returning_elsewhere).collect();
+    assert_eq!(elsewhere, vec![false, true, false], "{d:?}");
+    assert!(
+        d[1].reason
+            .contains("a returning client sooner elsewhere (240 ms here, 200 ms there"),
+        "{}",
+        d[1].reason
+    );
+    assert!(!d[0].reason.contains("returning"), "{}", d[0].reason);
+    // Elsewhere a GPU computes its queue's share too: GPU 3 busy with 4 (200 x (0.2 x 4 + 1)
+    // = 360 ms there) keeps GPU 2's clients home.
+    let d = decide(
+        &cfg(PolicyKind::Composite),
+        &[input(2, gpu(6.0, Some(0.8))), input(3, gpu(4.0, Some(0.8)))],
+        &mut PolicyState::default(),
+    );
+    assert!(!d[0].returning_elsewhere, "{d:?}");
+    // Where the hits are unknown, the cache's worth cannot be weighed: never sent elsewhere.
+    let d = decide(
+        &cfg(PolicyKind::Composite),
+        &[input(2, gpu(6.0, None)), input(3, gpu(0.0, None))],
+        &mut PolicyState::default(),
+    );
+    assert!(d.iter().all(|d| !d.returning_elsewhere), "{d:?}");
+    // Other policies have no expected delays: never.
+    let d = decide(
+        &cfg(PolicyKind::LeastConn),
+        &[input(2, gpu(6.0, Some(0.8))), input(3, gpu(0.0, Some(0.8)))],
+        &mut PolicyState::default(),
+    );
+    assert!(d.iter().all(|d| !d.returning_elsewhere), "{d:?}");
+}
+
+#[test]
 fn weights_follow_free_gpu_memory() {
     let mut state = PolicyState::default();
     let gib = 1024.0 * 1024.0 * 1024.0;

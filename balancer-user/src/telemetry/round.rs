@@ -72,6 +72,11 @@ pub fn weight_round<D: Dataplane>(
     }
     let weights: Vec<(IpAddr, u32)> = decisions.iter().map(|d| (d.address, d.weight)).collect();
     let report = balancer.set_dynamic_weights(&endpoint, &weights)?;
+    let returning: Vec<(IpAddr, bool)> = decisions
+        .iter()
+        .map(|d| (d.address, d.returning_elsewhere))
+        .collect();
+    balancer.set_returning_elsewhere(&endpoint, &returning)?;
     if vip.admission.is_some() {
         let saturated = pool_saturated(&decisions, |a| eligible.contains(&a));
         balancer.set_saturated(&endpoint, saturated)?;

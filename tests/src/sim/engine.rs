@@ -615,7 +615,11 @@ mod tests {
         // 62 full blocks of 16 are cached (992 tokens); 8 are computed again.
         e.submit(2, p, 2).unwrap();
         let step = e.step();
-        assert_eq!(step.admitted, vec![(2, 992)], "admitted with its cached tokens");
+        assert_eq!(
+            step.admitted,
+            vec![(2, 992)],
+            "admitted with its cached tokens"
+        );
         let warm = step.duration;
         assert_eq!(cold, Duration::from_micros(155_200)); // 1000 / 8000 s + 30.2 ms
         assert_eq!(warm, Duration::from_micros(31_200)); // 8 / 8000 s + 30.2 ms

@@ -6,7 +6,7 @@
 
 use balancer_common::{
     addr::{FAMILY_V4, RawAddr, prefix_of},
-    maps::{AffinityKey, AffinityValue, VIP_F_SOURCE_PREFIX},
+    maps::{AffinityKey, AffinityValue, BACKEND_F_RETURNING_ELSEWHERE, VIP_F_SOURCE_PREFIX},
 };
 
 use crate::{
@@ -93,8 +93,10 @@ const STICK_YES: u32 = 1;
 const STICK_FULL: u32 = 2;
 
 /// Whether a client's remembered backend may take its new flow: [`STICK_YES`] if it serves
-/// the VIP, is the same backend (generation), takes new flows and has room under bounded
-/// load; [`STICK_FULL`] if only the room is missing; else [`STICK_NO`].
+/// the VIP, is the same backend (generation), takes new flows, has room under bounded load
+/// and its returning clients are not sent elsewhere this round
+/// (`BACKEND_F_RETURNING_ELSEWHERE`); [`STICK_FULL`] if only the room or that is missing;
+/// else [`STICK_NO`].
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn balancer_may_stick(vip: u64, opts: u64, id: u32, generation: u32) -> u32 {
@@ -107,7 +109,7 @@ pub extern "C" fn balancer_may_stick(vip: u64, opts: u64, id: u32, generation: u
     if b.weight == 0 || b.generation != generation as u16 {
         return STICK_NO;
     }
-    if full(&meta, id, b) {
+    if b.flags & BACKEND_F_RETURNING_ELSEWHERE != 0 || full(&meta, id, b) {
         STICK_FULL
     } else {
         STICK_YES

@@ -70,6 +70,7 @@ impl Daemon {
                                     }
                                 }),
                                 saturated: decision.is_some_and(|d| d.saturated),
+                                returning_elsewhere: bs.is_some_and(|s| s.returning_elsewhere),
                                 signals: t.and_then(|t| t.latest.as_ref().map(|(s, _)| s.clone())),
                                 report_age_ms: t
                                     .and_then(|t| t.age(now))

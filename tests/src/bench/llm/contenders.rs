@@ -311,7 +311,7 @@ const OURS: [(&str, &str, VipSettings); 12] = [
     ),
     (
         "persistence",
-        "session persistence (60 s) over Maglev with the composite weights and bounded load 1.25: a client's first request placed by load, its later ones to the same server while that server has room",
+        "session persistence (60 s) over Maglev with the composite weights and bounded load 1.25: a client's first request placed by load, its later ones to the same server while that server has room and the policy does not expect another to serve them sooner (their cached prompt counted)",
         PERSISTENCE,
     ),
     (
@@ -346,7 +346,7 @@ const DIAGNOSTICS: [(&str, &str, VipSettings); 5] = [
     ),
     (
         "persistence-unbounded",
-        "diagnostic: `persistence` without bounded load — a client's later requests go to its server whatever that server's share of the active connections (still not while the composite policy gives it no weight: saturated or stale)",
+        "diagnostic: `persistence` without bounded load — a client's later requests go to its server whatever that server's share of the active connections (still not while the composite policy gives it no weight, saturated or stale, or expects another server to serve them sooner, their cached prompt counted)",
         VipSettings::new("maglev", None, true).persistent(60),
     ),
     (
