@@ -112,15 +112,16 @@ enum Bench {
         #[arg(long, default_value_t = 5.0)]
         knee_ttft: f64,
         /// Contenders of the sweep (default per shape: round-robin, least-conn, composite,
-        /// affinity and persistence for the multi-turn shapes, tenant-affinity for tenants,
+        /// affinity, persistence and persistence-unbounded for the multi-turn shapes,
+        /// tenant-affinity for tenants,
         /// vllm:cache_aware, sglang:cache_aware; none for multi-turn-nat, which runs at the
         /// knee only). A balancer's contender may name its own scrape interval, e.g.
         /// composite@4000.
         #[arg(long, value_delimiter = ',')]
         sweep: Option<Vec<String>>,
         /// Contenders at the knee (default: every policy and router policy; the diagnostics
-        /// `composite-held`, `composite-table-4099`, `composite-window-two-scrapes`,
-        /// `persistence-unbounded` and `persistence-held` only when named).
+        /// `composite-held`, `composite-table-4099`, `composite-window-two-scrapes` and
+        /// `persistence-held` only when named).
         #[arg(long, value_delimiter = ',')]
         at_knee: Option<Vec<String>>,
         /// GPU profiles of the backends.

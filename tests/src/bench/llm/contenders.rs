@@ -259,7 +259,7 @@ pub const PREMIUM_TIER: &str = "premium";
 
 /// The balancer's policies compared: name, what it is, and its settings of the VIP (the
 /// scrape interval is filled in).
-const OURS: [(&str, &str, VipSettings); 12] = [
+const OURS: [(&str, &str, VipSettings); 13] = [
     (
         "round-robin",
         "each backend in turn",
@@ -315,6 +315,11 @@ const OURS: [(&str, &str, VipSettings); 12] = [
         PERSISTENCE,
     ),
     (
+        "persistence-unbounded",
+        "session persistence (60 s) over Maglev with the composite weights, no load bound: a client's later requests go to its server until the policy gives that server no weight (saturated, stale) or expects another to serve them sooner, their cached prompt counted",
+        VipSettings::new("maglev", None, true).persistent(60),
+    ),
+    (
         "composite-cutoff",
         "composite with a saturation cut-off at 5 waiting requests (llm-d's queue threshold) besides KV cache 95%: a server over either takes no new connections while another is under both",
         CUTOFF,
@@ -328,7 +333,7 @@ const OURS: [(&str, &str, VipSettings); 12] = [
 
 /// Contenders that measure something about the balancer rather than a policy to deploy: named
 /// with `--sweep` / `--at-knee`, never run by default.
-const DIAGNOSTICS: [(&str, &str, VipSettings); 5] = [
+const DIAGNOSTICS: [(&str, &str, VipSettings); 4] = [
     (
         "composite-held",
         "diagnostic, not a policy: composite whose weights barely move after its first round (EWMA 0.01, hysteresis 100%), so the table is rebuilt only when a server saturates or a weight more than doubles — the daemon's cost of the same scrapes and rounds with few rebuilds",
@@ -343,11 +348,6 @@ const DIAGNOSTICS: [(&str, &str, VipSettings); 5] = [
         "composite-window-two-scrapes",
         "diagnostic: composite with the figures it derives from counters (mean TTFT, prefill time per prompt token, prompt size) over a recent window of half-life two scrape intervals instead of the default 200 ms — at a 2 s scrape, the requests of the last two or three intervals pooled instead of the last one's",
         VipSettings::new("maglev", None, true).derived_half_life(2),
-    ),
-    (
-        "persistence-unbounded",
-        "diagnostic: `persistence` without bounded load — a client's later requests go to its server whatever that server's share of the active connections (still not while the composite policy gives it no weight, saturated or stale, or expects another server to serve them sooner, their cached prompt counted)",
-        VipSettings::new("maglev", None, true).persistent(60),
     ),
     (
         "persistence-held",

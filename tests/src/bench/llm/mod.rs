@@ -128,7 +128,7 @@ impl Options {
 }
 
 /// The sweep's contenders for a shape: round robin (the baseline), the balancer's load-aware
-/// policies (and, for multi-turn, its two session-affinity policies), and each router's
+/// policies (and, for multi-turn, its session-affinity policies), and each router's
 /// default policy (cache_aware, their best in earlier measurements). Every other policy runs at the knee. The
 /// NAT variant of multi-turn runs at the knee only.
 pub fn default_sweep(shape: Shape) -> Vec<String> {
@@ -137,7 +137,7 @@ pub fn default_sweep(shape: Shape) -> Vec<String> {
     }
     let mut v = vec!["round-robin", "least-conn", "composite"];
     if shape.multi_turn() {
-        v.extend(["affinity", "persistence"]);
+        v.extend(["affinity", "persistence", "persistence-unbounded"]);
     }
     let tenant_affinity = shape
         .tenants()

@@ -149,7 +149,7 @@ fn cell(v: Option<(f64, f64, f64)>, scale: f64, digits: usize) -> String {
 fn is_load_aware_ours(name: &str) -> bool {
     matches!(
         super::contenders::without_interval(name),
-        "least-conn" | "composite" | "affinity" | "persistence"
+        "least-conn" | "composite" | "affinity" | "persistence" | "persistence-unbounded"
     )
 }
 
@@ -530,6 +530,10 @@ fn targets(
     for (policy, what) in [
         ("affinity", "source hash"),
         ("persistence", "session persistence"),
+        (
+            "persistence-unbounded",
+            "session persistence without a load bound",
+        ),
     ] {
         let (true, Some(a), Some(c)) = (
             s.shape.multi_turn(),
