@@ -256,8 +256,9 @@ impl<D: Dataplane> Balancer<D> {
                         tier: self.tier_id(b.tier.as_deref()),
                         ..old.clone()
                     };
-                    // Without persistence no client returns (the flag goes with it).
-                    state.returning_elsewhere &= !config.persistence.is_zero();
+                    // Without persistence no client returns, and a static policy holds no
+                    // verdict on those that do (its rounds end before one): the flag goes.
+                    state.returning_elsewhere &= dynamic && !config.persistence.is_zero();
                     if healthy && !old.healthy {
                         // Back from failing checks: a new generation, so flows the kernel still
                         // pins to its old self are re-hashed rather than resurrected.

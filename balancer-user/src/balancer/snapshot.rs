@@ -50,6 +50,11 @@ pub struct BackendSnapshot {
     /// Its averaged weight share as written (see [`BackendState::bound_share`]).
     #[serde(default)]
     pub bound_share: u16,
+    /// Its returning clients sent elsewhere, as written (see
+    /// [`BackendState::returning_elsewhere`]): restored so that the next round lifts a flag
+    /// the kernel still holds.
+    #[serde(default)]
+    pub returning_elsewhere: bool,
 }
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -85,6 +90,7 @@ impl<D: Dataplane> Balancer<D> {
             generation: b.generation,
             tier: b.tier,
             bound_share: b.bound_share,
+            returning_elsewhere: b.returning_elsewhere,
         };
         let now = Instant::now();
         Snapshot {
@@ -139,7 +145,7 @@ impl<D: Dataplane> Balancer<D> {
                 generation: b.generation,
                 tier: b.tier,
                 bound_share: b.bound_share,
-                returning_elsewhere: false,
+                returning_elsewhere: b.returning_elsewhere,
             })
         };
         for vip in &snapshot.vips {

@@ -444,7 +444,14 @@ fn returning_clients_are_sent_elsewhere_only_under_session_persistence() {
         1
     );
     assert_eq!(flags(&lb, a), BACKEND_F_ACTIVE);
-    // Persistence turned off by a reload: the entry loses the flag with it.
+    // A reload to a static policy (no more rounds to lift it), or without persistence: the
+    // entry loses the flag.
+    lb.set_returning_elsewhere(&endpoint, &[(a, true)]).unwrap();
+    cfg.vips[0].policy.kind = crate::policy::PolicyKind::Static;
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    assert_eq!(flags(&lb, a), BACKEND_F_ACTIVE);
+    cfg.vips[0].policy.kind = crate::policy::PolicyKind::Composite;
+    lb.apply(&cfg.vips, &macs()).unwrap();
     lb.set_returning_elsewhere(&endpoint, &[(a, true)]).unwrap();
     cfg.vips[0].persistence = Duration::ZERO;
     lb.apply(&cfg.vips, &macs()).unwrap();
@@ -627,7 +634,14 @@ fn a_snapshot_restores_the_same_bookkeeping_without_kernel_writes() {
     lb.set_health(&cfg.vips[0].endpoint(), "10.0.0.12".parse().unwrap(), false)
         .unwrap();
     cfg.vips[1].backends.clear();
+    // A returning-client verdict the kernel holds comes back with the bookkeeping (any
+    // telemetry policy: the verdict itself is the composite's).
+    cfg.vips[0].policy.kind = crate::policy::PolicyKind::LeastConn;
+    cfg.vips[0].persistence = Duration::from_secs(60);
     lb.apply(&cfg.vips, &macs()).unwrap();
+    let sticky: IpAddr = "10.0.0.11".parse().unwrap();
+    lb.set_returning_elsewhere(&cfg.vips[0].endpoint(), &[(sticky, true)])
+        .unwrap();
     let snapshot = lb.snapshot();
     let json = serde_json::to_string(&snapshot).unwrap();
     let restored = Balancer::restore(
@@ -646,6 +660,7 @@ fn a_snapshot_restores_the_same_bookkeeping_without_kernel_writes() {
         assert_eq!(a.table, b.table);
     }
     assert_eq!(restored.retiring().len(), 1);
+    assert!(restored.vip("web").unwrap().backends[&sticky].returning_elsewhere);
     // Carrying on: the same config changes nothing; new ids do not collide.
     let mut restored = restored;
     let report = restored.apply(&cfg.vips, &macs()).unwrap();
