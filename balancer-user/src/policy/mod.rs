@@ -227,7 +227,7 @@ pub struct Decision {
     pub saturated: bool,
     /// A client returning to it (session persistence) is expected to get its first token
     /// sooner from another backend, the prefill of its whole prompt there included (see
-    /// [`Delays::returning_elsewhere`]): its returning clients' new flows go where the
+    /// `Delays::returning_elsewhere`): its returning clients' new flows go where the
     /// scheduler puts them this round (they keep it as their backend).
     pub returning_elsewhere: bool,
 }
