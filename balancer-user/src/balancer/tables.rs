@@ -68,10 +68,12 @@ pub(super) fn vip_meta(id: u32, config: &VipConfig) -> VipMeta {
     }
 }
 
-pub(super) fn backend_entry(vip_id: u32, vip: &VipConfig, b: &BackendState) -> Backend {
+/// A backend's entry as its state says (`returning_elsewhere` is set only while its VIP has
+/// persistence and a telemetry policy: see `set_returning_elsewhere` and `apply`).
+pub(super) fn backend_entry(vip_id: u32, _vip: &VipConfig, b: &BackendState) -> Backend {
     let (addr, family) = raw_from_ip(b.address);
     let mut flags = if b.healthy { BACKEND_F_ACTIVE } else { 0 };
-    if b.returning_elsewhere && !vip.persistence.is_zero() {
+    if b.returning_elsewhere {
         flags |= BACKEND_F_RETURNING_ELSEWHERE;
     }
     Backend {

@@ -614,17 +614,28 @@ fn expected_delays(
             )
         })
         .collect();
+    // Each backend's delay for a client arriving without its prompt cached; a backend's
+    // "elsewhere" is the least of the others': the least overall, or the second least for
+    // the backend that has it.
+    let away: Vec<f64> = parts
+        .iter()
+        .map(|(_, prompt, computed, ahead)| prompt * (computed.unwrap_or(1.0) * ahead + 1.0))
+        .collect();
+    let (mut least, mut second) = ((usize::MAX, f64::INFINITY), f64::INFINITY);
+    for (k, a) in away.iter().enumerate() {
+        if *a < least.1 {
+            second = least.1;
+            least = (k, *a);
+        } else if *a < second {
+            second = *a;
+        }
+    }
     let returning = parts
         .iter()
-        .filter_map(|(address, prompt, computed, ahead)| {
+        .enumerate()
+        .filter_map(|(k, (address, prompt, computed, ahead))| {
             let home = prompt * (*computed)? * ahead;
-            let away = parts
-                .iter()
-                .filter(|(other, ..)| other != address)
-                .map(|(_, prompt, computed, ahead)| {
-                    prompt * (computed.unwrap_or(1.0) * ahead + 1.0)
-                })
-                .fold(f64::INFINITY, f64::min);
+            let away = if k == least.0 { second } else { least.1 };
             away.is_finite().then_some((*address, (home, away)))
         })
         .collect();
