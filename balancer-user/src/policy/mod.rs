@@ -13,7 +13,9 @@
 //!    d is its expected delay for a new request (its prefill time for a prompt of the pool's
 //!    mean size x (requests ahead of it + 1): where the backend says which requests have no
 //!    first token yet (`prefilling`), its fastest measured prefill per prompt token x those;
-//!    else its mean prefill per token x `waiting`) and best the pool's
+//!    else its mean prefill per token x `waiting`; a speed measured over the tokens it
+//!    computed times the share of a prompt it computes, 1 - its prefix-cache hit rate) and
+//!    best the pool's
 //!    smallest, so a slow GPU takes work only once the fast ones queue; otherwise by its KV
 //!    capacity against the pool's mean when backends report one, so a bigger GPU takes more.
 //!    `least-conn` 1/(1 + flows); `least-latency` 1/TTFT; `gpu` free GPU-memory fraction (or
@@ -562,11 +564,13 @@ fn expected_delays(
             .filter_map(|i| positive(i.signals.as_ref()?.prompt_tokens_mean))
             .collect(),
     );
-    // Prefill seconds of one prompt of the pool's mean size, per backend that was measured.
+    // Prefill seconds of one prompt of the pool's mean size, per backend that was measured,
+    // and whether that is a whole prompt's (its speed measured over the tokens it computed) or
+    // already net of its prefix-cache hits (a speed over prompt tokens, a mean prefill time).
     // Where a backend says which requests have no first token yet, its own speed (the fastest
     // measured) times them: its mean prefill time under a burst already counts the requests
     // it prefilled together, which `prefilling` counts again.
-    let service = |i: &Input| -> Option<f64> {
+    let service = |i: &Input| -> Option<(f64, bool)> {
         let s = i.signals.as_ref()?;
         let fastest = s
             .prefilling
@@ -574,10 +578,32 @@ fn expected_delays(
         fastest
             .or(positive(s.prefill_seconds_per_token))
             .zip(pool_prompt)
-            .map(|(per_token, tokens)| per_token * tokens)
-            .or_else(|| positive(s.prefill_seconds))
+            .map(|(per_token, tokens)| (per_token * tokens, s.computed_sum_count.is_some()))
+            .or_else(|| positive(s.prefill_seconds).map(|seconds| (seconds, false)))
     };
-    let median_service = median(usable.iter().filter_map(|i| service(i)).collect())?;
+    // The share of a prompt a backend computes: 1 - its prefix-cache hit rate, where known.
+    let computed = |i: &Input| -> Option<f64> {
+        i.signals
+            .as_ref()
+            .and_then(|s| s.prefix_cache_hit_rate)
+            .filter(|h| h.is_finite())
+            .map(|h| 1.0 - h.clamp(0.0, 1.0))
+    };
+    // A request's prefill as requests come to a backend: a whole prompt's times the share it
+    // computes (at least a token of the pool's prompt: vLLM computes one even when the whole
+    // prompt is cached).
+    let per_request = |i: &Input| -> Option<f64> {
+        let (seconds, whole) = service(i)?;
+        let share = match (whole, computed(i), pool_prompt) {
+            (true, Some(c), Some(tokens)) => c.max(1.0 / tokens.max(1.0)),
+            _ => 1.0,
+        };
+        Some(seconds * share)
+    };
+    let median_of =
+        |f: &dyn Fn(&Input) -> Option<f64>| median(usable.iter().filter_map(|i| f(i)).collect());
+    let median_request = median_of(&per_request)?;
+    let median_prompt = median_of(&|i| service(i).map(|(seconds, _)| seconds))?;
     let ahead = |i: &Input| {
         i.signals
             .as_ref()
@@ -590,7 +616,7 @@ fn expected_delays(
         .map(|i| {
             (
                 i.address,
-                service(i).unwrap_or(median_service) * (1.0 + ahead(i)),
+                per_request(i).unwrap_or(median_request) * (1.0 + ahead(i)),
             )
         })
         .collect();
@@ -600,16 +626,10 @@ fn expected_delays(
     let parts: Vec<(IpAddr, f64, Option<f64>, f64)> = usable
         .iter()
         .map(|i| {
-            let computed = i
-                .signals
-                .as_ref()
-                .and_then(|s| s.prefix_cache_hit_rate)
-                .filter(|h| h.is_finite())
-                .map(|h| 1.0 - h.clamp(0.0, 1.0));
             (
                 i.address,
-                service(i).unwrap_or(median_service),
-                computed,
+                service(i).map_or(median_prompt, |(seconds, _)| seconds),
+                computed(i),
                 ahead(i),
             )
         })

@@ -245,6 +245,70 @@ fn composite_delays_compare_prefill_speed_not_the_prompts_each_backend_got() {
 }
 
 #[test]
+fn composite_delays_count_the_share_of_each_prompt_a_backend_computes() {
+    // Two equal GPUs, 0.1 ms per computed token, the pool's prompt 2,000 tokens: a whole
+    // prompt prefills in 200 ms. GPU 1 finds 75% of its prompt tokens in its prefix cache and
+    // has 2 requests ahead: 50 ms a request, 150 ms in all; GPU 2 finds none and has none
+    // ahead: 200 ms. So GPU 1 is the pool's best.
+    let gpu = |prefilling: f64, hits: f64, computed_tokens_on_page: bool| Signals {
+        kv_usage: Some(0.1),
+        running: Some(prefilling),
+        waiting: Some(0.0),
+        prefilling: Some(prefilling),
+        prefill_seconds_per_token: Some(1e-4),
+        prefill_seconds_per_token_fastest: Some(1e-4),
+        prompt_tokens_mean: Some(2000.0),
+        prefix_cache_hit_rate: Some(hits),
+        computed_sum_count: computed_tokens_on_page.then_some((500.0, 1.0)),
+        ..Signals::default()
+    };
+    let d = decide(
+        &cfg(PolicyKind::Composite),
+        &[
+            input(1, gpu(2.0, 0.75, true)),
+            input(2, gpu(0.0, 0.0, true)),
+        ],
+        &mut PolicyState::default(),
+    );
+    assert!(d[0].weight > d[1].weight, "{d:?}");
+    assert!(
+        d[0].reason
+            .contains("expected delay 150 ms, pool's best 150 ms"),
+        "{}",
+        d[0].reason
+    );
+    // A speed measured over prompt tokens (a page without the computed tokens) already counts
+    // the hits: 200 ms x 3 against 200 ms.
+    let d = decide(
+        &cfg(PolicyKind::Composite),
+        &[
+            input(1, gpu(2.0, 0.75, false)),
+            input(2, gpu(0.0, 0.0, false)),
+        ],
+        &mut PolicyState::default(),
+    );
+    assert!(d[1].weight > d[0].weight, "{d:?}");
+    assert!(
+        d[0].reason
+            .contains("expected delay 600 ms, pool's best 200 ms"),
+        "{}",
+        d[0].reason
+    );
+    // Every prompt token a hit: still a token computed, never a delay of nothing.
+    let d = decide(
+        &cfg(PolicyKind::Composite),
+        &[input(1, gpu(0.0, 1.0, true)), input(2, gpu(0.0, 0.0, true))],
+        &mut PolicyState::default(),
+    );
+    assert!(
+        d[0].reason.contains("expected delay 0 ms"),
+        "{}",
+        d[0].reason
+    );
+    assert_eq!(weights(&d), vec![1000, 10], "{d:?}");
+}
+
+#[test]
 fn composite_delays_count_the_requests_still_in_their_prefill() {
     // A GPU 4x faster per prompt token (its fastest measured: 0.1 ms) that admitted a burst to
     // its batch: nothing waits, but 5 of its 6 running requests have no first token yet, and

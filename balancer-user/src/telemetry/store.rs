@@ -78,6 +78,12 @@ impl DecayedRatio {
         self.value(recent)
     }
 
+    /// Forgets the previous reading, keeping the windows: the next reading counts from itself,
+    /// as after a restart (for a pair whose denominator changed what it counts).
+    pub fn restart(&mut self) {
+        self.previous = None;
+    }
+
     /// The figure: both windows pooled, the long-run one scaled so that it counts for
     /// [`LONG_RUN_SHARE`] of the recent one (of half-life `recent`) at a steady rate of data.
     pub fn value(&self, recent: Duration) -> Option<f64> {
@@ -142,6 +148,11 @@ pub struct Fastest {
 }
 
 impl Fastest {
+    /// Forgets the previous reading, keeping the figure (see [`DecayedRatio::restart`]).
+    pub fn restart(&mut self) {
+        self.previous = None;
+    }
+
     /// Takes a reading `elapsed` after the previous one and returns the figure.
     pub fn update(&mut self, reading: (f64, f64), elapsed: Duration) -> Option<f64> {
         let relaxed = self
@@ -178,6 +189,9 @@ pub struct BackendTelemetry {
     prefix: DecayedRatio,
     prefill_queue: PrefillQueue,
     fastest_prefill: Fastest,
+    /// Whether the per-token prefill's last reading was over computed tokens (else over
+    /// prompt tokens).
+    per_token_over_computed: Option<bool>,
 }
 
 impl BackendTelemetry {
@@ -233,6 +247,21 @@ impl BackendTelemetry {
             .prefill_sum_count
             .zip(signals.computed_sum_count.or(signals.prompt_sum_count))
             .map(|((seconds, _), (tokens, _))| (seconds, tokens));
+        // A page that starts or stops saying what it computed changes the denominator's
+        // counter: an increment from one to the other means nothing (prompt tokens less
+        // computed ones since the server started would read as a burst of tokens, a server
+        // far faster than it is), so the next interval counts from this reading.
+        if per_token.is_some() {
+            let over_computed = signals.computed_sum_count.is_some();
+            if self
+                .per_token_over_computed
+                .is_some_and(|before| before != over_computed)
+            {
+                self.prefill_per_token.restart();
+                self.fastest_prefill.restart();
+            }
+            self.per_token_over_computed = Some(over_computed);
+        }
         derive(
             &mut self.prefill_per_token,
             per_token,
@@ -375,6 +404,48 @@ mod tests {
         old.record(report(20.0, None), t0 + Duration::from_secs(1), H);
         let s = &old.latest.as_ref().unwrap().0;
         assert!(close(s.prefill_seconds_per_token, 0.00005));
+    }
+
+    #[test]
+    fn a_page_that_stops_saying_what_it_computed_does_not_read_as_a_burst_of_tokens() {
+        let mut t = BackendTelemetry::default();
+        let t0 = Instant::now();
+        // As above: 0.05 s of prefill a request, 1,000 prompt tokens of which 200 computed.
+        let report = |n: f64, computed: bool| Signals {
+            prefill_sum_count: Some((n * 0.05, n)),
+            prompt_sum_count: Some((n * 1000.0, n)),
+            computed_sum_count: computed.then_some((n * 200.0, n)),
+            ..Signals::default()
+        };
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        t.record(report(10.0, true), at(0), H);
+        t.record(report(20.0, true), at(1), H);
+        // The next page lacks the computed tokens: its prompt tokens less the last page's
+        // computed ones (18,000 tokens for 0.5 s of prefill) are no interval's work.
+        t.record(report(30.0, false), at(2), H);
+        let s = &t.latest.as_ref().unwrap().0;
+        assert!(close(s.prefill_seconds_per_token, 0.00025), "kept");
+        // The fastest only relaxes (by 2^(1/30) a second); read as an interval it would be
+        // 0.5 s over 26,000 tokens.
+        let fastest = s.prefill_seconds_per_token_fastest.unwrap();
+        assert!((0.00025..0.00026).contains(&fastest), "{fastest}");
+        // From then on over prompt tokens: 0.5 s for 10,000 tokens.
+        t.record(report(40.0, false), at(3), H);
+        let s = &t.latest.as_ref().unwrap().0;
+        assert!(s.prefill_seconds_per_token.unwrap() < 0.00025);
+        assert!(close(s.prefill_seconds_per_token_fastest, 0.00005));
+        // And back: computed tokens again count from the next page.
+        t.record(report(50.0, true), at(4), H);
+        let fastest = t
+            .latest
+            .as_ref()
+            .unwrap()
+            .0
+            .prefill_seconds_per_token_fastest;
+        assert!(
+            (0.00005..0.000052).contains(&fastest.unwrap()),
+            "{fastest:?}"
+        );
     }
 
     #[test]
