@@ -244,13 +244,10 @@ fn composite_delays_compare_prefill_speed_not_the_prompts_each_backend_got() {
     );
 }
 
-#[test]
-fn composite_delays_count_the_share_of_each_prompt_a_backend_computes() {
-    // Two equal GPUs, 0.1 ms per computed token, the pool's prompt 2,000 tokens: a whole
-    // prompt prefills in 200 ms. GPU 1 finds 75% of its prompt tokens in its prefix cache and
-    // has 2 requests ahead: 50 ms a request, 150 ms in all; GPU 2 finds none and has none
-    // ahead: 200 ms. So GPU 1 is the pool's best.
-    let gpu = |prefilling: f64, hits: f64, computed_tokens_on_page: bool| Signals {
+/// A GPU at 0.1 ms per prompt token, prompts of 2,000 tokens (200 ms each), with `prefilling`
+/// requests running without a first token and its prefix-cache hit rate.
+fn prefilling_gpu(prefilling: f64, hits: Option<f64>) -> Signals {
+    Signals {
         kv_usage: Some(0.1),
         running: Some(prefilling),
         waiting: Some(0.0),
@@ -258,48 +255,40 @@ fn composite_delays_count_the_share_of_each_prompt_a_backend_computes() {
         prefill_seconds_per_token: Some(1e-4),
         prefill_seconds_per_token_fastest: Some(1e-4),
         prompt_tokens_mean: Some(2000.0),
-        prefix_cache_hit_rate: Some(hits),
-        computed_sum_count: computed_tokens_on_page.then_some((500.0, 1.0)),
+        prefix_cache_hit_rate: hits,
         ..Signals::default()
+    }
+}
+
+#[test]
+fn composite_delays_count_the_share_of_each_prompt_a_backend_computes() {
+    // Two equal GPUs, 0.1 ms per computed token, the pool's prompt 2,000 tokens: a whole
+    // prompt prefills in 200 ms. GPU 1 finds 75% of its prompt tokens in its prefix cache and
+    // has 2 requests ahead: 50 ms a request, 150 ms in all; GPU 2 finds none and has none
+    // ahead: 200 ms. So GPU 1 is the pool's best.
+    let gpu = |prefilling: f64, hits: f64, computed_tokens_on_page: bool| Signals {
+        computed_sum_count: computed_tokens_on_page.then_some((500.0, 1.0)),
+        ..prefilling_gpu(prefilling, Some(hits))
     };
-    let d = decide(
-        &cfg(PolicyKind::Composite),
-        &[
-            input(1, gpu(2.0, 0.75, true)),
-            input(2, gpu(0.0, 0.0, true)),
-        ],
-        &mut PolicyState::default(),
-    );
-    assert!(d[0].weight > d[1].weight, "{d:?}");
-    assert!(
-        d[0].reason
-            .contains("expected delay 150 ms, pool's best 150 ms"),
-        "{}",
-        d[0].reason
-    );
-    // A speed measured over prompt tokens (a page without the computed tokens) already counts
-    // the hits: 200 ms x 3 against 200 ms.
-    let d = decide(
-        &cfg(PolicyKind::Composite),
-        &[
-            input(1, gpu(2.0, 0.75, false)),
-            input(2, gpu(0.0, 0.0, false)),
-        ],
-        &mut PolicyState::default(),
-    );
-    assert!(d[1].weight > d[0].weight, "{d:?}");
-    assert!(
-        d[0].reason
-            .contains("expected delay 600 ms, pool's best 200 ms"),
-        "{}",
-        d[0].reason
-    );
+    let pool = |first: Signals, second: Signals| {
+        decide(
+            &cfg(PolicyKind::Composite),
+            &[input(1, first), input(2, second)],
+            &mut PolicyState::default(),
+        )
+    };
+    // Over computed tokens GPU 1 leads; over prompt tokens (a page without the computed
+    // tokens) the speed already counts the hits: 200 ms x 3 against 200 ms, GPU 2 leads.
+    for (on_page, first_leads, delays) in [
+        (true, true, "expected delay 150 ms, pool's best 150 ms"),
+        (false, false, "expected delay 600 ms, pool's best 200 ms"),
+    ] {
+        let d = pool(gpu(2.0, 0.75, on_page), gpu(0.0, 0.0, on_page));
+        assert_eq!(d[0].weight > d[1].weight, first_leads, "{d:?}");
+        assert!(d[0].reason.contains(delays), "{}", d[0].reason);
+    }
     // Every prompt token a hit: still a token computed, never a delay of nothing.
-    let d = decide(
-        &cfg(PolicyKind::Composite),
-        &[input(1, gpu(0.0, 1.0, true)), input(2, gpu(0.0, 0.0, true))],
-        &mut PolicyState::default(),
-    );
+    let d = pool(gpu(0.0, 1.0, true), gpu(0.0, 0.0, true));
     assert!(
         d[0].reason.contains("expected delay 0 ms"),
         "{}",
@@ -365,17 +354,7 @@ fn returning_clients_go_elsewhere_only_when_their_cached_prompt_is_worth_less_th
     // 40 ms on average, and a returning client's own prompt is cached. GPU 1 has 3 requests
     // ahead (120 ms at home against 200 ms on the idle GPU 3: it stays), GPU 2 has 6 (240 ms:
     // it goes).
-    let gpu = |prefilling: f64, hits: Option<f64>| Signals {
-        kv_usage: Some(0.1),
-        running: Some(prefilling),
-        waiting: Some(0.0),
-        prefilling: Some(prefilling),
-        prefill_seconds_per_token: Some(1e-4),
-        prefill_seconds_per_token_fastest: Some(1e-4),
-        prompt_tokens_mean: Some(2000.0),
-        prefix_cache_hit_rate: hits,
-        ..Signals::default()
-    };
+    let gpu = prefilling_gpu;
     let d = decide(
         &cfg(PolicyKind::Composite),
         &[
