@@ -37,6 +37,18 @@ pub enum Counter {
     IcmpErrorForwarded,
     /// ICMP fragmentation-needed / packet-too-big sent back to a client.
     IcmpTooBigSent,
+    /// Session persistence: a returning client's new flow sent to its backend.
+    PersistenceReturned,
+    /// Session persistence: a returning client's new flow over its backend's bounded load,
+    /// sent where the scheduler puts it (the client keeps its backend).
+    PersistenceOverBound,
+    /// Session persistence: a returning client's new flow sent elsewhere because the policy
+    /// expects its backend to serve returning clients later than another would
+    /// (`BACKEND_F_RETURNING_ELSEWHERE`; the client keeps its backend).
+    PersistenceSentElsewhere,
+    /// Session persistence: a new flow of a client without a backend to return to (new, its
+    /// time run out, or its backend gone, drained or replaced), placed by the scheduler.
+    PersistencePlaced,
 }
 
 impl Counter {
@@ -58,6 +70,10 @@ impl Counter {
         Counter::DropEncapFailed,
         Counter::IcmpErrorForwarded,
         Counter::IcmpTooBigSent,
+        Counter::PersistenceReturned,
+        Counter::PersistenceOverBound,
+        Counter::PersistenceSentElsewhere,
+        Counter::PersistencePlaced,
     ];
 
     /// A snake_case name for metrics and the CLI.
@@ -79,12 +95,16 @@ impl Counter {
             Counter::DropEncapFailed => "drop_encap_failed",
             Counter::IcmpErrorForwarded => "icmp_error_forwarded",
             Counter::IcmpTooBigSent => "icmp_too_big_sent",
+            Counter::PersistenceReturned => "persistence_returned",
+            Counter::PersistenceOverBound => "persistence_over_bound",
+            Counter::PersistenceSentElsewhere => "persistence_sent_elsewhere",
+            Counter::PersistencePlaced => "persistence_placed",
         }
     }
 }
 
 /// Number of global counters.
-pub const COUNTERS: usize = 16;
+pub const COUNTERS: usize = 20;
 
 /// The single per-CPU entry of [`crate::maps::STATS`].
 #[repr(C)]

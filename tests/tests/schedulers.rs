@@ -9,6 +9,7 @@ use std::net::IpAddr;
 
 use balancer::config::RawTier;
 use balancer::dataplane::Dataplane;
+use balancer_common::stats::Counter;
 use balancer_tests::configs::{Extra, backend, harness_settings, scheduled_vip, to_toml, vip};
 use balancer_tests::packet::*;
 
@@ -58,6 +59,17 @@ fn syn(h: &mut Harness, i: usize, client: IpAddr, sport: u16) -> IpAddr {
         "SYN {client}:{sport} to VIP {i}"
     );
     backend_of_output(&out, &[ip(B1), ip(B2), ip(B3)]).expect("output to a known backend")
+}
+
+/// Session persistence's outcome counters: returned, over the bound, sent elsewhere, placed.
+fn persistence_choices(h: &Harness) -> [u64; 4] {
+    let g = h.balancer.global_stats().unwrap();
+    [
+        g.get(Counter::PersistenceReturned),
+        g.get(Counter::PersistenceOverBound),
+        g.get(Counter::PersistenceSentElsewhere),
+        g.get(Counter::PersistencePlaced),
+    ]
 }
 
 fn counts(picks: &[IpAddr]) -> BTreeMap<IpAddr, usize> {
@@ -293,6 +305,11 @@ fn returning_clients_sent_elsewhere_spill_and_keep_their_backend() {
     let client = ip("10.9.0.5");
     let home = syn(&mut h, 0, client, 1000);
     assert_eq!(syn(&mut h, 0, client, 1001), home);
+    assert_eq!(
+        persistence_choices(&h),
+        [1, 0, 0, 1],
+        "returned, over, elsewhere, placed"
+    );
     // The policy expects the client's backend to serve it later than another would: its new
     // flows go where round robin puts them (the two others in turn, then home again).
     assert_eq!(
@@ -307,6 +324,7 @@ fn returning_clients_sent_elsewhere_spill_and_keep_their_backend() {
         2,
         "round robin over three backends: {spilled:?}"
     );
+    assert_eq!(persistence_choices(&h), [1, 0, 3, 1]);
     // The verdict lifted: back to its backend, not to where the spilled flows went.
     h.balancer
         .set_returning_elsewhere(&endpoint, &[(home, false)])
@@ -314,6 +332,7 @@ fn returning_clients_sent_elsewhere_spill_and_keep_their_backend() {
     for p in 0..3 {
         assert_eq!(syn(&mut h, 0, client, 1010 + p), home);
     }
+    assert_eq!(persistence_choices(&h), [4, 0, 3, 1]);
 }
 
 #[test]
@@ -363,6 +382,13 @@ fn persistence_over_the_bound_spills_a_flow_and_keeps_the_client_s_backend() {
             end(&mut h, client, sport, backend);
         }
         assert!(active(&h).values().all(|n| *n == 0), "{:?}", active(&h));
+        // Each client: placed once, one flow over the bound, two returned.
+        let c = c as u64;
+        assert_eq!(
+            persistence_choices(&h),
+            [2 * c, c, 0, c],
+            "returned, over the bound, sent elsewhere, placed"
+        );
     }
 }
 

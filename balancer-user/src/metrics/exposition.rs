@@ -127,6 +127,19 @@ pub fn families(counters: Option<&Counters>, status: &Status, weights: &[VipWeig
             &[],
             global.get(Counter::IcmpTooBigSent) as f64,
         );
+        for (counter, result) in [
+            (Counter::PersistenceReturned, "returned"),
+            (Counter::PersistenceOverBound, "over_bound"),
+            (Counter::PersistenceSentElsewhere, "sent_elsewhere"),
+            (Counter::PersistencePlaced, "placed"),
+        ] {
+            f.counter(
+                "balancer_persistence_choices_total",
+                "New flows of VIPs with session persistence, by outcome: returned to the client's backend, over its bounded load or sent elsewhere by the policy (both placed by the scheduler, the client keeping its backend), or placed by the scheduler for a client with no backend to return to.",
+                &[("result", result)],
+                global.get(counter) as f64,
+            );
+        }
     }
     for vip in vips {
         let v = vip.name.as_str();
@@ -393,6 +406,8 @@ mod tests {
             "balancer_xdp_actions_total{action=\"redirect\"} 18000003",
             "balancer_nat_redirected_total{to=\"backends\"} 9000001",
             "balancer_nat_redirected_total{to=\"clients\"} 9000002",
+            "balancer_persistence_choices_total{result=\"returned\"} 7000017",
+            "balancer_persistence_choices_total{result=\"placed\"} 7000020",
             "balancer_drops_total{reason=\"no_backend\"}",
             "balancer_drops_total{reason=\"encap_failed\"}",
             "balancer_conntrack_lookups_total{result=\"udp_expired\"}",

@@ -9,10 +9,12 @@ use balancer_common::{
     maps::{AffinityKey, AffinityValue, BACKEND_F_RETURNING_ELSEWHERE, VIP_F_SOURCE_PREFIX},
 };
 
+use balancer_common::stats::Counter;
+
 use crate::{
     backends::Pick,
     clock::now_ticks,
-    maps::{AFFINITY, BACKENDS, SOURCE_PREFIXES},
+    maps::{AFFINITY, BACKENDS, SOURCE_PREFIXES, STATS},
     schedulers::{full, scheduled, unpack, unpack_addr},
 };
 
@@ -45,15 +47,23 @@ pub extern "C" fn balancer_pick(vip: u64, opts: u64, src_lo: u64, src_hi: u64) -
                     sticky.last_seen = now;
                 }
                 if verdict == STICK_YES {
+                    count_choice(Counter::PersistenceReturned);
                     return id;
                 }
-                // Its backend is over the bound: this flow goes where the scheduler puts it,
-                // the client keeps its backend (a key behind a NAT carries many clients'
-                // flows: only the excess leaves, not all of them).
+                // Its backend is over the bound, or sends its returning clients elsewhere:
+                // this flow goes where the scheduler puts it, the client keeps its backend (a
+                // key behind a NAT carries many clients' flows: only the excess leaves, not
+                // all of them).
+                count_choice(if verdict == STICK_FULL {
+                    Counter::PersistenceOverBound
+                } else {
+                    Counter::PersistenceSentElsewhere
+                });
                 return scheduled(vip, opts, &src, sport);
             }
         }
     }
+    count_choice(Counter::PersistencePlaced);
     let id = scheduled(vip, opts, &src, sport);
     if let Some(b) = BACKENDS.get(id) {
         let value = AffinityValue {
@@ -65,6 +75,15 @@ pub extern "C" fn balancer_pick(vip: u64, opts: u64, src_lo: u64, src_hi: u64) -
         let _ = AFFINITY.insert(key, value, 0);
     }
     id
+}
+
+/// Counts one of persistence's outcomes in this CPU's global counters.
+#[inline(always)]
+fn count_choice(counter: Counter) {
+    if let Some(stats) = STATS.get_ptr_mut(0) {
+        // SAFETY: this CPU's entry, valid while the program runs.
+        unsafe { (*stats).counters[counter as usize] += 1 };
+    }
 }
 
 /// What source hash and persistence key on: the client's address, or under a source prefix
@@ -91,12 +110,15 @@ const STICK_NO: u32 = 0;
 const STICK_YES: u32 = 1;
 /// [`balancer_may_stick`]: it stays the client's, but is over the bounded load.
 const STICK_FULL: u32 = 2;
+/// [`balancer_may_stick`]: it stays the client's, but its returning clients are sent
+/// elsewhere this round.
+const STICK_ELSEWHERE: u32 = 3;
 
 /// Whether a client's remembered backend may take its new flow: [`STICK_YES`] if it serves
-/// the VIP, is the same backend (generation), takes new flows, has room under bounded load
-/// and its returning clients are not sent elsewhere this round
-/// (`BACKEND_F_RETURNING_ELSEWHERE`); [`STICK_FULL`] if only the room or that is missing;
-/// else [`STICK_NO`].
+/// the VIP, is the same backend (generation), takes new flows, its returning clients are not
+/// sent elsewhere this round (`BACKEND_F_RETURNING_ELSEWHERE`) and it has room under bounded
+/// load; [`STICK_ELSEWHERE`] if only the first of those two is missing, [`STICK_FULL`] if only
+/// the room; else [`STICK_NO`].
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn balancer_may_stick(vip: u64, opts: u64, id: u32, generation: u32) -> u32 {
@@ -109,7 +131,9 @@ pub extern "C" fn balancer_may_stick(vip: u64, opts: u64, id: u32, generation: u
     if b.weight == 0 || b.generation != generation as u16 {
         return STICK_NO;
     }
-    if b.flags & BACKEND_F_RETURNING_ELSEWHERE != 0 || full(&meta, id, b) {
+    if b.flags & BACKEND_F_RETURNING_ELSEWHERE != 0 {
+        STICK_ELSEWHERE
+    } else if full(&meta, id, b) {
         STICK_FULL
     } else {
         STICK_YES
