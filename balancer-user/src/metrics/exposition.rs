@@ -90,19 +90,18 @@ pub fn families(counters: Option<&Counters>, status: &Status, weights: &[VipWeig
                 );
             }
         }
-        for (counter, result) in [
-            (Counter::ConntrackHit, "hit"),
-            (Counter::ConntrackMiss, "miss"),
-            (Counter::FlowRehashed, "rehashed"),
-            (Counter::UdpFlowExpired, "udp_expired"),
-        ] {
-            f.counter(
-                "balancer_conntrack_lookups_total",
-                "Connection-table lookups by result (a TCP SYN always counts as a miss).",
-                &[("result", result)],
-                global.get(counter) as f64,
-            );
-        }
+        counters_by_result(
+            &mut f,
+            global,
+            "balancer_conntrack_lookups_total",
+            "Connection-table lookups by result (a TCP SYN always counts as a miss).",
+            &[
+                (Counter::ConntrackHit, "hit"),
+                (Counter::ConntrackMiss, "miss"),
+                (Counter::FlowRehashed, "rehashed"),
+                (Counter::UdpFlowExpired, "udp_expired"),
+            ],
+        );
         f.counter(
             "balancer_flood_activations_total",
             "Times a CPU entered flood mode.",
@@ -127,19 +126,18 @@ pub fn families(counters: Option<&Counters>, status: &Status, weights: &[VipWeig
             &[],
             global.get(Counter::IcmpTooBigSent) as f64,
         );
-        for (counter, result) in [
-            (Counter::PersistenceReturned, "returned"),
-            (Counter::PersistenceOverBound, "over_bound"),
-            (Counter::PersistenceSentElsewhere, "sent_elsewhere"),
-            (Counter::PersistencePlaced, "placed"),
-        ] {
-            f.counter(
-                "balancer_persistence_choices_total",
-                "New flows of VIPs with session persistence, by outcome: returned to the client's backend, over its bounded load or sent elsewhere by the policy (both placed by the scheduler, the client keeping its backend), or placed by the scheduler for a client with no backend to return to.",
-                &[("result", result)],
-                global.get(counter) as f64,
-            );
-        }
+        counters_by_result(
+            &mut f,
+            global,
+            "balancer_persistence_choices_total",
+            "New flows of VIPs with session persistence, by outcome: returned to the client's backend, over its bounded load or sent elsewhere by the policy (both placed by the scheduler, the client keeping its backend), or placed by the scheduler for a client with no backend to return to.",
+            &[
+                (Counter::PersistenceReturned, "returned"),
+                (Counter::PersistenceOverBound, "over_bound"),
+                (Counter::PersistenceSentElsewhere, "sent_elsewhere"),
+                (Counter::PersistencePlaced, "placed"),
+            ],
+        );
     }
     for vip in vips {
         let v = vip.name.as_str();
@@ -352,6 +350,24 @@ pub fn families(counters: Option<&Counters>, status: &Status, weights: &[VipWeig
         }
     }
     f
+}
+
+/// One counter family labelled by `result`, a sample per data-plane counter.
+fn counters_by_result(
+    f: &mut Families,
+    global: &GlobalStats,
+    name: &str,
+    help: &str,
+    results: &[(Counter, &str)],
+) {
+    for (counter, result) in results {
+        f.counter(
+            name,
+            help,
+            &[("result", result)],
+            global.get(*counter) as f64,
+        );
+    }
 }
 
 #[cfg(test)]
