@@ -173,6 +173,10 @@ pub struct Run {
     /// The balancer's rebuilds of the VIP's table per minute of the run (its weight rounds'
     /// changes reaching the table).
     pub table_rebuilds_per_min: Option<f64>,
+    /// Session persistence's outcomes for the run's new flows (the daemon's global counters:
+    /// the LLM VIP is the rack's only VIP with persistence); None for a router or a policy
+    /// without persistence.
+    pub persistence: Option<PersistenceChoices>,
     /// Prompt tokens found in the servers' prefix caches, of those looked up.
     pub prefix_hit_rate: Option<f64>,
     /// Every completed request's TTFT (for CDFs).
@@ -181,6 +185,32 @@ pub struct Run {
     pub premium: Summary,
     pub others: Summary,
     pub wall: f64,
+}
+
+/// Session persistence's outcomes for new flows (`balancer_persistence_choices_total`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PersistenceChoices {
+    /// Sent to the client's backend.
+    pub returned: f64,
+    /// The client's backend over its bounded load: placed by the scheduler.
+    pub over_bound: f64,
+    /// The client's backend marked by the policy's verdict (another serves its returning
+    /// clients sooner): placed by the scheduler.
+    pub sent_elsewhere: f64,
+    /// No backend to return to: placed by the scheduler.
+    pub placed: f64,
+}
+
+impl PersistenceChoices {
+    /// Every new flow counted.
+    pub fn total(&self) -> f64 {
+        self.returned + self.over_bound + self.sent_elsewhere + self.placed
+    }
+
+    /// New flows of clients with a backend to return to.
+    pub fn returning(&self) -> f64 {
+        self.returned + self.over_bound + self.sent_elsewhere
+    }
 }
 
 /// What one shape gave.
@@ -402,22 +432,15 @@ impl LlmRack {
         })?
     }
 
-    /// How many times the balancer's daemon has rebuilt the LLM VIP's table (its metrics'
-    /// `balancer_table_rebuilds_total`); None for a router.
-    fn table_rebuilds(&self, c: &Contender) -> Result<Option<f64>> {
+    /// The daemon's counters a run reads before and after: its rebuilds of the LLM VIP's
+    /// table (`balancer_table_rebuilds_total`) and session persistence's outcomes
+    /// (`balancer_persistence_choices_total`); None for a router.
+    fn daemon_counts(&self, c: &Contender) -> Result<Option<DaemonCounts>> {
         if c.is_router() {
             return Ok(None);
         }
         let page = self.metrics_page_in_lb(METRICS_PORT)?;
-        balancer::telemetry::exposition::parse(&page)?
-            .iter()
-            .find(|s| s.name == "balancer_table_rebuilds_total" && s.label("vip") == Some(VIP_NAME))
-            .map(|s| Some(s.value))
-            .with_context(|| {
-                format!(
-                    "the daemon's metrics have no balancer_table_rebuilds_total of VIP {VIP_NAME}"
-                )
-            })
+        DaemonCounts::from_page(&page).map(Some)
     }
 
     /// Prompt tokens the servers found in their prefix caches, and looked up, since they
@@ -463,7 +486,7 @@ impl LlmRack {
         }
         // Read before the CPU is counted and after: a page of the daemon's metrics costs it
         // a count of the connection table and of each table's slots.
-        let rebuilds0 = self.table_rebuilds(c)?;
+        let counts0 = self.daemon_counts(c)?;
         let cpu0 = self.start_accounting(c)?;
         let target = Target {
             addr,
@@ -482,7 +505,10 @@ impl LlmRack {
             .run_in(move || client::run(&target, &w, copts))?;
         let wall = t0.elapsed().as_secs_f64();
         let cpu = self.cpu_use(c)?.since(&cpu0);
-        let rebuilds = self.table_rebuilds(c)?.zip(rebuilds0).map(|(r, r0)| r - r0);
+        let counts = self
+            .daemon_counts(c)?
+            .zip(counts0)
+            .map(|(n, n0)| n.since(&n0));
         let (hits, queries) = self.prefix_counts()?;
         if c.is_router() {
             self.check_router_inputs(c)?;
@@ -495,7 +521,8 @@ impl LlmRack {
             bpf_cpu_per_1k: (!c.is_router()).then(|| per_1k(cpu.bpf_ns)),
             bpf_runs_per_request: (!c.is_router())
                 .then(|| cpu.bpf_runs as f64 / outcomes.len().max(1) as f64),
-            table_rebuilds_per_min: rebuilds.map(|r| r / wall.max(1e-3) * 60.0),
+            table_rebuilds_per_min: counts.map(|n| n.table_rebuilds / wall.max(1e-3) * 60.0),
+            persistence: counts.map(|n| n.persistence).filter(|p| p.total() > 0.0),
             outcomes,
             prefix_hit_rate: (queries > 0.0).then(|| hits / queries),
             wall,
@@ -532,8 +559,71 @@ struct RunOutput {
     /// BPF program runs (packets) per request.
     bpf_runs_per_request: Option<f64>,
     table_rebuilds_per_min: Option<f64>,
+    persistence: Option<PersistenceChoices>,
     prefix_hit_rate: Option<f64>,
     wall: f64,
+}
+
+/// Counters of the balancer's daemon (from its metrics page).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct DaemonCounts {
+    /// Rebuilds of the LLM VIP's table.
+    table_rebuilds: f64,
+    persistence: PersistenceChoices,
+}
+
+impl DaemonCounts {
+    /// The counts on a metrics page of the daemon.
+    fn from_page(page: &str) -> Result<DaemonCounts> {
+        let samples = balancer::telemetry::exposition::parse(page)?;
+        let table_rebuilds = samples
+            .iter()
+            .find(|s| s.name == "balancer_table_rebuilds_total" && s.label("vip") == Some(VIP_NAME))
+            .map(|s| s.value)
+            .with_context(|| {
+                format!(
+                    "the daemon's metrics have no balancer_table_rebuilds_total of VIP {VIP_NAME}"
+                )
+            })?;
+        let choice = |result: &str| {
+            samples
+                .iter()
+                .find(|s| {
+                    s.name == "balancer_persistence_choices_total"
+                        && s.label("result") == Some(result)
+                })
+                .map(|s| s.value)
+                .with_context(|| {
+                    format!(
+                        "the daemon's metrics have no balancer_persistence_choices_total{{result=\"{result}\"}}"
+                    )
+                })
+        };
+        Ok(DaemonCounts {
+            table_rebuilds,
+            persistence: PersistenceChoices {
+                returned: choice("returned")?,
+                over_bound: choice("over_bound")?,
+                sent_elsewhere: choice("sent_elsewhere")?,
+                placed: choice("placed")?,
+            },
+        })
+    }
+
+    /// What was counted since `earlier`.
+    fn since(&self, earlier: &DaemonCounts) -> DaemonCounts {
+        let p = &self.persistence;
+        let e = &earlier.persistence;
+        DaemonCounts {
+            table_rebuilds: self.table_rebuilds - earlier.table_rebuilds,
+            persistence: PersistenceChoices {
+                returned: p.returned - e.returned,
+                over_bound: p.over_bound - e.over_bound,
+                sent_elsewhere: p.sent_elsewhere - e.sent_elsewhere,
+                placed: p.placed - e.placed,
+            },
+        }
+    }
 }
 
 /// Where a run stands in the benchmark.
@@ -636,6 +726,7 @@ fn measured_run(
         bpf_cpu_per_1k,
         bpf_runs_per_request,
         table_rebuilds_per_min,
+        persistence,
         prefix_hit_rate,
         wall,
     } = rack.run(&c, &work, opts)?;
@@ -661,7 +752,7 @@ fn measured_run(
                 m
             });
     println!(
-        "  {:<7} {:<20} {rate:>5.2} req/s  rep {rep}: p99 TTFT {:>7.2} s, goodput {:>5.2}/s, {}/{} ok{}  ({wall:.0} s)",
+        "  {:<7} {:<20} {rate:>5.2} req/s  rep {rep}: p99 TTFT {:>7.2} s, goodput {:>5.2}/s, {}/{} ok{}{}  ({wall:.0} s)",
         shape.name(),
         name,
         summary.ttft_p99,
@@ -672,7 +763,11 @@ fn measured_run(
             String::new()
         } else {
             format!(", errors {errors:?}")
-        }
+        },
+        persistence.map_or(String::new(), |p| format!(
+            "; persistence: {:.0} returned, {:.0} over the bound, {:.0} sent elsewhere, {:.0} placed",
+            p.returned, p.over_bound, p.sent_elsewhere, p.placed
+        )),
     );
     Ok(Run {
         shape,
@@ -685,6 +780,7 @@ fn measured_run(
         bpf_cpu_per_1k,
         bpf_runs_per_request,
         table_rebuilds_per_min,
+        persistence,
         prefix_hit_rate,
         ttfts,
         premium,
@@ -960,4 +1056,51 @@ pub fn run(opts: &Options) -> Result<(Results, Figures)> {
     };
     let figures = report::write(&results)?;
     Ok((results, figures))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(rebuilds: u64, choices: [u64; 4]) -> String {
+        let [returned, over_bound, sent_elsewhere, placed] = choices;
+        format!(
+            "# TYPE balancer_table_rebuilds_total counter\n\
+             balancer_table_rebuilds_total{{vip=\"other\"}} 99\n\
+             balancer_table_rebuilds_total{{vip=\"{VIP_NAME}\"}} {rebuilds}\n\
+             # TYPE balancer_persistence_choices_total counter\n\
+             balancer_persistence_choices_total{{result=\"returned\"}} {returned}\n\
+             balancer_persistence_choices_total{{result=\"over_bound\"}} {over_bound}\n\
+             balancer_persistence_choices_total{{result=\"sent_elsewhere\"}} {sent_elsewhere}\n\
+             balancer_persistence_choices_total{{result=\"placed\"}} {placed}\n"
+        )
+    }
+
+    #[test]
+    fn a_run_s_daemon_counts_are_the_difference_of_two_pages() {
+        let before = DaemonCounts::from_page(&page(3, [10, 2, 1, 4])).unwrap();
+        let after = DaemonCounts::from_page(&page(7, [40, 12, 1, 9])).unwrap();
+        let run = after.since(&before);
+        assert_eq!(run.table_rebuilds, 4.0);
+        assert_eq!(
+            run.persistence,
+            PersistenceChoices {
+                returned: 30.0,
+                over_bound: 10.0,
+                sent_elsewhere: 0.0,
+                placed: 5.0,
+            }
+        );
+        assert_eq!(run.persistence.returning(), 40.0);
+        assert_eq!(run.persistence.total(), 45.0);
+    }
+
+    #[test]
+    fn a_page_without_a_counter_is_an_error_naming_it() {
+        let without = page(3, [1, 1, 1, 1]).replace("result=\"over_bound\"", "result=\"other\"");
+        let err = DaemonCounts::from_page(&without).unwrap_err().to_string();
+        assert!(err.contains("over_bound"), "{err}");
+        let err = DaemonCounts::from_page("").unwrap_err().to_string();
+        assert!(err.contains("balancer_table_rebuilds_total"), "{err}");
+    }
 }

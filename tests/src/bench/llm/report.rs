@@ -59,6 +59,16 @@ fn metrics(r: &Run) -> Vec<(&'static str, f64)> {
     if let Some(h) = r.prefix_hit_rate {
         v.push(("prefix_hit_rate", h));
     }
+    if let Some(p) = r.persistence {
+        // Of the new flows of clients with a backend to return to: the shares the bound and
+        // the policy's verdict sent elsewhere; and of all new flows, those with none.
+        let returning = p.returning();
+        if returning > 0.0 {
+            v.push(("returning_over_bound", p.over_bound / returning));
+            v.push(("returning_sent_elsewhere", p.sent_elsewhere / returning));
+        }
+        v.push(("new_flows_placed", p.placed / p.total()));
+    }
     let moved = s.turns_moved();
     if !moved.is_nan() {
         v.push(("turns_moved", moved));
@@ -550,9 +560,21 @@ fn targets(
                 .collect::<Vec<_>>()
                 .join(", ")
         };
+        // Why returning clients' flows went elsewhere (the daemon's persistence counters).
+        let refused = match (
+            at(policy, "returning_over_bound"),
+            at(policy, "returning_sent_elsewhere"),
+        ) {
+            (Some(b), Some(v)) => format!(
+                "; of returning clients' new flows, sent elsewhere by the bound {:.0}% and by the policy's verdict {:.0}%",
+                b * 100.0,
+                v * 100.0
+            ),
+            _ => String::new(),
+        };
         let _ = writeln!(
             md,
-            "- Session affinity by {what} (`{policy}`) against load only (`composite`) at the knee: mean TTFT {:.2} s vs {c:.2} s = **{:.2}x lower** (target >= 1.5x), p99 {}; prefix-cache hit rates: {}; later turns served by another server than the turn before: {} (after a turn on a large GPU: {}; on a small one: {})",
+            "- Session affinity by {what} (`{policy}`) against load only (`composite`) at the knee: mean TTFT {:.2} s vs {c:.2} s = **{:.2}x lower** (target >= 1.5x), p99 {}; prefix-cache hit rates: {}; later turns served by another server than the turn before: {} (after a turn on a large GPU: {}; on a small one: {}){refused}",
             a,
             c / a,
             p99.map_or("–".into(), |(x, y)| format!("{x:.2} s vs {y:.2} s")),
