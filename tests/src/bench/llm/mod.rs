@@ -769,6 +769,20 @@ fn measured_run(
             p.returned, p.over_bound, p.sent_elsewhere, p.placed
         )),
     );
+    let homes = busiest_servers(&work, &outcomes);
+    if homes.len() <= NAT_ADDRESSES_SHOWN {
+        println!(
+            "    by client address, the server that served most of its requests (its share): {}",
+            homes
+                .iter()
+                .map(|(source, (server, share))| format!(
+                    "{source} {server} ({:.0}%)",
+                    share * 100.0
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     Ok(Run {
         shape,
         contender: name.to_string(),
@@ -787,6 +801,33 @@ fn measured_run(
         others,
         wall,
     })
+}
+
+/// Client addresses up to which a run's line says each one's busiest server (the shapes behind
+/// a NAT: a few addresses, many conversations each).
+const NAT_ADDRESSES_SHOWN: usize = 8;
+
+/// Per client address of `work`, the server that served most of its completed requests, and
+/// its share of them.
+fn busiest_servers(
+    work: &[workload::Conversation],
+    outcomes: &[Outcome],
+) -> BTreeMap<IpAddr, (String, f64)> {
+    let source: BTreeMap<usize, IpAddr> = work.iter().map(|c| (c.id, c.source)).collect();
+    let mut served: BTreeMap<IpAddr, BTreeMap<&str, usize>> = BTreeMap::new();
+    for o in outcomes.iter().filter(|o| o.ok()) {
+        if let (Some(src), Some(backend)) = (source.get(&o.conversation), o.backend.as_deref()) {
+            *served.entry(*src).or_default().entry(backend).or_default() += 1;
+        }
+    }
+    served
+        .into_iter()
+        .filter_map(|(src, by)| {
+            let total: usize = by.values().sum();
+            let (server, n) = by.into_iter().max_by_key(|(_, n)| *n)?;
+            Some((src, (server.to_string(), n as f64 / total as f64)))
+        })
+        .collect()
 }
 
 /// The knee of a shape: the highest rate at which the best of composite and least-conn keeps
@@ -1093,6 +1134,49 @@ mod tests {
         );
         assert_eq!(run.persistence.returning(), 40.0);
         assert_eq!(run.persistence.total(), 45.0);
+    }
+
+    #[test]
+    fn each_address_s_busiest_server_is_the_one_that_served_most_of_its_requests() {
+        let conv = |id: usize, source: &str| workload::Conversation {
+            id,
+            start: 0.0,
+            source: source.parse().unwrap(),
+            turns: Vec::new(),
+        };
+        let work = [
+            conv(0, "10.0.0.1"),
+            conv(1, "10.0.0.1"),
+            conv(2, "10.0.0.2"),
+        ];
+        let served = |conversation: usize, backend: &str| Outcome {
+            conversation,
+            e2e: Some(1.0),
+            backend: Some(backend.into()),
+            ..Default::default()
+        };
+        let mut outcomes = vec![
+            served(0, "gpu0-large"),
+            served(1, "gpu0-large"),
+            served(1, "gpu2-small"),
+            served(0, "gpu0-large"),
+            served(2, "gpu3-small"),
+        ];
+        // A failed request counts for no server.
+        outcomes.push(Outcome {
+            error: Some("refused".into()),
+            ..served(2, "gpu1-large")
+        });
+        let homes = busiest_servers(&work, &outcomes);
+        assert_eq!(homes.len(), 2);
+        assert_eq!(
+            homes[&"10.0.0.1".parse::<IpAddr>().unwrap()],
+            ("gpu0-large".into(), 0.75)
+        );
+        assert_eq!(
+            homes[&"10.0.0.2".parse::<IpAddr>().unwrap()],
+            ("gpu3-small".into(), 1.0)
+        );
     }
 
     #[test]
