@@ -16,6 +16,7 @@ use crate::{
     clock::now_ticks,
     maps::{AFFINITY, BACKENDS, SOURCE_PREFIXES, STATS},
     schedulers::{full, scheduled, unpack, unpack_addr},
+    stats::count,
 };
 
 /// The backend id for a new flow (`NO_BACKEND` if none): the client's previous one under
@@ -82,7 +83,7 @@ pub extern "C" fn balancer_pick(vip: u64, opts: u64, src_lo: u64, src_hi: u64) -
 fn count_choice(counter: Counter) {
     if let Some(stats) = STATS.get_ptr_mut(0) {
         // SAFETY: this CPU's entry, valid while the program runs.
-        unsafe { (*stats).counters[counter as usize] += 1 };
+        count(unsafe { &mut *stats }, counter);
     }
 }
 
