@@ -28,6 +28,11 @@ pub const BACKEND_STATS: &str = "BACKEND_STATS";
 pub const ACTIVE: &str = "ACTIVE";
 /// Active flows per VIP id, like [`ACTIVE`] (the bounded-load reference).
 pub const VIP_ACTIVE: &str = "VIP_ACTIVE";
+/// Clients placed per backend id under session persistence: array of `u64` in
+/// [`crate::schedule::HOME_UNIT`]s, each new client's placement an atomic add of one unit; the
+/// daemon ages the counts (each second by 1/persistence time of them) and zeroes an id given to
+/// a new backend. What spreads a VIP's few heavy clients ([`crate::schedule::spread_over`]).
+pub const HOMES: &str = "HOMES";
 /// Scrapes due by new flows: array by VIP id of `u64` used as a signed counter, the new flows
 /// left before the VIP's next scrape is due. The daemon sets it at each scrape of a VIP whose
 /// telemetry is paced by its requests; the program counts it down (atomic adds) for each new
@@ -663,7 +668,7 @@ const _: () = assert!(core::mem::size_of::<DecapAddrKey>() == 20);
 
 /// Identifies the layout of the pinned maps: a daemon adopts pinned maps only when their
 /// layout is its own. The top byte is bumped by hand when a meaning changes without a size.
-pub const LAYOUT: u64 = (4 << 56)
+pub const LAYOUT: u64 = (5 << 56)
     | (core::mem::size_of::<VipSlot>() as u64) << 40
     | (core::mem::size_of::<Backend>() as u64) << 32
     | (core::mem::size_of::<FlowBucket>() as u64) << 24
@@ -672,7 +677,7 @@ pub const LAYOUT: u64 = (4 << 56)
     | core::mem::size_of::<crate::stats::TrafficStats>() as u64;
 
 /// The maps pinned under the daemon's pin directory (the program, its XDP link and these).
-pub const PINNED_MAPS: [&str; 27] = [
+pub const PINNED_MAPS: [&str; 28] = [
     VIPS,
     MAGLEV,
     BACKENDS,
@@ -683,6 +688,7 @@ pub const PINNED_MAPS: [&str; 27] = [
     BACKEND_STATS,
     ACTIVE,
     VIP_ACTIVE,
+    HOMES,
     SCRAPE_DUE,
     SCRAPE_EVENTS,
     RR_CURSOR,

@@ -69,6 +69,58 @@ pub const fn over_bound(
         >= (clamp(vip_active) + 1) * (weight as u64) * (100 + bound_pct as u64)
 }
 
+/// One client placed on a backend in [`crate::maps::HOMES`] (fixed point: the daemon ages the
+/// counts by fractions of it).
+pub const HOME_UNIT: u64 = 1024;
+
+/// Clients placed are clamped to this many units before multiplying (no overflow).
+const HOMES_CLAMP: u64 = 1 << 40;
+
+/// Session persistence's placement of a new client: whether it goes to the backend homing the
+/// fewest clients per unit of weight (`least_homes` placed, weight `least_weight`) rather than
+/// to the scheduler's pick (`pick_homes`, `pick_weight`) — when the pick, with this client,
+/// would home at least 3/2 the clients per weight that the least would with it. Counts in
+/// [`HOME_UNIT`]s. Where many clients come, the counts follow the weights and the pick stands;
+/// where a few heavy ones do (clients behind a NAT, one address each), they are spread by
+/// weight instead of left to where the hash puts them.
+#[inline(always)]
+pub const fn spread_over(
+    pick_homes: u64,
+    pick_weight: u32,
+    least_homes: u64,
+    least_weight: u32,
+) -> bool {
+    let pick = if pick_homes > HOMES_CLAMP {
+        HOMES_CLAMP
+    } else {
+        pick_homes
+    } + HOME_UNIT;
+    let least = if least_homes > HOMES_CLAMP {
+        HOMES_CLAMP
+    } else {
+        least_homes
+    } + HOME_UNIT;
+    2 * pick * (least_weight as u64) >= 3 * least * (pick_weight as u64)
+}
+
+/// Whether backend `a` would home fewer clients per unit of weight than `b` with the new
+/// client (counts clamped as in [`spread_over`]): an idle small backend is not "less homed"
+/// than a large one with a client already.
+#[inline(always)]
+pub const fn fewer_homes(a_homes: u64, a_weight: u32, b_homes: u64, b_weight: u32) -> bool {
+    let a = if a_homes > HOMES_CLAMP {
+        HOMES_CLAMP
+    } else {
+        a_homes
+    } + HOME_UNIT;
+    let b = if b_homes > HOMES_CLAMP {
+        HOMES_CLAMP
+    } else {
+        b_homes
+    } + HOME_UNIT;
+    a * (b_weight as u64) < b * (a_weight as u64)
+}
+
 /// Builds the schedule of a pool: `backends` are `(id, weight)` in identity order;
 /// `sequence` asks for the weighted round-robin sequence too. The tier entries are 0 (see
 /// [`set_tiers`]).
@@ -200,6 +252,60 @@ fn gcd_of(a: u64, b: u64) -> u64 {
 #[cfg(all(test, feature = "std"))]
 mod tests {
     use super::*;
+
+    /// Places `clients` one after another on backends of `weights`, each first offered to
+    /// `pick(i)`, as the data plane does; returns the clients homed per backend.
+    fn place(weights: &[u32], clients: usize, pick: impl Fn(usize) -> usize) -> Vec<u64> {
+        let mut homes = vec![0u64; weights.len()];
+        for i in 0..clients {
+            let p = pick(i);
+            let mut least = 0;
+            for b in 1..weights.len() {
+                if fewer_homes(homes[b], weights[b], homes[least], weights[least]) {
+                    least = b;
+                }
+            }
+            let to = if spread_over(homes[p], weights[p], homes[least], weights[least]) {
+                least
+            } else {
+                p
+            };
+            homes[to] += HOME_UNIT;
+        }
+        homes.iter().map(|h| h / HOME_UNIT).collect()
+    }
+
+    #[test]
+    fn a_few_clients_spread_by_weight_whatever_the_hash_picks() {
+        // Four clients all hashed to the first large server: two per large server, none on the
+        // small ones (a quarter of the weight each).
+        assert_eq!(place(&[400, 400, 100, 100], 4, |_| 0), [2, 2, 0, 0]);
+        // Hashed to a small server: they go to the large ones all the same.
+        assert_eq!(place(&[400, 400, 100, 100], 4, |_| 3), [2, 2, 0, 0]);
+        // Eight equal servers, eight clients on one: one each.
+        assert_eq!(place(&[10; 8], 8, |_| 5), [1; 8]);
+    }
+
+    #[test]
+    fn many_clients_keep_the_schedulers_pick() {
+        // Clients the hash spreads by weight: the counts follow the weights, no client moved
+        // past the first few.
+        let weights = [400, 400, 100, 100];
+        let slots: Vec<usize> = (0..10).map(|s| [0, 0, 0, 0, 1, 1, 1, 1, 2, 3][s]).collect();
+        let homes = place(&weights, 1000, |i| slots[(i * 7) % 10]);
+        assert_eq!(homes, [400, 400, 100, 100]);
+        // The pick stands while it homes under 3/2 the least's clients per weight.
+        assert!(!spread_over(140 * HOME_UNIT, 1, 99 * HOME_UNIT, 1));
+        assert!(spread_over(150 * HOME_UNIT, 1, 99 * HOME_UNIT, 1));
+        // The least itself is never a move.
+        assert!(!spread_over(0, 5, 0, 5));
+        // No overflow at the clamp.
+        assert!(!spread_over(u64::MAX, 65_535, u64::MAX, 65_535));
+        assert!(fewer_homes(0, 1, u64::MAX, 1));
+        // With the new client counted: a large server with one client is less homed than an
+        // idle one a quarter its weight.
+        assert!(fewer_homes(HOME_UNIT, 400, 0, 100));
+    }
 
     #[test]
     fn the_layout_lists_backends_with_weight() {

@@ -1,7 +1,8 @@
 //! The schedulers' choice logic in the XDP program through BPF_PROG_TEST_RUN (needs root):
 //! round robin, weighted round robin, source hash, random, weighted random, least
 //! connections, power of two choices, session persistence with bounded load and with the
-//! policy's verdict on returning clients, tenant affinity (source hash and persistence keyed
+//! policy's verdict on returning clients, the spreading of a VIP's few persistent clients,
+//! tenant affinity (source hash and persistence keyed
 //! on a source prefix), and the active-flow counts the connection-aware ones read.
 
 use std::collections::BTreeMap;
@@ -390,6 +391,73 @@ fn persistence_over_the_bound_spills_a_flow_and_keeps_the_client_s_backend() {
             "returned, over the bound, sent elsewhere, placed"
         );
     }
+}
+
+#[test]
+#[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
+fn persistence_spreads_a_vip_s_few_clients_that_hash_onto_one_backend() {
+    use balancer_common::schedule::HOME_UNIT;
+    let mut h = harness(&config(&[
+        ("sh", "source-hash", [1, 1, 1], Extra::None),
+        (
+            "sticky",
+            "source-hash",
+            [1, 1, 1],
+            Extra::PersistenceSecs(60),
+        ),
+    ]));
+    // Six clients that source hash puts on one backend (the two VIPs' tables are the same:
+    // same backends, weights and size), as a NAT's few addresses may land.
+    let mut piled = Vec::new();
+    let mut on = None;
+    for i in 1..=250 {
+        let client = ip(&format!("10.9.3.{i}"));
+        let b = syn(&mut h, 0, client, 1000);
+        if on.is_none_or(|o| o == b) {
+            on = Some(b);
+            piled.push(client);
+        }
+        if piled.len() == 6 {
+            break;
+        }
+    }
+    assert_eq!(piled.len(), 6, "six clients hashed onto one backend");
+    // Under persistence they are spread two per backend, and each keeps its backend.
+    let homes: Vec<IpAddr> = piled.iter().map(|c| syn(&mut h, 1, *c, 1000)).collect();
+    assert_eq!(
+        counts(&homes).values().copied().collect::<Vec<_>>(),
+        [2, 2, 2],
+        "{homes:?}"
+    );
+    for (c, home) in piled.iter().zip(&homes) {
+        for p in 1..4 {
+            assert_eq!(syn(&mut h, 1, *c, 1000 + p), *home, "client {c}");
+        }
+    }
+    assert_eq!(persistence_choices(&h), [18, 0, 0, 6]);
+    // Counted where they landed: two clients' worth per backend.
+    let ids: Vec<u32> = h
+        .balancer
+        .vip("sticky")
+        .unwrap()
+        .backends
+        .values()
+        .map(|b| b.id)
+        .collect();
+    let placed = h.balancer.dataplane().homes(&ids).unwrap();
+    assert_eq!(
+        placed.values().copied().collect::<Vec<_>>(),
+        [2 * HOME_UNIT; 3],
+        "{placed:?}"
+    );
+    // The daemon's ageing once a second: a 60 s persistence takes 1/60 of each count.
+    h.balancer.age_homes().unwrap();
+    let aged = h.balancer.dataplane().homes(&ids).unwrap();
+    assert!(
+        aged.values()
+            .all(|n| *n == 2 * HOME_UNIT - (2 * HOME_UNIT).div_ceil(60)),
+        "{aged:?}"
+    );
 }
 
 #[test]

@@ -15,6 +15,7 @@
 mod admission;
 mod apply;
 mod bound;
+mod homes;
 mod snapshot;
 mod tables;
 mod weights;

@@ -689,3 +689,49 @@ fn ids_are_reused_last() {
     pool.give_back(a);
     assert_ne!(pool.take(), Some(a));
 }
+
+#[test]
+fn clients_placed_age_over_the_persistence_time_and_go_with_their_id() {
+    use balancer_common::schedule::HOME_UNIT;
+    let mut lb = balancer();
+    let mut cfg = two_vips();
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    let ids: Vec<u32> = lb
+        .vip("web")
+        .unwrap()
+        .backends
+        .values()
+        .map(|b| b.id)
+        .collect();
+    let dns_id = lb.vip("dns").unwrap().backends.values().next().unwrap().id;
+    for id in ids.iter().chain([&dns_id]) {
+        lb.dataplane.homes.insert(*id, 2 * HOME_UNIT);
+    }
+    // No VIP with persistence: nothing ages.
+    assert_eq!(lb.age_homes().unwrap(), 0);
+    assert_eq!(lb.dataplane().homes[&ids[0]], 2 * HOME_UNIT);
+    // Persistence of 4 s on web: its counts lose a quarter a second, dns's keep theirs.
+    cfg.vips[0].persistence = Duration::from_secs(4);
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    assert_eq!(lb.age_homes().unwrap(), 1);
+    assert_eq!(lb.dataplane().homes[&ids[0]], 2 * HOME_UNIT * 3 / 4);
+    assert_eq!(lb.dataplane().homes[&dns_id], 2 * HOME_UNIT);
+    // Rounded up: the counts reach 0 (not stuck below the divisor).
+    for _ in 0..200 {
+        lb.age_homes().unwrap();
+    }
+    assert_eq!(lb.dataplane().homes(&ids).unwrap(), HashMap::new());
+    // An id given to a new backend starts with none.
+    lb.dataplane.homes.insert(ids[0], HOME_UNIT);
+    lb.dataplane.reset_active(ids[0]).unwrap();
+    assert!(!lb.dataplane().homes.contains_key(&ids[0]));
+}
+
+#[test]
+fn aged_homes_rounds_the_loss_up() {
+    use crate::dataplane::aged_homes;
+    assert_eq!(aged_homes(1024, 60), 1024 - 18);
+    assert_eq!(aged_homes(3, 60), 2);
+    assert_eq!(aged_homes(0, 60), 0);
+    assert_eq!(aged_homes(7, 0), 0);
+}

@@ -41,6 +41,9 @@ pub struct KernelDataplane {
     flows_view: OnceLock<Arc<MappedArray<FlowBucket>>>,
     active_view: OnceLock<Arc<MappedArray<u64>>>,
     active: Array<MapData, u64>,
+    /// The clients placed per backend, mapped (`None` in an object built before the count: a
+    /// benchmark's baseline).
+    homes: Option<sys::SharedCounters>,
     tier_v4: LpmTrie<MapData, u32, u8>,
     tier_v6: LpmTrie<MapData, [u32; 4], u8>,
     tier_dscp: Array<MapData, u8>,
@@ -281,6 +284,14 @@ impl KernelDataplane {
             flows_view: OnceLock::new(),
             active_view: OnceLock::new(),
             active: take(ebpf, names::ACTIVE)?,
+            homes: take_optional::<Array<MapData, u64>>(ebpf, names::HOMES)?
+                .map(|homes| {
+                    sys::SharedCounters::map(homes.map().fd().as_fd(), names::MAX_BACKENDS as usize)
+                        .map_err(|e| {
+                            DataplaneError::VipIndex(format!("mapping the clients placed: {e}"))
+                        })
+                })
+                .transpose()?,
             tier_v4: take(ebpf, names::TIER_V4)?,
             tier_v6: take(ebpf, names::TIER_V6)?,
             tier_dscp: take(ebpf, names::TIER_DSCP)?,
@@ -615,9 +626,36 @@ impl Dataplane for KernelDataplane {
     }
 
     fn reset_active(&mut self, id: u32) -> Result<(), DataplaneError> {
+        if let Some(homes) = &self.homes
+            && (id as usize) < homes.len()
+        {
+            homes.clear(id as usize);
+        }
         self.active
             .set(id, 0, 0)
             .map_err(map_err(names::ACTIVE, "write"))
+    }
+
+    fn homes(&self, ids: &[u32]) -> Result<HashMap<u32, u64>, DataplaneError> {
+        let Some(homes) = &self.homes else {
+            return Ok(HashMap::new());
+        };
+        Ok(ids
+            .iter()
+            .filter(|id| (**id as usize) < homes.len())
+            .map(|id| (*id, homes.load(*id as usize)))
+            .filter(|(_, n)| *n > 0)
+            .collect())
+    }
+
+    fn age_homes(&mut self, ids: &[u32], divisor: u64) -> Result<(), DataplaneError> {
+        let Some(homes) = &self.homes else {
+            return Ok(());
+        };
+        for id in ids.iter().filter(|id| (**id as usize) < homes.len()) {
+            homes.update(*id as usize, |n| super::aged_homes(n, divisor));
+        }
+        Ok(())
     }
 
     fn active_flows(&self, ids: &[u32]) -> Result<HashMap<u32, u64>, DataplaneError> {

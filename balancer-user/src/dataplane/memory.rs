@@ -32,6 +32,9 @@ pub struct MemoryDataplane {
     pub backend_traffic: HashMap<u32, TrafficStats>,
     /// Active flows per backend id.
     pub active: HashMap<u32, u64>,
+    /// Clients placed per backend id under session persistence, in `HOME_UNIT`s (tests add
+    /// them as the data plane would).
+    pub homes: HashMap<u32, u64>,
     /// Tier classification: prefixes and DSCP values.
     pub tier_prefixes: Vec<(std::net::IpAddr, u8, u8)>,
     pub tier_dscp: Vec<u8>,
@@ -153,6 +156,24 @@ impl Dataplane for MemoryDataplane {
 
     fn reset_active(&mut self, id: u32) -> Result<(), DataplaneError> {
         self.active.remove(&id);
+        self.homes.remove(&id);
+        Ok(())
+    }
+
+    fn homes(&self, ids: &[u32]) -> Result<HashMap<u32, u64>, DataplaneError> {
+        Ok(ids
+            .iter()
+            .filter_map(|id| Some((*id, *self.homes.get(id)?)))
+            .filter(|(_, n)| *n > 0)
+            .collect())
+    }
+
+    fn age_homes(&mut self, ids: &[u32], divisor: u64) -> Result<(), DataplaneError> {
+        for id in ids {
+            if let Some(n) = self.homes.get_mut(id) {
+                *n = super::aged_homes(*n, divisor);
+            }
+        }
         Ok(())
     }
 

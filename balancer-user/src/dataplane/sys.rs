@@ -266,6 +266,48 @@ impl<T: Copy> Drop for SharedMapping<T> {
     }
 }
 
+/// Counters of a memory-mappable `u64` array the data plane adds to atomically, read and
+/// changed in place with atomic operations.
+pub struct SharedCounters(SharedMapping<u64>);
+
+impl SharedCounters {
+    /// Maps `count` counters of the BPF_F_MMAPABLE array `map` (the mapping outlives the
+    /// descriptor).
+    pub fn map(map: BorrowedFd<'_>, count: usize) -> io::Result<SharedCounters> {
+        SharedMapping::map(map, count, libc::PROT_READ | libc::PROT_WRITE).map(SharedCounters)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.count
+    }
+
+    fn counter(&self, i: usize) -> &std::sync::atomic::AtomicU64 {
+        // SAFETY: value `i` of the mapping (`slot` checks the index), 8-byte aligned (values
+        // 8 bytes apart from a page boundary), changed by the kernel with atomic adds only.
+        unsafe { std::sync::atomic::AtomicU64::from_ptr(self.0.slot(i)) }
+    }
+
+    /// Counter `i`.
+    pub fn load(&self, i: usize) -> u64 {
+        self.counter(i).load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Replaces counter `i` with `f` of it, atomically against the data plane's adds.
+    pub fn update(&self, i: usize, f: impl Fn(u64) -> u64) {
+        let _ = self.counter(i).fetch_update(
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+            |v| Some(f(v)),
+        );
+    }
+
+    /// Zeroes counter `i`.
+    pub fn clear(&self, i: usize) {
+        self.counter(i)
+            .store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// A shared writable mapping of a memory-mappable array, kept for repeated fills (a table
 /// refilled in place costs no mapping, no page faults and no new map).
 pub struct WritableArray<T: Copy>(SharedMapping<T>);

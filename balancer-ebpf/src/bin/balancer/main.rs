@@ -28,6 +28,7 @@ mod conntrack;
 mod flood;
 mod flow;
 mod forward;
+mod homes;
 mod icmp;
 mod links;
 mod maps;

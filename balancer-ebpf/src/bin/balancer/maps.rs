@@ -68,6 +68,11 @@ pub static BACKEND_STATS: PerCpuArray<TrafficStats, { MAX_BACKENDS as usize }> =
 pub static ACTIVE: Array<u64, { MAX_BACKENDS as usize }, { BPF_F_MMAPABLE as usize }> =
     Array::new();
 
+/// Clients placed per backend id under session persistence, in `HOME_UNIT`s (atomic adds; the
+/// daemon ages them).
+#[btf_map]
+pub static HOMES: Array<u64, { MAX_BACKENDS as usize }, { BPF_F_MMAPABLE as usize }> = Array::new();
+
 /// Active flows per VIP id (atomic adds; read as signed).
 #[btf_map]
 pub static VIP_ACTIVE: Array<u64, { MAX_VIPS as usize }, { BPF_F_MMAPABLE as usize }> =

@@ -1,6 +1,8 @@
 //! Session persistence: a client's new flows go to the backend its last flow had, while the
 //! VIP's persistence time has not run out since and that backend may take it; otherwise the
-//! VIP's scheduler picks, and the pick is remembered. With a source prefix (tenant affinity)
+//! VIP's scheduler picks — or, where that would pile the VIP's few clients onto one backend,
+//! the backend homing the fewest per unit of weight (`balancer_spread`) — and the pick is
+//! remembered. With a source prefix (tenant affinity)
 //! "a client" is every address of its network: source hash and persistence key on the
 //! prefix.
 
@@ -14,8 +16,9 @@ use balancer_common::stats::Counter;
 use crate::{
     backends::Pick,
     clock::now_ticks,
+    homes::add_home,
     maps::{AFFINITY, BACKENDS, SOURCE_PREFIXES, STATS},
-    schedulers::{full, scheduled, unpack, unpack_addr},
+    schedulers::{balancer_least_homed, balancer_spread, full, scheduled, unpack, unpack_addr},
     stats::count,
 };
 
@@ -65,8 +68,12 @@ pub extern "C" fn balancer_pick(vip: u64, opts: u64, src_lo: u64, src_hi: u64) -
         }
     }
     count_choice(Counter::PersistencePlaced);
-    let id = scheduled(vip, opts, &src, sport);
+    // A new client: where the scheduler puts it, unless that would pile the VIP's few clients
+    // onto one backend (see `balancer_spread`); counted where it lands.
+    let pick = scheduled(vip, opts, &src, sport);
+    let id = balancer_spread(vip, opts, pick, balancer_least_homed(vip));
     if let Some(b) = BACKENDS.get(id) {
+        add_home(id);
         let value = AffinityValue {
             backend_id: id as u16,
             generation: b.generation,

@@ -19,13 +19,14 @@ use balancer_common::{
         BOUND_SHARE_SCALE, Backend, MAGLEV_TABLE_FLAGS, MAX_TABLE_ENTRIES, NO_BACKEND, Scheduler,
         VipMeta,
     },
-    schedule::{HEADER, less_loaded, over_bound},
+    schedule::{HEADER, fewer_homes, less_loaded, over_bound, spread_over},
 };
 
 use crate::{
     active::{backend_active, vip_active},
     backends::{Pick, bound_share_of, serves, serving, valid_id, weight_of},
     clock::random,
+    homes::homes_of,
     maps::{BACKENDS, MAGLEV, RR_CURSOR},
 };
 
@@ -35,6 +36,10 @@ pub type Table = Array<u32, { MAX_TABLE_ENTRIES as usize }, { MAGLEV_TABLE_FLAGS
 /// Most backends least-conn compares per new flow (from a rotating start, so larger pools are
 /// sampled fairly).
 const LEAST_CONN_SCAN: u32 = 256;
+/// Most backends session persistence's spreading compares per new client (lists longer than
+/// this are compared in a window from a random start): each compared backend costs the verifier a pass over the
+/// loop's body, within the whole program's budget of a million instructions.
+const SPREAD_SCAN: u32 = 16;
 /// Most table slots a bounded-load hash probes past a full backend.
 const BOUNDED_PROBES: u32 = 8;
 
@@ -367,6 +372,79 @@ fn least_conn(vip: &Pool, table: &Table) -> Pick {
         i += 1;
     }
     Pick::candidate(vip.vip_id, best_id)
+}
+
+/// Session persistence's placement of a new client: the scheduler's `pick`, or `best`, the
+/// listed backend that would home the fewest clients per unit of weight with it
+/// ([`balancer_least_homed`]), when the pick would home at least 3/2 as many (`spread_over`)
+/// and `best` has room under bounded load.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn balancer_spread(vip: u64, opts: u64, pick: u32, best: u32) -> u32 {
+    if !valid_id(best) || best == pick {
+        return pick;
+    }
+    let meta = unpack(vip, opts);
+    let (Some(p), Some(b)) = (BACKENDS.get(pick), BACKENDS.get(best)) else {
+        return pick;
+    };
+    if serves(p, meta.vip_id)
+        && spread_over(homes_of(pick), weight_of(p), homes_of(best), weight_of(b))
+        // Bounded load has the last word: a least homed backend without room leaves the pick.
+        && !full(&meta, best, b)
+    {
+        best
+    } else {
+        pick
+    }
+}
+
+/// The listed backend of pool `vip` (packed) that would home the fewest clients per unit of
+/// weight with a new one (`NO_BACKEND` if none), for [`balancer_spread`]. A function of its
+/// own, with one argument, and the best so far read again for each comparison rather than
+/// carried: the loop keeps few values, so its stack frame stays small (it sits on top of
+/// persistence's and the packet path's, within the kernel's 512 bytes).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn balancer_least_homed(vip: u64) -> u32 {
+    let meta = unpack(vip, 0);
+    let Some(table) = table_of(&meta) else {
+        return NO_BACKEND;
+    };
+    let len = header(&meta, table, 0);
+    let (start, scan) = if len <= SPREAD_SCAN {
+        (0, len)
+    } else {
+        (below(random(), len), SPREAD_SCAN)
+    };
+    let list = meta.base + meta.table_size + HEADER;
+    let mut best = NO_BACKEND;
+    let mut at = start;
+    let mut left = scan;
+    while left > 0 {
+        left -= 1;
+        let id = match table.get(list + at) {
+            Some(id) => *id,
+            None => NO_BACKEND,
+        };
+        if let Some(b) = BACKENDS.get(id)
+            && serves(b, meta.vip_id)
+            && b.weight != 0
+        {
+            let better = match BACKENDS.get(best) {
+                Some(o) => fewer_homes(homes_of(id), weight_of(b), homes_of(best), weight_of(o)),
+                None => true,
+            };
+            if better {
+                best = id;
+            }
+        }
+        at += 1;
+        if at >= len {
+            at = 0;
+        }
+    }
+    best
 }
 
 /// The backend the VIP's Maglev table assigns to a flow, if it serves the VIP (no connection

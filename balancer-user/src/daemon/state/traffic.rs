@@ -73,7 +73,8 @@ impl Sampled {
 }
 
 impl Daemon {
-    /// Retires removed backends whose grace period is over.
+    /// Retires removed backends whose grace period is over, ages bounded load's averaged
+    /// shares and session persistence's clients placed.
     pub fn tick(&mut self) {
         match self.balancer.expire_retired(Instant::now()) {
             Ok(0) => {}
@@ -82,6 +83,9 @@ impl Daemon {
         }
         if let Err(e) = self.balancer.refresh_bound_shares(Instant::now()) {
             tracing::error!("writing bounded load's averaged weight shares: {e}");
+        }
+        if let Err(e) = self.balancer.age_homes() {
+            tracing::error!("ageing session persistence's clients placed: {e}");
         }
     }
 
