@@ -28,10 +28,11 @@ pub const BACKEND_STATS: &str = "BACKEND_STATS";
 pub const ACTIVE: &str = "ACTIVE";
 /// Active flows per VIP id, like [`ACTIVE`] (the bounded-load reference).
 pub const VIP_ACTIVE: &str = "VIP_ACTIVE";
-/// Clients placed per backend id under session persistence: array of `u64` in
-/// [`crate::schedule::HOME_UNIT`]s, each new client's placement an atomic add of one unit; the
-/// daemon ages the counts (each second by 1/persistence time of them) and zeroes an id given to
-/// a new backend. What spreads a VIP's few heavy clients ([`crate::schedule::spread_over`]).
+/// Session persistence's spreading, per backend id: array of [`Home`], the clients placed on
+/// the backend (each new client's placement an atomic add of one
+/// [`crate::schedule::HOME_UNIT`]; the daemon ages the counts each second by 1/persistence
+/// time of them) and its capacity (written by the daemon); zeroed when an id goes to a new
+/// backend. What spreads a VIP's few heavy clients ([`crate::schedule::spread_over`]).
 pub const HOMES: &str = "HOMES";
 /// Scrapes due by new flows: array by VIP id of `u64` used as a signed counter, the new flows
 /// left before the VIP's next scrape is due. The daemon sets it at each scrape of a VIP whose
@@ -348,6 +349,25 @@ pub struct Backend {
     pub weight: u16,
 }
 const _: () = assert!(core::mem::size_of::<Backend>() == 32);
+
+/// Value of [`HOMES`]: a backend's clients placed lately and its capacity.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Home {
+    /// Clients placed within about the VIP's persistence time, in
+    /// [`crate::schedule::HOME_UNIT`]s (changed by atomic adds and updates only).
+    pub placed: u64,
+    /// What it can serve, in units of 1/[`HOME_CAPACITY_SCALE`] of its VIP's mean backend:
+    /// its configured weight x its KV-cache capacity against the pool's mean (the configured
+    /// weight alone where backends report none). 0: not known yet, read as the scale (a mean
+    /// backend).
+    pub capacity: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<Home>() == 16);
+
+/// [`Home::capacity`] of a backend of its VIP's mean capacity and configured weight 1.
+pub const HOME_CAPACITY_SCALE: u32 = 1000;
 
 /// Key of the session-persistence map: a client of a VIP.
 #[repr(C)]

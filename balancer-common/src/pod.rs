@@ -3,8 +3,8 @@
 
 use crate::latency::{LatencyFlow, LatencyFlowKey, LatencyStats};
 use crate::maps::{
-    Admission, Backend, DecapAddrKey, DecapConfig, FlowBucket, FlowKey, GlobalConfig, NatLinks,
-    NatReplyKey, NatReplyValue, SnatFlowKey, SnatFlowValue, SnatPortValue, SnatSource,
+    Admission, Backend, DecapAddrKey, DecapConfig, FlowBucket, FlowKey, GlobalConfig, Home,
+    NatLinks, NatReplyKey, NatReplyValue, SnatFlowKey, SnatFlowValue, SnatPortValue, SnatSource,
     SourcePrefix, VipKey, VipMeta, VipSlot,
 };
 use crate::stats::{DecapStats, GlobalStats, NatLinkStats, NatStats, TierAdmission, TrafficStats};
@@ -17,6 +17,8 @@ unsafe impl aya::Pod for VipMeta {}
 unsafe impl aya::Pod for Backend {}
 // SAFETY: as above.
 unsafe impl aya::Pod for FlowKey {}
+// SAFETY: as above (`_pad` makes the tail explicit).
+unsafe impl aya::Pod for Home {}
 // SAFETY: as above.
 unsafe impl aya::Pod for FlowBucket {}
 // SAFETY: as above.

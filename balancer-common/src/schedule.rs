@@ -73,52 +73,59 @@ pub const fn over_bound(
 /// counts by fractions of it).
 pub const HOME_UNIT: u64 = 1024;
 
-/// Clients placed are clamped to this many units before multiplying (no overflow).
+/// Clients placed are clamped to this many units, and capacities to [`CAPACITY_CLAMP`],
+/// before multiplying (no overflow: 2^40 x 2^20 x 3 < 2^64).
 const HOMES_CLAMP: u64 = 1 << 40;
+const CAPACITY_CLAMP: u32 = 1 << 20;
 
-/// Session persistence's placement of a new client: whether it goes to the backend homing the
-/// fewest clients per unit of weight (`least_homes` placed, weight `least_weight`) rather than
-/// to the scheduler's pick (`pick_homes`, `pick_weight`) — when the pick, with this client,
-/// would home at least 3/2 the clients per weight that the least would with it. Counts in
-/// [`HOME_UNIT`]s. Where many clients come, the counts follow the weights and the pick stands;
-/// where a few heavy ones do (clients behind a NAT, one address each), they are spread by
-/// weight instead of left to where the hash puts them.
+/// A count of clients placed with the new one, clamped.
 #[inline(always)]
-pub const fn spread_over(
-    pick_homes: u64,
-    pick_weight: u32,
-    least_homes: u64,
-    least_weight: u32,
-) -> bool {
-    let pick = if pick_homes > HOMES_CLAMP {
+const fn with_new(placed: u64) -> u64 {
+    (if placed > HOMES_CLAMP {
         HOMES_CLAMP
     } else {
-        pick_homes
-    } + HOME_UNIT;
-    let least = if least_homes > HOMES_CLAMP {
-        HOMES_CLAMP
-    } else {
-        least_homes
-    } + HOME_UNIT;
-    2 * pick * (least_weight as u64) >= 3 * least * (pick_weight as u64)
+        placed
+    }) + HOME_UNIT
 }
 
-/// Whether backend `a` would home fewer clients per unit of weight than `b` with the new
+/// A capacity clamped (and at least 1).
+#[inline(always)]
+const fn clamped(capacity: u32) -> u64 {
+    (if capacity > CAPACITY_CLAMP {
+        CAPACITY_CLAMP
+    } else if capacity == 0 {
+        1
+    } else {
+        capacity
+    }) as u64
+}
+
+/// Session persistence's placement of a new client: whether it goes to the backend homing the
+/// fewest clients per unit of capacity (`least_placed` clients, capacity `least_capacity`)
+/// rather than to the scheduler's pick (`pick_placed`, `pick_capacity`) — when the pick, with
+/// this client, would home at least 3/2 the clients per unit of capacity that the least would
+/// with it. Counts in [`HOME_UNIT`]s. Where many clients come, the counts follow the
+/// scheduler's weights and the pick mostly stands (the bound keeps the rest off backends the
+/// weights starve); where a few heavy ones do (clients behind a NAT, one address each), they
+/// are spread by capacity instead of left to where the hash and the weights of the moment put
+/// them.
+#[inline(always)]
+pub const fn spread_over(
+    pick_placed: u64,
+    pick_capacity: u32,
+    least_placed: u64,
+    least_capacity: u32,
+) -> bool {
+    2 * with_new(pick_placed) * clamped(least_capacity)
+        >= 3 * with_new(least_placed) * clamped(pick_capacity)
+}
+
+/// Whether backend `a` would home fewer clients per unit of capacity than `b` with the new
 /// client (counts clamped as in [`spread_over`]): an idle small backend is not "less homed"
 /// than a large one with a client already.
 #[inline(always)]
-pub const fn fewer_homes(a_homes: u64, a_weight: u32, b_homes: u64, b_weight: u32) -> bool {
-    let a = if a_homes > HOMES_CLAMP {
-        HOMES_CLAMP
-    } else {
-        a_homes
-    } + HOME_UNIT;
-    let b = if b_homes > HOMES_CLAMP {
-        HOMES_CLAMP
-    } else {
-        b_homes
-    } + HOME_UNIT;
-    a * (b_weight as u64) < b * (a_weight as u64)
+pub const fn fewer_homes(a_placed: u64, a_capacity: u32, b_placed: u64, b_capacity: u32) -> bool {
+    with_new(a_placed) * clamped(b_capacity) < with_new(b_placed) * clamped(a_capacity)
 }
 
 /// Builds the schedule of a pool: `backends` are `(id, weight)` in identity order;
@@ -253,7 +260,7 @@ fn gcd_of(a: u64, b: u64) -> u64 {
 mod tests {
     use super::*;
 
-    /// Places `clients` one after another on backends of `weights`, each first offered to
+    /// Places `clients` one after another on backends of capacities `weights`, each first offered to
     /// `pick(i)`, as the data plane does; returns the clients homed per backend.
     fn place(weights: &[u32], clients: usize, pick: impl Fn(usize) -> usize) -> Vec<u64> {
         let mut homes = vec![0u64; weights.len()];
@@ -278,7 +285,7 @@ mod tests {
     #[test]
     fn a_few_clients_spread_by_weight_whatever_the_hash_picks() {
         // Four clients all hashed to the first large server: two per large server, none on the
-        // small ones (a quarter of the weight each).
+        // small ones (a quarter of the capacity each).
         assert_eq!(place(&[400, 400, 100, 100], 4, |_| 0), [2, 2, 0, 0]);
         // Hashed to a small server: they go to the large ones all the same.
         assert_eq!(place(&[400, 400, 100, 100], 4, |_| 3), [2, 2, 0, 0]);
@@ -288,19 +295,20 @@ mod tests {
 
     #[test]
     fn many_clients_keep_the_schedulers_pick() {
-        // Clients the hash spreads by weight: the counts follow the weights, no client moved
-        // past the first few.
+        // Clients the hash spreads in proportion to the capacities: the counts follow them, no
+        // client moved past the first few.
         let weights = [400, 400, 100, 100];
         let slots: Vec<usize> = (0..10).map(|s| [0, 0, 0, 0, 1, 1, 1, 1, 2, 3][s]).collect();
         let homes = place(&weights, 1000, |i| slots[(i * 7) % 10]);
         assert_eq!(homes, [400, 400, 100, 100]);
-        // The pick stands while it homes under 3/2 the least's clients per weight.
+        // The pick stands while it homes under 3/2 the least's clients per unit of capacity.
         assert!(!spread_over(140 * HOME_UNIT, 1, 99 * HOME_UNIT, 1));
         assert!(spread_over(150 * HOME_UNIT, 1, 99 * HOME_UNIT, 1));
         // The least itself is never a move.
         assert!(!spread_over(0, 5, 0, 5));
         // No overflow at the clamp.
-        assert!(!spread_over(u64::MAX, 65_535, u64::MAX, 65_535));
+        assert!(!spread_over(u64::MAX, u32::MAX, u64::MAX, u32::MAX));
+        assert!(spread_over(u64::MAX, u32::MAX, 0, u32::MAX));
         assert!(fewer_homes(0, 1, u64::MAX, 1));
         // With the new client counted: a large server with one client is less homed than an
         // idle one a quarter its weight.

@@ -397,17 +397,43 @@ fn persistence_over_the_bound_spills_a_flow_and_keeps_the_client_s_backend() {
 #[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
 fn persistence_spreads_a_vip_s_few_clients_that_hash_onto_one_backend() {
     use balancer_common::schedule::HOME_UNIT;
-    let mut h = harness(&config(&[
-        ("sh", "source-hash", [1, 1, 1], Extra::None),
-        (
-            "sticky",
+    let mut config = harness_settings(65_536);
+    let backends = [(B1, 1), (B2, 1), (B3, 1)];
+    let sticky = |name: &str, i: usize, bound: Option<f64>| {
+        let mut v = scheduled_vip(
+            name,
+            vip_addr(i),
             "source-hash",
-            [1, 1, 1],
+            &backends,
             Extra::PersistenceSecs(60),
-        ),
-    ]));
-    // Six clients that source hash puts on one backend (the two VIPs' tables are the same:
-    // same backends, weights and size), as a NAT's few addresses may land.
+        );
+        v.max_load_factor = bound;
+        v
+    };
+    config.vip = vec![
+        scheduled_vip("sh", vip_addr(0), "source-hash", &backends, Extra::None),
+        sticky("sticky", 1, Some(1.25)),
+        sticky("sticky-unbounded", 2, None),
+    ];
+    let mut h = harness(&to_toml(&config));
+    // A flow that went to `backend` ends (the bound judges active flows: these tests place
+    // clients, not load).
+    let end = |h: &mut Harness, i: usize, client: IpAddr, sport: u16, backend: IpAddr| {
+        let (action, out) = h
+            .run(&tcp_flags_frame(
+                client,
+                sport,
+                vip_addr(i),
+                80,
+                true,
+                false,
+            ))
+            .unwrap();
+        assert_eq!(action_name(action), "XDP_TX");
+        assert_eq!(backend_of_output(&out, &[backend]), Some(backend));
+    };
+    // Six clients that source hash puts on one backend (the VIPs' tables are the same: same
+    // backends, weights and size), as a NAT's few addresses may land.
     let mut piled = Vec::new();
     let mut on = None;
     for i in 1..=250 {
@@ -422,8 +448,14 @@ fn persistence_spreads_a_vip_s_few_clients_that_hash_onto_one_backend() {
         }
     }
     assert_eq!(piled.len(), 6, "six clients hashed onto one backend");
-    // Under persistence they are spread two per backend, and each keeps its backend.
-    let homes: Vec<IpAddr> = piled.iter().map(|c| syn(&mut h, 1, *c, 1000)).collect();
+    // Under persistence with bounded load they are spread two per backend (capacities not
+    // written yet: read as equal), and each keeps its backend.
+    let mut homes = Vec::new();
+    for c in &piled {
+        let home = syn(&mut h, 1, *c, 1000);
+        end(&mut h, 1, *c, 1000, home);
+        homes.push(home);
+    }
     assert_eq!(
         counts(&homes).values().copied().collect::<Vec<_>>(),
         [2, 2, 2],
@@ -432,19 +464,21 @@ fn persistence_spreads_a_vip_s_few_clients_that_hash_onto_one_backend() {
     for (c, home) in piled.iter().zip(&homes) {
         for p in 1..4 {
             assert_eq!(syn(&mut h, 1, *c, 1000 + p), *home, "client {c}");
+            end(&mut h, 1, *c, 1000 + p, *home);
         }
     }
     assert_eq!(persistence_choices(&h), [18, 0, 0, 6]);
     // Counted where they landed: two clients' worth per backend.
-    let ids: Vec<u32> = h
-        .balancer
-        .vip("sticky")
-        .unwrap()
-        .backends
-        .values()
-        .map(|b| b.id)
-        .collect();
-    let placed = h.balancer.dataplane().homes(&ids).unwrap();
+    let ids = |h: &Harness, name: &str| -> Vec<u32> {
+        h.balancer
+            .vip(name)
+            .unwrap()
+            .backends
+            .values()
+            .map(|b| b.id)
+            .collect()
+    };
+    let placed = h.balancer.dataplane().homes(&ids(&h, "sticky")).unwrap();
     assert_eq!(
         placed.values().copied().collect::<Vec<_>>(),
         [2 * HOME_UNIT; 3],
@@ -452,12 +486,16 @@ fn persistence_spreads_a_vip_s_few_clients_that_hash_onto_one_backend() {
     );
     // The daemon's ageing once a second: a 60 s persistence takes 1/60 of each count.
     h.balancer.age_homes().unwrap();
-    let aged = h.balancer.dataplane().homes(&ids).unwrap();
+    let aged = h.balancer.dataplane().homes(&ids(&h, "sticky")).unwrap();
     assert!(
         aged.values()
             .all(|n| *n == 2 * HOME_UNIT - (2 * HOME_UNIT).div_ceil(60)),
         "{aged:?}"
     );
+    // Without a bound nothing says which backend has room: the hash's pick stands.
+    for c in &piled {
+        assert_eq!(syn(&mut h, 2, *c, 1000), on.unwrap(), "client {c}");
+    }
 }
 
 #[test]

@@ -1,14 +1,21 @@
 //! Session persistence's count of the clients placed on each backend (what spreads a VIP's few
 //! heavy clients by weight, see `balancer_common::schedule::spread_over`): the data plane adds
 //! one at each new client's placement; the daemon ages the counts once a second, so that they
-//! count the clients placed within about the VIP's persistence time.
+//! count the clients placed within about the VIP's persistence time; and each backend's
+//! capacity, which the clients are spread by, written from the VIP's weight rounds.
+
+use std::net::IpAddr;
+
+use balancer_common::maps::HOME_CAPACITY_SCALE;
 
 use super::{Balancer, BalancerError, Endpoint};
 use crate::dataplane::Dataplane;
+use crate::policy::PolicyKind;
 
 impl<D: Dataplane> Balancer<D> {
     /// Once a second: each persistent VIP's backends' counts lose 1/persistence time (in
-    /// seconds) of themselves. Returns the VIPs aged.
+    /// seconds) of themselves; a VIP with a static policy (no weight rounds) has its configured
+    /// weights written as the capacities. Returns the VIPs aged.
     pub fn age_homes(&mut self) -> Result<usize, BalancerError> {
         let persistent: Vec<Endpoint> = self
             .vips
@@ -21,7 +28,43 @@ impl<D: Dataplane> Balancer<D> {
             let ids: Vec<u32> = state.backends.values().map(|b| b.id).collect();
             let divisor = state.config.persistence.as_secs().max(1);
             self.dataplane.age_homes(&ids, divisor)?;
+            if state.config.policy.kind == PolicyKind::Static {
+                // No weight rounds: the configured weights are the capacities.
+                let configured: Vec<(IpAddr, f64)> = state
+                    .backends
+                    .values()
+                    .map(|b| (b.address, f64::from(b.weight)))
+                    .collect();
+                self.set_home_capacities(vip, &configured)?;
+            }
         }
         Ok(persistent.len())
+    }
+
+    /// Writes the capacities of `vip`'s backends (relative: 1.0 is a mean backend of weight 1,
+    /// see `policy::capacities`) for session persistence's spreading; nothing for a VIP
+    /// without persistence or for addresses that are not its backends. Returns the entries
+    /// written.
+    pub fn set_home_capacities(
+        &mut self,
+        vip: &Endpoint,
+        capacities: &[(IpAddr, f64)],
+    ) -> Result<usize, BalancerError> {
+        let Some(state) = self.vips.get(vip) else {
+            return Ok(0);
+        };
+        if state.config.persistence.is_zero() {
+            return Ok(0);
+        }
+        let entries: Vec<(u32, u32)> = capacities
+            .iter()
+            .filter_map(|(address, capacity)| {
+                let id = state.backends.get(address)?.id;
+                let scaled = (capacity * f64::from(HOME_CAPACITY_SCALE)).round();
+                Some((id, scaled.clamp(1.0, f64::from(u32::MAX)) as u32))
+            })
+            .collect();
+        self.dataplane.set_home_capacities(&entries)?;
+        Ok(entries.len())
     }
 }

@@ -716,15 +716,35 @@ fn clients_placed_age_over_the_persistence_time_and_go_with_their_id() {
     assert_eq!(lb.age_homes().unwrap(), 1);
     assert_eq!(lb.dataplane().homes[&ids[0]], 2 * HOME_UNIT * 3 / 4);
     assert_eq!(lb.dataplane().homes[&dns_id], 2 * HOME_UNIT);
+    // Its static policy has no weight rounds: the configured weights (1 and 3) are the
+    // capacities.
+    let capacity = |lb: &Balancer<MemoryDataplane>, id: u32| lb.dataplane.home_capacities[&id];
+    assert_eq!((capacity(&lb, ids[0]), capacity(&lb, ids[1])), (1000, 3000));
+    // A weight round's capacities replace them; a VIP without persistence takes none.
+    let (a, b): (IpAddr, IpAddr) = ("10.0.0.11".parse().unwrap(), "10.0.0.12".parse().unwrap());
+    let stranger: IpAddr = "10.9.9.9".parse().unwrap();
+    let web = cfg.vips[0].endpoint();
+    assert_eq!(
+        lb.set_home_capacities(&web, &[(a, 1.6), (b, 0.4), (stranger, 1.0)])
+            .unwrap(),
+        2
+    );
+    assert_eq!((capacity(&lb, ids[0]), capacity(&lb, ids[1])), (1600, 400));
+    assert_eq!(
+        lb.set_home_capacities(&cfg.vips[1].endpoint(), &[(a, 1.0)])
+            .unwrap(),
+        0
+    );
     // Rounded up: the counts reach 0 (not stuck below the divisor).
     for _ in 0..200 {
         lb.age_homes().unwrap();
     }
     assert_eq!(lb.dataplane().homes(&ids).unwrap(), HashMap::new());
-    // An id given to a new backend starts with none.
+    // An id given to a new backend starts with none, and no capacity.
     lb.dataplane.homes.insert(ids[0], HOME_UNIT);
     lb.dataplane.reset_active(ids[0]).unwrap();
     assert!(!lb.dataplane().homes.contains_key(&ids[0]));
+    assert!(!lb.dataplane().home_capacities.contains_key(&ids[0]));
 }
 
 #[test]

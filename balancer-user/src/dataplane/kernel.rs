@@ -43,7 +43,7 @@ pub struct KernelDataplane {
     active: Array<MapData, u64>,
     /// The clients placed per backend, mapped (`None` in an object built before the count: a
     /// benchmark's baseline).
-    homes: Option<sys::SharedCounters>,
+    homes: Option<sys::SharedHomes>,
     tier_v4: LpmTrie<MapData, u32, u8>,
     tier_v6: LpmTrie<MapData, [u32; 4], u8>,
     tier_dscp: Array<MapData, u8>,
@@ -284,9 +284,9 @@ impl KernelDataplane {
             flows_view: OnceLock::new(),
             active_view: OnceLock::new(),
             active: take(ebpf, names::ACTIVE)?,
-            homes: take_optional::<Array<MapData, u64>>(ebpf, names::HOMES)?
+            homes: take_optional::<Array<MapData, names::Home>>(ebpf, names::HOMES)?
                 .map(|homes| {
-                    sys::SharedCounters::map(homes.map().fd().as_fd(), names::MAX_BACKENDS as usize)
+                    sys::SharedHomes::map(homes.map().fd().as_fd(), names::MAX_BACKENDS as usize)
                         .map_err(|e| {
                             DataplaneError::VipIndex(format!("mapping the clients placed: {e}"))
                         })
@@ -643,7 +643,7 @@ impl Dataplane for KernelDataplane {
         Ok(ids
             .iter()
             .filter(|id| (**id as usize) < homes.len())
-            .map(|id| (*id, homes.load(*id as usize)))
+            .map(|id| (*id, homes.placed(*id as usize)))
             .filter(|(_, n)| *n > 0)
             .collect())
     }
@@ -653,7 +653,26 @@ impl Dataplane for KernelDataplane {
             return Ok(());
         };
         for id in ids.iter().filter(|id| (**id as usize) < homes.len()) {
-            homes.update(*id as usize, |n| super::aged_homes(n, divisor));
+            homes.update_placed(*id as usize, |n| super::aged_homes(n, divisor));
+        }
+        Ok(())
+    }
+
+    fn set_home_capacities(&mut self, capacities: &[(u32, u32)]) -> Result<(), DataplaneError> {
+        let Some(homes) = &self.homes else {
+            return Ok(());
+        };
+        for (id, capacity) in capacities {
+            let i = *id as usize;
+            if i >= homes.len() {
+                return Err(DataplaneError::Full {
+                    map: names::HOMES,
+                    capacity: homes.len() as u32,
+                });
+            }
+            if homes.capacity(i) != *capacity {
+                homes.set_capacity(i, *capacity);
+            }
         }
         Ok(())
     }

@@ -35,6 +35,8 @@ pub struct MemoryDataplane {
     /// Clients placed per backend id under session persistence, in `HOME_UNIT`s (tests add
     /// them as the data plane would).
     pub homes: HashMap<u32, u64>,
+    /// Capacities per backend id for that spreading.
+    pub home_capacities: HashMap<u32, u32>,
     /// Tier classification: prefixes and DSCP values.
     pub tier_prefixes: Vec<(std::net::IpAddr, u8, u8)>,
     pub tier_dscp: Vec<u8>,
@@ -157,6 +159,7 @@ impl Dataplane for MemoryDataplane {
     fn reset_active(&mut self, id: u32) -> Result<(), DataplaneError> {
         self.active.remove(&id);
         self.homes.remove(&id);
+        self.home_capacities.remove(&id);
         Ok(())
     }
 
@@ -173,6 +176,19 @@ impl Dataplane for MemoryDataplane {
             if let Some(n) = self.homes.get_mut(id) {
                 *n = super::aged_homes(*n, divisor);
             }
+        }
+        Ok(())
+    }
+
+    fn set_home_capacities(&mut self, capacities: &[(u32, u32)]) -> Result<(), DataplaneError> {
+        for (id, capacity) in capacities {
+            if *id >= MAX_BACKENDS {
+                return Err(DataplaneError::Full {
+                    map: "HOMES",
+                    capacity: MAX_BACKENDS,
+                });
+            }
+            self.home_capacities.insert(*id, *capacity);
         }
         Ok(())
     }

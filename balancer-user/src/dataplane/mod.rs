@@ -108,8 +108,8 @@ pub trait Dataplane {
         prefixes: &[(std::net::IpAddr, u8, u8)],
         dscp: &[u8; 64],
     ) -> Result<(), DataplaneError>;
-    /// Zeroes a backend id's active-flow count and its clients placed (before the id goes to
-    /// a new backend).
+    /// Zeroes a backend id's active-flow count and its clients placed and capacity (before
+    /// the id goes to a new backend).
     fn reset_active(&mut self, id: u32) -> Result<(), DataplaneError>;
     /// Clients placed lately on each backend id of `ids` under session persistence, in
     /// `HOME_UNIT`s (ids with none are left out; none at all in an object built before the
@@ -119,6 +119,9 @@ pub trait Dataplane {
     /// itself, rounded up (so it reaches 0), in one atomic step against the data plane's
     /// adds.
     fn age_homes(&mut self, ids: &[u32], divisor: u64) -> Result<(), DataplaneError>;
+    /// Writes each `(backend id, capacity)`'s capacity for session persistence's spreading
+    /// (`Home::capacity`).
+    fn set_home_capacities(&mut self, capacities: &[(u32, u32)]) -> Result<(), DataplaneError>;
     /// Active flows of each backend id in `ids` (ids with none are left out). Only the ids
     /// asked for are read: a policy round wants its VIP's few backends, not every slot.
     fn active_flows(
@@ -245,6 +248,9 @@ impl<T: Dataplane + ?Sized> Dataplane for Box<T> {
     }
     fn age_homes(&mut self, ids: &[u32], divisor: u64) -> Result<(), DataplaneError> {
         (**self).age_homes(ids, divisor)
+    }
+    fn set_home_capacities(&mut self, capacities: &[(u32, u32)]) -> Result<(), DataplaneError> {
+        (**self).set_home_capacities(capacities)
     }
     fn flow_counter(&self) -> Result<FlowCounter, DataplaneError> {
         (**self).flow_counter()

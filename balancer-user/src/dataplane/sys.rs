@@ -5,6 +5,8 @@
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
+use balancer_common::maps::Home;
+
 const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_GET_FD_BY_ID: libc::c_long = 14;
@@ -266,45 +268,66 @@ impl<T: Copy> Drop for SharedMapping<T> {
     }
 }
 
-/// Counters of a memory-mappable `u64` array the data plane adds to atomically, read and
-/// changed in place with atomic operations.
-pub struct SharedCounters(SharedMapping<u64>);
+/// Session persistence's [`Home`] per backend id, mapped: the clients placed, which the data
+/// plane adds to atomically, read and aged in place with atomic operations; the capacities,
+/// written whole.
+pub struct SharedHomes(SharedMapping<Home>);
 
-impl SharedCounters {
-    /// Maps `count` counters of the BPF_F_MMAPABLE array `map` (the mapping outlives the
+impl SharedHomes {
+    /// Maps `count` entries of the BPF_F_MMAPABLE array `map` (the mapping outlives the
     /// descriptor).
-    pub fn map(map: BorrowedFd<'_>, count: usize) -> io::Result<SharedCounters> {
-        SharedMapping::map(map, count, libc::PROT_READ | libc::PROT_WRITE).map(SharedCounters)
+    pub fn map(map: BorrowedFd<'_>, count: usize) -> io::Result<SharedHomes> {
+        SharedMapping::map(map, count, libc::PROT_READ | libc::PROT_WRITE).map(SharedHomes)
     }
 
     pub fn len(&self) -> usize {
         self.0.count
     }
 
-    fn counter(&self, i: usize) -> &std::sync::atomic::AtomicU64 {
-        // SAFETY: value `i` of the mapping (`slot` checks the index), 8-byte aligned (values
-        // 8 bytes apart from a page boundary), changed by the kernel with atomic adds only.
-        unsafe { std::sync::atomic::AtomicU64::from_ptr(self.0.slot(i)) }
+    fn placed_counter(&self, i: usize) -> &std::sync::atomic::AtomicU64 {
+        // SAFETY: entry `i` of the mapping (`slot` checks the index); `placed` is its first
+        // field, 8-byte aligned (entries 16 bytes apart from a page boundary), changed by the
+        // kernel with atomic adds only.
+        unsafe { std::sync::atomic::AtomicU64::from_ptr(&raw mut (*self.0.slot(i)).placed) }
     }
 
-    /// Counter `i`.
-    pub fn load(&self, i: usize) -> u64 {
-        self.counter(i).load(std::sync::atomic::Ordering::Relaxed)
+    fn capacity_slot(&self, i: usize) -> &std::sync::atomic::AtomicU32 {
+        // SAFETY: as above; `capacity` is 4-byte aligned.
+        unsafe { std::sync::atomic::AtomicU32::from_ptr(&raw mut (*self.0.slot(i)).capacity) }
     }
 
-    /// Replaces counter `i` with `f` of it, atomically against the data plane's adds.
-    pub fn update(&self, i: usize, f: impl Fn(u64) -> u64) {
-        let _ = self.counter(i).fetch_update(
+    /// Entry `i`'s clients placed.
+    pub fn placed(&self, i: usize) -> u64 {
+        self.placed_counter(i)
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Replaces entry `i`'s clients placed with `f` of them, atomically against the data
+    /// plane's adds.
+    pub fn update_placed(&self, i: usize, f: impl Fn(u64) -> u64) {
+        let _ = self.placed_counter(i).fetch_update(
             std::sync::atomic::Ordering::Relaxed,
             std::sync::atomic::Ordering::Relaxed,
             |v| Some(f(v)),
         );
     }
 
-    /// Zeroes counter `i`.
+    /// Entry `i`'s capacity.
+    pub fn capacity(&self, i: usize) -> u32 {
+        self.capacity_slot(i)
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn set_capacity(&self, i: usize, capacity: u32) {
+        self.capacity_slot(i)
+            .store(capacity, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Zeroes entry `i` (an id going to a new backend).
     pub fn clear(&self, i: usize) {
-        self.counter(i)
+        self.placed_counter(i)
             .store(0, std::sync::atomic::Ordering::Relaxed);
+        self.set_capacity(i, 0);
     }
 }
 

@@ -307,13 +307,7 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
     let signals = |i: &Input| i.signals.clone().unwrap_or_default();
 
     // Pool-wide references.
-    let capacities: Vec<f64> = inputs
-        .iter()
-        .filter_map(|i| i.signals.as_ref()?.kv_capacity_tokens)
-        .filter(|c| *c > 0.0)
-        .collect();
-    let mean_capacity =
-        (!capacities.is_empty()).then(|| capacities.iter().sum::<f64>() / capacities.len() as f64);
+    let mean_capacity = mean_kv_capacity(inputs);
     let max_flows = inputs.iter().map(|i| i.flows).max().unwrap_or(0).max(1) as f64;
     let max_ttft = inputs
         .iter()
@@ -465,16 +459,7 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
         // Sending new flows nowhere is worse than queueing them: each backend with fresh
         // reports takes a share by its capacity (configured weight x KV capacity against the
         // pool's mean), so the bigger GPUs still take more.
-        let capacity = |i: &Input| {
-            f64::from(i.configured)
-                * match (
-                    i.signals.as_ref().and_then(|s| s.kv_capacity_tokens),
-                    mean_capacity,
-                ) {
-                    (Some(c), Some(m)) if c > 0.0 => c / m,
-                    _ => 1.0,
-                }
-        };
+        let capacity = |i: &Input| capacity_of(i, mean_capacity);
         let usable = |i: &Input| i.configured > 0 && (fresh(i) || !cfg.kind.needs_reports());
         let top = inputs
             .iter()
@@ -750,6 +735,40 @@ fn score(
             )
         }
     }
+}
+
+/// The pool's mean KV-cache capacity in tokens, over the backends that report one.
+fn mean_kv_capacity(inputs: &[Input]) -> Option<f64> {
+    let capacities: Vec<f64> = inputs
+        .iter()
+        .filter_map(|i| i.signals.as_ref()?.kv_capacity_tokens)
+        .filter(|c| *c > 0.0)
+        .collect();
+    (!capacities.is_empty()).then(|| capacities.iter().sum::<f64>() / capacities.len() as f64)
+}
+
+/// A backend's capacity: its configured weight x its KV-cache capacity against the pool's
+/// mean (the configured weight alone without one).
+fn capacity_of(i: &Input, mean_capacity: Option<f64>) -> f64 {
+    f64::from(i.configured)
+        * match (
+            i.signals.as_ref().and_then(|s| s.kv_capacity_tokens),
+            mean_capacity,
+        ) {
+            (Some(c), Some(m)) if c > 0.0 => c / m,
+            _ => 1.0,
+        }
+}
+
+/// Each backend's capacity (see [`capacity_of`]), in the inputs' order: what session
+/// persistence spreads a VIP's few heavy clients by. Unlike the weights, which follow the
+/// load of the moment, it changes only with the configuration and the reported KV capacity.
+pub fn capacities(inputs: &[Input]) -> Vec<(IpAddr, f64)> {
+    let mean = mean_kv_capacity(inputs);
+    inputs
+        .iter()
+        .map(|i| (i.address, capacity_of(i, mean)))
+        .collect()
 }
 
 #[cfg(test)]

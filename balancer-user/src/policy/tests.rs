@@ -639,3 +639,30 @@ fn a_pool_is_saturated_only_when_every_eligible_backend_is() {
     );
     assert!(!pool_saturated(&d, |_| false), "no eligible backend");
 }
+
+#[test]
+fn capacities_are_configured_weight_times_kv_capacity_against_the_mean() {
+    let kv = |capacity: f64| Signals {
+        kv_capacity_tokens: Some(capacity),
+        ..Signals::default()
+    };
+    // 2 large + 2 small GPUs: 65,536 and 16,384 tokens against a mean of 40,960.
+    let mut inputs = vec![
+        input(1, kv(65_536.0)),
+        input(2, kv(65_536.0)),
+        input(3, kv(16_384.0)),
+        input(4, kv(16_384.0)),
+    ];
+    inputs[1].configured = 2;
+    let c: Vec<f64> = capacities(&inputs).iter().map(|(_, c)| *c).collect();
+    assert_eq!(c, [1.6, 3.2, 0.4, 0.4]);
+    // However loaded they are: the weights follow the load, the capacities do not.
+    inputs[0].signals.as_mut().unwrap().waiting = Some(50.0);
+    assert_eq!(capacities(&inputs)[0].1, 1.6);
+    // No KV capacity reported: the configured weights.
+    for i in &mut inputs {
+        i.signals = None;
+    }
+    let c: Vec<f64> = capacities(&inputs).iter().map(|(_, c)| *c).collect();
+    assert_eq!(c, [1.0, 2.0, 1.0, 1.0]);
+}

@@ -11,7 +11,9 @@ use super::store::TelemetryStore;
 use crate::balancer::{ApplyReport, Balancer, BalancerError};
 use crate::config::VipConfig;
 use crate::dataplane::Dataplane;
-use crate::policy::{Decision, FlowsSince, Input, PolicyKind, PolicyState, decide, pool_saturated};
+use crate::policy::{
+    Decision, FlowsSince, Input, PolicyKind, PolicyState, capacities, decide, pool_saturated,
+};
 
 /// What a round decided and what publishing it did.
 #[derive(Debug, Default)]
@@ -77,6 +79,9 @@ pub fn weight_round<D: Dataplane>(
         .map(|d| (d.address, d.returning_elsewhere))
         .collect();
     balancer.set_returning_elsewhere(&endpoint, &returning)?;
+    if !vip.persistence.is_zero() {
+        balancer.set_home_capacities(&endpoint, &capacities(&inputs))?;
+    }
     if vip.admission.is_some() {
         let saturated = pool_saturated(&decisions, |a| eligible.contains(&a));
         balancer.set_saturated(&endpoint, saturated)?;

@@ -9,7 +9,7 @@ use balancer_common::{
     addr::RawAddr,
     maps::{
         ADMISSION_TIERS, Admission, AffinityKey, AffinityValue, BPF_F_MMAPABLE, Backend,
-        DEFAULT_AFFINITY_ENTRIES, DEFAULT_FLOW_BUCKETS, FlowBucket, GlobalConfig,
+        DEFAULT_AFFINITY_ENTRIES, DEFAULT_FLOW_BUCKETS, FlowBucket, GlobalConfig, Home,
         MAGLEV_TABLE_FLAGS, MAX_BACKENDS, MAX_TABLE_ENTRIES, MAX_TIER_PREFIXES, MAX_VIPS, NatLinks,
         NatReplyKey, NatReplyValue, SCRAPE_EVENTS_BYTES, SnatFlowKey, SnatFlowValue, SnatPortValue,
         SnatSource, SourcePrefix, VIP_INDEX_FLAGS, VIP_INDEX_SLOTS, VipSlot,
@@ -68,10 +68,11 @@ pub static BACKEND_STATS: PerCpuArray<TrafficStats, { MAX_BACKENDS as usize }> =
 pub static ACTIVE: Array<u64, { MAX_BACKENDS as usize }, { BPF_F_MMAPABLE as usize }> =
     Array::new();
 
-/// Clients placed per backend id under session persistence, in `HOME_UNIT`s (atomic adds; the
-/// daemon ages them).
+/// Clients placed per backend id under session persistence and its capacity (`Home`; the
+/// placed count by atomic adds, aged by the daemon; the capacity written by the daemon).
 #[btf_map]
-pub static HOMES: Array<u64, { MAX_BACKENDS as usize }, { BPF_F_MMAPABLE as usize }> = Array::new();
+pub static HOMES: Array<Home, { MAX_BACKENDS as usize }, { BPF_F_MMAPABLE as usize }> =
+    Array::new();
 
 /// Active flows per VIP id (atomic adds; read as signed).
 #[btf_map]

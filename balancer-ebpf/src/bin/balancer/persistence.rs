@@ -1,8 +1,8 @@
 //! Session persistence: a client's new flows go to the backend its last flow had, while the
 //! VIP's persistence time has not run out since and that backend may take it; otherwise the
-//! VIP's scheduler picks — or, where that would pile the VIP's few clients onto one backend,
-//! the backend homing the fewest per unit of weight (`balancer_spread`) — and the pick is
-//! remembered. With a source prefix (tenant affinity)
+//! VIP's scheduler picks — or, under bounded load, where that would pile the VIP's few
+//! clients onto one backend, the backend homing the fewest per unit of capacity
+//! (`balancer_spread`) — and the pick is remembered. With a source prefix (tenant affinity)
 //! "a client" is every address of its network: source hash and persistence key on the
 //! prefix.
 
@@ -68,10 +68,15 @@ pub extern "C" fn balancer_pick(vip: u64, opts: u64, src_lo: u64, src_hi: u64) -
         }
     }
     count_choice(Counter::PersistencePlaced);
-    // A new client: where the scheduler puts it, unless that would pile the VIP's few clients
-    // onto one backend (see `balancer_spread`); counted where it lands.
+    // A new client: where the scheduler puts it, unless under bounded load that would pile
+    // the VIP's few clients onto one backend (see `balancer_spread`; without a bound nothing
+    // says which backend has room, and the pick stands); counted where it lands.
     let pick = scheduled(vip, opts, &src, sport);
-    let id = balancer_spread(vip, opts, pick, balancer_least_homed(vip));
+    let id = if meta.load_bound != 0 {
+        balancer_spread(vip, opts, pick, balancer_least_homed(vip))
+    } else {
+        pick
+    };
     if let Some(b) = BACKENDS.get(id) {
         add_home(id);
         let value = AffinityValue {

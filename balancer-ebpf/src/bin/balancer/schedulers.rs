@@ -26,7 +26,7 @@ use crate::{
     active::{backend_active, vip_active},
     backends::{Pick, bound_share_of, serves, serving, valid_id, weight_of},
     clock::random,
-    homes::homes_of,
+    homes::home_of,
     maps::{BACKENDS, MAGLEV, RR_CURSOR},
 };
 
@@ -36,8 +36,8 @@ pub type Table = Array<u32, { MAX_TABLE_ENTRIES as usize }, { MAGLEV_TABLE_FLAGS
 /// Most backends least-conn compares per new flow (from a rotating start, so larger pools are
 /// sampled fairly).
 const LEAST_CONN_SCAN: u32 = 256;
-/// Most backends session persistence's spreading compares per new client (lists longer than
-/// this are compared in a window from a random start): each compared backend costs the verifier a pass over the
+/// Most backends session persistence's spreading compares per new client (from a random
+/// start): each compared backend costs the verifier a pass over the
 /// loop's body, within the whole program's budget of a million instructions.
 const SPREAD_SCAN: u32 = 16;
 /// Most table slots a bounded-load hash probes past a full backend.
@@ -374,10 +374,10 @@ fn least_conn(vip: &Pool, table: &Table) -> Pick {
     Pick::candidate(vip.vip_id, best_id)
 }
 
-/// Session persistence's placement of a new client: the scheduler's `pick`, or `best`, the
-/// listed backend that would home the fewest clients per unit of weight with it
-/// ([`balancer_least_homed`]), when the pick would home at least 3/2 as many (`spread_over`)
-/// and `best` has room under bounded load.
+/// Session persistence's placement of a new client under bounded load: the scheduler's
+/// `pick`, or `best`, the listed backend that would home the fewest clients per unit of
+/// capacity with it ([`balancer_least_homed`]), when the pick would home at least 3/2 as many
+/// (`spread_over`) and `best` has room under the bound.
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn balancer_spread(vip: u64, opts: u64, pick: u32, best: u32) -> u32 {
@@ -388,8 +388,10 @@ pub extern "C" fn balancer_spread(vip: u64, opts: u64, pick: u32, best: u32) -> 
     let (Some(p), Some(b)) = (BACKENDS.get(pick), BACKENDS.get(best)) else {
         return pick;
     };
+    let (pick_placed, pick_capacity) = home_of(pick);
+    let (best_placed, best_capacity) = home_of(best);
     if serves(p, meta.vip_id)
-        && spread_over(homes_of(pick), weight_of(p), homes_of(best), weight_of(b))
+        && spread_over(pick_placed, pick_capacity, best_placed, best_capacity)
         // Bounded load has the last word: a least homed backend without room leaves the pick.
         && !full(&meta, best, b)
     {
@@ -400,7 +402,7 @@ pub extern "C" fn balancer_spread(vip: u64, opts: u64, pick: u32, best: u32) -> 
 }
 
 /// The listed backend of pool `vip` (packed) that would home the fewest clients per unit of
-/// weight with a new one (`NO_BACKEND` if none), for [`balancer_spread`]. A function of its
+/// capacity with a new one (`NO_BACKEND` if none), for [`balancer_spread`]. A function of its
 /// own, with one argument, and the best so far read again for each comparison rather than
 /// carried: the loop keeps few values, so its stack frame stays small (it sits on top of
 /// persistence's and the packet path's, within the kernel's 512 bytes).
@@ -412,15 +414,13 @@ pub extern "C" fn balancer_least_homed(vip: u64) -> u32 {
         return NO_BACKEND;
     };
     let len = header(&meta, table, 0);
-    let (start, scan) = if len <= SPREAD_SCAN {
-        (0, len)
-    } else {
-        (below(random(), len), SPREAD_SCAN)
-    };
+    // From a random start: ties go to any of the least homed, and a longer list is sampled
+    // fairly. (An unknown start also keeps the verifier's states few: each pass over the loop
+    // looks alike to it, where counting from 0 gives it a state per position.)
+    let mut at = below(random(), len);
     let list = meta.base + meta.table_size + HEADER;
     let mut best = NO_BACKEND;
-    let mut at = start;
-    let mut left = scan;
+    let mut left = if len < SPREAD_SCAN { len } else { SPREAD_SCAN };
     while left > 0 {
         left -= 1;
         let id = match table.get(list + at) {
@@ -431,9 +431,12 @@ pub extern "C" fn balancer_least_homed(vip: u64) -> u32 {
             && serves(b, meta.vip_id)
             && b.weight != 0
         {
-            let better = match BACKENDS.get(best) {
-                Some(o) => fewer_homes(homes_of(id), weight_of(b), homes_of(best), weight_of(o)),
-                None => true,
+            let better = if valid_id(best) {
+                let (placed, capacity) = home_of(id);
+                let (best_placed, best_capacity) = home_of(best);
+                fewer_homes(placed, capacity, best_placed, best_capacity)
+            } else {
+                true
             };
             if better {
                 best = id;
@@ -441,7 +444,7 @@ pub extern "C" fn balancer_least_homed(vip: u64) -> u32 {
         }
         at += 1;
         if at >= len {
-            at = 0;
+            at -= len;
         }
     }
     best
