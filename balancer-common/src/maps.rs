@@ -688,7 +688,7 @@ const _: () = assert!(core::mem::size_of::<DecapAddrKey>() == 20);
 
 /// Identifies the layout of the pinned maps: a daemon adopts pinned maps only when their
 /// layout is its own. The top byte is bumped by hand when a meaning changes without a size.
-pub const LAYOUT: u64 = (5 << 56)
+pub const LAYOUT: u64 = (6 << 56)
     | (core::mem::size_of::<VipSlot>() as u64) << 40
     | (core::mem::size_of::<Backend>() as u64) << 32
     | (core::mem::size_of::<FlowBucket>() as u64) << 24

@@ -62,6 +62,22 @@ fn syn(h: &mut Harness, i: usize, client: IpAddr, sport: u16) -> IpAddr {
     backend_of_output(&out, &[ip(B1), ip(B2), ip(B3)]).expect("output to a known backend")
 }
 
+/// Ends the flow from `client`:`sport` to VIP `i` (a FIN), which must go to `backend`.
+fn end_flow(h: &mut Harness, i: usize, client: IpAddr, sport: u16, backend: IpAddr) {
+    let (action, out) = h
+        .run(&tcp_flags_frame(
+            client,
+            sport,
+            vip_addr(i),
+            80,
+            true,
+            false,
+        ))
+        .unwrap();
+    assert_eq!(action_name(action), "XDP_TX");
+    assert_eq!(backend_of_output(&out, &[backend]), Some(backend));
+}
+
 /// Session persistence's outcome counters: returned, over the bound, sent elsewhere, placed.
 fn persistence_choices(h: &Harness) -> [u64; 4] {
     let g = h.balancer.global_stats().unwrap();
@@ -350,20 +366,6 @@ fn persistence_over_the_bound_spills_a_flow_and_keeps_the_client_s_backend() {
     vip.max_load_factor = Some(1.25);
     config.vip = vec![vip];
     let mut h = harness(&to_toml(&config));
-    let end = |h: &mut Harness, client: IpAddr, sport: u16, backend: IpAddr| {
-        let (action, out) = h
-            .run(&tcp_flags_frame(
-                client,
-                sport,
-                vip_addr(0),
-                80,
-                true,
-                false,
-            ))
-            .unwrap();
-        assert_eq!(action_name(action), "XDP_TX");
-        assert_eq!(backend_of_output(&out, &[backend]), Some(backend));
-    };
     // Several clients in turn, each alone on the VIP (so a lucky hash cannot pass the test).
     for c in 1..=4 {
         let client = ip(&format!("10.9.9.{c}"));
@@ -376,11 +378,11 @@ fn persistence_over_the_bound_spills_a_flow_and_keeps_the_client_s_backend() {
         );
         // Its backend has room again: the client's flows return to it, not to where the
         // excess went.
-        end(&mut h, client, 1000, home);
+        end_flow(&mut h, 0, client, 1000, home);
         assert_eq!(syn(&mut h, 0, client, 1002), home, "client {client}");
         assert_eq!(syn(&mut h, 0, client, 1003), home, "client {client}");
         for (sport, backend) in [(1001, spilled), (1002, home), (1003, home)] {
-            end(&mut h, client, sport, backend);
+            end_flow(&mut h, 0, client, sport, backend);
         }
         assert!(active(&h).values().all(|n| *n == 0), "{:?}", active(&h));
         // Each client: placed once, one flow over the bound, two returned.
@@ -416,22 +418,8 @@ fn persistence_spreads_a_vip_s_few_clients_that_hash_onto_one_backend() {
         sticky("sticky-unbounded", 2, None),
     ];
     let mut h = harness(&to_toml(&config));
-    // A flow that went to `backend` ends (the bound judges active flows: these tests place
-    // clients, not load).
-    let end = |h: &mut Harness, i: usize, client: IpAddr, sport: u16, backend: IpAddr| {
-        let (action, out) = h
-            .run(&tcp_flags_frame(
-                client,
-                sport,
-                vip_addr(i),
-                80,
-                true,
-                false,
-            ))
-            .unwrap();
-        assert_eq!(action_name(action), "XDP_TX");
-        assert_eq!(backend_of_output(&out, &[backend]), Some(backend));
-    };
+    // Each flow ends after its SYN (the bound judges active flows: this test places clients,
+    // not load).
     // Six clients that source hash puts on one backend (the VIPs' tables are the same: same
     // backends, weights and size), as a NAT's few addresses may land.
     let mut piled = Vec::new();
@@ -453,7 +441,7 @@ fn persistence_spreads_a_vip_s_few_clients_that_hash_onto_one_backend() {
     let mut homes = Vec::new();
     for c in &piled {
         let home = syn(&mut h, 1, *c, 1000);
-        end(&mut h, 1, *c, 1000, home);
+        end_flow(&mut h, 1, *c, 1000, home);
         homes.push(home);
     }
     assert_eq!(
@@ -464,7 +452,7 @@ fn persistence_spreads_a_vip_s_few_clients_that_hash_onto_one_backend() {
     for (c, home) in piled.iter().zip(&homes) {
         for p in 1..4 {
             assert_eq!(syn(&mut h, 1, *c, 1000 + p), *home, "client {c}");
-            end(&mut h, 1, *c, 1000 + p, *home);
+            end_flow(&mut h, 1, *c, 1000 + p, *home);
         }
     }
     assert_eq!(persistence_choices(&h), [18, 0, 0, 6]);

@@ -1,5 +1,5 @@
 //! Session persistence's count of the clients placed on each backend (what spreads a VIP's few
-//! heavy clients by weight, see `balancer_common::schedule::spread_over`): the data plane adds
+//! heavy clients by capacity, see `balancer_common::schedule::spread_over`): the data plane adds
 //! one at each new client's placement; the daemon ages the counts once a second, so that they
 //! count the clients placed within about the VIP's persistence time; and each backend's
 //! capacity, which the clients are spread by, written from the VIP's weight rounds.

@@ -37,8 +37,8 @@ pub type Table = Array<u32, { MAX_TABLE_ENTRIES as usize }, { MAGLEV_TABLE_FLAGS
 /// sampled fairly).
 const LEAST_CONN_SCAN: u32 = 256;
 /// Most backends session persistence's spreading compares per new client (from a random
-/// start): each compared backend costs the verifier a pass over the
-/// loop's body, within the whole program's budget of a million instructions.
+/// start): each costs the verifier a pass over the loop's body, within the whole program's
+/// budget of a million instructions.
 const SPREAD_SCAN: u32 = 16;
 /// Most table slots a bounded-load hash probes past a full backend.
 const BOUNDED_PROBES: u32 = 8;
