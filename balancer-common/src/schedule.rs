@@ -260,8 +260,8 @@ fn gcd_of(a: u64, b: u64) -> u64 {
 mod tests {
     use super::*;
 
-    /// Places `clients` one after another on backends of capacities `weights`, each first offered to
-    /// `pick(i)`, as the data plane does; returns the clients homed per backend.
+    /// Places `clients` one after another on backends of capacities `weights`, each first
+    /// offered to `pick(i)`, as the data plane does; returns the clients homed per backend.
     fn place(weights: &[u32], clients: usize, pick: impl Fn(usize) -> usize) -> Vec<u64> {
         let mut homes = vec![0u64; weights.len()];
         for i in 0..clients {

@@ -182,13 +182,13 @@ impl Dataplane for MemoryDataplane {
 
     fn set_home_capacities(&mut self, capacities: &[(u32, u32)]) -> Result<(), DataplaneError> {
         for (id, capacity) in capacities {
-            if *id >= MAX_BACKENDS {
-                return Err(DataplaneError::Full {
-                    map: "HOMES",
-                    capacity: MAX_BACKENDS,
-                });
-            }
-            self.home_capacities.insert(*id, *capacity);
+            put(
+                &mut self.home_capacities,
+                *id,
+                *capacity,
+                "HOMES",
+                MAX_BACKENDS,
+            )?;
         }
         Ok(())
     }
