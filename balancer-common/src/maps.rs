@@ -28,10 +28,11 @@ pub const BACKEND_STATS: &str = "BACKEND_STATS";
 pub const ACTIVE: &str = "ACTIVE";
 /// Active flows per VIP id, like [`ACTIVE`] (the bounded-load reference).
 pub const VIP_ACTIVE: &str = "VIP_ACTIVE";
-/// Session persistence's spreading, per backend id: array of [`Home`], the clients placed on
-/// the backend (each new client's placement an atomic add of one
-/// [`crate::schedule::HOME_UNIT`]; the daemon ages the counts each second by 1/persistence
-/// time of them) and its capacity (written by the daemon); zeroed when an id goes to a new
+/// Session persistence's spreading, per backend id: array of [`Home`], the clients the
+/// backend homes now (each new client's placement an atomic add of one
+/// [`crate::schedule::HOME_UNIT`], each tick a client returns a share of one,
+/// [`crate::schedule::home_refresh`]; the daemon ages the counts each second over a quarter of
+/// the persistence time, [`crate::schedule::HOME_FADE_PARTS`]) and its capacity (written by the daemon); zeroed when an id goes to a new
 /// backend. What spreads a VIP's few heavy clients ([`crate::schedule::spread_over`]).
 pub const HOMES: &str = "HOMES";
 /// Scrapes due by new flows: array by VIP id of `u64` used as a signed counter, the new flows
@@ -350,13 +351,14 @@ pub struct Backend {
 }
 const _: () = assert!(core::mem::size_of::<Backend>() == 32);
 
-/// Value of [`HOMES`]: a backend's clients placed lately and its capacity.
+/// Value of [`HOMES`]: the clients a backend homes now and its capacity.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Home {
-    /// Clients placed within about the VIP's persistence time, in
-    /// [`crate::schedule::HOME_UNIT`]s (changed by atomic adds and updates only).
-    pub placed: u64,
+    /// Clients it homes now (placed or returning within about a quarter of the VIP's
+    /// persistence time), in [`crate::schedule::HOME_UNIT`]s (changed by atomic adds and
+    /// updates only).
+    pub homed: u64,
     /// What it can serve, in units of 1/[`HOME_CAPACITY_SCALE`] of its VIP's mean backend:
     /// its configured weight x its KV-cache capacity against the pool's mean (the configured
     /// weight alone where backends report none). 0: not known yet, read as the scale (a mean
@@ -688,7 +690,7 @@ const _: () = assert!(core::mem::size_of::<DecapAddrKey>() == 20);
 
 /// Identifies the layout of the pinned maps: a daemon adopts pinned maps only when their
 /// layout is its own. The top byte is bumped by hand when a meaning changes without a size.
-pub const LAYOUT: u64 = (6 << 56)
+pub const LAYOUT: u64 = (7 << 56)
     | (core::mem::size_of::<VipSlot>() as u64) << 40
     | (core::mem::size_of::<Backend>() as u64) << 32
     | (core::mem::size_of::<FlowBucket>() as u64) << 24

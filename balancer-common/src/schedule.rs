@@ -69,22 +69,52 @@ pub const fn over_bound(
         >= (clamp(vip_active) + 1) * (weight as u64) * (100 + bound_pct as u64)
 }
 
-/// One client placed on a backend in [`crate::maps::HOMES`] (fixed point: the daemon ages the
-/// counts by fractions of it).
-pub const HOME_UNIT: u64 = 1024;
+/// One client homed on a backend in [`crate::maps::HOMES`] (fixed point: the daemon ages the
+/// counts by fractions of it, and a returning client adds one over the fade time in ticks, to
+/// within a thousandth up to hours of persistence).
+pub const HOME_UNIT: u64 = 1 << 20;
 
-/// Clients placed are clamped to this many units, and capacities to [`CAPACITY_CLAMP`],
-/// before multiplying (no overflow: 2^40 x 2^20 x 3 < 2^64).
+/// A client's count fades over `1/HOME_FADE_PARTS` of its VIP's persistence time: the daemon
+/// takes that fraction's reciprocal share of each count once a second (a count of a 60 s
+/// persistence loses 1/15 of itself a second), and a client that keeps returning is counted
+/// again by [`home_refresh`]; so a count is the clients a backend homes now, not the clients
+/// placed on it over the persistence time (a departed client fades within seconds, where a
+/// count kept over the whole persistence time would still weigh on the next clients' placement).
+pub const HOME_FADE_PARTS: u64 = 4;
+
+/// What a returning client adds to its backend's count, at most once a flow-clock tick (when
+/// its persistence entry's `last_seen` moves), for a VIP of `persist_ticks`: `HOME_UNIT` over
+/// the fade time in ticks, so that with the daemon's ageing a client that returns every tick
+/// counts about one (and one that returns less often, that share of one).
+#[inline(always)]
+pub const fn home_refresh(persist_ticks: u16) -> u64 {
+    let fade_ticks = persist_ticks as u64 / HOME_FADE_PARTS;
+    if fade_ticks <= 1 {
+        HOME_UNIT
+    } else {
+        HOME_UNIT / fade_ticks
+    }
+}
+
+/// The daemon's divisor for ageing a VIP's counts once a second (see [`HOME_FADE_PARTS`]): its
+/// persistence time in seconds over [`HOME_FADE_PARTS`], at least 1.
+pub const fn home_fade_secs(persistence_secs: u64) -> u64 {
+    let secs = persistence_secs / HOME_FADE_PARTS;
+    if secs == 0 { 1 } else { secs }
+}
+
+/// Clients homed are clamped to this many units (2^20 clients: past it the pick stands), and
+/// capacities to [`CAPACITY_CLAMP`], before multiplying (no overflow: 2^40 x 2^20 x 3 < 2^64).
 const HOMES_CLAMP: u64 = 1 << 40;
 const CAPACITY_CLAMP: u32 = 1 << 20;
 
-/// A count of clients placed with the new one, clamped.
+/// A count of clients homed with the new one, clamped.
 #[inline(always)]
-const fn with_new(placed: u64) -> u64 {
-    (if placed > HOMES_CLAMP {
+const fn with_new(homed: u64) -> u64 {
+    (if homed > HOMES_CLAMP {
         HOMES_CLAMP
     } else {
-        placed
+        homed
     }) + HOME_UNIT
 }
 
@@ -101,8 +131,8 @@ const fn clamped(capacity: u32) -> u64 {
 }
 
 /// Session persistence's placement of a new client: whether it goes to the backend homing the
-/// fewest clients per unit of capacity (`least_placed` clients, capacity `least_capacity`)
-/// rather than to the scheduler's pick (`pick_placed`, `pick_capacity`) — when the pick, with
+/// fewest clients per unit of capacity (`least_homed` clients, capacity `least_capacity`)
+/// rather than to the scheduler's pick (`pick_homed`, `pick_capacity`) — when the pick, with
 /// this client, would home at least 3/2 the clients per unit of capacity that the least would
 /// with it. Counts in [`HOME_UNIT`]s. Where many clients come, the counts follow the
 /// scheduler's weights and the pick mostly stands (the bound keeps the rest off backends the
@@ -111,21 +141,21 @@ const fn clamped(capacity: u32) -> u64 {
 /// them.
 #[inline(always)]
 pub const fn spread_over(
-    pick_placed: u64,
+    pick_homed: u64,
     pick_capacity: u32,
-    least_placed: u64,
+    least_homed: u64,
     least_capacity: u32,
 ) -> bool {
-    2 * with_new(pick_placed) * clamped(least_capacity)
-        >= 3 * with_new(least_placed) * clamped(pick_capacity)
+    2 * with_new(pick_homed) * clamped(least_capacity)
+        >= 3 * with_new(least_homed) * clamped(pick_capacity)
 }
 
 /// Whether backend `a` would home fewer clients per unit of capacity than `b` with the new
 /// client (counts clamped as in [`spread_over`]): an idle small backend is not "less homed"
 /// than a large one with a client already.
 #[inline(always)]
-pub const fn fewer_homes(a_placed: u64, a_capacity: u32, b_placed: u64, b_capacity: u32) -> bool {
-    with_new(a_placed) * clamped(b_capacity) < with_new(b_placed) * clamped(a_capacity)
+pub const fn fewer_homes(a_homed: u64, a_capacity: u32, b_homed: u64, b_capacity: u32) -> bool {
+    with_new(a_homed) * clamped(b_capacity) < with_new(b_homed) * clamped(a_capacity)
 }
 
 /// Builds the schedule of a pool: `backends` are `(id, weight)` in identity order;
@@ -280,6 +310,20 @@ mod tests {
             homes[to] += HOME_UNIT;
         }
         homes.iter().map(|h| h / HOME_UNIT).collect()
+    }
+
+    #[test]
+    fn a_returning_client_adds_one_over_the_fade_time() {
+        // 60 s of persistence: 56 ticks, a fade of 14 ticks (15 s in the daemon's seconds).
+        assert_eq!(home_refresh(56), HOME_UNIT / 14);
+        assert_eq!(home_fade_secs(60), 15);
+        // A fade of a tick or less: a whole client each tick, aged wholly each second.
+        for ticks in [0, 1, 4, 7] {
+            assert_eq!(home_refresh(ticks), HOME_UNIT, "{ticks}");
+        }
+        assert_eq!(home_fade_secs(3), 1);
+        // The longest persistence still adds a fine share.
+        assert!(home_refresh(u16::MAX) >= HOME_UNIT / 16_384);
     }
 
     #[test]

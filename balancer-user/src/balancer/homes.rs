@@ -1,20 +1,22 @@
-//! Session persistence's count of the clients placed on each backend (what spreads a VIP's few
+//! Session persistence's count of the clients each backend homes now (what spreads a VIP's few
 //! heavy clients by capacity, see `balancer_common::schedule::spread_over`): the data plane adds
-//! one at each new client's placement; the daemon ages the counts once a second, so that they
-//! count the clients placed within about the VIP's persistence time; and each backend's
-//! capacity, which the clients are spread by, written from the VIP's weight rounds.
+//! one at each new client's placement and a share of one each flow-clock tick a client returns
+//! (`home_refresh`); the daemon ages the counts once a second over a quarter of the VIP's
+//! persistence time (`HOME_FADE_PARTS`), so that a client that keeps returning counts about one
+//! and one gone fades within that time; and each backend's capacity, which the clients are
+//! spread by, written from the VIP's weight rounds.
 
 use std::net::IpAddr;
 
-use balancer_common::maps::HOME_CAPACITY_SCALE;
+use balancer_common::{maps::HOME_CAPACITY_SCALE, schedule::home_fade_secs};
 
 use super::{Balancer, BalancerError, Endpoint};
 use crate::dataplane::Dataplane;
 use crate::policy::PolicyKind;
 
 impl<D: Dataplane> Balancer<D> {
-    /// Once a second: each persistent VIP's backends' counts lose 1/persistence time (in
-    /// seconds) of themselves; a VIP with a static policy (no weight rounds) has its configured
+    /// Once a second: each persistent VIP's backends' counts lose 1/fade time (a quarter of the
+    /// persistence time, in seconds, see `home_fade_secs`) of themselves; a VIP with a static policy (no weight rounds) has its configured
     /// weights written as the capacities. Returns the VIPs aged.
     pub fn age_homes(&mut self) -> Result<usize, BalancerError> {
         let persistent: Vec<Endpoint> = self
@@ -26,7 +28,7 @@ impl<D: Dataplane> Balancer<D> {
         for vip in &persistent {
             let state = &self.vips[vip];
             let ids: Vec<u32> = state.backends.values().map(|b| b.id).collect();
-            let divisor = state.config.persistence.as_secs().max(1);
+            let divisor = home_fade_secs(state.config.persistence.as_secs());
             self.dataplane.age_homes(&ids, divisor)?;
             if state.config.policy.kind == PolicyKind::Static {
                 // No weight rounds: the configured weights are the capacities.

@@ -691,7 +691,7 @@ fn ids_are_reused_last() {
 }
 
 #[test]
-fn clients_placed_age_over_the_persistence_time_and_go_with_their_id() {
+fn clients_homed_age_over_the_fade_time_and_go_with_their_id() {
     use balancer_common::schedule::HOME_UNIT;
     let mut lb = balancer();
     let mut cfg = two_vips();
@@ -710,8 +710,9 @@ fn clients_placed_age_over_the_persistence_time_and_go_with_their_id() {
     // No VIP with persistence: nothing ages.
     assert_eq!(lb.age_homes().unwrap(), 0);
     assert_eq!(lb.dataplane().homes[&ids[0]], 2 * HOME_UNIT);
-    // Persistence of 4 s on web: its counts lose a quarter a second, dns's keep theirs.
-    cfg.vips[0].persistence = Duration::from_secs(4);
+    // Persistence of 16 s on web: its counts fade over 4 s, losing a quarter a second; dns's
+    // keep theirs.
+    cfg.vips[0].persistence = Duration::from_secs(16);
     lb.apply(&cfg.vips, &macs()).unwrap();
     assert_eq!(lb.age_homes().unwrap(), 1);
     assert_eq!(lb.dataplane().homes[&ids[0]], 2 * HOME_UNIT * 3 / 4);
@@ -745,6 +746,50 @@ fn clients_placed_age_over_the_persistence_time_and_go_with_their_id() {
     lb.dataplane.reset_active(ids[0]).unwrap();
     assert!(!lb.dataplane().homes.contains_key(&ids[0]));
     assert!(!lb.dataplane().home_capacities.contains_key(&ids[0]));
+}
+
+#[test]
+fn a_returning_client_counts_about_one_and_one_gone_fades() {
+    use crate::dataplane::aged_homes;
+    use balancer_common::flow_cache::TICK_NS;
+    use balancer_common::schedule::{HOME_UNIT, home_fade_secs, home_refresh};
+    // The data plane's adds and the daemon's ageing on one backend's count, in milliseconds,
+    // for persistence times from a few seconds to an hour: placed at 0, returning every
+    // flow-clock tick (~1.07 s) for ten fade times, then gone. (Under ~20 s the fade is a few
+    // seconds and the once-a-second ageing coarse: a returning client counts a half to one.)
+    for persistence_secs in [20u64, 60, 300, 3600] {
+        let mut config = two_vips().vips.remove(0);
+        config.persistence = Duration::from_secs(persistence_secs);
+        let (ticks, fade) = (config.persistence_ticks(), home_fade_secs(persistence_secs));
+        let tick_ms = TICK_NS / 1_000_000;
+        let (returning_ms, end_ms) = (10 * fade * 1000, 13 * fade * 1000);
+        let mut count = HOME_UNIT;
+        let (mut lowest, mut highest, mut sum, mut samples) = (u64::MAX, 0, 0, 0);
+        for ms in 1..=end_ms {
+            if ms % tick_ms == 0 && ms <= returning_ms {
+                count += home_refresh(ticks);
+            }
+            if ms % 1000 == 0 {
+                count = aged_homes(count, fade);
+            }
+            if ms > 2 * fade * 1000 && ms <= returning_ms {
+                lowest = lowest.min(count);
+                highest = highest.max(count);
+                (sum, samples) = (sum + count, samples + 1);
+            }
+        }
+        // Returning: about one client on average, never off by a third (the adds come once a
+        // tick, the ageing once a second).
+        let mean = sum / samples;
+        assert!(
+            (HOME_UNIT * 9 / 10..=HOME_UNIT * 11 / 10).contains(&mean)
+                && lowest >= HOME_UNIT * 2 / 3
+                && highest <= HOME_UNIT * 4 / 3,
+            "{persistence_secs} s: mean {mean}, {lowest}..{highest}"
+        );
+        // Three fade times after it left: under a twentieth of one.
+        assert!(count < HOME_UNIT / 20, "{persistence_secs} s: {count}");
+    }
 }
 
 #[test]

@@ -41,7 +41,7 @@ pub struct KernelDataplane {
     flows_view: OnceLock<Arc<MappedArray<FlowBucket>>>,
     active_view: OnceLock<Arc<MappedArray<u64>>>,
     active: Array<MapData, u64>,
-    /// The clients placed per backend, mapped (`None` in an object built before the count: a
+    /// The clients homed per backend, mapped (`None` in an object built before the count: a
     /// benchmark's baseline).
     homes: Option<sys::SharedHomes>,
     tier_v4: LpmTrie<MapData, u32, u8>,
@@ -288,7 +288,7 @@ impl KernelDataplane {
                 .map(|homes| {
                     sys::SharedHomes::map(homes.map().fd().as_fd(), names::MAX_BACKENDS as usize)
                         .map_err(|e| {
-                            DataplaneError::VipIndex(format!("mapping the clients placed: {e}"))
+                            DataplaneError::VipIndex(format!("mapping the clients homed: {e}"))
                         })
                 })
                 .transpose()?,
@@ -643,7 +643,7 @@ impl Dataplane for KernelDataplane {
         Ok(ids
             .iter()
             .filter(|id| (**id as usize) < homes.len())
-            .map(|id| (*id, homes.placed(*id as usize)))
+            .map(|id| (*id, homes.homed(*id as usize)))
             .filter(|(_, n)| *n > 0)
             .collect())
     }
@@ -653,7 +653,7 @@ impl Dataplane for KernelDataplane {
             return Ok(());
         };
         for id in ids.iter().filter(|id| (**id as usize) < homes.len()) {
-            homes.update_placed(*id as usize, |n| super::aged_homes(n, divisor));
+            homes.update_homed(*id as usize, |n| super::aged_homes(n, divisor));
         }
         Ok(())
     }

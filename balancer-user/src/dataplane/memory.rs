@@ -32,7 +32,7 @@ pub struct MemoryDataplane {
     pub backend_traffic: HashMap<u32, TrafficStats>,
     /// Active flows per backend id.
     pub active: HashMap<u32, u64>,
-    /// Clients placed per backend id under session persistence, in `HOME_UNIT`s (tests add
+    /// Clients homed per backend id under session persistence, in `HOME_UNIT`s (tests add
     /// them as the data plane would).
     pub homes: HashMap<u32, u64>,
     /// Capacities per backend id for that spreading.

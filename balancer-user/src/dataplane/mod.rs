@@ -108,14 +108,14 @@ pub trait Dataplane {
         prefixes: &[(std::net::IpAddr, u8, u8)],
         dscp: &[u8; 64],
     ) -> Result<(), DataplaneError>;
-    /// Zeroes a backend id's active-flow count and its clients placed and capacity (before
+    /// Zeroes a backend id's active-flow count and its clients homed and capacity (before
     /// the id goes to a new backend).
     fn reset_active(&mut self, id: u32) -> Result<(), DataplaneError>;
-    /// Clients placed lately on each backend id of `ids` under session persistence, in
+    /// Clients each backend id of `ids` homes now under session persistence, in
     /// `HOME_UNIT`s (ids with none are left out; none at all in an object built before the
     /// count).
     fn homes(&self, ids: &[u32]) -> Result<std::collections::HashMap<u32, u64>, DataplaneError>;
-    /// Ages the clients placed on each backend id of `ids`: each count loses `1/divisor` of
+    /// Ages the clients homed on each backend id of `ids`: each count loses `1/divisor` of
     /// itself, rounded up (so it reaches 0), in one atomic step against the data plane's
     /// adds.
     fn age_homes(&mut self, ids: &[u32], divisor: u64) -> Result<(), DataplaneError>;
@@ -172,7 +172,7 @@ pub trait Dataplane {
 /// A VIP's admission counters by client tier (index 0: clients of no tier).
 pub type AdmissionCounts = [TierAdmission; ADMISSION_TIERS as usize];
 
-/// A count of clients placed, aged by `1/divisor` of itself, rounded up (see
+/// A count of clients homed, aged by `1/divisor` of itself, rounded up (see
 /// [`Dataplane::age_homes`]).
 pub fn aged_homes(homes: u64, divisor: u64) -> u64 {
     homes - homes.div_ceil(divisor.max(1))

@@ -268,7 +268,7 @@ impl<T: Copy> Drop for SharedMapping<T> {
     }
 }
 
-/// Session persistence's [`Home`] per backend id, mapped: the clients placed, which the data
+/// Session persistence's [`Home`] per backend id, mapped: the clients homed, which the data
 /// plane adds to atomically, read and aged in place with atomic operations; the capacities,
 /// written whole.
 pub struct SharedHomes(SharedMapping<Home>);
@@ -284,11 +284,11 @@ impl SharedHomes {
         self.0.count
     }
 
-    fn placed_counter(&self, i: usize) -> &std::sync::atomic::AtomicU64 {
-        // SAFETY: entry `i` of the mapping (`slot` checks the index); `placed` is its first
+    fn homed_counter(&self, i: usize) -> &std::sync::atomic::AtomicU64 {
+        // SAFETY: entry `i` of the mapping (`slot` checks the index); `homed` is its first
         // field, 8-byte aligned (entries 16 bytes apart from a page boundary), changed by the
         // kernel with atomic adds only.
-        unsafe { std::sync::atomic::AtomicU64::from_ptr(&raw mut (*self.0.slot(i)).placed) }
+        unsafe { std::sync::atomic::AtomicU64::from_ptr(&raw mut (*self.0.slot(i)).homed) }
     }
 
     fn capacity_slot(&self, i: usize) -> &std::sync::atomic::AtomicU32 {
@@ -296,16 +296,16 @@ impl SharedHomes {
         unsafe { std::sync::atomic::AtomicU32::from_ptr(&raw mut (*self.0.slot(i)).capacity) }
     }
 
-    /// Entry `i`'s clients placed.
-    pub fn placed(&self, i: usize) -> u64 {
-        self.placed_counter(i)
+    /// Entry `i`'s clients homed.
+    pub fn homed(&self, i: usize) -> u64 {
+        self.homed_counter(i)
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Replaces entry `i`'s clients placed with `f` of them, atomically against the data
+    /// Replaces entry `i`'s clients homed with `f` of them, atomically against the data
     /// plane's adds.
-    pub fn update_placed(&self, i: usize, f: impl Fn(u64) -> u64) {
-        let _ = self.placed_counter(i).fetch_update(
+    pub fn update_homed(&self, i: usize, f: impl Fn(u64) -> u64) {
+        let _ = self.homed_counter(i).fetch_update(
             std::sync::atomic::Ordering::Relaxed,
             std::sync::atomic::Ordering::Relaxed,
             |v| Some(f(v)),
@@ -325,7 +325,7 @@ impl SharedHomes {
 
     /// Zeroes entry `i` (an id going to a new backend).
     pub fn clear(&self, i: usize) {
-        self.placed_counter(i)
+        self.homed_counter(i)
             .store(0, std::sync::atomic::Ordering::Relaxed);
         self.set_capacity(i, 0);
     }

@@ -16,7 +16,7 @@ use balancer_common::stats::Counter;
 use crate::{
     backends::Pick,
     clock::now_ticks,
-    homes::add_home,
+    homes::{add_home, refresh_home},
     maps::{AFFINITY, BACKENDS, SOURCE_PREFIXES, STATS},
     schedulers::{balancer_least_homed, balancer_spread, full, scheduled, unpack, unpack_addr},
     stats::count,
@@ -48,7 +48,9 @@ pub extern "C" fn balancer_pick(vip: u64, opts: u64, src_lo: u64, src_hi: u64) -
             let verdict = balancer_may_stick(vip, opts, id, u32::from(sticky.generation));
             if verdict != STICK_NO {
                 if sticky.last_seen != now {
+                    // Once a tick: the client still lives here (see `refresh_home`).
                     sticky.last_seen = now;
+                    refresh_home(id, meta.persist_ticks);
                 }
                 if verdict == STICK_YES {
                     count_choice(Counter::PersistenceReturned);

@@ -388,10 +388,10 @@ pub extern "C" fn balancer_spread(vip: u64, opts: u64, pick: u32, best: u32) -> 
     let (Some(p), Some(b)) = (BACKENDS.get(pick), BACKENDS.get(best)) else {
         return pick;
     };
-    let (pick_placed, pick_capacity) = home_of(pick);
-    let (best_placed, best_capacity) = home_of(best);
+    let (pick_homed, pick_capacity) = home_of(pick);
+    let (best_homed, best_capacity) = home_of(best);
     if serves(p, meta.vip_id)
-        && spread_over(pick_placed, pick_capacity, best_placed, best_capacity)
+        && spread_over(pick_homed, pick_capacity, best_homed, best_capacity)
         // Bounded load has the last word: a least homed backend without room leaves the pick.
         && !full(&meta, best, b)
     {
@@ -432,9 +432,9 @@ pub extern "C" fn balancer_least_homed(vip: u64) -> u32 {
             && b.weight != 0
         {
             let better = if valid_id(best) {
-                let (placed, capacity) = home_of(id);
-                let (best_placed, best_capacity) = home_of(best);
-                fewer_homes(placed, capacity, best_placed, best_capacity)
+                let (homed, capacity) = home_of(id);
+                let (best_homed, best_capacity) = home_of(best);
+                fewer_homes(homed, capacity, best_homed, best_capacity)
             } else {
                 true
             };

@@ -74,7 +74,7 @@ impl Sampled {
 
 impl Daemon {
     /// Retires removed backends whose grace period is over, ages bounded load's averaged
-    /// shares and session persistence's clients placed.
+    /// shares and session persistence's clients homed.
     pub fn tick(&mut self) {
         match self.balancer.expire_retired(Instant::now()) {
             Ok(0) => {}
@@ -85,7 +85,7 @@ impl Daemon {
             tracing::error!("writing bounded load's averaged weight shares: {e}");
         }
         if let Err(e) = self.balancer.age_homes() {
-            tracing::error!("ageing session persistence's clients placed: {e}");
+            tracing::error!("ageing session persistence's clients homed: {e}");
         }
     }
 
