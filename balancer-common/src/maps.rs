@@ -361,8 +361,8 @@ pub struct Home {
     pub homed: u64,
     /// What it can serve, in units of 1/[`HOME_CAPACITY_SCALE`] of its VIP's mean backend:
     /// its configured weight x its KV-cache capacity against the pool's mean (the configured
-    /// weight alone where backends report none). 0: not known yet, read as the scale (a mean
-    /// backend).
+    /// weight alone where backends report none). 0: not known yet (none written): the
+    /// scheduler's pick stands.
     pub capacity: u32,
     pub _pad: u32,
 }

@@ -416,6 +416,7 @@ fn persistence_spreads_a_vip_s_few_clients_that_hash_onto_one_backend() {
         scheduled_vip("sh", vip_addr(0), "source-hash", &backends, Extra::None),
         sticky("sticky", 1, Some(1.25)),
         sticky("sticky-unbounded", 2, None),
+        sticky("sticky-unknown", 3, Some(1.25)),
     ];
     let mut h = harness(&to_toml(&config));
     // Each flow ends after its SYN (the bound judges active flows: this test places clients,
@@ -436,8 +437,17 @@ fn persistence_spreads_a_vip_s_few_clients_that_hash_onto_one_backend() {
         }
     }
     assert_eq!(piled.len(), 6, "six clients hashed onto one backend");
-    // Under persistence with bounded load they are spread two per backend (capacities not
-    // written yet: read as equal), and each keeps its backend.
+    // While no capacity is written (the daemon writes the configured weights of a static
+    // policy once a second, a dynamic policy's from its first weight round) nothing says
+    // where a client has room: the hash's pick stands.
+    for c in &piled {
+        let home = syn(&mut h, 3, *c, 1000);
+        assert_eq!(home, on.unwrap(), "client {c}");
+        end_flow(&mut h, 3, *c, 1000, home);
+    }
+    h.balancer.age_homes().unwrap();
+    // Under persistence with bounded load they are spread two per backend (capacities equal:
+    // the configured weights), and each keeps its backend.
     let mut homes = Vec::new();
     for c in &piled {
         let home = syn(&mut h, 1, *c, 1000);
@@ -455,7 +465,7 @@ fn persistence_spreads_a_vip_s_few_clients_that_hash_onto_one_backend() {
             end_flow(&mut h, 1, *c, 1000 + p, *home);
         }
     }
-    assert_eq!(persistence_choices(&h), [18, 0, 0, 6]);
+    assert_eq!(persistence_choices(&h), [18, 0, 0, 12]);
     // Counted where they landed: two clients' worth per backend.
     let ids = |h: &Harness, name: &str| -> Vec<u32> {
         h.balancer
@@ -474,7 +484,7 @@ fn persistence_spreads_a_vip_s_few_clients_that_hash_onto_one_backend() {
         homed.len() == 3
             && homed
                 .values()
-                .all(|n| (2 * HOME_UNIT..=2 * HOME_UNIT + 2 * refresh).contains(n)),
+                .all(|h| (2 * HOME_UNIT..=2 * HOME_UNIT + 2 * refresh).contains(&h.homed)),
         "{homed:?}"
     );
     // A tick later each client that returns counts again: that share more per client.
@@ -487,7 +497,7 @@ fn persistence_spreads_a_vip_s_few_clients_that_hash_onto_one_backend() {
     assert!(
         refreshed
             .iter()
-            .all(|(id, n)| *n == homed[id] + 2 * refresh),
+            .all(|(id, h)| h.homed == homed[id].homed + 2 * refresh),
         "{homed:?} -> {refreshed:?}"
     );
     // The daemon's ageing once a second: a 60 s persistence fades over 15 s, taking 1/15 of
@@ -495,8 +505,10 @@ fn persistence_spreads_a_vip_s_few_clients_that_hash_onto_one_backend() {
     h.balancer.age_homes().unwrap();
     let aged = h.balancer.dataplane().homes(&ids(&h, "sticky")).unwrap();
     assert!(
-        aged.iter()
-            .all(|(id, n)| *n == refreshed[id] - refreshed[id].div_ceil(15)),
+        aged.iter().all(|(id, h)| {
+            let before = refreshed[id].homed;
+            h.homed == before - before.div_ceil(15)
+        }),
         "{aged:?}"
     );
     // Without a bound nothing says which backend has room: the hash's pick stands.

@@ -81,6 +81,16 @@ pub struct BackendStatus {
     /// duration, 0..1 (what its share of active flows is held to, times the bound).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bound_share: Option<f64>,
+    /// Under session persistence: the clients it homes now (placed, or returning within about
+    /// a quarter of the persistence time), what spreads a VIP's few heavy clients.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub homed_clients: Option<f64>,
+    /// Under session persistence: the capacity its clients are spread by (configured weight x
+    /// KV-cache capacity against the pool's mean; 1.0 is a mean backend of weight 1); absent
+    /// until written (the VIP's first weight round, or a second for a static policy), while
+    /// new clients go where the scheduler picks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub home_capacity: Option<f64>,
 }
 
 /// One VIP in `status`.

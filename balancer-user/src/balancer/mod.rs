@@ -21,6 +21,7 @@ mod tables;
 mod weights;
 
 pub use bound::BoundShares;
+pub use homes::HomeReading;
 pub use snapshot::{BackendSnapshot, RestoreError, RetiringSnapshot, Snapshot, VipSnapshot};
 pub use tables::{build_table, build_tier_tables};
 

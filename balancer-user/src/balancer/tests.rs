@@ -721,7 +721,8 @@ fn clients_homed_age_over_the_fade_time_and_go_with_their_id() {
     // capacities.
     let capacity = |lb: &Balancer<MemoryDataplane>, id: u32| lb.dataplane.home_capacities[&id];
     assert_eq!((capacity(&lb, ids[0]), capacity(&lb, ids[1])), (1000, 3000));
-    // A weight round's capacities replace them; a VIP without persistence takes none.
+    // A weight round's capacities replace them (a VIP without persistence takes them too: one
+    // whose persistence is switched on has them at once).
     let (a, b): (IpAddr, IpAddr) = ("10.0.0.11".parse().unwrap(), "10.0.0.12".parse().unwrap());
     let stranger: IpAddr = "10.9.9.9".parse().unwrap();
     let web = cfg.vips[0].endpoint();
@@ -731,16 +732,32 @@ fn clients_homed_age_over_the_fade_time_and_go_with_their_id() {
         2
     );
     assert_eq!((capacity(&lb, ids[0]), capacity(&lb, ids[1])), (1600, 400));
+    // What an operator reads (status, metrics): clients homed and capacity per backend; none
+    // for a VIP without persistence.
+    let homes = lb.homes(&web).unwrap();
     assert_eq!(
-        lb.set_home_capacities(&cfg.vips[1].endpoint(), &[(a, 1.0)])
-            .unwrap(),
-        0
+        homes[&a],
+        HomeReading {
+            clients: 1.5,
+            capacity: Some(1.6)
+        }
     );
+    assert_eq!(homes[&b].capacity, Some(0.4));
+    assert!(lb.homes(&cfg.vips[1].endpoint()).unwrap().is_empty());
+    assert_eq!(
+        lb.set_home_capacities(&cfg.vips[1].endpoint(), &[(a, 0.5)])
+            .unwrap(),
+        1
+    );
+    assert_eq!(capacity(&lb, dns_id), 500);
     // Rounded up: the counts reach 0 (not stuck below the divisor).
     for _ in 0..200 {
         lb.age_homes().unwrap();
     }
-    assert_eq!(lb.dataplane().homes(&ids).unwrap(), HashMap::new());
+    let homes = lb.dataplane().homes(&ids).unwrap();
+    assert!(homes.values().all(|h| h.homed == 0), "{homes:?}");
+    // (The capacities stay: a static VIP's configured weights, written again each second.)
+    assert_eq!(homes[&ids[0]].capacity, 1000);
     // An id given to a new backend starts with none, and no capacity.
     lb.dataplane.homes.insert(ids[0], HOME_UNIT);
     lb.dataplane.reset_active(ids[0]).unwrap();

@@ -5,8 +5,9 @@ use balancer::api::types::{Stats, Status, VipStatus};
 use super::client_args::{ClientArgs, fail, print_json, si};
 
 /// Show the VIPs with their backends: weights, health, table share, active flows, traffic rates;
-/// the table fingerprint of each VIP (equal on every balancer with the same weights); the
-/// fleet role and epoch, and the BGP announcements, when configured.
+/// under session persistence the clients each backend homes now and the capacity they are
+/// spread by; the table fingerprint of each VIP (equal on every balancer with the same
+/// weights); the fleet role and epoch, and the BGP announcements, when configured.
 #[derive(Debug, clap::Args)]
 #[command(
     after_help = "Examples:\n  balancer status\n  balancer status --json | jq '.vips[].backends[].flows'"
@@ -60,6 +61,23 @@ fn print_vips(vips: &[VipStatus]) {
                 b.bytes,
                 si(b.pps),
                 si(b.bps)
+            );
+        }
+        let homes: Vec<String> = v
+            .backends
+            .iter()
+            .filter_map(|b| {
+                let capacity = match b.home_capacity {
+                    Some(c) => format!("{c:.2}"),
+                    None => "unknown".to_string(),
+                };
+                Some(format!("{} {:.2}/{capacity}", b.address, b.homed_clients?))
+            })
+            .collect();
+        if !homes.is_empty() {
+            println!(
+                "  session persistence, clients homed/capacity: {}",
+                homes.join(", ")
             );
         }
         if let Some(a) = &v.admission {

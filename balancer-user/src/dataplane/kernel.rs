@@ -9,7 +9,7 @@ use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
 use aya::maps::{Array, IterableMap as _, Map, MapData, MapError, PerCpuArray, RingBuf};
 use balancer_common::flow_cache::FlowValue;
 use balancer_common::maps::{
-    self as names, ADMISSION_TIERS, Admission, Backend, FlowBucket, GlobalConfig,
+    self as names, ADMISSION_TIERS, Admission, Backend, FlowBucket, GlobalConfig, Home,
     MAGLEV_TABLE_FLAGS, NatLinks, NatReplyKey, SnatFlowKey, SnatFlowValue, SnatPortValue,
     SnatSource, SourcePrefix, VIP_INDEX_FLAGS, VIP_INDEX_SLOTS, VipKey, VipMeta, VipSlot,
 };
@@ -636,15 +636,23 @@ impl Dataplane for KernelDataplane {
             .map_err(map_err(names::ACTIVE, "write"))
     }
 
-    fn homes(&self, ids: &[u32]) -> Result<HashMap<u32, u64>, DataplaneError> {
+    fn homes(&self, ids: &[u32]) -> Result<HashMap<u32, Home>, DataplaneError> {
         let Some(homes) = &self.homes else {
             return Ok(HashMap::new());
         };
         Ok(ids
             .iter()
             .filter(|id| (**id as usize) < homes.len())
-            .map(|id| (*id, homes.homed(*id as usize)))
-            .filter(|(_, n)| *n > 0)
+            .map(|id| {
+                let i = *id as usize;
+                let home = Home {
+                    homed: homes.homed(i),
+                    capacity: homes.capacity(i),
+                    _pad: 0,
+                };
+                (*id, home)
+            })
+            .filter(|(_, h)| h.homed > 0 || h.capacity > 0)
             .collect())
     }
 

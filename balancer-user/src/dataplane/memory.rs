@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use balancer_common::maps::{
-    Admission, Backend, GlobalConfig, MAX_BACKENDS, MAX_VIPS, NatLinks, SnatSource, SourcePrefix,
-    VipKey, VipMeta,
+    Admission, Backend, GlobalConfig, Home, MAX_BACKENDS, MAX_VIPS, NatLinks, SnatSource,
+    SourcePrefix, VipKey, VipMeta,
 };
 use balancer_common::stats::{GlobalStats, NatLinkStats, TrafficStats};
 
@@ -163,11 +163,18 @@ impl Dataplane for MemoryDataplane {
         Ok(())
     }
 
-    fn homes(&self, ids: &[u32]) -> Result<HashMap<u32, u64>, DataplaneError> {
+    fn homes(&self, ids: &[u32]) -> Result<HashMap<u32, Home>, DataplaneError> {
         Ok(ids
             .iter()
-            .filter_map(|id| Some((*id, *self.homes.get(id)?)))
-            .filter(|(_, n)| *n > 0)
+            .map(|id| {
+                let home = Home {
+                    homed: self.homes.get(id).copied().unwrap_or(0),
+                    capacity: self.home_capacities.get(id).copied().unwrap_or(0),
+                    _pad: 0,
+                };
+                (*id, home)
+            })
+            .filter(|(_, h)| h.homed > 0 || h.capacity > 0)
             .collect())
     }
 

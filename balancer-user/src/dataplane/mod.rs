@@ -13,8 +13,8 @@ pub use nat_expiry::{NatSweep, NatSweeper, NatTimeouts};
 pub use scrape_due::ScrapeDue;
 
 use balancer_common::maps::{
-    ADMISSION_TIERS, Admission, Backend, GlobalConfig, NatLinks, SnatSource, SourcePrefix, VipKey,
-    VipMeta,
+    ADMISSION_TIERS, Admission, Backend, GlobalConfig, Home, NatLinks, SnatSource, SourcePrefix,
+    VipKey, VipMeta,
 };
 use balancer_common::stats::{GlobalStats, NatLinkStats, TierAdmission, TrafficStats};
 
@@ -111,10 +111,10 @@ pub trait Dataplane {
     /// Zeroes a backend id's active-flow count and its clients homed and capacity (before
     /// the id goes to a new backend).
     fn reset_active(&mut self, id: u32) -> Result<(), DataplaneError>;
-    /// Clients each backend id of `ids` homes now under session persistence, in
-    /// `HOME_UNIT`s (ids with none are left out; none at all in an object built before the
-    /// count).
-    fn homes(&self, ids: &[u32]) -> Result<std::collections::HashMap<u32, u64>, DataplaneError>;
+    /// Each backend id of `ids`'s entry for session persistence's spreading: the clients it
+    /// homes now, in `HOME_UNIT`s, and its capacity (ids with neither are left out; none at
+    /// all in an object built before the count).
+    fn homes(&self, ids: &[u32]) -> Result<std::collections::HashMap<u32, Home>, DataplaneError>;
     /// Ages the clients homed on each backend id of `ids`: each count loses `1/divisor` of
     /// itself, rounded up (so it reaches 0), in one atomic step against the data plane's
     /// adds.
@@ -243,7 +243,7 @@ impl<T: Dataplane + ?Sized> Dataplane for Box<T> {
     ) -> Result<std::collections::HashMap<u32, u64>, DataplaneError> {
         (**self).active_flows(ids)
     }
-    fn homes(&self, ids: &[u32]) -> Result<std::collections::HashMap<u32, u64>, DataplaneError> {
+    fn homes(&self, ids: &[u32]) -> Result<std::collections::HashMap<u32, Home>, DataplaneError> {
         (**self).homes(ids)
     }
     fn age_homes(&mut self, ids: &[u32], divisor: u64) -> Result<(), DataplaneError> {

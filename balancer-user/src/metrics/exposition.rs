@@ -235,6 +235,22 @@ pub fn families(counters: Option<&Counters>, status: &Status, weights: &[VipWeig
                     share,
                 );
             }
+            if let Some(clients) = b.homed_clients {
+                f.gauge(
+                    "balancer_backend_homed_clients",
+                    "Under session persistence: the clients a backend homes now (placed, or returning within about a quarter of the persistence time); with a bound, a VIP's new client goes to the backend homing the fewest per unit of capacity when the scheduler's pick homes 3/2 as many.",
+                    &l,
+                    clients,
+                );
+            }
+            if let Some(capacity) = b.home_capacity {
+                f.gauge(
+                    "balancer_backend_home_capacity",
+                    "Under session persistence: the capacity a backend's clients are spread by (configured weight x KV-cache capacity against the pool's mean; 1 is a mean backend of weight 1); absent until the first weight round writes it.",
+                    &l,
+                    capacity,
+                );
+            }
             f.gauge(
                 "balancer_backend_healthy",
                 "1 if the backend passes its health checks (or is unchecked).",
@@ -507,6 +523,8 @@ mod tests {
                 bps: 0.0,
                 retiring: false,
                 bound_share: Some(0.25),
+                homed_clients: Some(2.0),
+                home_capacity: Some(1.6),
             }],
             announced: true,
             admission: Some(crate::api::types::AdmissionStatus {

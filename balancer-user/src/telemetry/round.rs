@@ -79,9 +79,9 @@ pub fn weight_round<D: Dataplane>(
         .map(|d| (d.address, d.returning_elsewhere))
         .collect();
     balancer.set_returning_elsewhere(&endpoint, &returning)?;
-    if !vip.persistence.is_zero() {
-        balancer.set_home_capacities(&endpoint, &capacities(&inputs))?;
-    }
+    // Written with or without persistence: a VIP whose persistence is switched on has them at
+    // once (while unknown, the data plane leaves a new client to the scheduler's pick).
+    balancer.set_home_capacities(&endpoint, &capacities(&inputs))?;
     if vip.admission.is_some() {
         let saturated = pool_saturated(&decisions, |a| eligible.contains(&a));
         balancer.set_saturated(&endpoint, saturated)?;

@@ -3,10 +3,7 @@
 //! (see `balancer_common::schedule::spread_over`). The daemon ages the counts and writes the
 //! capacities.
 
-use balancer_common::{
-    maps::HOME_CAPACITY_SCALE,
-    schedule::{HOME_UNIT, home_refresh},
-};
+use balancer_common::schedule::{HOME_UNIT, home_refresh};
 
 use crate::{active::atomic_add, maps::HOMES};
 
@@ -32,8 +29,8 @@ fn add_to_home(backend_id: u32, units: u64) {
     }
 }
 
-/// The clients a backend homes now, in `HOME_UNIT`s, and its capacity (a mean
-/// backend's while the daemon has written none; at least 1).
+/// The clients a backend homes now, in `HOME_UNIT`s, and its capacity (0 while the daemon
+/// has written none: nothing says where a client has room, and the scheduler's pick stands).
 #[inline(always)]
 pub fn home_of(backend_id: u32) -> (u64, u32) {
     match HOMES.get_ptr(backend_id) {
@@ -41,15 +38,8 @@ pub fn home_of(backend_id: u32) -> (u64, u32) {
             // SAFETY: a map value; single aligned loads.
             let homed = unsafe { core::ptr::read_volatile(&raw const (*p).homed) };
             let capacity = unsafe { core::ptr::read_volatile(&raw const (*p).capacity) };
-            (
-                homed,
-                if capacity == 0 {
-                    HOME_CAPACITY_SCALE
-                } else {
-                    capacity
-                },
-            )
+            (homed, capacity)
         }
-        None => (0, HOME_CAPACITY_SCALE),
+        None => (0, 0),
     }
 }

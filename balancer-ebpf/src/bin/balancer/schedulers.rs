@@ -377,7 +377,8 @@ fn least_conn(vip: &Pool, table: &Table) -> Pick {
 /// Session persistence's placement of a new client under bounded load: the scheduler's
 /// `pick`, or `best`, the listed backend that would home the fewest clients per unit of
 /// capacity with it ([`balancer_least_homed`]), when the pick would home at least 3/2 as many
-/// (`spread_over`) and `best` has room under the bound.
+/// (`spread_over`) and `best` has room under the bound. While either capacity is unknown (none
+/// written yet: a VIP's first moments) the pick stands.
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn balancer_spread(vip: u64, opts: u64, pick: u32, best: u32) -> u32 {
@@ -391,6 +392,8 @@ pub extern "C" fn balancer_spread(vip: u64, opts: u64, pick: u32, best: u32) -> 
     let (pick_homed, pick_capacity) = home_of(pick);
     let (best_homed, best_capacity) = home_of(best);
     if serves(p, meta.vip_id)
+        && pick_capacity != 0
+        && best_capacity != 0
         && spread_over(pick_homed, pick_capacity, best_homed, best_capacity)
         // Bounded load has the last word: a least homed backend without room leaves the pick.
         && !full(&meta, best, b)

@@ -93,6 +93,10 @@ impl Daemon {
             let endpoint = vip.config.endpoint();
             let shares = vip.slot_shares();
             let table_len = vip.table.len().max(1) as f64;
+            let homes = self.balancer.homes(&endpoint).unwrap_or_else(|e| {
+                tracing::warn!(vip = %vip.config.name, "reading session persistence's homes: {e}");
+                Default::default()
+            });
             let mut backends: Vec<BackendStatus> = vip
                 .backends
                 .values()
@@ -116,6 +120,8 @@ impl Daemon {
                         retiring: false,
                         bound_share: (vip.config.load_bound_pct > 0)
                             .then(|| f64::from(b.bound_share) / f64::from(BOUND_SHARE_SCALE)),
+                        homed_clients: homes.get(&b.address).map(|h| h.clients),
+                        home_capacity: homes.get(&b.address).and_then(|h| h.capacity),
                     }
                 })
                 .collect();
@@ -145,6 +151,8 @@ impl Daemon {
                     bps: t.bps,
                     retiring: true,
                     bound_share: None,
+                    homed_clients: None,
+                    home_capacity: None,
                 });
             }
             let t = self.vip_traffic.get(&vip.id).copied().unwrap_or_default();
