@@ -104,18 +104,23 @@ pub const fn home_fade_secs(persistence_secs: u64) -> u64 {
 }
 
 /// Clients homed are clamped to this many units (2^20 clients: past it the pick stands), and
-/// capacities to [`CAPACITY_CLAMP`], before multiplying (no overflow: 2^40 x 2^20 x 3 < 2^64).
+/// capacities to [`CAPACITY_CLAMP`], before multiplying (no overflow: whole clients, at most
+/// 2^20 + 2, x 2^20 x 3 < 2^64).
 const HOMES_CLAMP: u64 = 1 << 40;
 const CAPACITY_CLAMP: u32 = 1 << 20;
 
-/// A count of clients homed with the new one, clamped.
+/// The whole clients a count of `homed` units stands for, with the new one: rounded to the
+/// nearest whole client (clamped first). A count jitters by about a tenth of a client around
+/// each one that keeps returning (its share added once a tick, the ageing once a second), and
+/// a departed client's remainder fades below a half: neither decides a placement.
 #[inline(always)]
 const fn with_new(homed: u64) -> u64 {
-    (if homed > HOMES_CLAMP {
+    let homed = if homed > HOMES_CLAMP {
         HOMES_CLAMP
     } else {
         homed
-    }) + HOME_UNIT
+    };
+    (homed + HOME_UNIT / 2) / HOME_UNIT + 1
 }
 
 /// A capacity clamped (and at least 1).
@@ -134,7 +139,7 @@ const fn clamped(capacity: u32) -> u64 {
 /// fewest clients per unit of capacity (`least_homed` clients, capacity `least_capacity`)
 /// rather than to the scheduler's pick (`pick_homed`, `pick_capacity`) — when the pick, with
 /// this client, would home at least 3/2 the clients per unit of capacity that the least would
-/// with it. Counts in [`HOME_UNIT`]s. Where many clients come, the counts follow the
+/// with it. Counts in [`HOME_UNIT`]s, compared in whole clients. Where many clients come, the counts follow the
 /// scheduler's weights and the pick mostly stands (the bound keeps the rest off backends the
 /// weights starve); where a few heavy ones do (clients behind a NAT, one address each), they
 /// are spread by capacity instead of left to where the hash and the weights of the moment put
@@ -310,6 +315,24 @@ mod tests {
             homes[to] += HOME_UNIT;
         }
         homes.iter().map(|h| h / HOME_UNIT).collect()
+    }
+
+    #[test]
+    fn counts_are_compared_in_whole_clients() {
+        // Two clients on the pick, one on the least, each with a tick's share more than a
+        // whole (or a tick's ageing less): the fourth still goes to the least, 2 + 2.
+        let jitter = HOME_UNIT / 10;
+        for (pick, least) in [
+            (2 * HOME_UNIT, HOME_UNIT + jitter),
+            (2 * HOME_UNIT - jitter, HOME_UNIT),
+            (2 * HOME_UNIT + jitter, HOME_UNIT + jitter),
+        ] {
+            assert!(spread_over(pick, 1000, least, 1000), "{pick} {least}");
+        }
+        // What is left of clients gone (under half of one) counts as none.
+        assert!(!fewer_homes(HOME_UNIT * 4 / 10, 1000, 0, 1000));
+        assert!(!fewer_homes(0, 1000, HOME_UNIT * 4 / 10, 1000));
+        assert!(fewer_homes(0, 1000, HOME_UNIT * 6 / 10, 1000));
     }
 
     #[test]

@@ -58,7 +58,8 @@ impl<D: Dataplane> Balancer<D> {
     }
 
     /// Once a second: each persistent VIP's backends' counts lose 1/fade time (a quarter of the
-    /// persistence time, in seconds, see `home_fade_secs`) of themselves; a VIP with a static policy (no weight rounds) has its configured
+    /// persistence time, in seconds, see `home_fade_secs`) of themselves, and a VIP's without
+    /// persistence are cleared; a VIP with a static policy (no weight rounds) has its configured
     /// weights written as the capacities. Returns the VIPs aged.
     pub fn age_homes(&mut self) -> Result<usize, BalancerError> {
         let persistent: Vec<Endpoint> = self
@@ -67,6 +68,18 @@ impl<D: Dataplane> Balancer<D> {
             .filter(|(_, v)| !v.config.persistence.is_zero())
             .map(|(e, _)| *e)
             .collect();
+        let without: Vec<Endpoint> = self
+            .vips
+            .iter()
+            .filter(|(_, v)| v.config.persistence.is_zero())
+            .map(|(e, _)| *e)
+            .collect();
+        for vip in &without {
+            // Persistence off: what its clients counted goes at once (switched on again, the
+            // placements start from none, not from counts kept frozen meanwhile).
+            let ids: Vec<u32> = self.vips[vip].backends.values().map(|b| b.id).collect();
+            self.dataplane.age_homes(&ids, 1)?;
+        }
         for vip in &persistent {
             let state = &self.vips[vip];
             let ids: Vec<u32> = state.backends.values().map(|b| b.id).collect();

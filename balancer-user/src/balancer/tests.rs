@@ -704,19 +704,25 @@ fn clients_homed_age_over_the_fade_time_and_go_with_their_id() {
         .map(|b| b.id)
         .collect();
     let dns_id = lb.vip("dns").unwrap().backends.values().next().unwrap().id;
-    for id in ids.iter().chain([&dns_id]) {
-        lb.dataplane.homes.insert(*id, 2 * HOME_UNIT);
-    }
-    // No VIP with persistence: nothing ages.
+    let fill = |lb: &mut Balancer<MemoryDataplane>| {
+        for id in ids.iter().chain([&dns_id]) {
+            lb.dataplane.homes.insert(*id, 2 * HOME_UNIT);
+        }
+    };
+    fill(&mut lb);
+    // No VIP with persistence: none ages, and what was counted is cleared (persistence
+    // switched off; switched on again, placements start from none).
     assert_eq!(lb.age_homes().unwrap(), 0);
-    assert_eq!(lb.dataplane().homes[&ids[0]], 2 * HOME_UNIT);
+    assert_eq!(lb.dataplane().homes[&ids[0]], 0);
+    assert_eq!(lb.dataplane().homes[&dns_id], 0);
     // Persistence of 16 s on web: its counts fade over 4 s, losing a quarter a second; dns's
-    // keep theirs.
+    // (without) are cleared.
     cfg.vips[0].persistence = Duration::from_secs(16);
     lb.apply(&cfg.vips, &macs()).unwrap();
+    fill(&mut lb);
     assert_eq!(lb.age_homes().unwrap(), 1);
     assert_eq!(lb.dataplane().homes[&ids[0]], 2 * HOME_UNIT * 3 / 4);
-    assert_eq!(lb.dataplane().homes[&dns_id], 2 * HOME_UNIT);
+    assert_eq!(lb.dataplane().homes[&dns_id], 0);
     // Its static policy has no weight rounds: the configured weights (1 and 3) are the
     // capacities.
     let capacity = |lb: &Balancer<MemoryDataplane>, id: u32| lb.dataplane.home_capacities[&id];

@@ -305,10 +305,11 @@ impl SharedHomes {
     /// Replaces entry `i`'s clients homed with `f` of them, atomically against the data
     /// plane's adds.
     pub fn update_homed(&self, i: usize, f: impl Fn(u64) -> u64) {
+        // (Unchanged, nothing is written: most entries of VIPs without persistence stay 0.)
         let _ = self.homed_counter(i).fetch_update(
             std::sync::atomic::Ordering::Relaxed,
             std::sync::atomic::Ordering::Relaxed,
-            |v| Some(f(v)),
+            |v| Some(f(v)).filter(|n| *n != v),
         );
     }
 
