@@ -153,9 +153,12 @@ pub fn echo_stream(addr: SocketAddr, bytes: usize, timeout: Duration) -> Result<
     let mut received = 0;
     let mut buf = vec![0u8; 64 * 1024];
     while received < bytes {
-        let n = stream
-            .read(&mut buf)
-            .with_context(|| format!("receiving after {received} bytes"))?;
+        let n = match stream.read(&mut buf) {
+            // A signal to this thread, not the connection's end: read again (`read` does not,
+            // unlike `read_exact`).
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            r => r.with_context(|| format!("receiving after {received} bytes"))?,
+        };
         if n == 0 {
             bail!("connection closed after {received} of {bytes} bytes");
         }

@@ -62,18 +62,10 @@ impl<D: Dataplane> Balancer<D> {
     /// persistence are cleared; a VIP with a static policy (no weight rounds) has its configured
     /// weights written as the capacities. Returns the VIPs aged.
     pub fn age_homes(&mut self) -> Result<usize, BalancerError> {
-        let persistent: Vec<Endpoint> = self
+        let (persistent, without): (Vec<Endpoint>, Vec<Endpoint>) = self
             .vips
-            .iter()
-            .filter(|(_, v)| !v.config.persistence.is_zero())
-            .map(|(e, _)| *e)
-            .collect();
-        let without: Vec<Endpoint> = self
-            .vips
-            .iter()
-            .filter(|(_, v)| v.config.persistence.is_zero())
-            .map(|(e, _)| *e)
-            .collect();
+            .keys()
+            .partition(|e| !self.vips[*e].config.persistence.is_zero());
         for vip in &without {
             // Persistence off: what its clients counted goes at once (switched on again, the
             // placements start from none, not from counts kept frozen meanwhile).
