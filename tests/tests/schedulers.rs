@@ -417,6 +417,7 @@ fn persistence_spreads_a_vip_s_few_clients_that_hash_onto_one_backend() {
         sticky("sticky", 1, Some(1.25)),
         sticky("sticky-unbounded", 2, None),
         sticky("sticky-unknown", 3, Some(1.25)),
+        sticky("sticky-full", 4, Some(1.25)),
     ];
     let mut h = harness(&to_toml(&config));
     // Each flow ends after its SYN (the bound judges active flows: this test places clients,
@@ -515,6 +516,61 @@ fn persistence_spreads_a_vip_s_few_clients_that_hash_onto_one_backend() {
     for c in &piled {
         assert_eq!(syn(&mut h, 2, *c, 1000), on.unwrap(), "client {c}");
     }
+
+    // Bounded load has the last word on a placement: while the least homed backend is over
+    // the bound, a new client stays with the scheduler's pick, home and flow. One client
+    // homed on the hash's pick, then another backend made three times as large: the next
+    // client is homed there, and its flow stays open.
+    let on = on.unwrap();
+    let (a, b, c) = (piled[0], piled[1], piled[2]);
+    assert_eq!(syn(&mut h, 4, a, 1000), on);
+    end_flow(&mut h, 4, a, 1000, on);
+    let large = [ip(B1), ip(B2), ip(B3)]
+        .into_iter()
+        .find(|x| *x != on)
+        .unwrap();
+    let full_vip = h.balancer.vip("sticky-full").unwrap().config.endpoint();
+    let capacities: Vec<(IpAddr, f64)> = [ip(B1), ip(B2), ip(B3)]
+        .into_iter()
+        .map(|x| (x, if x == large { 3.0 } else { 1.0 }))
+        .collect();
+    h.balancer
+        .set_home_capacities(&full_vip, &capacities)
+        .unwrap();
+    assert_eq!(syn(&mut h, 4, b, 1000), large);
+    // The large backend holds the VIP's one active flow: over the bound (1 of 1 against a
+    // third of 1 + 1, times 1.25), though still the least homed per unit of capacity (2
+    // clients against 3 with the next one, the hash's pick 2 against 1): the next client
+    // stays with the pick.
+    let before = persistence_choices(&h);
+    assert_eq!(
+        syn(&mut h, 4, c, 1000),
+        on,
+        "the bound refuses the least homed"
+    );
+    end_flow(&mut h, 4, c, 1000, on);
+    let homed = h
+        .balancer
+        .dataplane()
+        .homes(&ids(&h, "sticky-full"))
+        .unwrap();
+    let clients = |x: IpAddr| {
+        let id = h.balancer.vip("sticky-full").unwrap().backends[&x].id;
+        homed
+            .get(&id)
+            .map_or(0, |h| (h.homed + HOME_UNIT / 2) / HOME_UNIT)
+    };
+    assert_eq!((clients(large), clients(on)), (1, 2), "{homed:?}");
+    // Room again on the large one: the client returns to its home, the pick.
+    end_flow(&mut h, 4, b, 1000, large);
+    assert_eq!(syn(&mut h, 4, c, 1001), on, "the client keeps its home");
+    end_flow(&mut h, 4, c, 1001, on);
+    let after = persistence_choices(&h);
+    assert_eq!(
+        [0, 1, 2, 3].map(|i| after[i] - before[i]),
+        [1, 0, 0, 1],
+        "placed once, returned once"
+    );
 }
 
 #[test]

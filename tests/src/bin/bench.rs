@@ -102,6 +102,11 @@ enum Bench {
         /// Repetitions of each point (different seeds).
         #[arg(long)]
         reps: Option<usize>,
+        /// Seed of the first repetition (repetition r plays seed FIRST_SEED + r): runs split
+        /// over several commands, e.g. two builds interleaved seed by seed, replay the same
+        /// workloads.
+        #[arg(long, default_value_t = 1)]
+        first_seed: u64,
         /// Loads of the sweep, as fractions of the knee.
         #[arg(long, value_delimiter = ',')]
         loads: Option<Vec<f64>>,
@@ -252,6 +257,7 @@ fn main() -> Result<()> {
             requests,
             duration,
             reps,
+            first_seed,
             loads,
             knees,
             knee_ttft,
@@ -296,6 +302,7 @@ fn main() -> Result<()> {
             if let Some(r) = reps {
                 opts.reps = r;
             }
+            opts.first_seed = first_seed;
             if let Some(l) = loads {
                 opts.loads = l;
             }
@@ -318,13 +325,14 @@ fn main() -> Result<()> {
             if opts.requests.is_some_and(|r| !(1..=100_000).contains(&r))
                 || !(1.0..=3600.0).contains(&opts.duration)
                 || !(1..=20).contains(&opts.reps)
+                || !(1..=1_000_000).contains(&opts.first_seed)
                 || opts.loads.is_empty()
                 || opts.loads.iter().any(|l| !(*l > 0.0 && *l <= 5.0))
                 || !(knee_ttft > 0.0 && slo_ttft > 0.0 && slo_itl_ms > 0.0)
                 || scrape_ms.is_some_and(|ms| !(10..=60_000).contains(&ms))
             {
                 anyhow::bail!(
-                    "--requests must be in 1..=100000, --duration in [1, 3600], --reps in 1..=20, --loads in (0, 5], the SLOs and --knee-ttft positive, --scrape-ms in 10..=60000"
+                    "--requests must be in 1..=100000, --duration in [1, 3600], --reps in 1..=20, --first-seed in 1..=1000000, --loads in (0, 5], the SLOs and --knee-ttft positive, --scrape-ms in 10..=60000"
                 );
             }
             if let Some(g) = gpus

@@ -58,6 +58,8 @@ pub struct Options {
     /// Seconds of arrivals per run, when `requests` is None.
     pub duration: f64,
     pub reps: usize,
+    /// The seed of the first repetition (repetition r plays `first_seed + r`).
+    pub first_seed: u64,
     /// Loads of the sweep, as fractions of the knee.
     pub loads: Vec<f64>,
     /// Knees given instead of searched, requests/s.
@@ -88,6 +90,7 @@ impl Options {
             requests: None,
             duration: 30.0,
             reps: 3,
+            first_seed: 1,
             loads: vec![0.3, 0.5, 0.75, 1.0, 1.1],
             knees: BTreeMap::new(),
             knee_ttft: 5.0,
@@ -113,6 +116,7 @@ impl Options {
             shapes: vec![Shape::Conversation],
             requests: Some(60),
             reps: 1,
+            first_seed: 1,
             loads: vec![1.0],
             knees,
             sweep: Some(
@@ -716,7 +720,7 @@ fn measured_run(
             shape,
             requests: requests_at(opts, rate),
             rate,
-            seed: rep as u64 + 1,
+            seed: opts.first_seed + rep as u64,
         },
         trace,
     )?;

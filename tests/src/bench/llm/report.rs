@@ -228,7 +228,7 @@ pub fn write(res: &Results) -> Result<Figures> {
         "# LLM routing benchmark\n\n`cargo xtask bench llm{}` on this machine ({} cores), wall time {:.0} min.\n\n\
          Pool: {} simulated GPUs (`sim-llm`: {}). Each run: {}, each conversation from its own client \
          address (4 addresses behind a NAT for `multi-turn-nat`), a connection per request, streamed completions; \
-         the servers restarted before each run (empty caches). {} repetition(s) per point (other seeds: arrivals, \
+         the servers restarted before each run (empty caches). {} repetition(s) per point (seeds {}; other seeds: other arrivals, \
          sizes, texts, trace stretch); cells show the median and, in brackets, the range. SLO for goodput: TTFT <= \
          {} s and mean inter-token latency <= {} ms. The knee: the highest load at which the best of the balancer's \
          composite and least-conn policies keeps p99 TTFT <= {} s with nothing failed.\n\n{}\n",
@@ -245,6 +245,11 @@ pub fn write(res: &Results) -> Result<Figures> {
             |n| format!("{n} requests")
         ),
         o.reps,
+        if o.reps == 1 {
+            o.first_seed.to_string()
+        } else {
+            format!("{}-{}", o.first_seed, o.first_seed + o.reps as u64 - 1)
+        },
         o.slo.ttft,
         o.slo.itl * 1e3,
         o.knee_ttft,
