@@ -525,12 +525,10 @@ fn persistence_spreads_a_vip_s_few_clients_that_hash_onto_one_backend() {
     let (a, b, c) = (piled[0], piled[1], piled[2]);
     assert_eq!(syn(&mut h, 4, a, 1000), on);
     end_flow(&mut h, 4, a, 1000, on);
-    let large = [ip(B1), ip(B2), ip(B3)]
-        .into_iter()
-        .find(|x| *x != on)
-        .unwrap();
+    let all = [ip(B1), ip(B2), ip(B3)];
+    let large = all.into_iter().find(|x| *x != on).unwrap();
     let full_vip = h.balancer.vip("sticky-full").unwrap().config.endpoint();
-    let capacities: Vec<(IpAddr, f64)> = [ip(B1), ip(B2), ip(B3)]
+    let capacities: Vec<(IpAddr, f64)> = all
         .into_iter()
         .map(|x| (x, if x == large { 3.0 } else { 1.0 }))
         .collect();
