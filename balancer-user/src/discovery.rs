@@ -12,6 +12,7 @@ use tokio::task::JoinSet;
 use crate::config::{Discovery, ScrapeAccess};
 use crate::http_client::{AccessNames, HttpClient};
 use crate::telemetry::exposition;
+use crate::telemetry::signals::{MAX_MODEL_NAME, MAX_MODELS};
 
 /// Largest answer read.
 const MAX_BODY: usize = 1 << 20;
@@ -31,25 +32,38 @@ pub fn parse_models(body: &str) -> Result<Vec<String>, String> {
             .get("id")
             .and_then(|v| v.as_str())
             .ok_or_else(|| format!("data[{i}] has no string \"id\""))?;
-        if !models.iter().any(|x| x == id) {
-            models.push(id.to_string());
-        }
+        models.push(id.to_string());
     }
+    bounded(models)
+}
+
+/// The distinct models, sorted; a list longer than [`MAX_MODELS`] or a name longer than
+/// [`MAX_MODEL_NAME`] is refused.
+fn bounded(mut models: Vec<String>) -> Result<Vec<String>, String> {
     models.sort();
+    models.dedup();
+    if models.len() > MAX_MODELS {
+        return Err(format!("{} models, at most {MAX_MODELS}", models.len()));
+    }
+    if let Some(long) = models.iter().find(|m| m.len() > MAX_MODEL_NAME) {
+        return Err(format!(
+            "a model name of {} bytes, at most {MAX_MODEL_NAME}",
+            long.len()
+        ));
+    }
     Ok(models)
 }
 
 /// The `model_name` label values of a Prometheus page.
 pub fn models_of_page(page: &str) -> Result<Vec<String>, String> {
     let samples = exposition::parse(page).map_err(|e| e.to_string())?;
-    let mut models: Vec<String> = samples
-        .iter()
-        .filter_map(|s| s.label("model_name"))
-        .map(str::to_string)
-        .collect();
-    models.sort();
-    models.dedup();
-    Ok(models)
+    bounded(
+        samples
+            .iter()
+            .filter_map(|s| s.label("model_name"))
+            .map(str::to_string)
+            .collect(),
+    )
 }
 
 /// Asks one backend which models it serves, through `client` (plain or HTTPS, with its token).
@@ -170,6 +184,13 @@ mod tests {
         assert!(parse_models("<html>").unwrap_err().contains("not JSON"));
         let page = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\",model_name=\"llama-3-8b\"} 1\nvllm:num_requests_running{engine=\"1\",model_name=\"llama-3-8b\"} 0\n";
         assert_eq!(models_of_page(page).unwrap(), vec!["llama-3-8b"]);
+        // Bounded: a list of countless models is refused, and read in bounded time.
+        let many: Vec<String> = (0..50_000).map(|i| format!(r#"{{"id":"m{i}"}}"#)).collect();
+        let body = format!(r#"{{"data":[{}]}}"#, many.join(","));
+        assert_eq!(
+            parse_models(&body).unwrap_err(),
+            format!("50000 models, at most {MAX_MODELS}")
+        );
     }
 
     /// Discovery over HTTPS behind a token, as a gateway in front of vLLM serves it.

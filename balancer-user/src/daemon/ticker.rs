@@ -164,7 +164,7 @@ mod tests {
     use crate::config::HealthConfig;
     use crate::discovery::PoolDiscovery;
     use crate::telemetry::loops::ScrapeTarget;
-    use crate::telemetry::signals::Signals;
+    use crate::telemetry::signals::Valid;
 
     /// Counts seconds and reconciles (each asks for the health targets), in order; panics in
     /// the second numbered `panic_at`; its config's generation is `generation`.
@@ -211,7 +211,7 @@ mod tests {
             &self,
             _: &Endpoint,
             _: &str,
-            _: Vec<(IpAddr, Result<Signals, String>)>,
+            _: Vec<(IpAddr, Result<Valid, String>)>,
             _: Option<Duration>,
         ) {
         }

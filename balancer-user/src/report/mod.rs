@@ -118,13 +118,17 @@ impl Reporter {
             let text = http_get(page.addr, &page.path, self.timeout, self.max_body).await?;
             let samples =
                 exposition::parse(&text).map_err(|e| format!("{}{}: {e}", page.addr, page.path))?;
-            signals.merge(extract(&samples));
+            let page_signals = extract(&samples)
+                .validate()
+                .map_err(|e| format!("{}{}: {e}", page.addr, page.path))?;
+            signals.merge(page_signals.into_inner());
         }
         // A server's own TTFT, when its page has one, comes first.
         if let Some(p) = &self.passive {
             let stats = p.stats().map_err(|e| e.to_string())?;
             signals.merge(passive::signals(&stats));
         }
+        let signals = signals.validate().map_err(|e| e.to_string())?;
         self.history
             .record(signals, Instant::now(), RECENT_HALF_LIFE);
         let signals = self

@@ -20,6 +20,8 @@ use std::fmt;
 pub const MAX_SAMPLES: usize = 100_000;
 /// Longest line accepted.
 pub const MAX_LINE: usize = 64 * 1024;
+/// Most labels accepted on one sample.
+pub const MAX_LABELS: usize = 64;
 
 /// One sample line, borrowing from its page.
 #[derive(Clone, Debug, PartialEq)]
@@ -178,6 +180,9 @@ fn parse_labels(mut s: &str) -> Result<(Labels<'_>, &str), String> {
             .strip_prefix('"')
             .ok_or_else(|| format!("label {label}'s value is not quoted"))?;
         let (value, end) = label_value(s).map_err(|why| format!("label {label}'s value {why}"))?;
+        if labels.len() == MAX_LABELS {
+            return Err(format!("more than {MAX_LABELS} labels"));
+        }
         labels.push((label, value));
         s = s[end + 1..].trim_start();
         if let Some(rest) = s.strip_prefix(',') {
@@ -308,5 +313,11 @@ trailing_comma{a="1",} 7
         assert!(parse(&page).unwrap_err().reason.contains("more than"));
         let long = format!("m{{a=\"{}\"}} 1", "x".repeat(MAX_LINE));
         assert!(parse(&long).unwrap_err().reason.contains("longer than"));
+        let labels: Vec<String> = (0..=MAX_LABELS).map(|i| format!("l{i}=\"v\"")).collect();
+        let wide = format!("m{{{}}} 1", labels.join(","));
+        assert_eq!(
+            parse(&wide).unwrap_err().reason,
+            format!("more than {MAX_LABELS} labels")
+        );
     }
 }

@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 use super::due::{DueWatch, relay};
 use super::pace::{COUNT_CHECK, ScrapePace};
 use super::scrape::{VllmPages, scrape};
-use super::signals::Signals;
+use super::signals::Valid;
 use crate::balancer::Endpoint;
 use crate::config::{TelemetryConfig, TelemetrySource};
 use crate::dataplane::ScrapeDue;
@@ -59,7 +59,7 @@ pub trait TelemetryPort: Send + Sync + 'static {
         &self,
         vip: &Endpoint,
         name: &str,
-        results: Vec<(IpAddr, Result<Signals, String>)>,
+        results: Vec<(IpAddr, Result<Valid, String>)>,
         next_scrape: Option<Duration>,
     );
     /// The data plane's counts of new flows left before the paced VIPs' scrapes and its ring
@@ -350,7 +350,7 @@ mod tests {
             &self,
             _vip: &Endpoint,
             _name: &str,
-            results: Vec<(IpAddr, Result<Signals, String>)>,
+            results: Vec<(IpAddr, Result<Valid, String>)>,
             _next_scrape: Option<Duration>,
         ) {
             let counter = if results.is_empty() {
@@ -379,7 +379,7 @@ mod tests {
             &self,
             _vip: &Endpoint,
             _name: &str,
-            _results: Vec<(IpAddr, Result<Signals, String>)>,
+            _results: Vec<(IpAddr, Result<Valid, String>)>,
             _next_scrape: Option<Duration>,
         ) {
             let name = std::thread::current().name().map(str::to_string);
@@ -520,7 +520,7 @@ mod tests {
             &self,
             _vip: &Endpoint,
             _name: &str,
-            _results: Vec<(IpAddr, Result<Signals, String>)>,
+            _results: Vec<(IpAddr, Result<Valid, String>)>,
             next_scrape: Option<Duration>,
         ) {
             self.rounds.fetch_add(1, Ordering::SeqCst);

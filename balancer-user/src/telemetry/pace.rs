@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use super::signals::Signals;
+use super::signals::Valid;
 use crate::config::TelemetryConfig;
 
 /// How often a loop waiting longer than this reads the VIP's new flows, to scrape at once
@@ -68,7 +68,7 @@ impl ScrapePace {
     pub fn requests_since(
         &mut self,
         flows: Option<u64>,
-        reports: &[(IpAddr, Result<Signals, String>)],
+        reports: &[(IpAddr, Result<Valid, String>)],
     ) -> Option<u64> {
         let by_flows = match (flows, self.flows) {
             (Some(now), Some(before)) => Some(now.checked_sub(before).unwrap_or(now)),
@@ -134,6 +134,7 @@ impl ScrapePace {
 mod tests {
     use super::*;
     use crate::config::TelemetrySource;
+    use crate::telemetry::signals::Signals;
 
     fn pace(fastest_ms: u64, slowest_ms: u64, per_backend: u32) -> ScrapePace {
         ScrapePace::new(&TelemetryConfig {
@@ -148,11 +149,13 @@ mod tests {
         })
     }
 
-    fn served(first_tokens: f64) -> Result<Signals, String> {
+    fn served(first_tokens: f64) -> Result<Valid, String> {
         Ok(Signals {
             ttft_sum_count: Some((first_tokens * 0.1, first_tokens)),
             ..Signals::default()
-        })
+        }
+        .validate()
+        .unwrap())
     }
 
     const S: fn(u64) -> Duration = Duration::from_secs;
@@ -235,6 +238,6 @@ mod tests {
         let a: IpAddr = "10.0.0.1".parse().unwrap();
         let mut p = pace(100, 4000, 8);
         assert_eq!(p.requests_since(None, &[(a, Err("refused".into()))]), None);
-        assert_eq!(p.requests_since(None, &[(a, Ok(Signals::default()))]), None);
+        assert_eq!(p.requests_since(None, &[(a, Ok(Valid::default()))]), None);
     }
 }

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::exposition;
-use super::signals::{Signals, extract, is_vllm, vllm_query};
+use super::signals::{Signals, Valid, extract, is_vllm, vllm_query};
 use crate::http_client::HttpClient;
 
 /// `GET path` from `addr`; the body, at most `max_body` bytes, on the process's pooled client
@@ -76,7 +76,8 @@ impl VllmPages {
 
 /// Scrapes every page of a backend through `client` (plain or HTTPS, with its token) and
 /// merges their signals (the first page wins a conflict). A page `vllm` knows to be vLLM's
-/// is asked for only the samples read.
+/// is asked for only the samples read. A page whose figures are out of range
+/// ([`Signals::validate`]) is an error naming the page and the figure.
 pub async fn scrape(
     client: &HttpClient,
     address: std::net::IpAddr,
@@ -84,7 +85,7 @@ pub async fn scrape(
     vllm: &VllmPages,
     timeout: Duration,
     max_body: usize,
-) -> Result<Signals, String> {
+) -> Result<Valid, String> {
     let mut merged: Option<Signals> = None;
     for (port, path) in pages {
         let addr = SocketAddr::new(address, *port);
@@ -111,12 +112,19 @@ pub async fn scrape(
                 extract(&samples)
             }
         };
+        let signals = signals
+            .validate()
+            .map_err(|e| format!("{addr}{path}: {e}"))?
+            .into_inner();
         match &mut merged {
             Some(m) => m.merge(signals),
             None => merged = Some(signals),
         }
     }
-    merged.ok_or_else(|| "no pages to scrape".to_string())
+    merged
+        .ok_or_else(|| "no pages to scrape".to_string())?
+        .validate()
+        .map_err(|e| format!("the pages together: {e}"))
 }
 
 #[cfg(test)]
@@ -137,7 +145,8 @@ mod tests {
             out.push(
                 scrape(&client, addr.ip(), &pages, &vllm, t, 1 << 20)
                     .await
-                    .unwrap(),
+                    .unwrap()
+                    .into_inner(),
             );
         }
         out
@@ -162,7 +171,7 @@ mod tests {
         ip: std::net::IpAddr,
         pages: &[(u16, String)],
         timeout: Duration,
-    ) -> Result<Signals, String> {
+    ) -> Result<Valid, String> {
         scrape(client, ip, pages, &VllmPages::default(), timeout, 1 << 20).await
     }
 

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use super::signals::Signals;
+use super::signals::{Signals, Valid};
 use crate::balancer::Endpoint;
 
 /// Default half-life of the recent window of a [`DecayedRatio`] (a VIP's
@@ -124,9 +124,18 @@ impl PrefillQueue {
         self.previous = Some((first, finished));
         let in_flight = (running + waiting).max(0.0);
         let gap = first - finished;
-        // 0 <= gap - offset <= in_flight.
-        self.offset = self.offset.clamp(gap - in_flight, gap);
-        let past = (gap - self.offset).clamp(0.0, in_flight);
+        if !(in_flight.is_finite() && gap.is_finite() && self.offset.is_finite()) {
+            // Not a count (the store takes validated reports; this keeps the function total).
+            self.offset = 0.0;
+            return if in_flight.is_finite() {
+                in_flight
+            } else {
+                0.0
+            };
+        }
+        // 0 <= gap - offset <= in_flight; max then min never panics, as clamp can.
+        self.offset = self.offset.max(gap - in_flight).min(gap);
+        let past = (gap - self.offset).max(0.0).min(in_flight);
         in_flight - past
     }
 }
@@ -180,6 +189,8 @@ pub struct BackendTelemetry {
     /// Scrapes or reports refused, and the last reason.
     pub errors: u64,
     pub last_error: Option<String>,
+    /// Whether the last scrape failed (its reason logged once, until one succeeds).
+    pub failing: bool,
     /// Counter reading of the previous report, for the token rate.
     previous_tokens: Option<(f64, Instant)>,
     ttft: DecayedRatio,
@@ -198,7 +209,8 @@ impl BackendTelemetry {
     /// Records a report received at `now`, deriving rates from the counters (the ratios over
     /// a recent window of half-life `recent`, see [`DecayedRatio`]). Figures a server reports
     /// itself (a pushed report, SGLang's hit rate) are taken as they are.
-    pub fn record(&mut self, mut signals: Signals, now: Instant, recent: Duration) {
+    pub fn record(&mut self, signals: Valid, now: Instant, recent: Duration) {
+        let mut signals = signals.into_inner();
         let elapsed = self
             .latest
             .as_ref()
@@ -293,7 +305,7 @@ impl BackendTelemetry {
         {
             signals.prefilling = Some(self.prefill_queue.update(first, finished, running, waiting));
         }
-        self.latest = Some((signals, now));
+        self.latest = Some((Valid::keeping_in_range(signals).into_inner(), now));
         self.reports += 1;
     }
 
@@ -334,6 +346,10 @@ impl TelemetryStore {
 mod tests {
     use super::*;
 
+    fn valid(s: Signals) -> Valid {
+        s.validate().unwrap()
+    }
+
     /// The recent window of a VIP scraped every 100 ms (the default).
     const H: Duration = RECENT_HALF_LIFE;
 
@@ -352,11 +368,11 @@ mod tests {
             prompt_sum_count: Some((count * 100.0, count)),
             ..Signals::default()
         };
-        t.record(report(1000.0, 1.0, 10.0), t0, H);
+        t.record(valid(report(1000.0, 1.0, 10.0)), t0, H);
         assert_eq!(t.latest.as_ref().unwrap().0.ttft_seconds, None);
         assert_eq!(t.latest.as_ref().unwrap().0.tokens_per_second, None);
         t.record(
-            report(3000.0, 4.0, 20.0),
+            report(3000.0, 4.0, 20.0).validate().unwrap(),
             t0 + Duration::from_millis(500),
             H,
         );
@@ -368,7 +384,11 @@ mod tests {
         assert!((s.prefill_seconds_per_token.unwrap() - 0.0003).abs() < 1e-12);
         assert!(close(s.prompt_tokens_mean, 100.0));
         // No new first tokens: the last TTFT stands; a counter reset gives no rate.
-        t.record(report(10.0, 4.0, 20.0), t0 + Duration::from_millis(1000), H);
+        t.record(
+            valid(report(10.0, 4.0, 20.0)),
+            t0 + Duration::from_millis(1000),
+            H,
+        );
         let s = &t.latest.as_ref().unwrap().0;
         assert!(close(s.ttft_seconds, 0.3));
         assert!((s.prefill_seconds.unwrap() - 0.03).abs() < 1e-12, "kept");
@@ -392,16 +412,20 @@ mod tests {
             computed_sum_count: computed.map(|c| (n * c, n)),
             ..Signals::default()
         };
-        t.record(report(10.0, Some(200.0)), t0, H);
-        t.record(report(20.0, Some(200.0)), t0 + Duration::from_secs(1), H);
+        t.record(valid(report(10.0, Some(200.0))), t0, H);
+        t.record(
+            valid(report(20.0, Some(200.0))),
+            t0 + Duration::from_secs(1),
+            H,
+        );
         let s = &t.latest.as_ref().unwrap().0;
         assert!(close(s.prefill_seconds_per_token, 0.00025));
         assert!(close(s.prefill_seconds_per_token_fastest, 0.00025));
         assert!(close(s.prompt_tokens_mean, 1000.0), "the prompt's size");
         // A page without the computed tokens: over the prompt tokens, as before.
         let mut old = BackendTelemetry::default();
-        old.record(report(10.0, None), t0, H);
-        old.record(report(20.0, None), t0 + Duration::from_secs(1), H);
+        old.record(valid(report(10.0, None)), t0, H);
+        old.record(valid(report(20.0, None)), t0 + Duration::from_secs(1), H);
         let s = &old.latest.as_ref().unwrap().0;
         assert!(close(s.prefill_seconds_per_token, 0.00005));
     }
@@ -418,11 +442,11 @@ mod tests {
             ..Signals::default()
         };
         let at = |s: u64| t0 + Duration::from_secs(s);
-        t.record(report(10.0, true), at(0), H);
-        t.record(report(20.0, true), at(1), H);
+        t.record(valid(report(10.0, true)), at(0), H);
+        t.record(valid(report(20.0, true)), at(1), H);
         // The next page lacks the computed tokens: its prompt tokens less the last page's
         // computed ones (18,000 tokens for 0.5 s of prefill) are no interval's work.
-        t.record(report(30.0, false), at(2), H);
+        t.record(valid(report(30.0, false)), at(2), H);
         let s = &t.latest.as_ref().unwrap().0;
         assert!(close(s.prefill_seconds_per_token, 0.00025), "kept");
         // The fastest only relaxes (by 2^(1/30) a second); read as an interval it would be
@@ -430,12 +454,12 @@ mod tests {
         let fastest = s.prefill_seconds_per_token_fastest.unwrap();
         assert!((0.00025..0.00026).contains(&fastest), "{fastest}");
         // From then on over prompt tokens: 0.5 s for 10,000 tokens.
-        t.record(report(40.0, false), at(3), H);
+        t.record(valid(report(40.0, false)), at(3), H);
         let s = &t.latest.as_ref().unwrap().0;
         assert!(s.prefill_seconds_per_token.unwrap() < 0.00025);
         assert!(close(s.prefill_seconds_per_token_fastest, 0.00005));
         // And back: computed tokens again count from the next page.
-        t.record(report(50.0, true), at(4), H);
+        t.record(valid(report(50.0, true)), at(4), H);
         let fastest = t
             .latest
             .as_ref()
@@ -446,6 +470,28 @@ mod tests {
             (0.00005..0.000052).contains(&fastest.unwrap()),
             "{fastest:?}"
         );
+    }
+
+    #[test]
+    fn the_prefill_queue_is_total_over_any_floats() {
+        // What once panicked in `f64::clamp` (bounds of NaN): counters overflowed to infinity.
+        let inf = f64::INFINITY;
+        for (first, finished, running, waiting) in [
+            (inf, inf, 1.0, 0.0),
+            (f64::NAN, 0.0, 1.0, 0.0),
+            (1e308, -1e308, 1.0, f64::NAN),
+            (5.0, 9.0, -4.0, 0.0),
+            (0.0, 0.0, inf, 0.0),
+        ] {
+            let mut q = PrefillQueue::default();
+            let v = q.update(first, finished, running, waiting);
+            assert!(
+                v.is_finite() && v >= 0.0,
+                "{first} {finished} {running} {waiting}: {v}"
+            );
+            // And the next, sane, reading is read as such.
+            assert_eq!(q.update(10.0, 8.0, 3.0, 1.0), 2.0);
+        }
     }
 
     #[test]
@@ -504,14 +550,14 @@ mod tests {
             prompt_sum_count: Some((700.0, 4.0)),
             ..Signals::default()
         };
-        b.record(page.clone(), now, H);
+        b.record(valid(page.clone()), now, H);
         assert_eq!(b.latest.as_ref().unwrap().0.prefilling, Some(3.0));
         // A pushed report's own figure is kept.
         let pushed = Signals {
             prefilling: Some(9.0),
             ..page
         };
-        b.record(pushed, now, H);
+        b.record(valid(pushed), now, H);
         assert_eq!(b.latest.as_ref().unwrap().0.prefilling, Some(9.0));
     }
 
@@ -524,21 +570,37 @@ mod tests {
             ..Signals::default()
         };
         let rate = |t: &BackendTelemetry| t.latest.as_ref().unwrap().0.prefix_cache_hit_rate;
-        t.record(report(0.0, 0.0), t0, H);
+        t.record(valid(report(0.0, 0.0)), t0, H);
         assert_eq!(rate(&t), None, "one reading gives no rate");
         // 1,024 prompt tokens looked up, 768 found.
-        t.record(report(768.0, 1024.0), t0 + Duration::from_millis(100), H);
+        t.record(
+            valid(report(768.0, 1024.0)),
+            t0 + Duration::from_millis(100),
+            H,
+        );
         assert!(close(rate(&t), 0.75));
         // No lookups since: the rate stands.
-        t.record(report(768.0, 1024.0), t0 + Duration::from_millis(200), H);
+        t.record(
+            valid(report(768.0, 1024.0)),
+            t0 + Duration::from_millis(200),
+            H,
+        );
         assert!(close(rate(&t), 0.75));
         // 3,000 more, none found: the recent share falls, token-weighted (the 1,024 of two
         // intervals ago count half: 384 of 3,512).
-        t.record(report(768.0, 4024.0), t0 + Duration::from_millis(300), H);
+        t.record(
+            valid(report(768.0, 4024.0)),
+            t0 + Duration::from_millis(300),
+            H,
+        );
         let after = rate(&t).unwrap();
         assert!((0.10..0.12).contains(&after), "{after}");
         // A restarted server (counters back to small numbers): nothing from the reset.
-        t.record(report(10.0, 3000.0), t0 + Duration::from_millis(400), H);
+        t.record(
+            valid(report(10.0, 3000.0)),
+            t0 + Duration::from_millis(400),
+            H,
+        );
         assert!(
             (rate(&t).unwrap() - after).abs() < 0.01,
             "not computed across a reset"
@@ -548,7 +610,9 @@ mod tests {
             Signals {
                 prefix_cache_hit_rate: Some(0.4),
                 ..Signals::default()
-            },
+            }
+            .validate()
+            .unwrap(),
             t0 + Duration::from_millis(500),
             H,
         );

@@ -348,11 +348,12 @@ fn telemetry(figures: &mut Figures) -> Result<()> {
         let now = Instant::now();
         for (address, page) in addresses.iter().zip(pages) {
             let samples = exposition::parse(page).map_err(|e| anyhow::anyhow!(e))?;
-            store.entry(&endpoint, *address).record(
-                signals::extract(&samples),
-                now,
-                vip.telemetry.derived_half_life,
-            );
+            let signals = signals::extract(&samples)
+                .validate()
+                .map_err(|e| anyhow::anyhow!("{address}: {e}"))?;
+            store
+                .entry(&endpoint, *address)
+                .record(signals, now, vip.telemetry.derived_half_life);
         }
         Ok(())
     };

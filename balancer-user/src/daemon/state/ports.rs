@@ -15,7 +15,7 @@ use crate::fleet::agent::FleetPort;
 use crate::fleet::{FleetState, FleetStatus, FleetWeights, local_weights, vip_config};
 use crate::health::HealthPort;
 use crate::telemetry::loops::{ScrapeTarget, TelemetryPort};
-use crate::telemetry::signals::Signals;
+use crate::telemetry::signals::Valid;
 
 impl HealthPort for Mutex<Daemon> {
     fn health_targets(&self) -> Vec<(Endpoint, String, IpAddr, HealthConfig)> {
@@ -75,7 +75,7 @@ impl TelemetryPort for Mutex<Daemon> {
         &self,
         vip: &Endpoint,
         name: &str,
-        results: Vec<(IpAddr, Result<Signals, String>)>,
+        results: Vec<(IpAddr, Result<Valid, String>)>,
         next_scrape: Option<Duration>,
     ) {
         let Ok(mut d) = self.lock() else {

@@ -11,7 +11,7 @@ use crate::dataplane::Dataplane as _;
 use crate::policy::{FlowsSince, PolicyKind};
 use crate::telemetry::loops::{ROUNDS_BETWEEN_SCRAPES, ScrapeTarget};
 use crate::telemetry::round;
-use crate::telemetry::signals::Signals;
+use crate::telemetry::signals::{Signals, Valid};
 use crate::telemetry::store::RECENT_HALF_LIFE;
 
 use super::{ChangeError, Daemon};
@@ -84,7 +84,7 @@ impl Daemon {
         vip: &Endpoint,
         name: &str,
         backend: IpAddr,
-        result: Result<Signals, String>,
+        result: Result<Valid, String>,
         mark: Option<FlowMark>,
     ) {
         if let (Ok(_), Some(mark)) = (&result, mark) {
@@ -101,9 +101,22 @@ impl Daemon {
             .map_or(RECENT_HALF_LIFE, |v| v.telemetry.derived_half_life);
         let entry = self.telemetry.entry(vip, backend);
         match result {
-            Ok(signals) => entry.record(signals, Instant::now(), half_life),
+            Ok(signals) => {
+                if entry.failing {
+                    tracing::info!(vip = name, %backend, "the backend's pages read again");
+                    entry.failing = false;
+                }
+                entry.record(signals, Instant::now(), half_life)
+            }
             Err(why) => {
-                tracing::debug!(vip = name, %backend, "scrape failed: {why}");
+                // Logged once per change of reason: a backend that keeps serving a bad page
+                // is one line, not one a scrape.
+                if entry.last_error.as_deref() != Some(why.as_str()) || !entry.failing {
+                    tracing::warn!(vip = name, %backend, "scrape failed: {why}");
+                } else {
+                    tracing::debug!(vip = name, %backend, "scrape failed: {why}");
+                }
+                entry.failing = true;
                 entry.error(why);
             }
         }
@@ -111,7 +124,9 @@ impl Daemon {
 
     /// Records a pushed report for `backend` in every VIP that takes pushed reports from it.
     pub fn record_push(&mut self, backend: IpAddr, signals: Signals) -> Result<usize, ChangeError> {
-        check_report(&signals)?;
+        let signals = signals
+            .validate()
+            .map_err(|e| ChangeError::Invalid(e.to_string()))?;
         let vips: Vec<(Endpoint, String, Duration)> = self
             .config
             .vips
@@ -272,54 +287,6 @@ impl Daemon {
             })
             .collect()
     }
-}
-
-/// Checks a pushed report's figures: finite, not negative, fractions within 0..1.
-fn check_report(s: &Signals) -> Result<(), ChangeError> {
-    let fields = [
-        ("kv_usage", s.kv_usage, Some(1.0)),
-        ("kv_capacity_tokens", s.kv_capacity_tokens, None),
-        ("inflight_tokens", s.inflight_tokens, None),
-        ("gpu_memory_used_bytes", s.gpu_memory_used_bytes, None),
-        ("gpu_memory_total_bytes", s.gpu_memory_total_bytes, None),
-        ("gpu_utilization", s.gpu_utilization, Some(1.0)),
-        ("running", s.running, None),
-        ("waiting", s.waiting, None),
-        ("prefilling", s.prefilling, None),
-        ("tokens_per_second", s.tokens_per_second, None),
-        ("ttft_seconds", s.ttft_seconds, None),
-        ("prefill_seconds", s.prefill_seconds, None),
-        (
-            "prefill_seconds_per_token",
-            s.prefill_seconds_per_token,
-            None,
-        ),
-        (
-            "prefill_seconds_per_token_fastest",
-            s.prefill_seconds_per_token_fastest,
-            None,
-        ),
-        ("prompt_tokens_mean", s.prompt_tokens_mean, None),
-        ("prefix_cache_hit_rate", s.prefix_cache_hit_rate, Some(1.0)),
-    ];
-    for (name, value, max) in fields {
-        if let Some(v) = value
-            && (!v.is_finite() || v < 0.0 || max.is_some_and(|m| v > m))
-        {
-            let range = max.map_or("a finite number >= 0".to_string(), |m| {
-                format!("between 0 and {m}")
-            });
-            return Err(ChangeError::Invalid(format!(
-                "{name} = {v}: must be {range}"
-            )));
-        }
-    }
-    if s.models.len() > 256 || s.models.iter().any(|m| m.len() > 256) {
-        return Err(ChangeError::Invalid(
-            "models: at most 256 names of at most 256 bytes".into(),
-        ));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -15,6 +15,8 @@
 //! A backend may serve several pages (an inference server and a GPU exporter); their signals
 //! merge field by field.
 
+use std::collections::BTreeSet;
+
 use serde::{Deserialize, Serialize};
 
 use super::exposition::Sample;
@@ -116,7 +118,8 @@ impl Signals {
         Some((self.gpu_memory_total_bytes? - self.gpu_memory_used_bytes?).max(0.0))
     }
 
-    /// Fills the fields `self` lacks from `other`.
+    /// Fills the fields `self` lacks from `other`; the models are the union of both (sorted,
+    /// each once).
     pub fn merge(&mut self, other: Signals) {
         macro_rules! take {
             ($($f:ident),*) => { $( if self.$f.is_none() { self.$f = other.$f; } )* };
@@ -145,36 +148,205 @@ impl Signals {
             computed_sum_count,
             prefix_cache_counts
         );
-        for m in other.models {
-            if !self.models.contains(&m) {
-                self.models.push(m);
+        if !other.models.is_empty() {
+            let mut models: BTreeSet<String> =
+                std::mem::take(&mut self.models).into_iter().collect();
+            models.extend(other.models);
+            self.models = models.into_iter().collect();
+        }
+    }
+
+    /// Checks every figure against its range (see [`Valid`]): the boundary between what a
+    /// backend says and what the daemon uses.
+    pub fn validate(mut self) -> Result<Valid, SignalError> {
+        for (field, value, range) in self.figures() {
+            if let Some(value) = *value {
+                range.check(field, value)?;
             }
+        }
+        let s = &self;
+        let pairs = [
+            ("ttft_sum_count", s.ttft_sum_count),
+            ("prefill_sum_count", s.prefill_sum_count),
+            ("prompt_sum_count", s.prompt_sum_count),
+            ("computed_sum_count", s.computed_sum_count),
+            ("prefix_cache_counts", s.prefix_cache_counts),
+        ];
+        for (field, pair) in pairs {
+            if let Some((sum, count)) = pair {
+                Range::Count.check(field, sum)?;
+                Range::Count.check(field, count)?;
+            }
+        }
+        if s.models.len() > MAX_MODELS {
+            return Err(SignalError::TooManyModels(s.models.len()));
+        }
+        if let Some(long) = s.models.iter().find(|m| m.len() > MAX_MODEL_NAME) {
+            return Err(SignalError::ModelNameTooLong(long.len()));
+        }
+        Ok(Valid(self))
+    }
+}
+
+impl Signals {
+    /// Every single figure with its name and range.
+    fn figures(&mut self) -> [(&'static str, &mut Option<f64>, Range); 17] {
+        use Range::*;
+        [
+            ("kv_usage", &mut self.kv_usage, Fraction),
+            ("kv_capacity_tokens", &mut self.kv_capacity_tokens, Count),
+            ("inflight_tokens", &mut self.inflight_tokens, Count),
+            (
+                "gpu_memory_used_bytes",
+                &mut self.gpu_memory_used_bytes,
+                Count,
+            ),
+            (
+                "gpu_memory_total_bytes",
+                &mut self.gpu_memory_total_bytes,
+                Count,
+            ),
+            ("gpu_utilization", &mut self.gpu_utilization, Fraction),
+            ("running", &mut self.running, Count),
+            ("waiting", &mut self.waiting, Count),
+            ("prefilling", &mut self.prefilling, Count),
+            ("tokens_per_second", &mut self.tokens_per_second, Count),
+            ("ttft_seconds", &mut self.ttft_seconds, Seconds),
+            ("prefill_seconds", &mut self.prefill_seconds, Seconds),
+            (
+                "prefill_seconds_per_token",
+                &mut self.prefill_seconds_per_token,
+                Seconds,
+            ),
+            (
+                "prefill_seconds_per_token_fastest",
+                &mut self.prefill_seconds_per_token_fastest,
+                Seconds,
+            ),
+            ("prompt_tokens_mean", &mut self.prompt_tokens_mean, Count),
+            (
+                "prefix_cache_hit_rate",
+                &mut self.prefix_cache_hit_rate,
+                Fraction,
+            ),
+            ("tokens_total", &mut self.tokens_total, Count),
+        ]
+    }
+}
+
+impl Valid {
+    /// Signals with figures derived from valid ones (rates, ratios): a derived figure out of
+    /// its range (a rate over a moment, say) is no value.
+    pub fn keeping_in_range(mut signals: Signals) -> Valid {
+        for (_, value, range) in signals.figures() {
+            if value.is_some_and(|v| !range.contains(v)) {
+                *value = None;
+            }
+        }
+        Valid(signals)
+    }
+}
+
+/// Most models one backend may report (distinct `model_name` labels, a pushed list).
+pub const MAX_MODELS: usize = 256;
+/// Longest model name accepted, bytes.
+pub const MAX_MODEL_NAME: usize = 256;
+/// Largest count, counter or token figure accepted: 2^53, past which an f64 no longer counts
+/// by one (a counter there cannot move by a request).
+pub const MAX_COUNT: f64 = 9_007_199_254_740_992.0;
+/// Longest duration accepted (a TTFT, a prefill time), seconds: a day.
+pub const MAX_SECONDS: f64 = 86_400.0;
+
+/// What a figure may be: every one is finite and not negative.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Range {
+    /// 0..=1.
+    Fraction,
+    /// 0..=[`MAX_COUNT`].
+    Count,
+    /// 0..=[`MAX_SECONDS`].
+    Seconds,
+}
+
+impl Range {
+    fn max(self) -> f64 {
+        match self {
+            Range::Fraction => 1.0,
+            Range::Count => MAX_COUNT,
+            Range::Seconds => MAX_SECONDS,
+        }
+    }
+
+    fn contains(self, value: f64) -> bool {
+        value.is_finite() && (0.0..=self.max()).contains(&value)
+    }
+
+    fn check(self, field: &'static str, value: f64) -> Result<(), SignalError> {
+        if self.contains(value) {
+            Ok(())
+        } else {
+            Err(SignalError::OutOfRange {
+                field,
+                value,
+                max: self.max(),
+            })
         }
     }
 }
 
-/// Sum of the finite values of the samples named `name` (over engines, GPUs, models).
+/// Why a backend's signals were refused.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum SignalError {
+    #[error("{field} = {value}: must be a finite number between 0 and {max}")]
+    OutOfRange {
+        field: &'static str,
+        value: f64,
+        max: f64,
+    },
+    #[error("models: {0} names, at most {MAX_MODELS}")]
+    TooManyModels(usize),
+    #[error("models: a name of {0} bytes, at most {MAX_MODEL_NAME}")]
+    ModelNameTooLong(usize),
+}
+
+/// Signals whose every figure is finite and in its range, and whose models are bounded in
+/// count and size ([`Signals::validate`]): the only form in which a report reaches the
+/// telemetry store and the policies.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Valid(Signals);
+
+impl Valid {
+    pub fn into_inner(self) -> Signals {
+        self.0
+    }
+}
+
+impl std::ops::Deref for Valid {
+    type Target = Signals;
+
+    fn deref(&self) -> &Signals {
+        &self.0
+    }
+}
+
+/// Sum of the values of the samples named `name` (over engines, GPUs, models). A NaN or an
+/// infinity among them, or a sum that overflows, gives a figure that
+/// [`Signals::validate`] refuses.
 fn sum(samples: &[Sample], name: &str) -> Option<f64> {
     let mut found = false;
     let mut total = 0.0;
-    for s in samples
-        .iter()
-        .filter(|s| s.name == name && s.value.is_finite())
-    {
+    for s in samples.iter().filter(|s| s.name == name) {
         found = true;
         total += s.value;
     }
     found.then_some(total)
 }
 
-/// Mean of the finite values of the samples named `name`.
+/// Mean of the values of the samples named `name` (not finite where one is not, or where
+/// their sum overflows: see [`sum`]).
 fn mean(samples: &[Sample], name: &str) -> Option<f64> {
-    let values: Vec<f64> = samples
-        .iter()
-        .filter(|s| s.name == name && s.value.is_finite())
-        .map(|s| s.value)
-        .collect();
-    (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
+    let count = samples.iter().filter(|s| s.name == name).count();
+    sum(samples, name).map(|total| total / count as f64)
 }
 
 fn first_of(
@@ -185,9 +357,10 @@ fn first_of(
     names.iter().find_map(|n| f(samples, n))
 }
 
-/// A fraction that may be reported as 0..1 or as a percentage.
+/// A fraction that may be reported as 0..1 or as a percentage (1..=100); anything else stays
+/// as it is, for [`Signals::validate`] to refuse.
 fn fraction(v: f64) -> f64 {
-    if v > 1.0 { v / 100.0 } else { v }.clamp(0.0, 1.0)
+    if v > 1.0 && v <= 100.0 { v / 100.0 } else { v }
 }
 
 const MIB: f64 = 1024.0 * 1024.0;

@@ -155,11 +155,116 @@ DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-2"} 70
 }
 
 #[test]
-fn nan_and_infinite_values_are_ignored() {
+fn nan_and_infinite_values_are_refused_naming_the_figure() {
     let s = signals(
         "vllm:num_requests_running NaN\nvllm:num_requests_waiting +Inf\nvllm:kv_cache_usage_perc 0.2\n",
     );
-    assert_eq!((s.running, s.waiting, s.kv_usage), (None, None, Some(0.2)));
+    let e = s.validate().unwrap_err().to_string();
+    assert!(
+        e.starts_with("running = NaN: must be a finite number"),
+        "{e}"
+    );
+    let e = signals("vllm:num_requests_waiting -Inf\n")
+        .validate()
+        .unwrap_err();
+    assert!(e.to_string().starts_with("waiting = -inf"), "{e}");
+}
+
+/// A vLLM page whose TTFT histogram appears under two model names with counts of 1e308: each
+/// sample is a float, their sum is not.
+const OVERFLOWING: &str = r#"
+vllm:num_requests_running{model_name="a"} 1
+vllm:num_requests_running{model_name="b"} 1
+vllm:num_requests_waiting{model_name="a"} 0
+vllm:time_to_first_token_seconds_sum{model_name="a"} 1e308
+vllm:time_to_first_token_seconds_sum{model_name="b"} 1e308
+vllm:time_to_first_token_seconds_count{model_name="a"} 1e308
+vllm:time_to_first_token_seconds_count{model_name="b"} 1e308
+vllm:request_prompt_tokens_sum{model_name="a"} 1e308
+vllm:request_prompt_tokens_sum{model_name="b"} 1e308
+vllm:request_prompt_tokens_count{model_name="a"} 1e308
+vllm:request_prompt_tokens_count{model_name="b"} 1e308
+"#;
+
+#[test]
+fn sums_that_overflow_are_refused() {
+    let e = signals(OVERFLOWING).validate().unwrap_err().to_string();
+    assert!(
+        e.starts_with("ttft_sum_count = inf: must be a finite number"),
+        "{e}"
+    );
+    // One model alone: finite, but past any count a server can reach.
+    let one: String = OVERFLOWING
+        .lines()
+        .filter(|l| !l.contains("\"b\""))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let e = signals(&one).validate().unwrap_err().to_string();
+    assert!(
+        e.starts_with("ttft_sum_count = 100000000000000000000000"),
+        "{e}"
+    );
+    assert!(e.contains(&format!("{MAX_COUNT}")), "{e}");
+}
+
+#[test]
+fn figures_out_of_range_are_refused_and_percentages_read_as_fractions() {
+    let refused = [
+        ("vllm:num_requests_running -3\n", "running = -3"),
+        ("vllm:kv_cache_usage_perc 1e9\n", "kv_usage = 1000000000"),
+        ("vllm:kv_cache_usage_perc -0.5\n", "kv_usage = -0.5"),
+        ("DCGM_FI_DEV_GPU_UTIL 101\n", "gpu_utilization = 101"),
+        (
+            "vllm:cache_config_info{num_gpu_blocks=\"1e300\",block_size=\"1e300\"} 1\n",
+            "kv_capacity_tokens = inf",
+        ),
+        (
+            "tgi_batch_max_total_tokens 100\ntgi_batch_current_max_tokens -5\n",
+            "inflight_tokens = -5",
+        ),
+    ];
+    for (page, want) in refused {
+        let e = signals(page).validate().unwrap_err().to_string();
+        assert!(e.starts_with(want), "{page:?}: {e}");
+    }
+    // 0..1 as it is, 1..100 as a percentage.
+    let s = signals("vllm:kv_cache_usage_perc 95\nDCGM_FI_DEV_GPU_UTIL 37\n")
+        .validate()
+        .unwrap();
+    assert_eq!((s.kv_usage, s.gpu_utilization), (Some(0.95), Some(0.37)));
+}
+
+#[test]
+fn a_page_of_countless_models_is_refused_in_bounded_time() {
+    let page: String = (0..50_000)
+        .map(|i| format!("vllm:num_requests_running{{model_name=\"m{i}\"}} 0\n"))
+        .collect();
+    let started = std::time::Instant::now();
+    let s = signals(&page);
+    let mut merged = s.clone();
+    merged.merge(s);
+    let e = merged.validate().unwrap_err();
+    assert_eq!(e, SignalError::TooManyModels(50_000));
+    // Sorting and a set union, not a scan per name (which took minutes): well under a second
+    // on any machine, but give a slow CI ten.
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    let long = format!(
+        "vllm:num_requests_running{{model_name=\"{}\"}} 0\n",
+        "x".repeat(300)
+    );
+    assert_eq!(
+        signals(&long).validate().unwrap_err(),
+        SignalError::ModelNameTooLong(300)
+    );
+}
+
+#[test]
+fn merged_models_are_the_union_once_each() {
+    let mut a = signals("vllm:num_requests_running{model_name=\"b\"} 0\n");
+    a.merge(signals(
+        "vllm:num_requests_running{model_name=\"a\"} 0\nvllm:num_requests_running{model_name=\"b\"} 0\n",
+    ));
+    assert_eq!(a.models, vec!["a".to_string(), "b".to_string()]);
 }
 
 fn round(v: f64) -> f64 {
