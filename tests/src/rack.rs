@@ -373,6 +373,20 @@ impl Process {
         }
     }
 
+    /// Waits for the process to exit by itself; its exit status, or an error after `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if started.elapsed() > timeout {
+                bail!("{} still running after {timeout:?}", self.name);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))

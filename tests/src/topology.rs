@@ -345,14 +345,28 @@ impl Topology {
 
     /// Starts `balancer run` again with the config `start_balancer` wrote, plus `args`.
     pub fn restart_balancer(&mut self, args: &[&str]) -> Result<()> {
+        self.restart_balancer_with(&[], args)
+    }
+
+    /// Like [`Topology::restart_balancer`] with the environment variables `env`
+    /// (`NAME=value` each) set for the daemon.
+    pub fn restart_balancer_with(&mut self, env: &[&str], args: &[&str]) -> Result<()> {
         let path = self.rack.log_dir.join("balancer.toml");
         let bin = binary("balancer")?;
-        let mut argv = vec![
+        let mut argv: Vec<String> = if env.is_empty() {
+            Vec::new()
+        } else {
+            std::iter::once("env")
+                .chain(env.iter().copied())
+                .map(String::from)
+                .collect()
+        };
+        argv.extend([
             bin.to_string_lossy().to_string(),
             "run".to_string(),
             "--config".to_string(),
             path.to_string_lossy().to_string(),
-        ];
+        ]);
         argv.extend(args.iter().map(|a| (*a).to_string()));
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
         self.rack

@@ -454,6 +454,63 @@ fn restarts_lose_nothing_on_two_links() {
     );
 }
 
+/// A panic inside a weight round, with the daemon's state locked (injected: debug builds read
+/// `BALANCER_INJECT_PANIC`), ends the process at once with SIGABRT rather than leaving it up
+/// with a poisoned lock; the restarted daemon adopts the pinned program, no echo stream breaks
+/// and the API works again.
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn a_panic_ends_the_daemon_and_its_restart_loses_nothing() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let mut topo = Topology::build(TopologyOptions::new("pnc")).expect("building the test rack");
+    topo.attach_peer_pass(AttachMode::Native)
+        .expect("pass program");
+    // echo4 under least-conn: a weight round every telemetry interval (100 ms).
+    let mut config = rack_config(&topo, "l2-dsr", AttachMode::Native);
+    vip_mut(&mut config, "echo4").policy = Some(balancer::config::RawPolicy {
+        kind: Some("least-conn".into()),
+        ..Default::default()
+    });
+    topo.start_balancer(&to_toml(&config))
+        .expect("the balancer with a least-conn VIP");
+    let until = Instant::now() + Duration::from_secs(14);
+    let streams = topo
+        .echo_streams(8, until, TIMEOUT)
+        .expect("client threads");
+    std::thread::sleep(Duration::from_secs(2));
+    // A clean stop, then a daemon that adopts the program and panics 5 s into its rounds.
+    let code = topo
+        .process("balancer")
+        .unwrap()
+        .signal_and_wait(libc::SIGTERM, TIMEOUT)
+        .unwrap();
+    assert!(code.success(), "SIGTERM exit {code}");
+    topo.restart_balancer_with(&["BALANCER_INJECT_PANIC=weight-round:50"], &[])
+        .expect("the daemon, to panic in its 50th weight round");
+    let status = topo
+        .process("balancer")
+        .unwrap()
+        .wait_exit(Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", topo.logs()));
+    let log = topo.process("balancer").unwrap().log_text();
+    assert_eq!(status.signal(), Some(libc::SIGABRT), "{status}\n{log}");
+    assert!(
+        log.contains("injected panic in weight-round 50") && log.contains("aborting"),
+        "{log}"
+    );
+    // Forwarding went on meanwhile; the service manager's restart adopts the program.
+    topo.restart_balancer(&[]).expect("restart after the panic");
+    let log = topo.process("balancer").unwrap().log_text();
+    assert!(log.contains("adopted the pinned program"), "{log}");
+    let (code, _, err) = topo
+        .cli(&["backend", "set-weight", "echo4", "10.111.0.11", "3"])
+        .unwrap();
+    assert_eq!(code, 0, "{err}");
+    let joined = join_streams(streams, "across the panic and the restart")
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", topo.logs()));
+    assert!(joined.fewest_bytes > 0, "a stream moved nothing");
+}
+
 /// 20 TCP streams and a UDP probe every 10 ms through a SIGKILL, a restart, a SIGTERM and a
 /// `--replace`: no stream breaks, no probe goes unanswered.
 fn restarts_lose_nothing_when(mut topo: Topology) -> Topology {

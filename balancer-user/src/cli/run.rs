@@ -34,6 +34,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if !(0.0..=600.0).contains(&args.neighbour_timeout) {
         anyhow::bail!("--neighbour-timeout must be between 0 and 600 seconds");
     }
+    daemon::abort_on_panic();
     let opts = RunOptions {
         config_path: args.config,
         neighbour_timeout: Duration::from_secs_f64(args.neighbour_timeout),

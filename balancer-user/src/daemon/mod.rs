@@ -400,6 +400,44 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     ticker_ended
 }
 
+/// Makes any panic, on any thread, end the process with SIGABRT once it is logged. A daemon
+/// whose thread panicked while holding the state's lock would otherwise stay up half-alive (its
+/// API, scrapes, health checks and sweeps failing on the poisoned lock for good) where the
+/// service manager cannot see it; ended, it is restarted (`Restart=on-failure`) and the new
+/// daemon adopts the pinned program, which forwards all the while.
+pub fn abort_on_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        tracing::error!(
+            "{info}; aborting (the pinned program keeps forwarding; a restarted daemon adopts it)"
+        );
+        report(info);
+        std::process::abort();
+    }));
+}
+
+/// A panic injected for the tests that show what [`abort_on_panic`] does: debug builds only,
+/// where `BALANCER_INJECT_PANIC=weight-round:N` panics in the Nth weight round (with the
+/// daemon's state locked, as a bug there would).
+#[cfg(debug_assertions)]
+pub(crate) fn injected_panic(site: &str) {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static AT: OnceLock<Option<(String, u64)>> = OnceLock::new();
+    static SEEN: AtomicU64 = AtomicU64::new(0);
+    let at = AT.get_or_init(|| {
+        let spec = std::env::var("BALANCER_INJECT_PANIC").ok()?;
+        let (name, n) = spec.split_once(':')?;
+        Some((name.to_string(), n.parse().ok()?))
+    });
+    if let Some((name, n)) = at
+        && name == site
+        && SEEN.fetch_add(1, Ordering::Relaxed) + 1 == *n
+    {
+        panic!("injected panic in {site} {n} (BALANCER_INJECT_PANIC)");
+    }
+}
+
 /// Detaches the pinned program and removes the pinned maps and the state file.
 pub fn detach_pinned(pins: &Pins, state_file: &Path) -> Result<()> {
     pins.remove()

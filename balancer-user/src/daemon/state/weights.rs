@@ -155,6 +155,8 @@ impl Daemon {
     /// One weight round for the VIP `name`: the policy turns its backends' latest reports and
     /// flows into weights, and the table is republished if they changed it.
     pub fn weight_round(&mut self, name: &str) -> Result<(), ChangeError> {
+        #[cfg(debug_assertions)]
+        crate::daemon::injected_panic("weight-round");
         let started = Instant::now();
         let Some(vip) = self.config.vip(name).cloned() else {
             return Ok(());
