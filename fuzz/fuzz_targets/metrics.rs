@@ -1,7 +1,8 @@
 //! Metrics pages, through everything a scrape feeds: any text is samples or an error naming its
 //! line; signals are refused or come out finite and in range; two readings of them in the
-//! telemetry store and a composite weight round beside two ordinary backends never panic, give
-//! weights within 0..=MAX_WEIGHT, and leave the ordinary backends in rotation.
+//! telemetry store and a composite weight round beside three ordinary backends never panic, give
+//! weights within 0..=MAX_WEIGHT, leave the ordinary backends in rotation, and hold the page's
+//! backend to its bounded share (`policy.max_share`: 3 x 1/4, a quantum's rounding aside).
 #![no_main]
 
 use std::net::IpAddr;
@@ -62,6 +63,7 @@ fuzz_target!(|data: &[u8]| {
         input(1, hostile),
         input(2, ordinary(2.0).into_inner()),
         input(3, ordinary(3.0).into_inner()),
+        input(4, ordinary(1.0).into_inner()),
     ];
     let cfg = PolicyConfig {
         kind: PolicyKind::Composite,
@@ -70,11 +72,17 @@ fuzz_target!(|data: &[u8]| {
     let mut state = PolicyState::default();
     for _ in 0..3 {
         let decisions = policy::decide(&cfg, &inputs, &mut state);
-        assert_eq!(decisions.len(), 3);
+        assert_eq!(decisions.len(), 4);
         for d in &decisions {
             assert!(d.weight <= MAX_WEIGHT, "{d:?}");
         }
-        assert!(decisions[1].weight > 0 && decisions[2].weight > 0, "{decisions:?}");
+        assert!(
+            decisions[1..].iter().all(|d| d.weight > 0),
+            "{decisions:?}"
+        );
+        let total: u32 = decisions.iter().map(|d| d.weight).sum();
+        let share = f64::from(decisions[0].weight) / f64::from(total);
+        assert!(share <= 0.8, "the page's backend took {share}: {decisions:?}");
     }
     assert!(
         started.elapsed() < Duration::from_secs(5),

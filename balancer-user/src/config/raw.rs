@@ -338,6 +338,10 @@ pub struct RawPolicy {
     pub quantum: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fresher_load: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_ratio: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_share: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]

@@ -438,6 +438,14 @@ pub(super) fn validate_policy(
             Some(v) => v,
             None => d.fresher_load,
         },
+        max_ratio: match raw.max_ratio {
+            Some(v) => float_in(v, 1.0, 1000.0, &key("max_ratio"))?,
+            None => d.max_ratio,
+        },
+        max_share: match raw.max_share {
+            Some(v) => float_in(v, 1.0, 1000.0, &key("max_share"))?,
+            None => d.max_share,
+        },
     })
 }
 
@@ -464,5 +472,7 @@ pub(super) fn policy_to_raw(p: &PolicyConfig) -> RawPolicy {
         }),
         quantum: Some(i64::from(p.quantum)),
         fresher_load: Some(p.fresher_load),
+        max_ratio: Some(p.max_ratio),
+        max_share: Some(p.max_share),
     }
 }

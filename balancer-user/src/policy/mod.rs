@@ -28,6 +28,11 @@
 //! 5. If every backend would get 0, the non-stale ones get weights by capacity (configured
 //!    weight x KV capacity; degraded, with the reason said): sending new flows nowhere is
 //!    worse, and the bigger GPUs still take more.
+//!
+//! What one backend reports cannot take the pool: its KV capacity and its prefill speed count
+//! within `max_ratio` of the pool's median either way, and no backend's share of the scored
+//! backends' weight exceeds `max_share` times its share of their configured weights (the
+//! others keep the rest, by their own scores).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -148,6 +153,12 @@ pub struct PolicyConfig {
     /// as waiting requests, ended flows leave the running ones), and run rounds between
     /// scrapes, so a scrape's lag does not send a burst of new flows to one backend.
     pub fresher_load: bool,
+    /// A backend's reported KV capacity and prefill time count within this factor of the
+    /// pool's median either way (>= 1).
+    pub max_ratio: f64,
+    /// The most a backend's share of the scored backends' weight may be, as a multiple of its
+    /// share of their configured weights (>= 1).
+    pub max_share: f64,
 }
 
 impl Default for PolicyConfig {
@@ -165,6 +176,8 @@ impl Default for PolicyConfig {
             stale: StaleMode::Saturated,
             quantum: 10,
             fresher_load: false,
+            max_ratio: 10.0,
+            max_share: 3.0,
         }
     }
 }
@@ -307,7 +320,7 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
     let signals = |i: &Input| i.signals.clone().unwrap_or_default();
 
     // Pool-wide references.
-    let mean_capacity = mean_kv_capacity(inputs);
+    let pool_capacity = PoolCapacity::of(inputs, cfg.max_ratio);
     let max_flows = inputs.iter().map(|i| i.flows).max().unwrap_or(0).max(1) as f64;
     let max_ttft = inputs
         .iter()
@@ -390,14 +403,7 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
                         why,
                     )
                 }
-                _ => (
-                    f64::from(i.configured)
-                        * match (s.kv_capacity_tokens, mean_capacity) {
-                            (Some(c), Some(m)) if c > 0.0 => c / m,
-                            _ => 1.0,
-                        },
-                    why,
-                ),
+                _ => (capacity_of(i, pool_capacity.as_ref()), why),
             };
             Verdict::Score(capacity * score, why)
         })
@@ -410,8 +416,20 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
             _ => None,
         })
         .fold(0.0f64, f64::max);
+    // Each scored backend's target weight, its share bounded by `max_share`.
+    let mut targets: Vec<Option<f64>> = verdicts
+        .iter()
+        .map(|v| match v {
+            Verdict::Score(score, _) if top > 0.0 => {
+                Some((score / top * f64::from(MAX_WEIGHT)).max(cfg.floor * f64::from(MAX_WEIGHT)))
+            }
+            Verdict::Score(..) => Some(cfg.floor * f64::from(MAX_WEIGHT)),
+            _ => None,
+        })
+        .collect();
+    let capped = cap_shares(&mut targets, inputs, cfg.max_share);
     let mut decisions = Vec::with_capacity(inputs.len());
-    for (i, verdict) in inputs.iter().zip(verdicts) {
+    for (k, (i, verdict)) in inputs.iter().zip(verdicts).enumerate() {
         let previous = state.published.get(&i.address).copied();
         let mut saturated = false;
         let (weight, reason) = match verdict {
@@ -421,12 +439,14 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
                 (0, why)
             }
             Verdict::Keep(why) => (previous.unwrap_or(i.configured.min(MAX_WEIGHT)), why),
-            Verdict::Score(score, why) => {
-                let target = if top > 0.0 {
-                    (score / top * f64::from(MAX_WEIGHT)).max(cfg.floor * f64::from(MAX_WEIGHT))
-                } else {
-                    cfg.floor * f64::from(MAX_WEIGHT)
-                };
+            Verdict::Score(_, mut why) => {
+                let target = targets[k].unwrap_or(0.0);
+                if capped[k] {
+                    why.push_str(&format!(
+                        "; share capped at {} its configured share (policy.max_share)",
+                        cfg.max_share
+                    ));
+                }
                 let smoothed = match state.smoothed.get(&i.address) {
                     // Coming back from 0 starts from the floor, not from nothing.
                     Some(s) if *s > 0.0 => cfg.ewma_alpha * target + (1.0 - cfg.ewma_alpha) * s,
@@ -459,7 +479,7 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
         // Sending new flows nowhere is worse than queueing them: each backend with fresh
         // reports takes a share by its capacity (configured weight x KV capacity against the
         // pool's mean), so the bigger GPUs still take more.
-        let capacity = |i: &Input| capacity_of(i, mean_capacity);
+        let capacity = |i: &Input| capacity_of(i, pool_capacity.as_ref());
         let usable = |i: &Input| i.configured > 0 && (fresh(i) || !cfg.kind.needs_reports());
         let top = inputs
             .iter()
@@ -555,7 +575,7 @@ fn expected_delays(
     // Where a backend says which requests have no first token yet, its own speed (the fastest
     // measured) times them: its mean prefill time under a burst already counts the requests
     // it prefilled together, which `prefilling` counts again.
-    let service = |i: &Input| -> Option<(f64, bool)> {
+    let reported = |i: &Input| -> Option<(f64, bool)> {
         let s = i.signals.as_ref()?;
         let fastest = s
             .prefilling
@@ -565,6 +585,18 @@ fn expected_delays(
             .zip(pool_prompt)
             .map(|(per_token, tokens)| (per_token * tokens, s.computed_sum_count.is_some()))
             .or_else(|| positive(s.prefill_seconds).map(|seconds| (seconds, false)))
+    };
+    // Each backend's prefill time counts within `max_ratio` of the pool's median.
+    let median_service = median(
+        usable
+            .iter()
+            .filter_map(|i| reported(i).map(|(seconds, _)| seconds))
+            .collect(),
+    );
+    let max_ratio = cfg.max_ratio.max(1.0);
+    let service = |i: &Input| -> Option<(f64, bool)> {
+        let (seconds, whole) = reported(i)?;
+        Some((bounded_by(seconds, median_service?, max_ratio), whole))
     };
     // The share of a prompt a backend computes: 1 - its prefix-cache hit rate, where known.
     let computed = |i: &Input| -> Option<f64> {
@@ -737,37 +769,113 @@ fn score(
     }
 }
 
-/// The pool's mean KV-cache capacity in tokens, over the backends that report one.
-fn mean_kv_capacity(inputs: &[Input]) -> Option<f64> {
-    let capacities: Vec<f64> = inputs
-        .iter()
-        .filter_map(|i| i.signals.as_ref()?.kv_capacity_tokens)
-        .filter(|c| *c > 0.0)
-        .collect();
-    (!capacities.is_empty()).then(|| capacities.iter().sum::<f64>() / capacities.len() as f64)
+/// The pool's KV-cache capacities in tokens, over the backends that report one: their median,
+/// each backend's counting within `max_ratio` of it either way, and the mean of those.
+struct PoolCapacity {
+    median: f64,
+    max_ratio: f64,
+    mean: f64,
 }
 
-/// A backend's capacity: its configured weight x its KV-cache capacity against the pool's
-/// mean (the configured weight alone without one).
-fn capacity_of(i: &Input, mean_capacity: Option<f64>) -> f64 {
+impl PoolCapacity {
+    fn of(inputs: &[Input], max_ratio: f64) -> Option<PoolCapacity> {
+        let reported: Vec<f64> = inputs
+            .iter()
+            .filter_map(|i| i.signals.as_ref()?.kv_capacity_tokens)
+            .filter(|c| c.is_finite() && *c > 0.0)
+            .collect();
+        let median = median(reported.clone())?;
+        let mut pool = PoolCapacity {
+            median,
+            max_ratio: max_ratio.max(1.0),
+            mean: 1.0,
+        };
+        pool.mean = reported.iter().map(|c| pool.bounded(*c)).sum::<f64>() / reported.len() as f64;
+        Some(pool)
+    }
+
+    /// A reported capacity within `max_ratio` of the median.
+    fn bounded(&self, capacity: f64) -> f64 {
+        bounded_by(capacity, self.median, self.max_ratio)
+    }
+}
+
+/// `value` within `ratio` (>= 1) of `reference` either way; total over any floats (max then
+/// min, where `clamp` panics on bounds out of order).
+fn bounded_by(value: f64, reference: f64, ratio: f64) -> f64 {
+    value.max(reference / ratio).min(reference * ratio)
+}
+
+/// A backend's capacity: its configured weight x its KV-cache capacity (bounded, see
+/// [`PoolCapacity`]) against the pool's mean (the configured weight alone without one).
+fn capacity_of(i: &Input, pool: Option<&PoolCapacity>) -> f64 {
     f64::from(i.configured)
-        * match (
-            i.signals.as_ref().and_then(|s| s.kv_capacity_tokens),
-            mean_capacity,
-        ) {
-            (Some(c), Some(m)) if c > 0.0 => c / m,
+        * match (i.signals.as_ref().and_then(|s| s.kv_capacity_tokens), pool) {
+            (Some(c), Some(pool)) if c > 0.0 && c.is_finite() => pool.bounded(c) / pool.mean,
             _ => 1.0,
         }
+}
+
+/// Bounds each scored backend's target weight (`targets`, None where not scored) so that its
+/// share of the scored backends' total is at most `max_share` times its share of their
+/// configured weights, the others keeping theirs (water-filling: the capped backends' weight
+/// is set from the total it leaves). Returns which backends were capped.
+fn cap_shares(targets: &mut [Option<f64>], inputs: &[Input], max_share: f64) -> Vec<bool> {
+    let mut capped = vec![false; targets.len()];
+    let configured: f64 = inputs
+        .iter()
+        .zip(targets.iter())
+        .filter(|(_, t)| t.is_some())
+        .map(|(i, _)| f64::from(i.configured))
+        .sum();
+    if configured <= 0.0 {
+        return capped;
+    }
+    // A backend's most share of the total.
+    let limit = |i: &Input| max_share * f64::from(i.configured) / configured;
+    loop {
+        let (mut free, mut capped_limits) = (0.0, 0.0);
+        for (k, t) in targets.iter().enumerate() {
+            match (t, capped[k]) {
+                (Some(_), true) => capped_limits += limit(&inputs[k]),
+                (Some(t), false) => free += t,
+                _ => {}
+            }
+        }
+        if capped_limits >= 1.0 || free <= 0.0 {
+            // The capped backends alone would hold it all: no bound applies.
+            return vec![false; targets.len()];
+        }
+        let total = free / (1.0 - capped_limits);
+        let mut more = false;
+        for (k, t) in targets.iter().enumerate() {
+            if let Some(t) = t
+                && !capped[k]
+                && *t > limit(&inputs[k]) * total
+            {
+                capped[k] = true;
+                more = true;
+            }
+        }
+        if !more {
+            for (k, t) in targets.iter_mut().enumerate() {
+                if capped[k] {
+                    *t = Some(limit(&inputs[k]) * total);
+                }
+            }
+            return capped;
+        }
+    }
 }
 
 /// Each backend's capacity (see [`capacity_of`]), in the inputs' order: what session
 /// persistence spreads a VIP's few heavy clients by. Unlike the weights, which follow the
 /// load of the moment, it changes only with the configuration and the reported KV capacity.
-pub fn capacities(inputs: &[Input]) -> Vec<(IpAddr, f64)> {
-    let mean = mean_kv_capacity(inputs);
+pub fn capacities(inputs: &[Input], max_ratio: f64) -> Vec<(IpAddr, f64)> {
+    let pool = PoolCapacity::of(inputs, max_ratio);
     inputs
         .iter()
-        .map(|i| (i.address, capacity_of(i, mean)))
+        .map(|i| (i.address, capacity_of(i, pool.as_ref())))
         .collect()
 }
 

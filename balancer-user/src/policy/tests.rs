@@ -654,15 +654,130 @@ fn capacities_are_configured_weight_times_kv_capacity_against_the_mean() {
         input(4, kv(16_384.0)),
     ];
     inputs[1].configured = 2;
-    let c: Vec<f64> = capacities(&inputs).iter().map(|(_, c)| *c).collect();
+    let c: Vec<f64> = capacities(&inputs, PolicyConfig::default().max_ratio)
+        .iter()
+        .map(|(_, c)| *c)
+        .collect();
     assert_eq!(c, [1.6, 3.2, 0.4, 0.4]);
     // However loaded they are: the weights follow the load, the capacities do not.
     inputs[0].signals.as_mut().unwrap().waiting = Some(50.0);
-    assert_eq!(capacities(&inputs)[0].1, 1.6);
+    assert_eq!(
+        capacities(&inputs, PolicyConfig::default().max_ratio)[0].1,
+        1.6
+    );
     // No KV capacity reported: the configured weights.
     for i in &mut inputs {
         i.signals = None;
     }
-    let c: Vec<f64> = capacities(&inputs).iter().map(|(_, c)| *c).collect();
+    let c: Vec<f64> = capacities(&inputs, PolicyConfig::default().max_ratio)
+        .iter()
+        .map(|(_, c)| *c)
+        .collect();
     assert_eq!(c, [1.0, 2.0, 1.0, 1.0]);
+}
+
+/// An ordinary backend's report: some load, a 100k-token cache, 50 ms to prefill a prompt.
+fn ordinary(waiting: f64) -> Signals {
+    Signals {
+        kv_usage: Some(0.4),
+        running: Some(4.0),
+        waiting: Some(waiting),
+        kv_capacity_tokens: Some(100_000.0),
+        prefill_seconds: Some(0.05),
+        ..Signals::default()
+    }
+}
+
+/// What a compromised host could claim: an idle server with a boundless cache that prefills
+/// in no time.
+fn lying() -> Signals {
+    Signals {
+        kv_usage: Some(0.0),
+        running: Some(0.0),
+        waiting: Some(0.0),
+        kv_capacity_tokens: Some(9e15),
+        prefill_seconds: Some(1e-9),
+        ..Signals::default()
+    }
+}
+
+fn shares(d: &[Decision]) -> Vec<f64> {
+    let total: u32 = d.iter().map(|d| d.weight).sum();
+    d.iter()
+        .map(|d| f64::from(d.weight) / f64::from(total))
+        .collect()
+}
+
+#[test]
+fn one_lying_report_cannot_take_more_than_its_bounded_share() {
+    for kind in [PolicyKind::Composite, PolicyKind::Tokens] {
+        let cfg = cfg(kind);
+        let inputs = [
+            input(1, lying()),
+            input(2, ordinary(1.0)),
+            input(3, ordinary(2.0)),
+            input(4, ordinary(3.0)),
+        ];
+        let d = decide(&cfg, &inputs, &mut PolicyState::default());
+        let s = shares(&d);
+        // Four backends of equal configured weight: at most 3 x 1/4 (a quantum's rounding
+        // aside), the others keeping the rest by their own scores.
+        assert!(s[0] <= 0.75 + 0.01, "{kind:?}: {s:?} {d:?}");
+        assert!(s[0] > 0.5, "{kind:?}: the liar still scores first: {s:?}");
+        assert!(
+            d[1].weight >= d[2].weight && d[2].weight >= d[3].weight && d[3].weight > 0,
+            "{kind:?}: {d:?}"
+        );
+        assert!(d[0].reason.contains("policy.max_share"), "{}", d[0].reason);
+        // Alone with one other backend, 3 x 1/2 bounds nothing: the other keeps the floor.
+        let d = decide(&cfg, &inputs[..2], &mut PolicyState::default());
+        assert!(d[1].weight > 0, "{d:?}");
+    }
+}
+
+#[test]
+fn a_bounded_share_is_met_exactly_and_leaves_honest_pools_alone() {
+    let inputs: Vec<Input> = (1..=4).map(|i| input(i, Signals::default())).collect();
+    // Water-filling: 1000 against 3 x 10 -> the first holds 3/4 of a total of 30 / (1 - 3/4).
+    let mut targets = vec![Some(1000.0), Some(10.0), Some(10.0), Some(10.0)];
+    let capped = cap_shares(&mut targets, &inputs, 3.0);
+    assert_eq!(capped, [true, false, false, false]);
+    assert_eq!(targets, [Some(90.0), Some(10.0), Some(10.0), Some(10.0)]);
+    // Two over the bound (of 1.5 x 1/4 each) are both capped: 3/8 each of 20 / (1 - 3/4).
+    let mut targets = vec![Some(1000.0), Some(1000.0), Some(10.0), Some(10.0)];
+    let capped = cap_shares(&mut targets, &inputs, 1.5);
+    assert_eq!(capped, [true, true, false, false]);
+    assert_eq!(targets, [Some(30.0), Some(30.0), Some(10.0), Some(10.0)]);
+    // The one over the bound is capped from the total the others leave, once: the second
+    // (800 of a total of 1640) stays under half.
+    let mut targets = vec![Some(1000.0), Some(800.0), Some(10.0), Some(10.0)];
+    assert_eq!(
+        cap_shares(&mut targets, &inputs, 2.0),
+        [true, false, false, false]
+    );
+    assert_eq!(targets, [Some(820.0), Some(800.0), Some(10.0), Some(10.0)]);
+    // Within the bound, or not scored: untouched.
+    let mut targets = vec![Some(300.0), None, Some(200.0), Some(100.0)];
+    assert_eq!(cap_shares(&mut targets, &inputs, 3.0), [false; 4]);
+    assert_eq!(targets, [Some(300.0), None, Some(200.0), Some(100.0)]);
+}
+
+#[test]
+fn a_reported_capacity_counts_within_max_ratio_of_the_median() {
+    let kv = |capacity: f64| Signals {
+        kv_capacity_tokens: Some(capacity),
+        ..Signals::default()
+    };
+    let inputs = [
+        input(1, kv(1e15)),
+        input(2, kv(1000.0)),
+        input(3, kv(1000.0)),
+        input(4, kv(1e-3)),
+    ];
+    // Median 1000 (the upper middle): 10,000, 1000, 1000 and 100, against their mean 3025.
+    let c: Vec<f64> = capacities(&inputs, 10.0).iter().map(|(_, c)| *c).collect();
+    let want = [10_000.0, 1000.0, 1000.0, 100.0].map(|v| v / 3025.0);
+    for (c, w) in c.iter().zip(want) {
+        assert!((c - w).abs() < 1e-12, "{c} against {w}");
+    }
 }

@@ -81,7 +81,7 @@ pub fn weight_round<D: Dataplane>(
     balancer.set_returning_elsewhere(&endpoint, &returning)?;
     // Written with or without persistence: a VIP whose persistence is switched on has them at
     // once (while unknown, the data plane leaves a new client to the scheduler's pick).
-    balancer.set_home_capacities(&endpoint, &capacities(&inputs))?;
+    balancer.set_home_capacities(&endpoint, &capacities(&inputs, vip.policy.max_ratio))?;
     if vip.admission.is_some() {
         let saturated = pool_saturated(&decisions, |a| eligible.contains(&a));
         balancer.set_saturated(&endpoint, saturated)?;
