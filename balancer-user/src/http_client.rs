@@ -42,8 +42,9 @@ impl AccessNames {
     };
 }
 
-/// A pooled client for GETs of small pages (metrics, model lists).
-#[derive(Clone, Debug)]
+/// A pooled client for GETs of small pages (metrics, model lists). Its `Debug` leaves the
+/// token out.
+#[derive(Clone)]
 pub struct HttpClient {
     client: reqwest::Client,
     scheme: &'static str,
@@ -63,6 +64,15 @@ type Urls = std::collections::HashMap<SocketAddr, std::collections::HashMap<Stri
 /// More pages than this in the cache of parsed URLs starts it afresh (a scrape's pages are a
 /// handful per backend; only a long churn of backends could reach it).
 const MAX_CACHED_URLS: usize = 4096;
+
+impl std::fmt::Debug for HttpClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpClient")
+            .field("scheme", &self.scheme)
+            .field("token", &self.authorization.as_ref().map(|_| "<redacted>"))
+            .finish_non_exhaustive()
+    }
+}
 
 impl HttpClient {
     /// A plain-HTTP client.
@@ -95,7 +105,7 @@ impl HttpClient {
         let authorization = match &access.bearer_token_file {
             None => None,
             Some(path) => {
-                let token = std::fs::read_to_string(path)
+                let token = crate::files::read_secret(path)
                     .map_err(|e| format!("reading {} {}: {e}", names.token, path.display()))?;
                 let token = token.trim();
                 if token.is_empty() || token.chars().any(|c| c.is_control() || c == ' ') {

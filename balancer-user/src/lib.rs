@@ -11,6 +11,7 @@ pub mod decap;
 pub mod discovery;
 pub mod ebpf;
 pub mod error_text;
+pub mod files;
 pub mod fleet;
 pub mod health;
 pub mod http_client;

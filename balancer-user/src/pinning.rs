@@ -128,13 +128,3 @@ pub fn is_bpffs(path: &Path) -> io::Result<bool> {
     }
     Ok(stat.f_type as i64 == BPF_FS_MAGIC)
 }
-
-/// Writes `contents` to `path` atomically (temporary file, then rename).
-pub fn write_atomically(path: &Path, contents: &[u8]) -> io::Result<()> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, contents)?;
-    std::fs::rename(&tmp, path)
-}

@@ -17,8 +17,8 @@ use super::types::ErrorBody;
 use crate::error_text::error_chain;
 use crate::tls;
 
-/// Where the daemon listens.
-#[derive(Clone, Debug)]
+/// Where the daemon listens. Its `Debug` leaves the token out.
+#[derive(Clone)]
 pub enum Endpoint {
     Unix(PathBuf),
     Tcp {
@@ -27,6 +27,20 @@ pub enum Endpoint {
         token: String,
         tls: Option<ClientTls>,
     },
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Endpoint::Unix(path) => f.debug_tuple("Unix").field(path).finish(),
+            Endpoint::Tcp { addr, tls, .. } => f
+                .debug_struct("Tcp")
+                .field("addr", addr)
+                .field("token", &"<redacted>")
+                .field("tls", tls)
+                .finish(),
+        }
+    }
 }
 
 /// TLS to the daemon's TCP listener.
@@ -266,6 +280,18 @@ fn server_name(addr: &str) -> Result<rustls::pki_types::ServerName<'static>, Str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_debug_output_holds_a_token() {
+        let endpoint = Endpoint::Tcp {
+            addr: "127.0.0.1:9180".into(),
+            token: "secret-token-0123456789".into(),
+            tls: None,
+        };
+        let shown = format!("{endpoint:?}");
+        assert!(!shown.contains("secret-token"), "{shown}");
+        assert!(shown.contains("127.0.0.1:9180"), "{shown}");
+    }
 
     #[test]
     fn the_server_name_is_the_host_of_the_address() {

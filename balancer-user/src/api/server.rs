@@ -166,7 +166,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// Reads a bearer token file: its first line, which must not be empty.
 pub fn read_token(path: &Path) -> anyhow::Result<String> {
     use anyhow::Context as _;
-    let text = std::fs::read_to_string(path)
+    let text = crate::files::read_secret(path)
         .with_context(|| format!("reading the API token file {}", path.display()))?;
     let token = text.lines().next().unwrap_or("").trim().to_string();
     if token.len() < 16 {

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::config::BgpConfig;
-use crate::pinning::write_atomically;
+use crate::files::write_atomically;
 
 /// How often a failed reconfiguration is retried.
 const RETRY: Duration = Duration::from_secs(2);

@@ -71,11 +71,10 @@ impl EtcdStore {
             options = options.with_tls(t);
         }
         if let Some(auth) = &self.config.auth {
-            let password = read(&auth.password_file, "fleet.password_file")?;
-            let password = String::from_utf8(password)
-                .map_err(|_| {
+            let password = crate::files::read_secret(&auth.password_file)
+                .map_err(|e| {
                     StoreError::Settings(format!(
-                        "fleet.password_file {} is not UTF-8",
+                        "reading fleet.password_file {}: {e}",
                         auth.password_file.display()
                     ))
                 })?

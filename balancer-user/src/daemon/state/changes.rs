@@ -7,8 +7,8 @@ use std::net::IpAddr;
 use crate::api::types::ChangeResult;
 use crate::balancer::ApplyReport;
 use crate::config::{Config, Forwarding, RawConfig};
+use crate::files::write_atomically;
 use crate::net::MacAddr;
-use crate::pinning::write_atomically;
 use crate::settings::data_plane_settings;
 
 use super::{ChangeError, Daemon};
