@@ -217,7 +217,13 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let config = crate::api::listener::server_config(&files).unwrap();
-        tokio::spawn(crate::api::listener::serve_tls(listener, config, app));
+        tokio::spawn(crate::api::listener::serve(
+            listener,
+            Some(config),
+            app,
+            crate::api::listener::API_LIMITS,
+            "test",
+        ));
         let access = |token_file: Option<std::path::PathBuf>| ScrapeAccess {
             https: true,
             ca: Some(write(&pki.dir, "ca.pem", &pki.ca_pem)),

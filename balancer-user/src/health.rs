@@ -11,7 +11,7 @@ use tokio::net::TcpStream;
 
 use crate::balancer::Endpoint;
 use crate::config::{HealthCheckKind, HealthConfig};
-use crate::http_client::HttpClient;
+use crate::http_client::{HttpClient, ProbeError, is_local_io_shortage};
 
 /// How one backend is probed: the check, and for HTTP(S) checks the client (made once per
 /// checker; it opens a new connection per probe).
@@ -35,8 +35,9 @@ impl Prober {
         }
     }
 
-    /// One probe of `addr`; `Err` says why it failed.
-    pub async fn probe(&self, addr: SocketAddr) -> Result<(), String> {
+    /// One probe of `addr`; `Err` says why it failed, and whether the backend or this host
+    /// (out of descriptors, say) was the cause.
+    pub async fn probe(&self, addr: SocketAddr) -> Result<(), ProbeError> {
         let check = &self.check;
         match (&check.kind, &self.http) {
             (
@@ -47,17 +48,27 @@ impl Prober {
                 },
                 Some(client),
             ) => {
-                let client = client.as_ref().map_err(Clone::clone)?;
+                // Settings that cannot be used fail every probe (a check that cannot run does
+                // not pass).
+                let client = client.as_ref().map_err(|e| ProbeError::Failed(e.clone()))?;
                 match client.status(addr, path, check.timeout).await? {
                     s if s == *expect_status => Ok(()),
-                    s => Err(format!("status {s}, expected {expect_status}")),
+                    s => Err(ProbeError::Failed(format!(
+                        "status {s}, expected {expect_status}"
+                    ))),
                 }
             }
             _ => tokio::time::timeout(check.timeout, TcpStream::connect(addr))
                 .await
-                .map_err(|_| format!("no answer within {:?}", check.timeout))?
+                .map_err(|_| ProbeError::Failed(format!("no answer within {:?}", check.timeout)))?
                 .map(drop)
-                .map_err(|e| format!("connect: {e}")),
+                .map_err(|e| {
+                    if is_local_io_shortage(&e) {
+                        ProbeError::NotMade(format!("connect: {e}"))
+                    } else {
+                        ProbeError::Failed(format!("connect: {e}"))
+                    }
+                }),
         }
     }
 }
@@ -128,6 +139,13 @@ async fn check_loop<P: HealthPort>(daemon: Arc<P>, vip: Endpoint, backend: IpAdd
     tokio::time::sleep(check.interval.mul_f64(jitter as f64 / 100.0)).await;
     loop {
         let result = prober.probe(addr).await;
+        if let Err(ProbeError::NotMade(why)) = &result {
+            // Says nothing of the backend: neither a failure nor a success.
+            daemon.count_probe(&target.vip_name, backend, "not_made");
+            tracing::warn!(vip = %target.vip_name, %backend, "health check not made: {why}");
+            tokio::time::sleep(check.interval).await;
+            continue;
+        }
         let outcome = if result.is_ok() { "success" } else { "failure" };
         daemon.count_probe(&target.vip_name, backend, outcome);
         match &result {
@@ -152,7 +170,11 @@ async fn check_loop<P: HealthPort>(daemon: Arc<P>, vip: Endpoint, backend: IpAdd
         };
         if let Some(now_healthy) = verdict {
             if now_healthy != healthy {
-                let why = result.as_ref().err().cloned().unwrap_or_default();
+                let why = result
+                    .as_ref()
+                    .err()
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
                 tracing::warn!(vip = %target.vip_name, %backend, healthy = now_healthy, "backend health changed {why}");
             }
             healthy = now_healthy;
@@ -173,6 +195,23 @@ mod tests {
     use super::*;
     use crate::config::HealthTls;
     use crate::tls::test_pki::{Pki, write};
+
+    #[test]
+    fn this_hosts_shortages_are_not_the_backends_failures() {
+        let os = std::io::Error::from_raw_os_error;
+        for errno in [
+            libc::EMFILE,
+            libc::ENFILE,
+            libc::ENOBUFS,
+            libc::ENOMEM,
+            libc::EADDRNOTAVAIL,
+        ] {
+            assert!(is_local_io_shortage(&os(errno)), "{}", os(errno));
+        }
+        for errno in [libc::ECONNREFUSED, libc::ETIMEDOUT, libc::EHOSTUNREACH] {
+            assert!(!is_local_io_shortage(&os(errno)), "{}", os(errno));
+        }
+    }
 
     fn http_check(expect_status: u16, tls: Option<HealthTls>) -> HealthConfig {
         HealthConfig {
@@ -208,10 +247,12 @@ mod tests {
         let tls_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let tls_addr = tls_listener.local_addr().unwrap();
         let server_config = crate::api::listener::server_config(&files).unwrap();
-        tokio::spawn(crate::api::listener::serve_tls(
+        tokio::spawn(crate::api::listener::serve(
             tls_listener,
-            server_config,
+            Some(server_config),
             app.clone(),
+            crate::api::listener::API_LIMITS,
+            "test",
         ));
         let plain_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let plain_addr = plain_listener.local_addr().unwrap();
@@ -233,7 +274,10 @@ mod tests {
             .probe(plain_addr)
             .await
             .unwrap_err();
-        assert_eq!(wrong_status, "status 200, expected 204");
+        assert_eq!(
+            wrong_status,
+            ProbeError::Failed("status 200, expected 204".into())
+        );
         // One prober, probing again: each probe is a request of its own.
         let prober = Prober::new(&https(&ca));
         prober.probe(tls_addr).await.unwrap();
@@ -242,13 +286,13 @@ mod tests {
             .probe(tls_addr)
             .await
             .unwrap_err();
-        assert!(untrusted.contains("certificate"), "{untrusted}");
+        assert!(untrusted.to_string().contains("certificate"), "{untrusted}");
         let missing = Prober::new(&https(&pki.dir.join("none.pem")))
             .probe(tls_addr)
             .await
             .unwrap_err();
         assert!(
-            missing.contains("health.ca") && missing.contains("none.pem"),
+            missing.to_string().contains("health.ca") && missing.to_string().contains("none.pem"),
             "{missing}"
         );
         assert!(
@@ -266,7 +310,7 @@ mod tests {
             .probe(closed)
             .await
             .unwrap_err();
-        assert!(refused.contains("onnect"), "{refused}");
+        assert!(refused.to_string().contains("onnect"), "{refused}");
         let tcp = HealthConfig {
             kind: HealthCheckKind::Tcp,
             ..http_check(200, None)
@@ -277,6 +321,7 @@ mod tests {
                 .probe(closed)
                 .await
                 .unwrap_err()
+                .to_string()
                 .contains("connect")
         );
         let _ = std::fs::remove_dir_all(&pki.dir);

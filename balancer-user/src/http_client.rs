@@ -14,6 +14,48 @@ use crate::config::ScrapeAccess;
 use crate::error_text::error_chain;
 use crate::tls;
 
+/// Why a probe of a backend gave no success.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProbeError {
+    /// It failed: counts against the backend.
+    Failed(String),
+    /// It could not be made for a shortage on this host (descriptors, buffers, memory, local
+    /// ports): says nothing of the backend.
+    NotMade(String),
+}
+
+impl std::fmt::Display for ProbeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProbeError::Failed(why) => f.write_str(why),
+            ProbeError::NotMade(why) => write!(f, "{why} (a shortage on this host)"),
+        }
+    }
+}
+
+/// Whether an I/O error is this host running short (descriptors, buffers, memory, local
+/// ports) rather than anything the peer did.
+pub fn is_local_io_shortage(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM | libc::EADDRNOTAVAIL)
+    )
+}
+
+/// Whether an error, or any error it wraps, is [`is_local_io_shortage`].
+fn is_local_shortage(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if c.downcast_ref::<std::io::Error>()
+            .is_some_and(is_local_io_shortage)
+        {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
 /// The names of the settings a client was made from, for error messages.
 #[derive(Clone, Copy, Debug)]
 pub struct AccessNames {
@@ -163,20 +205,21 @@ impl HttpClient {
         addr: SocketAddr,
         path: &str,
         timeout: Duration,
-    ) -> Result<u16, String> {
+    ) -> Result<u16, ProbeError> {
         let url = format!("{}://{addr}{path}", self.scheme);
         let attempt = async {
-            let response = self
-                .client
-                .get(&url)
-                .send()
-                .await
-                .map_err(|e| error_chain(&e))?;
+            let response = self.client.get(&url).send().await.map_err(|e| {
+                if is_local_shortage(&e) {
+                    ProbeError::NotMade(error_chain(&e))
+                } else {
+                    ProbeError::Failed(error_chain(&e))
+                }
+            })?;
             Ok(response.status().as_u16())
         };
-        tokio::time::timeout(timeout, attempt)
-            .await
-            .map_err(|_| format!("no answer within {} ms", timeout.as_millis()))?
+        tokio::time::timeout(timeout, attempt).await.map_err(|_| {
+            ProbeError::Failed(format!("no answer within {} ms", timeout.as_millis()))
+        })?
     }
 
     /// `GET path` from `addr`: the body of a 200 answer, at most `max_body` bytes, within

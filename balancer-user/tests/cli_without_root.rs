@@ -859,3 +859,181 @@ fn run_decap_and_top_refuse_bad_input_before_the_kernel() {
     let s: Status = rig.json(&["status"]);
     assert_eq!(s.vips.len(), 3);
 }
+
+/// The TCP listener's roles, route by route: the admin token reaches every route, the read
+/// token only the GET ones, the push token only a report for the backend it connects from; no
+/// known token, none.
+#[test]
+fn each_role_reaches_only_its_routes() {
+    use balancer::api::listener::{API_LIMITS, serve};
+    use balancer::api::server::{Tokens, router_with_tokens};
+    let rig = rig("roles");
+    // A backend on loopback in the pushed VIP: the push token's own address.
+    let (status, reply) = rig
+        .client()
+        .raw(
+            "POST",
+            "/v1/vips/llm/backends",
+            Some(br#"{"address": "127.0.0.1"}"#),
+        )
+        .unwrap();
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&reply));
+    let (admin, read, push) = (
+        "admin-token-0123456789",
+        "read-token-0123456789",
+        "push-token-0123456789",
+    );
+    let (stop_tx, _stop) = tokio::sync::watch::channel(None);
+    let state = ApiState {
+        daemon: rig.daemon.clone(),
+        stop: stop_tx,
+    };
+    let app = router_with_tokens(
+        state,
+        Tokens {
+            admin: admin.into(),
+            read: Some(read.into()),
+            push: Some(push.into()),
+        },
+    );
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    listener.set_nonblocking(true).unwrap();
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                serve(listener, None, app, API_LIMITS, "API").await
+            })
+    });
+    let client = |token: &str| {
+        Client::new(Endpoint::Tcp {
+            addr: addr.to_string(),
+            token: token.into(),
+            tls: None,
+        })
+    };
+    let status = |token: &str, method: &str, path: &str| {
+        let body: &[u8] = if method == "GET" { b"" } else { b"{}" };
+        client(token)
+            .raw(method, path, (method != "GET").then_some(body))
+            .unwrap()
+            .0
+    };
+    // Every route the API has (paths as the router writes them), a change in each.
+    let routes = [
+        ("GET", "/v1/status"),
+        ("GET", "/v1/stats"),
+        ("GET", "/v1/vips"),
+        ("POST", "/v1/vips"),
+        ("GET", "/v1/vips/http4"),
+        ("DELETE", "/v1/vips/nope"),
+        ("GET", "/v1/vips/http4/table"),
+        ("POST", "/v1/vips/nope/drain"),
+        ("POST", "/v1/vips/nope/undrain"),
+        ("PUT", "/v1/vips/nope/scheduler"),
+        ("GET", "/v1/vips/http4/backends"),
+        ("POST", "/v1/vips/nope/backends"),
+        ("DELETE", "/v1/vips/nope/backends/10.111.0.11"),
+        ("PUT", "/v1/vips/nope/backends/10.111.0.11/weight"),
+        ("POST", "/v1/vips/nope/backends/10.111.0.11/drain"),
+        ("POST", "/v1/vips/nope/backends/10.111.0.11/undrain"),
+        ("GET", "/v1/weights"),
+        ("DELETE", "/v1/backends/10.9.9.9"),
+        ("POST", "/v1/backends/10.9.9.9/drain"),
+        ("POST", "/v1/backends/10.9.9.9/undrain"),
+        ("POST", "/v1/backends/10.111.0.22/report"),
+        ("POST", "/v1/reload"),
+        ("POST", "/v1/stop"),
+    ];
+    for (method, path) in routes {
+        let what = format!("{method} {path}");
+        assert_eq!(
+            status("not-a-token-0123456789", method, path),
+            401,
+            "{what}"
+        );
+        let by_admin = status(admin, method, path);
+        assert!(
+            by_admin != 401 && by_admin != 403,
+            "admin: {what}: {by_admin}"
+        );
+        let by_read = status(read, method, path);
+        if method == "GET" {
+            assert_eq!(by_read, 200, "read: {what}");
+        } else {
+            assert_eq!(by_read, 403, "read: {what}");
+        }
+        // The push token: no route but its own backend's report.
+        assert_eq!(status(push, method, path), 403, "push: {what}");
+    }
+    assert_eq!(*rig.stop.borrow(), None, "a forbidden stop stopped nothing");
+    // Its own backend's report goes through, and lands there.
+    let (code, reply) = client(push)
+        .raw(
+            "POST",
+            "/v1/backends/127.0.0.1/report",
+            Some(br#"{"kv_usage": 0.25, "running": 2}"#),
+        )
+        .unwrap();
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&reply));
+    let (code, reply) = client(push)
+        .raw(
+            "POST",
+            "/v1/backends/10.111.0.22/report",
+            Some(br#"{"kv_usage": 0.25}"#),
+        )
+        .unwrap();
+    let reply = String::from_utf8_lossy(&reply);
+    assert_eq!(code, 403, "{reply}");
+    assert!(
+        reply.contains("only for the backend it connects from (127.0.0.1), not 10.111.0.22"),
+        "{reply}"
+    );
+}
+
+/// A VIP added over the API may name files only under `api.file_dir`: without one, none (the
+/// daemon, root, would read any file it is told and send it as a bearer token).
+#[test]
+fn a_vip_added_at_run_time_names_files_only_under_the_file_dir() {
+    let rig = rig("files");
+    let vip = |token_file: &str| {
+        serde_json::json!({
+            "name": "stolen",
+            "address": "10.111.0.150",
+            "port": 8000,
+            "telemetry": {"source": "scrape", "port": 9400, "bearer_token_file": token_file},
+            "backend": [{"address": "10.111.0.31"}],
+        })
+        .to_string()
+    };
+    let add = |body: String| {
+        let (code, reply) = rig
+            .client()
+            .raw("POST", "/v1/vips", Some(body.as_bytes()))
+            .unwrap();
+        let reply: serde_json::Value = serde_json::from_slice(&reply).unwrap();
+        let error = reply["error"].as_str().unwrap_or_default().to_string();
+        (code, error)
+    };
+    let (code, reply) = add(vip("/etc/shadow"));
+    assert_eq!(code, 400, "{reply}");
+    assert!(
+        reply.contains("telemetry.bearer_token_file = \"/etc/shadow\": a VIP added at run time may name files only under api.file_dir"),
+        "{reply}"
+    );
+    // With a directory: a file there is taken, one outside (or reached by a link out) is not.
+    let dir = rig.dir.join("vip-files");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("token"), "scrape-token\n").unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", dir.join("escape")).unwrap();
+    rig.daemon.lock().unwrap().config.api.file_dir = Some(dir.clone());
+    let (code, reply) = add(vip(dir.join("escape").to_str().unwrap()));
+    assert_eq!(code, 400, "{reply}");
+    assert!(reply.contains("not under api.file_dir"), "{reply}");
+    let (code, reply) = add(vip(dir.join("token").to_str().unwrap()));
+    assert_eq!(code, 200, "{reply:?}");
+}

@@ -1,5 +1,5 @@
-//! The control API: JSON over HTTP/1.1 on a Unix socket (mode 0600, root only) and, when
-//! configured, on TCP with a bearer token. Every change goes through the same validation as
+//! The control API: JSON over HTTP/1.1 on a Unix socket (mode 0600, root only: admin) and,
+//! when configured, on TCP behind bearer tokens by role ([`Role`]). Every change goes through the same validation as
 //! the config file, is applied in one step, and is written back to the config file.
 
 use std::path::Path;
@@ -125,34 +125,145 @@ pub fn router(state: ApiState) -> Router {
         .with_state(state)
 }
 
-/// The routes behind a bearer token (for the TCP listener).
-pub fn router_with_token(state: ApiState, token: String) -> Router {
-    token_guard(router(state), token)
+/// The TCP listener's tokens, one per role.
+#[derive(Clone)]
+pub struct Tokens {
+    /// Every route.
+    pub admin: String,
+    /// GET routes (status, stats, weights, tables, VIPs, backends).
+    pub read: Option<String>,
+    /// `POST /v1/backends/{addr}/report`, for the backend the connection comes from.
+    pub push: Option<String>,
 }
 
-/// `routes` answering 401 to a request without `Authorization: Bearer <token>`.
+impl Tokens {
+    /// The tokens of the files `api` names (the admin token required); two roles sharing a
+    /// token is refused.
+    pub fn read(api: &crate::config::ApiConfig) -> anyhow::Result<Option<Tokens>> {
+        let Some(admin) = &api.token_file else {
+            return Ok(None);
+        };
+        let tokens = Tokens {
+            admin: read_token(admin)?,
+            read: api.read_token_file.as_deref().map(read_token).transpose()?,
+            push: api.push_token_file.as_deref().map(read_token).transpose()?,
+        };
+        let all = [
+            Some(&tokens.admin),
+            tokens.read.as_ref(),
+            tokens.push.as_ref(),
+        ];
+        let given: Vec<&String> = all.into_iter().flatten().collect();
+        if (1..given.len()).any(|i| given[..i].contains(&given[i])) {
+            anyhow::bail!(
+                "api.token_file, api.read_token_file and api.push_token_file must hold different tokens"
+            );
+        }
+        Ok(Some(tokens))
+    }
+}
+
+/// Who a request is, by its bearer token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Admin,
+    Read,
+    Push,
+}
+
+/// The routes behind the role tokens (for the TCP listener).
+pub fn router_with_tokens(state: ApiState, tokens: Tokens) -> Router {
+    roles_guard(router(state), tokens)
+}
+
+/// `routes` behind the admin token alone.
 pub fn token_guard(routes: Router, token: String) -> Router {
-    let token = Arc::new(token);
+    roles_guard(
+        routes,
+        Tokens {
+            admin: token,
+            read: None,
+            push: None,
+        },
+    )
+}
+
+/// `routes` answering 401 to a request without a known `Authorization: Bearer <token>`, and
+/// 403 to one its role may not make (see [`allowed`]).
+pub fn roles_guard(routes: Router, tokens: Tokens) -> Router {
+    let tokens = Arc::new(tokens);
     routes.layer(middleware::from_fn(
-        move |headers: HeaderMap, request, next: Next| {
-            let token = token.clone();
+        move |headers: HeaderMap, request: axum::extract::Request, next: Next| {
+            let tokens = tokens.clone();
             async move {
                 let given = headers
                     .get("authorization")
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.strip_prefix("Bearer "))
-                    .unwrap_or("");
-                if !constant_time_eq(given.as_bytes(), token.as_bytes()) {
+                    .unwrap_or("")
+                    .as_bytes();
+                let is =
+                    |t: Option<&String>| t.is_some_and(|t| constant_time_eq(given, t.as_bytes()));
+                let role = if is(Some(&tokens.admin)) {
+                    Role::Admin
+                } else if is(tokens.read.as_ref()) {
+                    Role::Read
+                } else if is(tokens.push.as_ref()) {
+                    Role::Push
+                } else {
                     return ApiError(
                         StatusCode::UNAUTHORIZED,
                         "missing or wrong bearer token".into(),
                     )
                     .into_response();
+                };
+                let peer = request
+                    .extensions()
+                    .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+                    .map(|c| c.0.ip().to_canonical());
+                if let Err(why) = allowed(role, request.method(), request.uri().path(), peer) {
+                    return ApiError(StatusCode::FORBIDDEN, why).into_response();
                 }
                 next.run(request).await
             }
         },
     ))
+}
+
+/// Whether `role` may make a request; why not, if it may not.
+pub fn allowed(
+    role: Role,
+    method: &axum::http::Method,
+    path: &str,
+    peer: Option<std::net::IpAddr>,
+) -> Result<(), String> {
+    use axum::http::Method;
+    match role {
+        Role::Admin => Ok(()),
+        Role::Read if method == Method::GET || method == Method::HEAD => Ok(()),
+        Role::Read => Err("the read token may only read (GET)".into()),
+        Role::Push => {
+            let backend = path
+                .strip_prefix("/v1/backends/")
+                .and_then(|p| p.strip_suffix("/report"))
+                .filter(|_| method == Method::POST);
+            let Some(backend) = backend else {
+                return Err(
+                    "the push token may only push reports (POST /v1/backends/{addr}/report)".into(),
+                );
+            };
+            let backend: std::net::IpAddr = backend
+                .parse()
+                .map_err(|_| format!("{backend:?} is not a backend address"))?;
+            match peer {
+                Some(p) if p == backend.to_canonical() => Ok(()),
+                Some(p) => Err(format!(
+                    "the push token reports only for the backend it connects from ({p}), not {backend}"
+                )),
+                None => Err("the push token needs a TCP connection".into()),
+            }
+        }
+    }
 }
 
 /// Compares secrets without an early exit.
@@ -225,7 +336,13 @@ async fn add_vip(
     body: Result<Json<RawVip>, JsonRejection>,
 ) -> ApiResult<ChangeResult> {
     let Json(raw) = body?;
-    with_daemon(&s, move |d| d.add_vip(raw)).await.map(Json)
+    with_daemon(&s, move |d| {
+        crate::config::check_files_under(&raw, d.config.api.file_dir.as_deref())
+            .map_err(ChangeError::Invalid)?;
+        d.add_vip(raw)
+    })
+    .await
+    .map(Json)
 }
 
 async fn del_vip(

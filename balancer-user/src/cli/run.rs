@@ -35,6 +35,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("--neighbour-timeout must be between 0 and 600 seconds");
     }
     daemon::abort_on_panic();
+    daemon::raise_descriptor_limit();
     let opts = RunOptions {
         config_path: args.config,
         neighbour_timeout: Duration::from_secs_f64(args.neighbour_timeout),

@@ -76,8 +76,16 @@ pub struct ApiConfig {
     pub socket: PathBuf,
     /// Optional TCP listener; only with `token_file`.
     pub listen: Option<SocketAddr>,
-    /// File holding the bearer token the TCP listener requires.
+    /// File holding the bearer token of the TCP listener's admin role (every route).
     pub token_file: Option<PathBuf>,
+    /// File holding the token of the read role (GET routes only).
+    pub read_token_file: Option<PathBuf>,
+    /// File holding the token of the push role: `POST /v1/backends/{addr}/report` only, for
+    /// the backend whose address the connection comes from.
+    pub push_token_file: Option<PathBuf>,
+    /// The directory under which the files that VIPs added at run time (over the API, or by
+    /// the fleet) name must lie; None: they may name none.
+    pub file_dir: Option<PathBuf>,
     /// TLS on the TCP listener.
     pub tls: Option<ApiTls>,
 }
@@ -89,6 +97,9 @@ impl ApiConfig {
             socket: Some(path(&self.socket)),
             listen: self.listen.map(|l| l.to_string()),
             token_file: self.token_file.as_ref().map(path),
+            read_token_file: self.read_token_file.as_ref().map(path),
+            push_token_file: self.push_token_file.as_ref().map(path),
+            file_dir: self.file_dir.as_ref().map(path),
             cert: self.tls.as_ref().map(|t| path(&t.cert)),
             key: self.tls.as_ref().map(|t| path(&t.key)),
             client_ca: self
@@ -128,6 +139,23 @@ pub(super) fn validate_api(raw: RawApi) -> Result<ApiConfig, ConfigError> {
         .map(|l| parse_socket_addr(l, "api.listen"))
         .transpose()?;
     let token_file = optional_path(raw.token_file, "api.token_file")?;
+    let read_token_file = optional_path(raw.read_token_file, "api.read_token_file")?;
+    let push_token_file = optional_path(raw.push_token_file, "api.push_token_file")?;
+    let file_dir = optional_path(raw.file_dir, "api.file_dir")?;
+    if listen.is_none() {
+        for (key, set) in [
+            ("api.read_token_file", read_token_file.is_some()),
+            ("api.push_token_file", push_token_file.is_some()),
+        ] {
+            if set {
+                return Err(invalid(
+                    key,
+                    "(set)",
+                    "roles apply to the TCP listener: set api.listen too",
+                ));
+            }
+        }
+    }
     let cert = optional_path(raw.cert, "api.cert")?;
     let key = optional_path(raw.key, "api.key")?;
     let client_ca = optional_path(raw.client_ca, "api.client_ca")?;
@@ -170,6 +198,9 @@ pub(super) fn validate_api(raw: RawApi) -> Result<ApiConfig, ConfigError> {
         socket,
         listen,
         token_file,
+        read_token_file,
+        push_token_file,
+        file_dir,
         tls,
     })
 }

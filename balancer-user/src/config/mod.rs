@@ -41,8 +41,8 @@ pub use raw::{
 pub use telemetry::{ScrapeAccess, TelemetryConfig, TelemetrySource};
 pub use tiers::TierConfig;
 pub use vip::{
-    BackendConfig, Discovery, Forwarding, VipConfig, check_vip_set, valid_name, validate_backend,
-    validate_vip,
+    BackendConfig, Discovery, Forwarding, VipConfig, check_files_under, check_vip_set, files_named,
+    valid_name, validate_backend, validate_vip,
 };
 
 use std::net::{IpAddr, SocketAddr};

@@ -115,6 +115,12 @@ pub struct RawApi {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_file: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_token_file: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub push_token_file: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file_dir: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub cert: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,

@@ -530,3 +530,48 @@ pub fn valid_name(name: &str) -> bool {
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'))
 }
+
+/// The files a VIP's settings name: (key, path).
+pub fn files_named(raw: &RawVip) -> Vec<(&'static str, &str)> {
+    let mut files = Vec::new();
+    if let Some(ca) = raw.health.as_ref().and_then(|h| h.ca.as_deref()) {
+        files.push(("health.ca", ca));
+    }
+    if let Some(t) = &raw.telemetry {
+        for (key, path) in [
+            ("telemetry.ca", &t.ca),
+            ("telemetry.cert", &t.cert),
+            ("telemetry.key", &t.key),
+            ("telemetry.bearer_token_file", &t.bearer_token_file),
+        ] {
+            if let Some(path) = path {
+                files.push((key, path.as_str()));
+            }
+        }
+    }
+    files
+}
+
+/// Checks that every file a VIP arriving at run time (over the API, from the fleet) names lies
+/// under `dir` (`api.file_dir`; None: it may name none). The daemon runs as root: without this,
+/// whoever may add a VIP could have it read any file (`/etc/shadow` as a bearer token) and send
+/// it to a host of their choosing. A path is taken as it resolves, links followed.
+pub fn check_files_under(raw: &RawVip, dir: Option<&std::path::Path>) -> Result<(), String> {
+    for (key, path) in files_named(raw) {
+        let Some(dir) = dir else {
+            return Err(format!(
+                "{key} = {path:?}: a VIP added at run time may name files only under api.file_dir, which is not set"
+            ));
+        };
+        let resolved = std::fs::canonicalize(path).map_err(|e| format!("{key} = {path:?}: {e}"))?;
+        let root = std::fs::canonicalize(dir)
+            .map_err(|e| format!("api.file_dir {}: {e}", dir.display()))?;
+        if !resolved.starts_with(&root) {
+            return Err(format!(
+                "{key} = {path:?}: not under api.file_dir ({})",
+                root.display()
+            ));
+        }
+    }
+    Ok(())
+}

@@ -25,7 +25,8 @@ use balancer_common::stats::Counter;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
-use crate::api::server::{ApiState, read_token, router, router_with_token};
+use crate::api::listener;
+use crate::api::server::{ApiState, Tokens, router, router_with_tokens};
 use crate::balancer::{Balancer, Snapshot};
 use crate::config::Config;
 use crate::dataplane::DynDataplane;
@@ -89,9 +90,7 @@ fn start(opts: &RunOptions) -> Result<Daemon> {
         nat_backends,
     };
     let macs = backend_macs(&config, &links, opts.neighbour_timeout)?;
-    if let Some(token) = &config.api.token_file {
-        read_token(token)?;
-    }
+    Tokens::read(&config.api)?;
     // Checked before the program is attached (the listener reads the files again later).
     if let Some(tls) = &config.api.tls {
         crate::api::listener::server_config(tls).map_err(anyhow::Error::msg)?;
@@ -242,7 +241,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     };
     let api_socket = daemon.config.api.socket.clone();
     let api_listen = daemon.config.api.listen;
-    let token_file = daemon.config.api.token_file.clone();
+    let tokens = Tokens::read(&daemon.config.api)?;
     let api_tls = daemon.config.api.tls.clone();
     let metrics_listen = daemon.config.metrics.listen;
     let interface = daemon.config.interface.clone();
@@ -261,59 +260,45 @@ pub async fn run(opts: RunOptions) -> Result<()> {
             tracing::error!("API socket server: {e}");
         }
     });
-    if let (Some(addr), Some(token_file)) = (api_listen, token_file) {
-        let token = read_token(&token_file)?;
+    if let (Some(addr), Some(tokens)) = (api_listen, tokens) {
         let tcp = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("binding the API listener {addr}"))?;
-        let app = router_with_token(api_state.clone(), token);
-        match api_tls {
+        let app = router_with_tokens(api_state.clone(), tokens);
+        let tls = match api_tls {
             Some(files) => {
-                let config =
-                    crate::api::listener::server_config(&files).map_err(anyhow::Error::msg)?;
-                tokio::spawn(crate::api::listener::serve_tls(tcp, config, app));
+                Some(crate::api::listener::server_config(&files).map_err(anyhow::Error::msg)?)
             }
-            None => {
-                tokio::spawn(async move {
-                    if let Err(e) = axum::serve(tcp, app).await {
-                        tracing::error!("API TCP server: {e}");
-                    }
-                });
-            }
-        }
+            None => None,
+        };
+        tokio::spawn(listener::serve(tcp, tls, app, listener::API_LIMITS, "API"));
     }
     if let Some(addr) = metrics_listen {
         let tcp = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("binding the metrics listener {addr}"))?;
+        let page = Arc::new(MetricsPage::default());
         let d = daemon.clone();
         let app = axum::Router::new().route(
             "/metrics",
             axum::routing::get(move || {
-                let d = d.clone();
+                let (d, page) = (d.clone(), page.clone());
                 async move {
-                    let text = tokio::task::spawn_blocking(move || {
-                        // Scrapers come often: a count younger than a second is reused.
-                        // The traffic counters are read afresh (two system calls).
-                        Daemon::refresh_flow_counts_older_than(&d, Duration::from_secs(1));
-                        d.lock()
-                            .map(|mut d| {
-                                d.sample();
-                                d.render_metrics()
-                            })
-                            .unwrap_or_default()
-                    })
-                    .await
-                    .unwrap_or_default();
-                    ([("content-type", "text/plain; version=0.0.4")], text)
+                    let text = page.get(&d).await;
+                    (
+                        [("content-type", "text/plain; version=0.0.4")],
+                        text.to_string(),
+                    )
                 }
             }),
         );
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(tcp, app).await {
-                tracing::error!("metrics server: {e}");
-            }
-        });
+        tokio::spawn(listener::serve(
+            tcp,
+            None,
+            app,
+            listener::METRICS_LIMITS,
+            "metrics",
+        ));
     }
 
     let loops = Loops::start(&daemon);
@@ -400,6 +385,32 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     ticker_ended
 }
 
+/// Raises the soft limit of open descriptors to the hard one (the unit's `LimitNOFILE`): the
+/// listeners cap their connections, and the rest is for scrapes, health checks and the
+/// pinned maps.
+pub fn raise_descriptor_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 || limit.rlim_cur >= limit.rlim_max
+        {
+            return;
+        }
+        let before = limit.rlim_cur;
+        limit.rlim_cur = limit.rlim_max;
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+            tracing::debug!(
+                from = before,
+                to = limit.rlim_cur,
+                "raised the open-descriptor limit"
+            );
+        }
+    }
+}
+
 /// Makes any panic, on any thread, end the process with SIGABRT once it is logged. A daemon
 /// whose thread panicked while holding the state's lock would otherwise stay up half-alive (its
 /// API, scrapes, health checks and sweeps failing on the poisoned lock for good) where the
@@ -435,6 +446,42 @@ pub(crate) fn injected_panic(site: &str) {
         && SEEN.fetch_add(1, Ordering::Relaxed) + 1 == *n
     {
         panic!("injected panic in {site} {n} (BALANCER_INJECT_PANIC)");
+    }
+}
+
+/// The metrics listener's page: rendered at most once a second whoever asks, by one request
+/// at a time (the others wait for it and share it), so a flood of scrapes costs the daemon's
+/// lock one render a second.
+#[derive(Default)]
+struct MetricsPage(tokio::sync::Mutex<Option<(std::time::Instant, Arc<String>)>>);
+
+impl MetricsPage {
+    const FRESH: Duration = Duration::from_secs(1);
+
+    async fn get(&self, daemon: &Arc<Mutex<Daemon>>) -> Arc<String> {
+        let mut cached = self.0.lock().await;
+        if let Some((at, text)) = cached.as_ref()
+            && at.elapsed() < Self::FRESH
+        {
+            return text.clone();
+        }
+        let d = daemon.clone();
+        let text = tokio::task::spawn_blocking(move || {
+            // The flow counts are refreshed when older than the page; the traffic counters
+            // are read afresh (two system calls).
+            Daemon::refresh_flow_counts_older_than(&d, Self::FRESH);
+            d.lock()
+                .map(|mut d| {
+                    d.sample();
+                    d.render_metrics()
+                })
+                .unwrap_or_default()
+        })
+        .await
+        .unwrap_or_default();
+        let text = Arc::new(text);
+        *cached = Some((std::time::Instant::now(), text.clone()));
+        text
     }
 }
 

@@ -50,6 +50,16 @@ impl Daemon {
         let applied = self.publish_fleet(Some(&state.vips))?;
         let ours = crate::fleet::vip_config(&self.config);
         if !state.vip_config.is_empty() && !crate::fleet::same_vips(&ours, &state.vip_config) {
+            // Files only under api.file_dir: a writer of the fleet's store is no root here.
+            let dir = self.config.api.file_dir.clone();
+            if let Some(e) = state
+                .vip_config
+                .iter()
+                .find_map(|v| crate::config::check_files_under(v, dir.as_deref()).err())
+            {
+                tracing::error!(epoch = state.epoch, "fleet: the leader's VIPs refused: {e}");
+                return Some(applied);
+            }
             let theirs = state.vip_config.clone();
             match self.edit("fleet state", move |raw| {
                 raw.vip = theirs;
