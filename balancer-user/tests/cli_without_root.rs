@@ -48,6 +48,7 @@ state_file = "{dir}/state.json"
 socket = "{dir}/api.sock"
 
 [bgp]
+prefixes = ["10.111.0.0/16", "fd00:111::/64"]
 routes_v4 = "{dir}/vips4.conf"
 routes_v6 = "{dir}/vips6.conf"
 socket = "{dir}/bird.ctl"

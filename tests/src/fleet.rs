@@ -400,6 +400,7 @@ impl Fleet {
         config.bgp.routes_v6 = path(self.bird_dir().join(format!("lb{}-vips6.conf", i + 1)));
         config.bgp.birdc = Some("birdc".into());
         config.bgp.socket = path(self.bird_socket(Some(i)));
+        config.bgp.prefixes = vec!["10.111.1.0/24".into(), "fd00:111:1::/48".into()];
         for (name, port) in [("http4", HTTP_PORT), ("echo4", ECHO_PORT)] {
             let mut v = vip(name, VIP4, port);
             v.protocol = Some("tcp".into());

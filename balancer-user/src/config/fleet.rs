@@ -25,7 +25,7 @@
 //! socket = "/run/bird/bird.ctl"                 # BIRD's control socket
 //! ```
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 
 use super::fields::{absolute_path, cert_and_key, optional_path};
 use super::{ConfigError, invalid};
+use crate::net::Prefix;
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -240,6 +241,13 @@ pub fn validate_fleet(raw: RawFleet) -> Result<Option<FleetConfig>, ConfigError>
             ));
         }
     };
+    if auth.is_some() && tls.is_none() {
+        return Err(invalid(
+            "fleet.username",
+            "(set)",
+            "etcd credentials need TLS (fleet.ca): without it the password crosses the network in the clear",
+        ));
+    }
     Ok(Some(FleetConfig {
         etcd,
         prefix,
@@ -317,6 +325,8 @@ pub struct RawBgp {
     pub birdc: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub socket: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prefixes: Vec<String>,
 }
 
 /// VIP announcement through BIRD: route include files plus `birdc configure`.
@@ -326,6 +336,16 @@ pub struct BgpConfig {
     pub routes_v6: PathBuf,
     pub birdc: String,
     pub socket: PathBuf,
+    /// The prefixes this balancer may announce: a VIP outside every one is not announced,
+    /// whoever added it.
+    pub prefixes: Vec<Prefix>,
+}
+
+impl BgpConfig {
+    /// Whether a VIP address may be announced.
+    pub fn may_announce(&self, address: IpAddr) -> bool {
+        self.prefixes.iter().any(|p| p.contains(address))
+    }
 }
 
 impl BgpConfig {
@@ -335,6 +355,7 @@ impl BgpConfig {
             routes_v6: Some(self.routes_v6.display().to_string()),
             birdc: Some(self.birdc.clone()),
             socket: Some(self.socket.display().to_string()),
+            prefixes: self.prefixes.iter().map(ToString::to_string).collect(),
         }
     }
 }
@@ -344,9 +365,11 @@ pub fn validate_bgp(raw: RawBgp) -> Result<Option<BgpConfig>, ConfigError> {
         && raw.routes_v6.is_none()
         && raw.birdc.is_none()
         && raw.socket.is_none()
+        && raw.prefixes.is_empty()
     {
         return Ok(None);
     }
+
     let path = |v: Option<String>, key: &str| -> Result<PathBuf, ConfigError> {
         match v {
             Some(p) if p.starts_with('/') && !p.contains("..") && !p.contains('"') => {
@@ -381,17 +404,52 @@ pub fn validate_bgp(raw: RawBgp) -> Result<Option<BgpConfig>, ConfigError> {
             "a program name or path, no spaces",
         ));
     }
+    if raw.prefixes.is_empty() {
+        return Err(invalid(
+            "bgp.prefixes",
+            "(absent)",
+            "required in [bgp]: the prefixes whose VIPs this balancer may announce",
+        ));
+    }
+    let prefixes = raw
+        .prefixes
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            p.parse::<Prefix>()
+                .map_err(|why| invalid(format!("bgp.prefixes[{i}]"), format!("{p:?}"), why))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Some(BgpConfig {
         routes_v4,
         routes_v6,
         birdc,
         socket,
+        prefixes,
     }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn etcd_credentials_need_tls() {
+        let raw = RawFleet {
+            etcd: vec!["10.0.0.9:2379".into()],
+            instance: Some("lb1".into()),
+            username: Some("lb".into()),
+            password_file: Some("/pw".into()),
+            ..Default::default()
+        };
+        let e = validate_fleet(raw.clone()).unwrap_err().to_string();
+        assert!(e.starts_with("fleet.username = (set): etcd credentials need TLS"), "{e}");
+        let secured = RawFleet {
+            ca: Some("/ca.pem".into()),
+            ..raw
+        };
+        assert!(validate_fleet(secured).unwrap().unwrap().auth.is_some());
+    }
 
     #[test]
     fn fleet_defaults_and_errors() {
@@ -525,14 +583,31 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("bgp.routes_v6"), "{e}");
-        let b = validate_bgp(RawBgp {
+        let raw = RawBgp {
             routes_v4: Some("/run/v4.conf".into()),
             routes_v6: Some("/run/v6.conf".into()),
             ..Default::default()
+        };
+        let e = validate_bgp(raw.clone()).unwrap_err().to_string();
+        assert!(e.starts_with("bgp.prefixes = (absent): required"), "{e}");
+        let e = validate_bgp(RawBgp {
+            prefixes: vec!["10.100.0.0/16".into(), "10.0.0.0/33".into()],
+            ..raw.clone()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("bgp.prefixes[1] = \"10.0.0.0/33\""), "{e}");
+        let b = validate_bgp(RawBgp {
+            prefixes: vec!["10.100.0.0/16".into(), "2001:db8::/48".into()],
+            ..raw
         })
         .unwrap()
         .unwrap();
         assert_eq!(b.birdc, "birdc");
+        assert!(b.may_announce("10.100.3.4".parse().unwrap()));
+        assert!(b.may_announce("2001:db8::1".parse().unwrap()));
+        assert!(!b.may_announce("10.101.0.1".parse().unwrap()));
+        assert!(!b.may_announce("8.8.8.8".parse().unwrap()));
         assert_eq!(validate_bgp(b.to_raw()).unwrap(), Some(b));
     }
 }

@@ -269,8 +269,13 @@ impl<P: FleetPort, S: FleetStore> Agent<P, S> {
                 if let Some(value) = &change.value {
                     self.apply(value).await;
                 }
-            } else if change.key == self.leader_key.as_bytes() && change.value.is_none() {
-                leader_gone = true;
+            } else if change.key == self.leader_key.as_bytes() {
+                match &change.value {
+                    Some(leader) => {
+                        self.status.leader = Some(String::from_utf8_lossy(leader).into_owned())
+                    }
+                    None => leader_gone = true,
+                }
             }
         }
         self.next_revision = self.next_revision.max(batch.revision + 1);
@@ -282,10 +287,43 @@ impl<P: FleetPort, S: FleetStore> Agent<P, S> {
         Ok(())
     }
 
-    /// Applies a published state unless it is the epoch applied last.
+    /// Whether `instance` holds the leader key, as the store says when the leader known here
+    /// is another (a hand-over this instance has not seen yet).
+    async fn is_leader(&mut self, instance: &str) -> bool {
+        if self.status.leader.as_deref() == Some(instance) {
+            return true;
+        }
+        if let Ok(read) = self.store.get(self.leader_key.as_bytes()).await {
+            self.status.leader = read
+                .kv
+                .map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+        }
+        self.status.leader.as_deref() == Some(instance)
+    }
+
+    /// Applies a published state of a later epoch than the last applied, from the current
+    /// leader; one from another instance, or of an earlier epoch (a replay, a writer of the
+    /// store that is not the leader), is refused and logged.
     async fn apply(&mut self, value: &[u8]) {
         match serde_json::from_slice::<FleetState>(value) {
-            Ok(state) if Some(state.epoch) != self.applied_epoch => {
+            Ok(state) if self.applied_epoch.is_some_and(|a| state.epoch <= a) => {
+                if self.applied_epoch != Some(state.epoch) {
+                    tracing::error!(
+                        epoch = state.epoch,
+                        applied = self.applied_epoch,
+                        "fleet: refused a published state of an earlier epoch than the one applied"
+                    );
+                }
+            }
+            Ok(state) if !self.is_leader(&state.leader).await => {
+                tracing::error!(
+                    epoch = state.epoch,
+                    from = state.leader,
+                    leader = self.status.leader,
+                    "fleet: refused a published state from an instance that is not the leader"
+                );
+            }
+            Ok(state) => {
                 let epoch = state.epoch;
                 let received = Instant::now();
                 let applied = blocking(&self.daemon, move |d| d.adopt(&state))
@@ -305,7 +343,6 @@ impl<P: FleetPort, S: FleetStore> Agent<P, S> {
                     self.applied_at = Some(Instant::now());
                 }
             }
-            Ok(_) => {}
             Err(e) => {
                 tracing::error!(
                     "fleet: the published state is not valid ({e}); keeping the last one"

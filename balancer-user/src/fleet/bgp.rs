@@ -75,6 +75,8 @@ pub struct Announcer {
     announced: Option<BTreeSet<IpAddr>>,
     last_attempt: Option<Instant>,
     pub last_error: Option<String>,
+    /// VIPs not announced for lying outside `bgp.prefixes`.
+    withheld: BTreeSet<IpAddr>,
 }
 
 impl Announcer {
@@ -85,12 +87,23 @@ impl Announcer {
             announced: None,
             last_attempt: None,
             last_error: None,
+            withheld: BTreeSet::new(),
         }
     }
 
-    /// Makes BIRD announce exactly `addresses` (rewriting the files and reconfiguring when they
-    /// changed, or retrying a failed reconfiguration).
+    /// Makes BIRD announce exactly `addresses` inside `bgp.prefixes` (rewriting the files and
+    /// reconfiguring when they changed, or retrying a failed reconfiguration); those outside
+    /// are withheld, and logged when that set changes.
     pub fn announce(&mut self, config: &BgpConfig, addresses: &BTreeSet<IpAddr>) {
+        let (allowed, withheld): (BTreeSet<IpAddr>, BTreeSet<IpAddr>) =
+            addresses.iter().partition(|a| config.may_announce(**a));
+        if withheld != self.withheld {
+            if !withheld.is_empty() {
+                tracing::warn!("bgp: not announcing {withheld:?}: outside bgp.prefixes");
+            }
+            self.withheld = withheld;
+        }
+        let addresses = &allowed;
         let settled = self.announced.as_ref() == Some(addresses) && self.last_error.is_none();
         let retry_due = self.last_attempt.is_none_or(|t| t.elapsed() >= RETRY);
         if settled || (self.announced.as_ref() == Some(addresses) && !retry_due) {
@@ -217,6 +230,7 @@ mod tests {
             routes_v6: dir.join("v6.conf"),
             birdc: birdc.display().to_string(),
             socket: dir.join("bird.ctl"),
+            prefixes: vec!["10.0.0.0/8".parse().unwrap()],
         };
         let started = Instant::now();
         let err = apply(&config, &BTreeSet::new()).unwrap_err();
@@ -233,9 +247,12 @@ mod tests {
             routes_v6: dir.join("v6.conf"),
             birdc: "/nonexistent/birdc".into(),
             socket: dir.join("bird.ctl"),
+            prefixes: vec!["10.1.0.0/16".parse().unwrap()],
         };
         let mut a = Announcer::new(Box::new(Bird));
-        let set: BTreeSet<IpAddr> = ["10.1.1.1".parse().unwrap()].into();
+        // 10.2.2.2 lies outside bgp.prefixes: never announced.
+        let set: BTreeSet<IpAddr> =
+            ["10.1.1.1".parse().unwrap(), "10.2.2.2".parse().unwrap()].into();
         a.announce(&config, &set);
         assert!(
             a.last_error
@@ -244,11 +261,10 @@ mod tests {
                 .contains("/nonexistent/birdc")
         );
         // The files were written even though BIRD could not be told.
-        assert!(
-            std::fs::read_to_string(&config.routes_v4)
-                .unwrap()
-                .contains("10.1.1.1/32")
-        );
+        let routes = std::fs::read_to_string(&config.routes_v4).unwrap();
+        assert!(routes.contains("10.1.1.1/32"), "{routes}");
+        assert!(!routes.contains("10.2.2.2"), "{routes}");
+        assert_eq!(a.announced(), ["10.1.1.1".parse().unwrap()].into());
         let _ = std::fs::remove_dir_all(dir);
     }
 }

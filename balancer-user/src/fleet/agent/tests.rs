@@ -247,3 +247,56 @@ async fn without_the_store_the_status_names_it_and_nothing_is_applied() {
     assert!(a.adopted().is_empty());
     agent.stop().await;
 }
+
+/// What a writer of the store who is not the leader could write: a state.
+async fn write_state(store: &MemoryStore, state: &FleetState) {
+    let lease = store.grant(30).await.unwrap();
+    let key = b"/balancer/t/rogue";
+    assert!(store.create(key, b"x", lease).await.unwrap());
+    let held = Held {
+        key,
+        value: b"x",
+        lease,
+    };
+    let value = serde_json::to_vec(state).unwrap();
+    assert!(
+        store
+            .put_if(&held, b"/balancer/t/state", &value)
+            .await
+            .unwrap()
+    );
+    store.revoke(lease).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_take_only_later_epochs_from_the_leader() {
+    let store = Arc::new(MemoryStore::new());
+    let (a, b) = (FakeDaemon::new("lb1"), FakeDaemon::new("lb2"));
+    let agent_a = FleetAgent::start(&a, |_| store.clone()).unwrap();
+    until("lb1 leads", || a.status().role == "leader").await;
+    let agent_b = FleetAgent::start(&b, |_| store.clone()).unwrap();
+    until("lb2 took epoch 1", || b.adopted() == [1]).await;
+    until("lb2 watches", || store.watches() == 1).await;
+    a.set_weight(200);
+    until("lb2 took epoch 2", || b.adopted() == [1, 2]).await;
+    let state = |epoch: u64, leader: &str| FleetState {
+        epoch,
+        leader: leader.into(),
+        vips: BTreeMap::new(),
+        vip_config: Vec::new(),
+    };
+    // A replay of an earlier epoch, then a later one in another instance's name.
+    write_state(&store, &state(1, "lb1")).await;
+    write_state(&store, &state(1000, "mallory")).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        b.adopted(),
+        [1, 2],
+        "a state not from the leader was applied"
+    );
+    // The leader's next epoch still is.
+    a.set_weight(300);
+    until("lb2 took epoch 3", || b.adopted() == [1, 2, 3]).await;
+    agent_b.stop().await;
+    agent_a.stop().await;
+}
