@@ -182,8 +182,11 @@ pub struct DecapStats {
     pub foreign: u64,
     /// Encapsulated packets whose inner header was cut off or whose headroom could not move.
     pub malformed: u64,
+    /// Encapsulated packets for an accepted address from an outer source not allowed
+    /// (`balancer decap --allow`), dropped.
+    pub refused: u64,
 }
-const _: () = assert!(core::mem::size_of::<DecapStats>() == 32);
+const _: () = assert!(core::mem::size_of::<DecapStats>() == 40);
 
 /// NAT counters (one per-CPU entry).
 #[repr(C)]

@@ -1,12 +1,15 @@
 //! `balancer decap`: the backend side of the ipip and gue forwarding modes. Loads the decap
 //! program on a backend's interface, accepting encapsulated packets addressed to that
-//! interface's addresses (and any extra ones given), until SIGINT/SIGTERM.
+//! interface's addresses (and any extra ones given), from the outer sources allowed (any, or
+//! those `--allow` lists: the balancers), until SIGINT/SIGTERM.
 
 use anyhow::{Context as _, Result};
+use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
 use aya::maps::{Array, HashMap, MapData, PerCpuArray};
 use balancer_common::addr::raw_from_ip;
 use balancer_common::maps::{
-    DECAP_ADDRS, DECAP_CONFIG, DECAP_STATS, DecapAddrKey, DecapConfig, MAX_DECAP_ADDRS,
+    DECAP_ADDRS, DECAP_CONFIG, DECAP_SOURCES_V4, DECAP_SOURCES_V6, DECAP_STATS, DecapAddrKey,
+    DecapConfig, MAX_DECAP_ADDRS, MAX_DECAP_SOURCES,
 };
 use balancer_common::stats::DecapStats;
 use std::net::IpAddr;
@@ -15,6 +18,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::config::AttachMode;
 use crate::ebpf;
 use crate::ebpf::xdp_mode;
+use crate::net::Prefix;
 use crate::netinfo::Interface;
 
 /// Options of `balancer decap`.
@@ -26,6 +30,9 @@ pub struct DecapOptions {
     pub gue_port: Option<u16>,
     /// Outer destinations accepted besides the interface's own addresses.
     pub extra_addresses: Vec<IpAddr>,
+    /// Outer sources accepted (the balancers' addresses); empty: any. Tunnelled packets from
+    /// others are dropped.
+    pub allowed_sources: Vec<Prefix>,
 }
 
 /// The decap program loaded and configured, not yet attached.
@@ -34,10 +41,22 @@ pub struct Decapsulator {
 }
 
 impl Decapsulator {
-    /// Loads the object and accepts `addresses` as outer destinations.
-    pub fn load(addresses: &[IpAddr], gue_port: Option<u16>) -> Result<Decapsulator> {
+    /// Loads the object and accepts `addresses` as outer destinations, from outer sources in
+    /// `allowed` (empty: any).
+    pub fn load(
+        addresses: &[IpAddr],
+        gue_port: Option<u16>,
+        allowed: &[Prefix],
+    ) -> Result<Decapsulator> {
         if addresses.len() > MAX_DECAP_ADDRS as usize {
             anyhow::bail!("at most {MAX_DECAP_ADDRS} local addresses can be accepted");
+        }
+        for v4 in [true, false] {
+            if allowed.iter().filter(|p| p.addr.is_ipv4() == v4).count()
+                > MAX_DECAP_SOURCES as usize
+            {
+                anyhow::bail!("at most {MAX_DECAP_SOURCES} --allow prefixes per address family");
+            }
         }
         let mut object = ebpf::load_decap()?;
         let mut config: Array<&mut MapData, DecapConfig> = object
@@ -48,6 +67,7 @@ impl Decapsulator {
             0,
             DecapConfig {
                 gue_port: gue_port.unwrap_or(0).to_be(),
+                restrict_sources: u8::from(!allowed.is_empty()),
                 _pad: 0,
             },
             0,
@@ -67,6 +87,33 @@ impl Decapsulator {
                 1,
                 0,
             )?;
+        }
+        let word = |o: &[u8]| u32::from_ne_bytes([o[0], o[1], o[2], o[3]]);
+        for p in allowed {
+            let len = u32::from(p.len);
+            match p.addr {
+                IpAddr::V4(a) => {
+                    let mut trie: LpmTrie<&mut MapData, u32, u8> = object
+                        .map_mut(DECAP_SOURCES_V4)
+                        .context("decap object has no IPv4 source map")?
+                        .try_into()?;
+                    trie.insert(&LpmKey::new(len, word(&a.octets())), 1, 0)?;
+                }
+                IpAddr::V6(a) => {
+                    let o = a.octets();
+                    let data = [
+                        word(&o[0..4]),
+                        word(&o[4..8]),
+                        word(&o[8..12]),
+                        word(&o[12..16]),
+                    ];
+                    let mut trie: LpmTrie<&mut MapData, [u32; 4], u8> = object
+                        .map_mut(DECAP_SOURCES_V6)
+                        .context("decap object has no IPv6 source map")?
+                        .try_into()?;
+                    trie.insert(&LpmKey::new(len, data), 1, 0)?;
+                }
+            }
         }
         Ok(Decapsulator { object })
     }
@@ -97,6 +144,7 @@ impl Decapsulator {
             sum.gue += v.gue;
             sum.foreign += v.foreign;
             sum.malformed += v.malformed;
+            sum.refused += v.refused;
         }
         Ok(sum)
     }
@@ -109,13 +157,14 @@ pub async fn run(opts: DecapOptions) -> Result<()> {
     addresses.extend(&opts.extra_addresses);
     addresses.sort();
     addresses.dedup();
-    let mut decap = Decapsulator::load(&addresses, opts.gue_port)?;
+    let mut decap = Decapsulator::load(&addresses, opts.gue_port, &opts.allowed_sources)?;
     decap.attach(&opts.interface, opts.attach_mode)?;
     tracing::info!(
         interface = %opts.interface,
         mode = %opts.attach_mode,
         gue_port = opts.gue_port.unwrap_or(0),
         addresses = ?addresses,
+        allowed_sources = ?opts.allowed_sources.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "decap ready"
     );
     let mut interrupt = signal(SignalKind::interrupt())?;
@@ -130,6 +179,7 @@ pub async fn run(opts: DecapOptions) -> Result<()> {
             gue = s.gue,
             foreign = s.foreign,
             malformed = s.malformed,
+            refused = s.refused,
             "decap counters at exit"
         );
     }

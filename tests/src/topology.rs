@@ -455,6 +455,11 @@ impl Topology {
                 &mode,
                 "--gue-port",
                 &gue,
+                // The balancers' side of the rack: the outer sources of their tunnels.
+                "--allow",
+                "10.111.0.0/24",
+                "--allow",
+                "fd00:111::/64",
             ];
             self.rack
                 .spawn(&self.backends[i], &format!("decap-b{}", i + 1), &argv)?

@@ -790,7 +790,7 @@ mod decap {
     #[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
     fn strips_ipip_and_gue_for_local_addresses_only() {
         let local = [ip("10.111.0.11"), ip("fd00:111::11")];
-        let mut d = Decapsulator::load(&local, Some(6080)).unwrap();
+        let mut d = Decapsulator::load(&local, Some(6080), &[]).unwrap();
         let client = ip("10.9.0.1");
         let inner4 = tcp_frame(client, 1234, ip("10.111.1.2"), 80, false, b"inner");
         let inner6 = tcp_frame(
@@ -870,6 +870,103 @@ mod decap {
         }
         let stats = d.stats().unwrap();
         assert_eq!((stats.ipip, stats.gue, stats.foreign), (3, 2, 1));
+    }
+
+    /// `balancer decap --allow`: a tunnelled packet for this host from an outer source not
+    /// allowed is dropped (and counted), one from an allowed source stripped as before; traffic
+    /// that is not tunnelled, or not for this host, is left alone whatever its source.
+    #[test]
+    #[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
+    fn drops_tunnelled_packets_from_outer_sources_not_allowed() {
+        let local = [ip("10.111.0.11"), ip("fd00:111::11")];
+        let allowed: Vec<balancer::net::Prefix> = ["10.111.0.0/30", "fd00:111::2"]
+            .iter()
+            .map(|p| p.parse().unwrap())
+            .collect();
+        let mut d = Decapsulator::load(&local, Some(6080), &allowed).unwrap();
+        let client = ip("10.9.0.1");
+        let inner4 = tcp_frame(client, 1234, ip("10.111.1.2"), 80, false, b"inner");
+        let wrap = |backend: IpAddr, source: IpAddr, gue_port: Option<u16>| {
+            let mut w = expect_encap(
+                &inner4,
+                14,
+                client,
+                1234,
+                Encap {
+                    backend,
+                    source,
+                    entropy_mask: 0,
+                    gue_port,
+                },
+            );
+            w[0..6].copy_from_slice(&backend_mac(backend));
+            w
+        };
+        // (outer destination, outer source, GUE port, what happens)
+        let cases = [
+            (ip("10.111.0.11"), ip("10.111.0.2"), None, "XDP_PASS", true),
+            (
+                ip("10.111.0.11"),
+                ip("10.111.0.3"),
+                Some(6080),
+                "XDP_PASS",
+                true,
+            ),
+            (
+                ip("fd00:111::11"),
+                ip("fd00:111::2"),
+                None,
+                "XDP_PASS",
+                true,
+            ),
+            (
+                ip("10.111.0.11"),
+                ip("10.111.0.66"),
+                None,
+                "XDP_DROP",
+                false,
+            ),
+            (
+                ip("10.111.0.11"),
+                ip("10.9.0.1"),
+                Some(6080),
+                "XDP_DROP",
+                false,
+            ),
+            (
+                ip("fd00:111::11"),
+                ip("fd00:111::3"),
+                None,
+                "XDP_DROP",
+                false,
+            ),
+            // Not for this host: left alone, whatever its source.
+            (
+                ip("10.111.0.99"),
+                ip("10.111.0.66"),
+                None,
+                "XDP_PASS",
+                false,
+            ),
+        ];
+        for (backend, source, gue, want, stripped) in cases {
+            let frame = wrap(backend, source, gue);
+            let (action, out) = run(&mut d, &frame);
+            let what = format!("to {backend} from {source} (gue {gue:?})");
+            assert_eq!(action_name(action), want, "{what}");
+            if want == "XDP_PASS" {
+                if stripped {
+                    assert_eq!(out[14..], inner4[14..], "{what}: not stripped");
+                } else {
+                    assert_eq!(out, frame, "{what}: changed");
+                }
+            }
+        }
+        // Plain traffic from anywhere is not the decapsulator's business.
+        let (action, out) = run(&mut d, &inner4);
+        assert_eq!((action_name(action), out), ("XDP_PASS", inner4.clone()));
+        let s = d.stats().unwrap();
+        assert_eq!((s.ipip, s.gue, s.refused, s.foreign), (2, 1, 3, 1));
     }
 }
 

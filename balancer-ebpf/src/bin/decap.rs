@@ -11,15 +11,16 @@
 #![cfg_attr(target_arch = "bpf", no_main)]
 
 use aya_ebpf::{
-    bindings::xdp_action::XDP_PASS,
-    btf_maps::{Array, HashMap, PerCpuArray},
+    bindings::xdp_action::{XDP_DROP, XDP_PASS},
+    btf_maps::{Array, HashMap, LpmTrie, PerCpuArray},
     helpers::generated::bpf_xdp_adjust_head,
     macros::{btf_map, xdp},
+    maps::lpm_trie::Key as LpmKey,
     programs::XdpContext,
 };
 use balancer_common::{
     addr::{FAMILY_V4, FAMILY_V6},
-    maps::{DecapAddrKey, DecapConfig, MAX_DECAP_ADDRS},
+    maps::{DecapAddrKey, DecapConfig, MAX_DECAP_ADDRS, MAX_DECAP_SOURCES},
     stats::DecapStats,
 };
 use balancer_ebpf::{
@@ -34,6 +35,12 @@ static DECAP_CONFIG: Array<DecapConfig, 1> = Array::new();
 static DECAP_ADDRS: HashMap<DecapAddrKey, u8, { MAX_DECAP_ADDRS as usize }> = HashMap::new();
 
 #[btf_map]
+static DECAP_SOURCES_V4: LpmTrie<u32, u8, { MAX_DECAP_SOURCES as usize }> = LpmTrie::new();
+
+#[btf_map]
+static DECAP_SOURCES_V6: LpmTrie<[u32; 4], u8, { MAX_DECAP_SOURCES as usize }> = LpmTrie::new();
+
+#[btf_map]
 static DECAP_STATS: PerCpuArray<DecapStats, 1> = PerCpuArray::new();
 
 #[xdp]
@@ -45,9 +52,19 @@ pub fn pass(_ctx: XdpContext) -> u32 {
 pub fn decap(ctx: XdpContext) -> u32 {
     if let Some(stats) = DECAP_STATS.get_ptr_mut(0) {
         // SAFETY: this CPU's entry, valid while the program runs.
-        try_decap(&ctx, unsafe { &mut *stats });
+        return try_decap(&ctx, unsafe { &mut *stats });
     }
     XDP_PASS
+}
+
+/// Whether a tunnelled packet's outer source is allowed (`balancer decap --allow`).
+#[inline(always)]
+fn source_allowed(src: &[u32; 4], family: u8) -> bool {
+    if family == FAMILY_V4 {
+        DECAP_SOURCES_V4.get(&LpmKey::new(32, src[0])).is_some()
+    } else {
+        DECAP_SOURCES_V6.get(&LpmKey::new(128, *src)).is_some()
+    }
 }
 
 enum Outer {
@@ -55,34 +72,36 @@ enum Outer {
     Gue,
 }
 
+/// Strips a tunnelled packet for this host; the action: `XDP_DROP` for one from an outer
+/// source not allowed, `XDP_PASS` for everything else (stripped or not).
 #[inline(always)]
-fn try_decap(ctx: &XdpContext, stats: &mut DecapStats) {
+fn try_decap(ctx: &XdpContext, stats: &mut DecapStats) -> u32 {
     let frame = Frame::of(ctx);
     let Some(l2) = parse_l2(&frame) else {
-        return;
+        return XDP_PASS;
     };
     let Some(outer) = parse_ip(&frame, &l2) else {
-        return;
+        return XDP_PASS;
     };
     if outer.shape != Shape::Plain {
-        return;
+        return XDP_PASS;
     }
+    let Some(cfg) = DECAP_CONFIG.get(0) else {
+        return XDP_PASS;
+    };
     let (kind, inner_off) = match outer.proto {
         IPPROTO_IPIP | IPPROTO_IPV6 => (Outer::Ipip, outer.l4_off),
         IPPROTO_UDP => {
-            let Some(cfg) = DECAP_CONFIG.get(0) else {
-                return;
-            };
             let Some(udp) = frame.ptr::<UdpHdr>(outer.l4_off) else {
-                return;
+                return XDP_PASS;
             };
             // SAFETY: bounds checked by `ptr`.
             if cfg.gue_port == 0 || unsafe { (*udp).dst } != cfg.gue_port {
-                return;
+                return XDP_PASS;
             }
             (Outer::Gue, outer.l4_off + UDP_LEN)
         }
-        _ => return,
+        _ => return XDP_PASS,
     };
     let key = DecapAddrKey {
         addr: outer.dst,
@@ -92,13 +111,17 @@ fn try_decap(ctx: &XdpContext, stats: &mut DecapStats) {
     // SAFETY: the value is only read while the program runs.
     if unsafe { DECAP_ADDRS.get(key) }.is_none() {
         stats.foreign += 1;
-        return;
+        return XDP_PASS;
+    }
+    if cfg.restrict_sources != 0 && !source_allowed(&outer.src, outer.family) {
+        stats.refused += 1;
+        return XDP_DROP;
     }
     // At least a minimal IPv4 header must follow. (A one-byte check would also be optimised
     // into a form the verifier cannot follow.)
     let Some(inner) = frame.ptr::<[u8; IPV4_LEN]>(inner_off) else {
         stats.malformed += 1;
-        return;
+        return XDP_PASS;
     };
     // SAFETY: bounds checked by `ptr`.
     let inner_family = match unsafe { (*inner)[0] } >> 4 {
@@ -106,17 +129,18 @@ fn try_decap(ctx: &XdpContext, stats: &mut DecapStats) {
         6 => FAMILY_V6,
         _ => {
             stats.malformed += 1;
-            return;
+            return XDP_PASS;
         }
     };
     if strip(ctx, l2.l3_off, inner_off - l2.l3_off, inner_family).is_none() {
         stats.malformed += 1;
-        return;
+        return XDP_PASS;
     }
     match kind {
         Outer::Ipip => stats.ipip += 1,
         Outer::Gue => stats.gue += 1,
     }
+    XDP_PASS
 }
 
 /// Removes `len` bytes after the L2 header (which is `l3_off` long) and sets its ether type.

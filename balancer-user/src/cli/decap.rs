@@ -3,6 +3,7 @@ use std::process::ExitCode;
 
 use balancer::config::AttachMode;
 use balancer::decap::{self, DecapOptions};
+use balancer::net::Prefix;
 
 use super::runtime;
 
@@ -10,8 +11,10 @@ use super::runtime;
 /// header of packets addressed to this interface's addresses and pass the inner packet to the
 /// stack, until SIGINT or SIGTERM. The backend must also hold the VIP (e.g. on `lo`).
 #[derive(Debug, clap::Args)]
-#[command(after_help = "Examples:\n  sudo balancer decap --interface eth0\n  \
-                        sudo balancer decap --interface eth0 --gue-port 6080 --mode skb")]
+#[command(
+    after_help = "Examples:\n  sudo balancer decap --interface eth0 --allow 10.0.0.2 --allow 10.0.0.3\n  \
+                        sudo balancer decap --interface eth0 --gue-port 6080 --mode skb --allow 10.0.0.0/29"
+)]
 pub struct DecapArgs {
     /// Interface the encapsulated packets arrive on.
     #[arg(long, short)]
@@ -25,6 +28,16 @@ pub struct DecapArgs {
     /// Accept this outer destination too (repeatable); the interface's addresses always are.
     #[arg(long = "accept")]
     accept: Vec<IpAddr>,
+    /// Strip only tunnelled packets whose outer source lies in this address or prefix (the
+    /// balancers'; repeatable) and drop the others. Without it, any outer source is accepted,
+    /// and anyone who can reach the interface can send traffic that appears to come from
+    /// any client.
+    #[arg(long = "allow", value_name = "SRC[/LEN]", value_parser = parse_prefix)]
+    allow: Vec<Prefix>,
+}
+
+fn parse_prefix(s: &str) -> Result<Prefix, String> {
+    s.parse()
 }
 
 pub fn run(args: DecapArgs) -> anyhow::Result<ExitCode> {
@@ -36,6 +49,7 @@ pub fn run(args: DecapArgs) -> anyhow::Result<ExitCode> {
         attach_mode: args.mode,
         gue_port: args.gue_port,
         extra_addresses: args.accept,
+        allowed_sources: args.allow,
     };
     runtime()?.block_on(decap::run(opts))?;
     Ok(ExitCode::SUCCESS)

@@ -443,7 +443,10 @@ mod tests {
             ..Default::default()
         };
         let e = validate_fleet(raw.clone()).unwrap_err().to_string();
-        assert!(e.starts_with("fleet.username = (set): etcd credentials need TLS"), "{e}");
+        assert!(
+            e.starts_with("fleet.username = (set): etcd credentials need TLS"),
+            "{e}"
+        );
         let secured = RawFleet {
             ca: Some("/ca.pem".into()),
             ..raw
