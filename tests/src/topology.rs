@@ -348,19 +348,12 @@ impl Topology {
         self.restart_balancer_with(&[], args)
     }
 
-    /// Like [`Topology::restart_balancer`] with the environment variables `env`
-    /// (`NAME=value` each) set for the daemon.
-    pub fn restart_balancer_with(&mut self, env: &[&str], args: &[&str]) -> Result<()> {
+    /// Like [`Topology::restart_balancer`], the daemon started through `prefix` (a command
+    /// and its arguments before the daemon's: `env NAME=value`, `prlimit --nofile=N:N`).
+    pub fn restart_balancer_with(&mut self, prefix: &[&str], args: &[&str]) -> Result<()> {
         let path = self.rack.log_dir.join("balancer.toml");
         let bin = binary("balancer")?;
-        let mut argv: Vec<String> = if env.is_empty() {
-            Vec::new()
-        } else {
-            std::iter::once("env")
-                .chain(env.iter().copied())
-                .map(String::from)
-                .collect()
-        };
+        let mut argv: Vec<String> = prefix.iter().map(|a| a.to_string()).collect();
         argv.extend([
             bin.to_string_lossy().to_string(),
             "run".to_string(),

@@ -485,7 +485,7 @@ fn a_panic_ends_the_daemon_and_its_restart_loses_nothing() {
         .signal_and_wait(libc::SIGTERM, TIMEOUT)
         .unwrap();
     assert!(code.success(), "SIGTERM exit {code}");
-    topo.restart_balancer_with(&["BALANCER_INJECT_PANIC=weight-round:50"], &[])
+    topo.restart_balancer_with(&["env", "BALANCER_INJECT_PANIC=weight-round:50"], &[])
         .expect("the daemon, to panic in its 50th weight round");
     let status = topo
         .process("balancer")
@@ -509,6 +509,122 @@ fn a_panic_ends_the_daemon_and_its_restart_loses_nothing() {
     let joined = join_streams(streams, "across the panic and the restart")
         .unwrap_or_else(|e| panic!("{e:#}\n{}", topo.logs()));
     assert!(joined.fewest_bytes > 0, "a stream moved nothing");
+}
+
+/// A flood of connections to the API's TCP listener, held open and silent, by more than the
+/// daemon's descriptors: the listener takes at most its cap, so the health checks still find
+/// descriptors and every backend stays up; the API answers again once the flood ends.
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn a_connection_flood_leaves_the_health_checks_their_descriptors() {
+    let token_dir = std::env::temp_dir().join(format!("{PREFIX}-fld"));
+    std::fs::create_dir_all(&token_dir).unwrap();
+    let token_file = token_dir.join("token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mut topo = Topology::build(TopologyOptions::new("fld")).expect("rack");
+    topo.attach_peer_pass(AttachMode::Native).expect("pass");
+    let mut config = rack_config(&topo, "l2-dsr", AttachMode::Native);
+    config.api.listen = Some("127.0.0.1:9180".into());
+    config.api.token_file = Some(token_file.display().to_string());
+    for v in config
+        .vip
+        .iter_mut()
+        .filter(|v| v.protocol.as_deref() == Some("tcp"))
+    {
+        v.health = Some(tcp_health(200, 150, 2, 1));
+    }
+    topo.start_balancer(&to_toml(&config)).expect("balancer");
+    // The same daemon again with 512 descriptors (its own use: about a hundred): a flood of
+    // 1,500 connections would take them all without the listener's cap of 256.
+    let code = topo
+        .process("balancer")
+        .unwrap()
+        .signal_and_wait(libc::SIGTERM, TIMEOUT)
+        .unwrap();
+    assert!(code.success(), "SIGTERM exit {code}");
+    topo.restart_balancer_with(&["prlimit", "--nofile=512:512"], &[])
+        .expect("the daemon with 512 descriptors");
+    let pid = topo.process("balancer").unwrap().pid();
+    let descriptors = || std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
+    let all_healthy = |topo: &Topology| {
+        status(topo)
+            .vips
+            .iter()
+            .flat_map(|v| v.backends.iter())
+            .all(|b| b.healthy)
+    };
+    poll(Duration::from_secs(10), || all_healthy(&topo).then_some(()))
+        .expect("every backend healthy before the flood");
+    let before = descriptors();
+    let flood = topo
+        .lb
+        .spawn_in(|| {
+            let mut held = Vec::new();
+            let addr: SocketAddr = "127.0.0.1:9180".parse().unwrap();
+            for _ in 0..1500 {
+                match std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(50)) {
+                    Ok(s) => held.push(s),
+                    // The backlog is full: past the daemon's descriptors already.
+                    Err(_) if held.len() > 600 => break,
+                    Err(_) => {}
+                }
+            }
+            let n = held.len();
+            std::thread::sleep(Duration::from_secs(6));
+            n
+        })
+        .unwrap();
+    let started = Instant::now();
+    let mut most = 0;
+    while started.elapsed() < Duration::from_secs(6) {
+        most = most.max(descriptors());
+        assert!(
+            all_healthy(&topo),
+            "a backend went down under the flood ({} descriptors):\n{}",
+            descriptors(),
+            topo.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let opened = flood.join().unwrap().unwrap();
+    println!(
+        "flood: {opened} connections opened; the daemon held {before} descriptors before, at most {most} during"
+    );
+    assert!(opened > 512, "the flood opened only {opened} connections");
+    assert!(most < 512, "the daemon ran out of descriptors: {most}");
+    // The API over TCP (in the balancer's namespace) answers once the flood is gone.
+    let answered = topo
+        .lb
+        .spawn_in(|| {
+            let client = Client::new(Endpoint::Tcp {
+                addr: "127.0.0.1:9180".into(),
+                token: TOKEN.into(),
+                tls: None,
+            });
+            let started = Instant::now();
+            loop {
+                match client.call::<(), Status>("GET", "/v1/status", None) {
+                    Ok(_) => return Ok(started.elapsed()),
+                    Err(e) if started.elapsed() > Duration::from_secs(15) => {
+                        return Err(e.to_string());
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(100)),
+                }
+            }
+        })
+        .unwrap()
+        .join()
+        .unwrap()
+        .unwrap();
+    match answered {
+        Ok(after) => println!("the API answered {after:?} after the flood"),
+        Err(e) => panic!(
+            "the API did not answer after the flood: {e}\n{}",
+            topo.logs()
+        ),
+    }
 }
 
 /// 20 TCP streams and a UDP probe every 10 ms through a SIGKILL, a restart, a SIGTERM and a

@@ -93,6 +93,28 @@ fn wait_for_weights(
     }
 }
 
+/// Polls `vip`'s weights until `ok` holds for one reading (5 s at most); that reading.
+fn wait_for(
+    topo: &Topology,
+    vip: &str,
+    what: &str,
+    ok: impl Fn(&VipWeights) -> bool,
+) -> VipWeights {
+    let started = Instant::now();
+    loop {
+        let w = weights(topo, vip);
+        if ok(&w) {
+            return w;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{vip} never showed {what}: {w:#?}\n{}",
+            topo.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// `requests` fresh HTTP connections to `vip`: the share each backend served. All must succeed.
 fn http_shares(topo: &Topology, vip: IpAddr, requests: usize) -> BTreeMap<String, f64> {
     let served = topo
@@ -723,4 +745,140 @@ fn a_saturated_pool_refuses_free_tier_connections_while_premium_ones_succeed() {
     pages(0.3, 2, 0);
     wait_until(false);
     assert_eq!(attempts(free, 20).0, 20, "free-tier clients still refused");
+}
+
+/// One backend serves hostile pages, one after another, beside a healthy one behind the same
+/// VIP, and a second VIP: every page is that backend's error (named in `balancer weights`),
+/// while the API and `/metrics` keep answering, the healthy backend's reports stay fresh and its
+/// weight on top, the other VIP's rounds go on, a change still applies, and nothing panics.
+#[test]
+#[ignore = "needs root and network namespaces; run by cargo xtask test"]
+fn a_hostile_backend_is_its_own_error_and_nobody_elses() {
+    let topo = rack("hst", |_, config| {
+        config.metrics.listen = Some("127.0.0.1:9181".into());
+        let http4 = vip_mut(config, "http4");
+        http4.telemetry = scrape(80, Some("/metrics"), 100);
+        http4.policy = Some(RawPolicy {
+            stale_after_ms: Some(600),
+            ..unsmoothed("composite")
+        });
+        let echo4 = vip_mut(config, "echo4");
+        echo4.policy = Some(RawPolicy {
+            kind: Some("least-conn".into()),
+            ..RawPolicy::default()
+        });
+    });
+    let healthy = vllm_page(0.3, 4, 0);
+    write_atomically(&topo.metrics_file(0), &healthy);
+    write_atomically(&topo.metrics_file(2), &healthy);
+    write_atomically(&topo.metrics_file(1), &healthy);
+    wait_for_weights(&topo, "http4", "every backend reporting", |m| {
+        m.values().all(|w| *w > 0)
+    });
+    let twice = |name: &str, value: &str| {
+        format!("{name}{{model_name=\"a\"}} {value}\n{name}{{model_name=\"b\"}} {value}\n")
+    };
+    let overflow = [
+        "vllm:time_to_first_token_seconds_sum",
+        "vllm:time_to_first_token_seconds_count",
+        "vllm:request_prompt_tokens_sum",
+        "vllm:request_prompt_tokens_count",
+    ]
+    .iter()
+    .map(|n| twice(n, "1e308"))
+    .collect::<String>();
+    let models: String = (0..40_000)
+        .map(|i| format!("vllm:num_requests_running{{model_name=\"m{i}\"}} 0\n"))
+        .collect();
+    let pages: Vec<(&str, String, &str)> = vec![
+        (
+            "overflowing sums",
+            format!("{healthy}{overflow}"),
+            "ttft_sum_count = inf",
+        ),
+        (
+            "NaN",
+            "vllm:num_requests_running NaN\n".into(),
+            "running = NaN",
+        ),
+        (
+            "a negative count",
+            "vllm:num_requests_waiting -7\n".into(),
+            "waiting = -7",
+        ),
+        (
+            "KV use of 1e9",
+            "vllm:kv_cache_usage_perc 1e9\n".into(),
+            "kv_usage = 1000000000",
+        ),
+        ("countless models", models, "models: 40000 names"),
+        (
+            "garbage",
+            "<html>not a metrics page</html>\n".into(),
+            "does not start with a metric name",
+        ),
+        (
+            "an oversized page",
+            "# padding\n".repeat(500_000),
+            "larger than",
+        ),
+    ];
+    let reports_of = |w: &VipWeights, a: &str| {
+        w.backends
+            .iter()
+            .find(|b| b.address.to_string() == a)
+            .map(|b| (b.reports, b.report_age_ms, b.weight))
+            .unwrap()
+    };
+    let metrics_addr: SocketAddr = "127.0.0.1:9181".parse().unwrap();
+    for (what, page, error) in pages {
+        let before = reports_of(&weights(&topo, "http4"), "10.111.0.11").0;
+        write_atomically(&topo.metrics_file(1), &page);
+        // b2 refused with the page's problem, and b1 reported again since it was served.
+        let w = wait_for(&topo, "http4", what, |w| {
+            let b2 = &w.backends[1];
+            b2.weight == 0
+                && b2.last_error.as_deref().unwrap_or("").contains(error)
+                && reports_of(w, "10.111.0.11").0 > before
+        });
+        // The healthy backends: fresh reports, on top.
+        let (_, age, weight) = reports_of(&w, "10.111.0.11");
+        assert!(
+            age.unwrap_or(u64::MAX) < 600,
+            "{what}: b1's report {age:?} ms old"
+        );
+        assert!(
+            weight > 0 && weight >= w.backends[1].weight,
+            "{what}: {w:#?}"
+        );
+        assert!(w.backends[1].reason.contains("stale"), "{what}: {w:#?}");
+        // The API and /metrics answer.
+        let (code, _, err) = topo.cli(&["status"]).unwrap();
+        assert_eq!(code, 0, "{what}: status: {err}");
+        let page = topo
+            .lb
+            .spawn_in(move || {
+                balancer_tests::traffic::http_get_path(metrics_addr, "/metrics", TIMEOUT)
+            })
+            .unwrap()
+            .join()
+            .unwrap()
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{what}: /metrics: {e:#}"));
+        assert!(page.contains("balancer_backend_weight"), "{what}");
+    }
+    // The other VIP's rounds went on, and a change still applies.
+    let echo = weights(&topo, "echo4");
+    assert_eq!(echo.policy, "least-conn", "{echo:#?}");
+    let (code, _, err) = topo
+        .cli(&["backend", "set-weight", "echo4", "10.111.0.12", "5"])
+        .unwrap();
+    assert_eq!(code, 0, "{err}");
+    // Served well again, the backend comes back.
+    write_atomically(&topo.metrics_file(1), &healthy);
+    wait_for_weights(&topo, "http4", "b2 back", |m| {
+        m.get("10.111.0.12").is_some_and(|w| *w > 0)
+    });
+    let log = topo.logs();
+    assert!(!log.contains("panicked"), "{log}");
 }
