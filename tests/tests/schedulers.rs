@@ -930,3 +930,43 @@ fn priority_tiers_have_their_own_backends_and_spill_when_they_cannot_serve() {
         "the shared pool still serves"
     );
 }
+
+/// Flood mode decides before the pick: a new flow it does not track leaves no persistence
+/// entry and adds to no backend's homes, so a flood of new clients cannot fill the one or
+/// inflate the other; the clients tracked before it keep returning home.
+#[test]
+#[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
+fn flood_mode_remembers_no_client_it_does_not_track() {
+    use balancer_common::schedule::HOME_UNIT;
+    pin_to_current_cpu();
+    // The flood window is per CPU and per flow-clock tick: two new flows, then flood mode.
+    let mut h = Harness::with_settings(&sticky_round_robin([1, 1, 1]), |s| s.flood_threshold = 2)
+        .expect("loading the balancer needs root and BPF: run through cargo xtask test");
+    let clients: Vec<IpAddr> = (1..=6).map(|i| ip(&format!("10.9.0.{i}"))).collect();
+    let homes: Vec<IpAddr> = clients.iter().map(|c| syn(&mut h, 0, *c, 1000)).collect();
+    assert_eq!(persistence_choices(&h), [0, 0, 0, 6], "every client placed");
+    let ids: Vec<u32> = h
+        .balancer
+        .vip("sticky")
+        .unwrap()
+        .backends
+        .values()
+        .map(|b| b.id)
+        .collect();
+    let homed: u64 = h
+        .balancer
+        .dataplane()
+        .homes(&ids)
+        .unwrap()
+        .values()
+        .map(|e| e.homed)
+        .sum();
+    assert_eq!(homed, 2 * HOME_UNIT, "only the two tracked clients homed");
+    // A tracked client returns home; an untracked one has no home to return to (placed
+    // again, and still remembered nowhere while the flood lasts).
+    assert_eq!(syn(&mut h, 0, clients[0], 1001), homes[0]);
+    syn(&mut h, 0, clients[5], 1001);
+    assert_eq!(persistence_choices(&h), [1, 0, 0, 7]);
+    let g = h.balancer.global_stats().unwrap();
+    assert_eq!(g.get(Counter::FloodInsertsSkipped), 6);
+}

@@ -8,7 +8,30 @@ use balancer_common::{
     stats::{Counter, GlobalStats},
 };
 
-use crate::{clock::now_ticks, maps::FLOOD, stats::count};
+use crate::{
+    clock::now_ticks,
+    maps::{CONFIG, FLOOD},
+    stats::count,
+};
+
+/// Whether flood mode will not track the new flow being chosen now on this CPU: what
+/// [`flood_allows_insert`], called once it is chosen, will answer (the window is this CPU's,
+/// and one program run uses it at a time). Read-only, for the choice to remember nothing of
+/// an untracked flow's client.
+#[inline(always)]
+pub fn flood_will_skip() -> bool {
+    let threshold = match CONFIG.get(0) {
+        Some(cfg) => cfg.flood_threshold,
+        None => 0,
+    };
+    if threshold == 0 {
+        return false;
+    }
+    match FLOOD.get(0) {
+        Some(window) => window.tick == now_ticks() && window.new_flows >= threshold,
+        None => false,
+    }
+}
 
 /// Counts a new flow against this CPU's window (one flow-clock tick); `false` once the window
 /// is over the threshold.

@@ -16,6 +16,7 @@ use balancer_common::stats::Counter;
 use crate::{
     backends::Pick,
     clock::now_ticks,
+    flood::flood_will_skip,
     homes::{add_home, refresh_home},
     maps::{AFFINITY, BACKENDS, SOURCE_PREFIXES, STATS},
     schedulers::{balancer_least_homed, balancer_spread, full, scheduled, unpack, unpack_addr},
@@ -35,6 +36,9 @@ pub extern "C" fn balancer_pick(vip: u64, opts: u64, src_lo: u64, src_hi: u64) -
     if meta.persist_ticks == 0 {
         return scheduled(vip, opts, &src, sport);
     }
+    // A flow flood mode will not track leaves no trace of its client either: a flood cannot
+    // fill the persistence table or inflate a backend's homes.
+    let track = !flood_will_skip();
     let now = now_ticks() as u16;
     let key = AffinityKey {
         src,
@@ -47,7 +51,7 @@ pub extern "C" fn balancer_pick(vip: u64, opts: u64, src_lo: u64, src_hi: u64) -
         if now.wrapping_sub(sticky.last_seen) <= meta.persist_ticks {
             let verdict = balancer_may_stick(vip, opts, id, u32::from(sticky.generation));
             if verdict != STICK_NO {
-                if sticky.last_seen != now {
+                if track && sticky.last_seen != now {
                     // Once a tick: the client still lives here (see `refresh_home`).
                     sticky.last_seen = now;
                     refresh_home(id, meta.persist_ticks);
@@ -79,7 +83,7 @@ pub extern "C" fn balancer_pick(vip: u64, opts: u64, src_lo: u64, src_hi: u64) -
     } else {
         pick
     };
-    if let Some(b) = BACKENDS.get(id) {
+    if track && let Some(b) = BACKENDS.get(id) {
         add_home(id);
         let value = AffinityValue {
             backend_id: id as u16,
