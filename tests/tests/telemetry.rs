@@ -866,6 +866,10 @@ fn a_hostile_backend_is_its_own_error_and_nobody_elses() {
             .unwrap()
             .unwrap_or_else(|e| panic!("{what}: /metrics: {e:#}"));
         assert!(page.contains("balancer_backend_weight"), "{what}");
+        assert!(
+            page.contains("balancer_telemetry_round_seconds_count{vip=\"http4\"}"),
+            "{what}: the rounds' time per VIP"
+        );
     }
     // The other VIP's rounds went on, and a change still applies.
     let echo = weights(&topo, "echo4");

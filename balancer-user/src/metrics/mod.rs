@@ -7,8 +7,8 @@ pub mod exposition;
 
 use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
 };
 
 /// Where table changes come from: API changes, SIGHUP reloads, model discovery, weight
@@ -38,6 +38,9 @@ pub struct Metrics {
     pub weight_changes: IntCounterVec,
     /// Seconds from a round's reports to its table being live (policy, build, swap).
     pub weight_publish_seconds: Histogram,
+    /// Seconds a VIP's telemetry round holds the daemon (its reports recorded, the weight
+    /// round), per VIP.
+    pub round_seconds: HistogramVec,
     /// Source NAT: flows holding a port, as of the last sweep.
     pub nat_flows: IntGauge,
     /// Source NAT: flows removed idle.
@@ -103,6 +106,14 @@ impl Metrics {
                 )
                 .buckets(vec![0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1]),
             )?,
+            round_seconds: HistogramVec::new(
+                HistogramOpts::new(
+                    "balancer_telemetry_round_seconds",
+                    "Seconds a VIP's telemetry round held the daemon: its backends' reports recorded and its weight round.",
+                )
+                .buckets(vec![0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5]),
+                &["vip"],
+            )?,
             nat_flows: IntGauge::new(
                 "balancer_nat_source_flows",
                 "Source-NAT flows holding a source port (as of the last expiry sweep, each second).",
@@ -129,6 +140,7 @@ impl Metrics {
         m.registry
             .register(Box::new(m.health_transitions.clone()))?;
         m.registry.register(Box::new(m.change_errors.clone()))?;
+        m.registry.register(Box::new(m.round_seconds.clone()))?;
         m.registry.register(Box::new(m.publish_errors.clone()))?;
         // Every origin from 0, so that an alert on its increase sees the first failure.
         for origin in PUBLISH_ORIGINS {

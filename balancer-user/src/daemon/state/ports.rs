@@ -81,6 +81,7 @@ impl TelemetryPort for Mutex<Daemon> {
         let Ok(mut d) = self.lock() else {
             return;
         };
+        let started = std::time::Instant::now();
         if let Some(next) = next_scrape {
             match d.scrape_intervals.get_mut(name) {
                 Some(at) => *at = next,
@@ -106,6 +107,10 @@ impl TelemetryPort for Mutex<Daemon> {
             }
             tracing::error!(vip = %name, "weight round: {e}");
         }
+        d.metrics
+            .round_seconds
+            .with_label_values(&[name])
+            .observe(started.elapsed().as_secs_f64());
     }
 
     fn take_scrape_due(&self) -> Option<ScrapeDue> {
