@@ -546,7 +546,8 @@ pub struct SnatFlowValue {
     pub last_seen: u64,
     /// The source port written, network byte order.
     pub nat_port: u16,
-    /// 1 once the client sent FIN or RST (a SYN clears it).
+    /// [`SNAT_CLOSING`] once the client sent FIN or RST; [`SNAT_EMBRYONIC`] from its SYN
+    /// until its first ACK; 0 in between. Either way the flow times out as a closed one.
     pub closing: u8,
     pub _pad: [u8; 5],
 }
@@ -569,6 +570,12 @@ pub struct SnatPortValue {
     pub _pad: [u8; 7],
 }
 const _: () = assert!(core::mem::size_of::<SnatPortValue>() == 56);
+
+/// [`SnatFlowValue::closing`]: the client sent FIN or RST.
+pub const SNAT_CLOSING: u8 = 1;
+/// [`SnatFlowValue::closing`]: the client sent a SYN and no ACK yet (the handshake is not
+/// complete: a spoofed SYN's port comes back at the closed flows' timeout).
+pub const SNAT_EMBRYONIC: u8 = 2;
 
 /// Free ports tried at random before a new source-NAT flow counts as "no port".
 pub const SNAT_PROBES: u32 = 32;

@@ -1190,6 +1190,77 @@ fn source_nat_ports_run_out_counted_and_come_back_when_flows_expire() {
     assert!(ports.contains(&port));
 }
 
+/// Source NAT takes a port only for a SYN: a TCP segment of a flow the balancer never saw (a
+/// spoofed one, or a connection another balancer served) is answered with a RST at its
+/// acknowledgement and takes no port; a SYN's port is embryonic — the closed flows' timeout —
+/// until the client's ACK, then the idle timeout.
+#[test]
+#[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
+fn source_nat_takes_a_port_only_for_a_syn_and_frees_a_handshake_never_completed() {
+    let mut h = harness();
+    let (client, vip) = (ip("10.9.0.1"), ip("10.111.1.6"));
+    // Spoofed segments with ACK, from 200 client ports: RSTs, and no port taken.
+    for sport in 3000..3200 {
+        let frame = tcp_frame(client, sport, vip, 80, false, b"data");
+        let (action, out) = h.run(&frame).unwrap();
+        assert_eq!(action_name(action), "XDP_TX", "sport {sport}");
+        let reset = etherparse::SlicedPacket::from_ethernet(&out).unwrap();
+        let Some(etherparse::NetSlice::Ipv4(ipv4)) = &reset.net else {
+            panic!("not IPv4: {out:?}");
+        };
+        assert_eq!(
+            (
+                IpAddr::from(ipv4.header().source()),
+                IpAddr::from(ipv4.header().destination())
+            ),
+            (vip, client)
+        );
+        let Some(etherparse::TransportSlice::Tcp(tcp)) = &reset.transport else {
+            panic!("not TCP: {out:?}");
+        };
+        assert!(
+            tcp.rst() && !tcp.ack() && !tcp.syn(),
+            "sport {sport}: {tcp:?}"
+        );
+        assert_eq!(
+            (
+                tcp.sequence_number(),
+                tcp.source_port(),
+                tcp.destination_port()
+            ),
+            (1, 80, sport),
+            "a RST at the segment's acknowledgement"
+        );
+    }
+    let now = balancer::dataplane::nat_expiry::now_ticks();
+    let swept = h.sweep_nat(now).unwrap();
+    assert_eq!(swept.flows, 0, "a segment without SYN took a port");
+    // Two SYNs take a port each; one handshake completes.
+    for sport in [4000, 4001] {
+        let (action, _) = h
+            .run(&tcp_frame(client, sport, vip, 80, true, b""))
+            .unwrap();
+        assert_eq!(action_name(action), "XDP_TX");
+    }
+    let (action, _) = h
+        .run(&tcp_frame(client, 4001, vip, 80, false, b""))
+        .unwrap();
+    assert_eq!(action_name(action), "XDP_TX");
+    assert_eq!(h.sweep_nat(now).unwrap().flows, 2);
+    // Past the closed flows' timeout (30 s) and within the idle one (900 s): the flow
+    // without its ACK gives its port back, the established one keeps it.
+    let swept = h.sweep_nat(now + 100).unwrap();
+    assert_eq!((swept.flows, swept.expired), (1, 1));
+    let (action, _) = h
+        .run(&tcp_frame(client, 4001, vip, 80, false, b"more"))
+        .unwrap();
+    assert_eq!(
+        action_name(action),
+        "XDP_TX",
+        "the established flow goes on"
+    );
+}
+
 /// A TCP (`udp` false) or UDP packet as an ICMP error quotes it, whole (checksums computed).
 fn quoted(src: IpAddr, sport: u16, dst: IpAddr, dport: u16, udp: bool) -> Vec<u8> {
     let mut out = Vec::new();

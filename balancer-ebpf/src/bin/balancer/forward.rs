@@ -206,7 +206,12 @@ pub fn to_backend(
         return Ok(l2_dsr(&Frame::of(ctx), backend));
     }
     if vip.mode == ForwardMode::Nat as u8 {
-        return Ok(crate::nat::balancer_nat_forward(ctx.ctx, id, vip.vip_id));
+        return Ok(
+            match crate::nat::balancer_nat_forward(ctx.ctx, id, vip.vip_id) {
+                crate::nat::NAT_RESET => crate::reset::balancer_reset(ctx.ctx),
+                action => action,
+            },
+        );
     }
     encap(ctx, ip, vip, backend, cfg, entropy)?;
     Ok(XDP_TX)

@@ -25,12 +25,14 @@ use aya_ebpf::{
 };
 use balancer_common::{
     addr::{FAMILY_V4, RawAddr},
-    maps::{Backend, NAT_GATEWAY, NAT_SNAT, SNAT_PROBES, SnatSource},
+    maps::{Backend, NAT_GATEWAY, NAT_SNAT, SNAT_CLOSING, SNAT_EMBRYONIC, SNAT_PROBES, SnatSource},
 };
 use balancer_ebpf::{
     csum,
     headers::{EthHdr, IPPROTO_TCP, IPPROTO_UDP, Ipv4Hdr, Ipv6Hdr, Ports, UdpHdr},
-    parse::{Frame, Ip, Shape, TCP_FIN, TCP_RST, TCP_SYN, parse_ip, parse_l2, parse_tcp_flags},
+    parse::{
+        Frame, Ip, Shape, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, parse_ip, parse_l2, parse_tcp_flags,
+    },
 };
 
 use crate::{
@@ -44,6 +46,10 @@ use crate::{
 
 /// `-E2BIG`: a hash map is full.
 const E2BIG: i32 = -7;
+/// What [`balancer_nat_forward`] answers for a TCP segment that would open a source-NAT flow
+/// without a SYN (a spoofed segment, or a connection this balancer never saw): the caller
+/// answers it with a RST, and no port is taken. Above every XDP action.
+pub const NAT_RESET: u32 = 0x100;
 /// TCP flags that end a connection.
 const FIN_OR_RST: u8 = TCP_FIN | TCP_RST;
 
@@ -289,7 +295,9 @@ fn forward(ctx: *mut xdp_md, backend_id: u32, vip_id: u32) -> Option<u32> {
     let eth = unsafe { &mut *eth };
     match SNAT_SOURCES.get(vip_id) {
         Some(source) if source.family == p.family => {
-            let port = snat_port(&p, backend, source, s, eth.src)?;
+            let Some(port) = snat_port(&p, backend, source, s, eth.src)? else {
+                return Some(NAT_RESET);
+            };
             p.rewrite(false, &s.flow_key.client, &source.addr)?;
             p.rewrite_port(false, port)?;
         }
@@ -331,8 +339,9 @@ fn record_way_back(backend: &Backend, s: &mut NatScratch, client_mac: [u8; 6]) -
 }
 
 /// Source NAT: the source port (network order) of the flow in `s.flow_key`, found in
-/// `SNAT_FLOWS` or allocated now. `None` (the packet is dropped) when no port is free or the
-/// tables are full, counted in `NAT_STATS`.
+/// `SNAT_FLOWS` or allocated now; `Some(None)` for a TCP segment without SYN that would
+/// open a flow (no port is taken for it). `None` (the packet is dropped) when no port is free
+/// or the tables are full, counted in `NAT_STATS`.
 #[inline(always)]
 fn snat_port(
     p: &Packet,
@@ -340,7 +349,7 @@ fn snat_port(
     source: &SnatSource,
     s: &mut NatScratch,
     client_mac: [u8; 6],
-) -> Option<u16> {
+) -> Option<Option<u16>> {
     let flags = p.tcp_flags();
     let now = now_ticks();
     if let Some(v) = SNAT_FLOWS.get_ptr_mut(&s.flow_key) {
@@ -351,15 +360,28 @@ fn snat_port(
                 v.last_seen = now;
             }
             if flags & FIN_OR_RST != 0 {
-                v.closing = 1;
-            } else if flags & TCP_SYN != 0 && v.closing != 0 {
+                v.closing = SNAT_CLOSING;
+            } else if flags & TCP_SYN != 0 {
+                // A SYN (again, or reusing the tuple): embryonic until its ACK.
+                if v.closing != SNAT_EMBRYONIC {
+                    v.closing = SNAT_EMBRYONIC;
+                }
+            } else if flags & TCP_ACK != 0 && v.closing == SNAT_EMBRYONIC {
                 v.closing = 0;
             }
-            return Some(v.nat_port);
+            return Some(Some(v.nat_port));
         }
     }
-    // A new flow (or one whose backend changed): claim a free port for it.
-    let closing = u8::from(flags & FIN_OR_RST != 0);
+    // A new flow (or one whose backend changed): a TCP one only from a SYN, which claims a
+    // free port, embryonic until the handshake completes.
+    if p.proto == IPPROTO_TCP && flags & TCP_SYN == 0 {
+        return Some(None);
+    }
+    let closing = if flags & TCP_SYN != 0 {
+        SNAT_EMBRYONIC
+    } else {
+        0
+    };
     reply_key(s, backend, &source.addr, 0);
     let w = &mut s.way_back;
     w.client = s.flow_key.client;
@@ -367,7 +389,7 @@ fn snat_port(
     w.client_mac = client_mac;
     w.client_port = s.flow_key.client_port;
     w.last_seen = now;
-    w.closing = closing;
+    w.closing = 0;
     w._pad = [0; 7];
     let count = u32::from(source.port_count).max(1);
     let mut claimed = false;
@@ -402,7 +424,7 @@ fn snat_port(
         count_nat(true);
         return None;
     }
-    Some(s.reply.client_port)
+    Some(Some(s.reply.client_port))
 }
 
 /// Counts a new source-NAT flow dropped for want of a port (or of table space: `full`).
@@ -461,7 +483,7 @@ fn reply(ctx: *mut xdp_md, layout: u64) -> Option<u32> {
             flow.last_seen = now;
         }
         if p.tcp_flags() & FIN_OR_RST != 0 {
-            flow.closing = 1;
+            flow.closing = SNAT_CLOSING;
         }
         if p.rewrite(false, &s.reply.backend, &flow.vip).is_none()
             || p.rewrite(true, &s.reply.client, &flow.client).is_none()

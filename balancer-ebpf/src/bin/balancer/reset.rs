@@ -1,6 +1,8 @@
-//! Refusing a new TCP connection fast: the SYN becomes a RST|ACK back to its client (RFC 9293's
-//! reset for a segment without ACK: sequence 0, acknowledging the SYN and any data with it), so
-//! the client fails at once instead of retrying into a saturated pool.
+//! Refusing a TCP segment fast: it becomes a RST back to its sender, as RFC 9293 resets a
+//! segment for no connection — one without ACK gets a RST|ACK of sequence 0 acknowledging the
+//! SYN and any data with it (admission control refusing a new connection, so the client fails
+//! at once instead of retrying into a saturated pool); one with ACK gets a RST whose sequence
+//! is that acknowledgement (a source-NAT segment of a connection this balancer never saw).
 
 use aya_ebpf::{
     bindings::{
@@ -20,7 +22,7 @@ use balancer_ebpf::{
 
 use crate::icmp::trim;
 
-/// Turns the TCP segment in `ctx` into a RST|ACK to its sender and returns `XDP_TX`;
+/// Turns the TCP segment in `ctx` into a RST to its sender and returns `XDP_TX`;
 /// `XDP_DROP` if the segment cannot be answered (not plain TCP, lengths inconsistent, or the
 /// frame could not shrink). A global function: verified once, with its own stack.
 #[unsafe(no_mangle)]
@@ -42,8 +44,8 @@ fn reset(ctx: &XdpContext) -> Option<()> {
     let tcp = frame.ptr::<TcpHdr>(ip.l4_off)?;
     // SAFETY: bounds checked by `ptr`.
     let seg = unsafe { *tcp };
-    if seg.flags & (TCP_RST | TCP_ACK) != 0 {
-        // Only a segment without ACK is answered this way (and a RST never is).
+    if seg.flags & TCP_RST != 0 {
+        // A RST is never answered.
         return None;
     }
     let header = usize::from(seg.doff >> 4) * 4;
@@ -59,6 +61,8 @@ fn reset(ctx: &XdpContext) -> Option<()> {
         consumed += 1;
     }
     let ack = u32::from_be(seg.seq).wrapping_add(consumed);
+    // A segment without ACK is acknowledged; one with ACK is answered at its acknowledgement.
+    let with_ack = seg.flags & TCP_ACK == 0;
     let v4 = ip.family == FAMILY_V4;
     let l4_off = ip.l3_off + if v4 { IPV4_LEN } else { IPV6_LEN };
     let frame = trim(ctx, l4_off + TCP_LEN).ok()?;
@@ -104,10 +108,10 @@ fn reset(ctx: &XdpContext) -> Option<()> {
     *tcp = TcpHdr {
         src: seg.dst,
         dst: seg.src,
-        seq: 0,
-        ack_seq: ack.to_be(),
+        seq: if with_ack { 0 } else { seg.ack_seq },
+        ack_seq: if with_ack { ack.to_be() } else { 0 },
         doff: ((TCP_LEN / 4) as u8) << 4,
-        flags: TCP_RST | TCP_ACK,
+        flags: if with_ack { TCP_RST | TCP_ACK } else { TCP_RST },
         window: 0,
         check: 0,
         urg_ptr: 0,
