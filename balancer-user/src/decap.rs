@@ -18,7 +18,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::config::AttachMode;
 use crate::ebpf;
 use crate::ebpf::xdp_mode;
-use crate::net::Prefix;
+use crate::net::{Prefix, lpm_word_v4, lpm_words_v6};
 use crate::netinfo::Interface;
 
 /// Options of `balancer decap`.
@@ -88,7 +88,6 @@ impl Decapsulator {
                 0,
             )?;
         }
-        let word = |o: &[u8]| u32::from_ne_bytes([o[0], o[1], o[2], o[3]]);
         for p in allowed {
             let len = u32::from(p.len);
             match p.addr {
@@ -97,21 +96,14 @@ impl Decapsulator {
                         .map_mut(DECAP_SOURCES_V4)
                         .context("decap object has no IPv4 source map")?
                         .try_into()?;
-                    trie.insert(&LpmKey::new(len, word(&a.octets())), 1, 0)?;
+                    trie.insert(&LpmKey::new(len, lpm_word_v4(&a)), 1, 0)?;
                 }
                 IpAddr::V6(a) => {
-                    let o = a.octets();
-                    let data = [
-                        word(&o[0..4]),
-                        word(&o[4..8]),
-                        word(&o[8..12]),
-                        word(&o[12..16]),
-                    ];
                     let mut trie: LpmTrie<&mut MapData, [u32; 4], u8> = object
                         .map_mut(DECAP_SOURCES_V6)
                         .context("decap object has no IPv6 source map")?
                         .try_into()?;
-                    trie.insert(&LpmKey::new(len, data), 1, 0)?;
+                    trie.insert(&LpmKey::new(len, lpm_words_v6(&a)), 1, 0)?;
                 }
             }
         }

@@ -133,6 +133,20 @@ impl Prefix {
     }
 }
 
+/// An IPv4 address as the data plane's LPM tries key it: one word of its bytes in network
+/// order.
+pub fn lpm_word_v4(a: &Ipv4Addr) -> u32 {
+    u32::from_ne_bytes(a.octets())
+}
+
+/// An IPv6 address as the data plane's LPM tries key it: four words of its bytes in network
+/// order.
+pub fn lpm_words_v6(a: &Ipv6Addr) -> [u32; 4] {
+    let o = a.octets();
+    let word = |i: usize| u32::from_ne_bytes([o[i], o[i + 1], o[i + 2], o[i + 3]]);
+    [word(0), word(4), word(8), word(12)]
+}
+
 /// The host part of `prefix` as a mask in host order over the last 32 bits (entropy bits).
 pub fn entropy_mask(prefix: &Prefix) -> u32 {
     let host_bits = match prefix.addr {

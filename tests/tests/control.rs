@@ -46,6 +46,31 @@ fn rack_forwarding_on(opts: TopologyOptions, forwarding: &str) -> Topology {
     topo
 }
 
+/// The L2 DSR rack with its config as `edit` changes it.
+fn rack_edited(tag: &str, edit: impl FnOnce(&mut balancer::config::RawConfig)) -> Topology {
+    let mut topo = Topology::build(TopologyOptions::new(tag)).expect("building the test rack");
+    topo.attach_peer_pass(AttachMode::Native)
+        .expect("pass program");
+    let mut config = rack_config(&topo, "l2-dsr", AttachMode::Native);
+    edit(&mut config);
+    topo.start_balancer(&to_toml(&config))
+        .expect("starting the balancer");
+    topo
+}
+
+/// Stops the rack's daemon cleanly (SIGTERM: the program keeps forwarding) and starts it
+/// again through `prefix` (see [`Topology::restart_balancer_with`]).
+fn stop_and_restart_through(topo: &mut Topology, prefix: &[&str]) {
+    let code = topo
+        .process("balancer")
+        .unwrap()
+        .signal_and_wait(libc::SIGTERM, TIMEOUT)
+        .unwrap();
+    assert!(code.success(), "SIGTERM exit {code}");
+    topo.restart_balancer_with(prefix, &[])
+        .unwrap_or_else(|e| panic!("restarting the daemon through {prefix:?}: {e:#}"));
+}
+
 fn status(topo: &Topology) -> Status {
     let (code, out, err) = topo.cli(&["status", "--json"]).expect("cli");
     assert_eq!(code, 0, "balancer status failed: {err}");
@@ -462,31 +487,20 @@ fn restarts_lose_nothing_on_two_links() {
 #[ignore = "needs root and network namespaces; run by cargo xtask test"]
 fn a_panic_ends_the_daemon_and_its_restart_loses_nothing() {
     use std::os::unix::process::ExitStatusExt as _;
-    let mut topo = Topology::build(TopologyOptions::new("pnc")).expect("building the test rack");
-    topo.attach_peer_pass(AttachMode::Native)
-        .expect("pass program");
     // echo4 under least-conn: a weight round every telemetry interval (100 ms).
-    let mut config = rack_config(&topo, "l2-dsr", AttachMode::Native);
-    vip_mut(&mut config, "echo4").policy = Some(balancer::config::RawPolicy {
-        kind: Some("least-conn".into()),
-        ..Default::default()
+    let mut topo = rack_edited("pnc", |config| {
+        vip_mut(config, "echo4").policy = Some(balancer::config::RawPolicy {
+            kind: Some("least-conn".into()),
+            ..Default::default()
+        });
     });
-    topo.start_balancer(&to_toml(&config))
-        .expect("the balancer with a least-conn VIP");
     let until = Instant::now() + Duration::from_secs(14);
     let streams = topo
         .echo_streams(8, until, TIMEOUT)
         .expect("client threads");
     std::thread::sleep(Duration::from_secs(2));
     // A clean stop, then a daemon that adopts the program and panics 5 s into its rounds.
-    let code = topo
-        .process("balancer")
-        .unwrap()
-        .signal_and_wait(libc::SIGTERM, TIMEOUT)
-        .unwrap();
-    assert!(code.success(), "SIGTERM exit {code}");
-    topo.restart_balancer_with(&["env", "BALANCER_INJECT_PANIC=weight-round:50"], &[])
-        .expect("the daemon, to panic in its 50th weight round");
+    stop_and_restart_through(&mut topo, &["env", "BALANCER_INJECT_PANIC=weight-round:50"]);
     let status = topo
         .process("balancer")
         .unwrap()
@@ -523,29 +537,20 @@ fn a_connection_flood_leaves_the_health_checks_their_descriptors() {
     std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let mut topo = Topology::build(TopologyOptions::new("fld")).expect("rack");
-    topo.attach_peer_pass(AttachMode::Native).expect("pass");
-    let mut config = rack_config(&topo, "l2-dsr", AttachMode::Native);
-    config.api.listen = Some("127.0.0.1:9180".into());
-    config.api.token_file = Some(token_file.display().to_string());
-    for v in config
-        .vip
-        .iter_mut()
-        .filter(|v| v.protocol.as_deref() == Some("tcp"))
-    {
-        v.health = Some(tcp_health(200, 150, 2, 1));
-    }
-    topo.start_balancer(&to_toml(&config)).expect("balancer");
-    // The same daemon again with 512 descriptors (its own use: about a hundred): a flood of
-    // 1,500 connections would take them all without the listener's cap of 256.
-    let code = topo
-        .process("balancer")
-        .unwrap()
-        .signal_and_wait(libc::SIGTERM, TIMEOUT)
-        .unwrap();
-    assert!(code.success(), "SIGTERM exit {code}");
-    topo.restart_balancer_with(&["prlimit", "--nofile=512:512"], &[])
-        .expect("the daemon with 512 descriptors");
+    let mut topo = rack_edited("fld", |config| {
+        config.api.listen = Some("127.0.0.1:9180".into());
+        config.api.token_file = Some(token_file.display().to_string());
+        for v in config
+            .vip
+            .iter_mut()
+            .filter(|v| v.protocol.as_deref() == Some("tcp"))
+        {
+            v.health = Some(tcp_health(200, 150, 2, 1));
+        }
+    });
+    // The same daemon again with 512 descriptors (its own use: a few dozen): a flood of
+    // connections past them would take them all without the listener's cap of 256.
+    stop_and_restart_through(&mut topo, &["prlimit", "--nofile=512:512"]);
     let pid = topo.process("balancer").unwrap().pid();
     let descriptors = || std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
     let all_healthy = |topo: &Topology| {

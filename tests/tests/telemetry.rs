@@ -78,19 +78,7 @@ fn wait_for_weights(
     what: &str,
     ok: impl Fn(&BTreeMap<String, u32>) -> bool,
 ) -> VipWeights {
-    let started = Instant::now();
-    loop {
-        let w = weights(topo, vip);
-        if ok(&weight_map(&w)) {
-            return w;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "weights of {vip} never became {what}: {w:#?}\n{}",
-            topo.logs()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for(topo, vip, what, |w| ok(&weight_map(w)))
 }
 
 /// Polls `vip`'s weights until `ok` holds for one reading (5 s at most); that reading.
@@ -108,7 +96,7 @@ fn wait_for(
         }
         assert!(
             started.elapsed() < Duration::from_secs(5),
-            "{vip} never showed {what}: {w:#?}\n{}",
+            "weights of {vip} never became {what}: {w:#?}\n{}",
             topo.logs()
         );
         std::thread::sleep(Duration::from_millis(50));

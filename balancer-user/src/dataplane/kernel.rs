@@ -22,6 +22,7 @@ use super::nat_expiry::{NatSweeper, NatTables, sweep};
 use super::scrape_due::{ScrapeDue, ScrapeDueCounts, ScrapeEvents};
 use super::sys::MappedArray;
 use super::{AdmissionCounts, Dataplane, DataplaneError, FlowCounter, add_traffic, sys};
+use crate::net::{lpm_word_v4, lpm_words_v6};
 
 /// The balancer program's maps, owned by the daemon.
 pub struct KernelDataplane {
@@ -571,23 +572,15 @@ impl Dataplane for KernelDataplane {
         // mix for the moment it takes: tiers only steer new flows).
         let v4_keys: Vec<LpmKey<u32>> = self.tier_v4.keys().filter_map(Result::ok).collect();
         let v6_keys: Vec<LpmKey<[u32; 4]>> = self.tier_v6.keys().filter_map(Result::ok).collect();
-        let word = |o: &[u8]| u32::from_ne_bytes([o[0], o[1], o[2], o[3]]);
         let mut want_v4 = Vec::new();
         let mut want_v6 = Vec::new();
         for (addr, len, tier) in prefixes {
             match addr {
                 std::net::IpAddr::V4(a) => {
-                    want_v4.push((LpmKey::new(u32::from(*len), word(&a.octets())), *tier))
+                    want_v4.push((LpmKey::new(u32::from(*len), lpm_word_v4(a)), *tier))
                 }
                 std::net::IpAddr::V6(a) => {
-                    let o = a.octets();
-                    let data = [
-                        word(&o[0..4]),
-                        word(&o[4..8]),
-                        word(&o[8..12]),
-                        word(&o[12..16]),
-                    ];
-                    want_v6.push((LpmKey::new(u32::from(*len), data), *tier));
+                    want_v6.push((LpmKey::new(u32::from(*len), lpm_words_v6(a)), *tier))
                 }
             }
         }
