@@ -86,12 +86,13 @@ fn try_decap(ctx: &XdpContext, stats: &mut DecapStats) -> u32 {
     if outer.shape != Shape::Plain {
         return XDP_PASS;
     }
-    let Some(cfg) = DECAP_CONFIG.get(0) else {
-        return XDP_PASS;
-    };
+    // The settings are read for tunnelled packets only: the backend's own traffic pays nothing.
     let (kind, inner_off) = match outer.proto {
         IPPROTO_IPIP | IPPROTO_IPV6 => (Outer::Ipip, outer.l4_off),
         IPPROTO_UDP => {
+            let Some(cfg) = DECAP_CONFIG.get(0) else {
+                return XDP_PASS;
+            };
             let Some(udp) = frame.ptr::<UdpHdr>(outer.l4_off) else {
                 return XDP_PASS;
             };
@@ -113,7 +114,11 @@ fn try_decap(ctx: &XdpContext, stats: &mut DecapStats) -> u32 {
         stats.foreign += 1;
         return XDP_PASS;
     }
-    if cfg.restrict_sources != 0 && !source_allowed(&outer.src, outer.family) {
+    let restrict = match DECAP_CONFIG.get(0) {
+        Some(cfg) => cfg.restrict_sources != 0,
+        None => false,
+    };
+    if restrict && !source_allowed(&outer.src, outer.family) {
         stats.refused += 1;
         return XDP_DROP;
     }

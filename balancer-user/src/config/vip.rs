@@ -557,15 +557,19 @@ pub fn files_named(raw: &RawVip) -> Vec<(&'static str, &str)> {
 /// whoever may add a VIP could have it read any file (`/etc/shadow` as a bearer token) and send
 /// it to a host of their choosing. A path is taken as it resolves, links followed.
 pub fn check_files_under(raw: &RawVip, dir: Option<&std::path::Path>) -> Result<(), String> {
-    for (key, path) in files_named(raw) {
-        let Some(dir) = dir else {
-            return Err(format!(
-                "{key} = {path:?}: a VIP added at run time may name files only under api.file_dir, which is not set"
-            ));
-        };
+    let files = files_named(raw);
+    let Some((key, path)) = files.first() else {
+        return Ok(());
+    };
+    let Some(dir) = dir else {
+        return Err(format!(
+            "{key} = {path:?}: a VIP added at run time may name files only under api.file_dir, which is not set"
+        ));
+    };
+    let root =
+        std::fs::canonicalize(dir).map_err(|e| format!("api.file_dir {}: {e}", dir.display()))?;
+    for (key, path) in files {
         let resolved = std::fs::canonicalize(path).map_err(|e| format!("{key} = {path:?}: {e}"))?;
-        let root = std::fs::canonicalize(dir)
-            .map_err(|e| format!("api.file_dir {}: {e}", dir.display()))?;
         if !resolved.starts_with(&root) {
             return Err(format!(
                 "{key} = {path:?}: not under api.file_dir ({})",

@@ -785,13 +785,17 @@ impl PoolCapacity {
             .filter(|c| c.is_finite() && *c > 0.0)
             .collect();
         let median = median(reported.clone())?;
-        let mut pool = PoolCapacity {
+        let max_ratio = max_ratio.max(1.0);
+        let mean = reported
+            .iter()
+            .map(|c| bounded_by(*c, median, max_ratio))
+            .sum::<f64>()
+            / reported.len() as f64;
+        Some(PoolCapacity {
             median,
-            max_ratio: max_ratio.max(1.0),
-            mean: 1.0,
-        };
-        pool.mean = reported.iter().map(|c| pool.bounded(*c)).sum::<f64>() / reported.len() as f64;
-        Some(pool)
+            max_ratio,
+            mean,
+        })
     }
 
     /// A reported capacity within `max_ratio` of the median.

@@ -186,9 +186,7 @@ impl Signals {
         }
         Ok(Valid(self))
     }
-}
 
-impl Signals {
     /// Every single figure with its name and range.
     fn figures(&mut self) -> [(&'static str, &mut Option<f64>, Range); 17] {
         use Range::*;
@@ -244,6 +242,10 @@ impl Valid {
             }
         }
         Valid(signals)
+    }
+
+    pub fn into_inner(self) -> Signals {
+        self.0
     }
 }
 
@@ -314,12 +316,6 @@ pub enum SignalError {
 /// telemetry store and the policies.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Valid(Signals);
-
-impl Valid {
-    pub fn into_inner(self) -> Signals {
-        self.0
-    }
-}
 
 impl std::ops::Deref for Valid {
     type Target = Signals;
