@@ -814,6 +814,9 @@ fn top_shows_the_vips_and_backends_live_and_quits_on_q() {
             &[
                 "balancer top",
                 "http4",
+                // The last VIP's box: a capture taken while top draws its first frame
+                // can hold only the boxes above it.
+                "udp6",
                 "10.111.0.11",
                 "WEIGHT",
                 "SHARE",
@@ -822,8 +825,7 @@ fn top_shows_the_vips_and_backends_live_and_quits_on_q() {
             ],
             Duration::from_secs(15),
         )
-        .unwrap_or_else(|s| panic!("top never showed the rack's VIPs:\n{s}"));
-    assert!(screen.contains("udp6"), "every VIP is shown:\n{screen}");
+        .unwrap_or_else(|s| panic!("top never showed every VIP of the rack:\n{s}"));
     println!("{screen}");
     // A change shows within a refresh or two.
     let (code, _, err) = topo
