@@ -82,6 +82,14 @@ pub const SNAT_FLOWS: &str = "SNAT_FLOWS";
 /// Source NAT: hash of a reply's [`NatReplyKey`] (backend to the NAT source address and port)
 /// -> [`SnatPortValue`] (the client's flow). Inserted only if absent: the port allocator.
 pub const SNAT_PORTS: &str = "SNAT_PORTS";
+/// Source NAT: LRU hash of a client address ([`SnatClientKey`]) -> the ports (`u64`) its
+/// flows hold. The program adds one for each port a flow takes and refuses a new flow whose
+/// client holds [`SnatSource::client_ports`]; the daemon writes the true counts after each
+/// sweep (so an entry the LRU evicted, or a port given back, is counted again within a second).
+pub const SNAT_CLIENTS: &str = "SNAT_CLIENTS";
+/// Client addresses [`SNAT_CLIENTS`] counts at once (an LRU map is allocated whole: about
+/// 5 MB). Beyond them the least recent are forgotten until the daemon's next sweep.
+pub const MAX_SNAT_CLIENTS: u32 = 1 << 16;
 /// NAT counters: per-CPU array of one [`crate::stats::NatStats`].
 pub const NAT_STATS: &str = "NAT_STATS";
 /// The two links of NAT forwarding when the backends are on another interface than the
@@ -429,9 +437,22 @@ pub struct SnatSource {
     pub port_count: u16,
     /// The address's family; 0 = no source NAT for this VIP.
     pub family: u8,
-    pub _pad: [u8; 3],
+    pub _pad: u8,
+    /// Most ports one client address may hold ([`SNAT_CLIENTS`]) before its new flows are
+    /// refused; 0: no limit.
+    pub client_ports: u16,
 }
 const _: () = assert!(core::mem::size_of::<SnatSource>() == 24);
+
+/// Key of [`SNAT_CLIENTS`]: a client's address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SnatClientKey {
+    pub addr: RawAddr,
+    pub family: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(core::mem::size_of::<SnatClientKey>() == 20);
 
 /// The source prefix lengths a VIP's affinity keys on (its entry of [`SOURCE_PREFIXES`]): the
 /// first `v4` bits of an IPv4 client's address, the first `v6` of an IPv6 one's.
@@ -707,7 +728,7 @@ const _: () = assert!(core::mem::size_of::<DecapAddrKey>() == 20);
 
 /// Identifies the layout of the pinned maps: a daemon adopts pinned maps only when their
 /// layout is its own. The top byte is bumped by hand when a meaning changes without a size.
-pub const LAYOUT: u64 = (7 << 56)
+pub const LAYOUT: u64 = (8 << 56)
     | (core::mem::size_of::<VipSlot>() as u64) << 40
     | (core::mem::size_of::<Backend>() as u64) << 32
     | (core::mem::size_of::<FlowBucket>() as u64) << 24
@@ -716,7 +737,7 @@ pub const LAYOUT: u64 = (7 << 56)
     | core::mem::size_of::<crate::stats::TrafficStats>() as u64;
 
 /// The maps pinned under the daemon's pin directory (the program, its XDP link and these).
-pub const PINNED_MAPS: [&str; 28] = [
+pub const PINNED_MAPS: [&str; 29] = [
     VIPS,
     MAGLEV,
     BACKENDS,
@@ -739,6 +760,7 @@ pub const PINNED_MAPS: [&str; 28] = [
     ADMISSION_STATS,
     SNAT_FLOWS,
     SNAT_PORTS,
+    SNAT_CLIENTS,
     NAT_STATS,
     NAT_LINKS,
     NAT_LINK_STATS,

@@ -4,8 +4,8 @@
 use crate::latency::{LatencyFlow, LatencyFlowKey, LatencyStats};
 use crate::maps::{
     Admission, Backend, DecapAddrKey, DecapConfig, FlowBucket, FlowKey, GlobalConfig, Home,
-    NatLinks, NatReplyKey, NatReplyValue, SnatFlowKey, SnatFlowValue, SnatPortValue, SnatSource,
-    SourcePrefix, VipKey, VipMeta, VipSlot,
+    NatLinks, NatReplyKey, NatReplyValue, SnatClientKey, SnatFlowKey, SnatFlowValue, SnatPortValue,
+    SnatSource, SourcePrefix, VipKey, VipMeta, VipSlot,
 };
 use crate::stats::{DecapStats, GlobalStats, NatLinkStats, NatStats, TierAdmission, TrafficStats};
 
@@ -45,6 +45,7 @@ unsafe impl aya::Pod for SnatSource {}
 unsafe impl aya::Pod for SourcePrefix {}
 // SAFETY: as above.
 unsafe impl aya::Pod for SnatFlowKey {}
+unsafe impl aya::Pod for SnatClientKey {}
 // SAFETY: as above.
 unsafe impl aya::Pod for SnatFlowValue {}
 // SAFETY: as above.

@@ -196,8 +196,13 @@ pub struct NatStats {
     pub no_port: u64,
     /// New source-NAT flows dropped: the source-NAT tables are full.
     pub table_full: u64,
+    /// New source-NAT flows dropped: their client address holds its quota of ports
+    /// ([`crate::maps::SnatSource::client_ports`]).
+    pub client_quota: u64,
+    /// TCP segments without SYN of no source-NAT flow: answered with a RST, no port taken.
+    pub not_syn: u64,
 }
-const _: () = assert!(core::mem::size_of::<NatStats>() == 16);
+const _: () = assert!(core::mem::size_of::<NatStats>() == 32);
 
 /// Frames NAT forwarding sent to its other link with `XDP_REDIRECT` (one per-CPU entry; see
 /// [`crate::maps::NatLinks`]). The global counters count these as none of pass, tx or drop.

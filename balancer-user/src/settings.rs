@@ -143,7 +143,8 @@ pub fn snat_sources(
                 port_min: *config.nat.ports.start(),
                 port_count: config.nat.port_count(),
                 family,
-                _pad: [0; 3],
+                _pad: 0,
+                client_ports: config.nat.client_ports,
             },
         );
     }

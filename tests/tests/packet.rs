@@ -1190,6 +1190,47 @@ fn source_nat_ports_run_out_counted_and_come_back_when_flows_expire() {
     assert!(ports.contains(&port));
 }
 
+/// One client address holds at most `nat.client_ports` source-NAT ports: its further new
+/// flows are dropped and counted while other clients' go on, and a sweep writes the true
+/// counts back, so ports given back make room again.
+#[test]
+#[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
+fn one_client_address_holds_at_most_its_quota_of_source_nat_ports() {
+    let mut config = packet_fixture();
+    config.nat.client_ports = Some(3);
+    let mut h = Harness::new(&to_toml(&config)).unwrap();
+    let vip = ip("10.111.1.6");
+    let send = |h: &mut Harness, client: &str, sport: u16| {
+        let (action, _) = h.run(&udp_frame(ip(client), sport, vip, 53, b"q")).unwrap();
+        action_name(action)
+    };
+    for sport in 1..=3 {
+        assert_eq!(send(&mut h, "10.9.0.8", sport), "XDP_TX", "flow {sport}");
+    }
+    // Over the quota: new flows dropped; the client's live flows and others' new ones go on.
+    assert_eq!(send(&mut h, "10.9.0.8", 4), "XDP_DROP");
+    assert_eq!(send(&mut h, "10.9.0.8", 5), "XDP_DROP");
+    assert_eq!(send(&mut h, "10.9.0.8", 2), "XDP_TX", "a live flow");
+    assert_eq!(send(&mut h, "10.9.0.9", 4), "XDP_TX", "another client");
+    let now = balancer::dataplane::nat_expiry::now_ticks();
+    let swept = h.sweep_nat(now).unwrap();
+    assert_eq!((swept.flows, swept.stats.client_quota), (4, 2));
+    assert_eq!(
+        (swept.stats.no_port, swept.stats.table_full),
+        (0, 0),
+        "counted as the quota's"
+    );
+    // The sweep's counts (the same as the program's) keep the quota.
+    assert_eq!(send(&mut h, "10.9.0.8", 6), "XDP_DROP");
+    // Past the UDP timeout the ports come back, and with them the client's room.
+    let swept = h.sweep_nat(now + 200).unwrap();
+    assert_eq!((swept.flows, swept.expired), (0, 4));
+    for sport in 7..=9 {
+        assert_eq!(send(&mut h, "10.9.0.8", sport), "XDP_TX", "flow {sport}");
+    }
+    assert_eq!(send(&mut h, "10.9.0.8", 10), "XDP_DROP");
+}
+
 /// Source NAT takes a port only for a SYN: a TCP segment of a flow the balancer never saw (a
 /// spoofed one, or a connection another balancer served) is answered with a RST at its
 /// acknowledgement and takes no port; a SYN's port is embryonic — the closed flows' timeout —
@@ -1235,6 +1276,7 @@ fn source_nat_takes_a_port_only_for_a_syn_and_frees_a_handshake_never_completed(
     let now = balancer::dataplane::nat_expiry::now_ticks();
     let swept = h.sweep_nat(now).unwrap();
     assert_eq!(swept.flows, 0, "a segment without SYN took a port");
+    assert_eq!(swept.stats.not_syn, 200, "each refused segment counted");
     // Two SYNs take a port each; one handshake completes.
     for sport in [4000, 4001] {
         let (action, _) = h

@@ -19,6 +19,9 @@ pub const DEFAULT_NAT_TCP_IDLE_SECS: u64 = 900;
 pub const DEFAULT_NAT_TCP_CLOSED_SECS: u64 = 30;
 /// A UDP flow with no packet either way for this long is forgotten.
 pub const DEFAULT_NAT_UDP_IDLE_SECS: u64 = 120;
+/// Most source-NAT ports one client address holds at once: an eighth of the default range
+/// of one backend, so that a single address (spoofed or not) cannot take a backend's ports.
+pub const DEFAULT_NAT_CLIENT_PORTS: u16 = 4096;
 
 /// NAT settings: the backends' link, and source NAT's ports and timeouts (shared by every VIP
 /// with a `nat_source`).
@@ -32,6 +35,8 @@ pub struct NatConfig {
     pub tcp_idle_timeout: Duration,
     pub tcp_closed_timeout: Duration,
     pub udp_idle_timeout: Duration,
+    /// Most ports one client address's flows hold at once (0: no limit).
+    pub client_ports: u16,
 }
 
 impl Default for NatConfig {
@@ -42,6 +47,7 @@ impl Default for NatConfig {
             tcp_idle_timeout: Duration::from_secs(DEFAULT_NAT_TCP_IDLE_SECS),
             tcp_closed_timeout: Duration::from_secs(DEFAULT_NAT_TCP_CLOSED_SECS),
             udp_idle_timeout: Duration::from_secs(DEFAULT_NAT_UDP_IDLE_SECS),
+            client_ports: DEFAULT_NAT_CLIENT_PORTS,
         }
     }
 }
@@ -59,6 +65,7 @@ impl NatConfig {
             tcp_idle_timeout_secs: Some(self.tcp_idle_timeout.as_secs() as i64),
             tcp_closed_timeout_secs: Some(self.tcp_closed_timeout.as_secs() as i64),
             udp_idle_timeout_secs: Some(self.udp_idle_timeout.as_secs() as i64),
+            client_ports: Some(i64::from(self.client_ports)),
         }
     }
 }
@@ -130,6 +137,10 @@ pub fn validate_nat(raw: RawNat, interface: &str) -> Result<NatConfig, ConfigErr
             DEFAULT_NAT_UDP_IDLE_SECS,
             "nat.udp_idle_timeout_secs",
         )?,
+        client_ports: match raw.client_ports {
+            Some(v) => int_in(v, 0, 65_535, "nat.client_ports")?,
+            None => DEFAULT_NAT_CLIENT_PORTS,
+        },
     })
 }
 
@@ -230,6 +241,28 @@ mod tests {
             let e = parse_ports(text).unwrap_err().to_string();
             assert!(e.contains("nat.ports") && e.contains(why), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn a_clients_quota_of_ports_is_0_to_65535() {
+        let nat = |v| {
+            validate_nat(
+                RawNat {
+                    client_ports: v,
+                    ..RawNat::default()
+                },
+                "eth0",
+            )
+        };
+        assert_eq!(nat(None).unwrap().client_ports, DEFAULT_NAT_CLIENT_PORTS);
+        assert_eq!(nat(Some(0)).unwrap().client_ports, 0);
+        assert_eq!(nat(Some(65_535)).unwrap().client_ports, 65_535);
+        for bad in [-1, 65_536] {
+            let e = nat(Some(bad)).unwrap_err().to_string();
+            assert!(e.contains("nat.client_ports"), "{e}");
+        }
+        let config = nat(Some(9)).unwrap();
+        assert_eq!(validate_nat(config.to_raw(), "eth0").unwrap(), config);
     }
 
     #[test]

@@ -68,6 +68,8 @@ pub struct RawNat {
     pub tcp_closed_timeout_secs: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub udp_idle_timeout_secs: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_ports: Option<i64>,
 }
 
 /// A string, or a list of strings.

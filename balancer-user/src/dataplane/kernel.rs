@@ -10,8 +10,9 @@ use aya::maps::{Array, IterableMap as _, Map, MapData, MapError, PerCpuArray, Ri
 use balancer_common::flow_cache::FlowValue;
 use balancer_common::maps::{
     self as names, ADMISSION_TIERS, Admission, Backend, FlowBucket, GlobalConfig, Home,
-    MAGLEV_TABLE_FLAGS, NatLinks, NatReplyKey, SnatFlowKey, SnatFlowValue, SnatPortValue,
-    SnatSource, SourcePrefix, VIP_INDEX_FLAGS, VIP_INDEX_SLOTS, VipKey, VipMeta, VipSlot,
+    MAGLEV_TABLE_FLAGS, NatLinks, NatReplyKey, SnatClientKey, SnatFlowKey, SnatFlowValue,
+    SnatPortValue, SnatSource, SourcePrefix, VIP_INDEX_FLAGS, VIP_INDEX_SLOTS, VipKey, VipMeta,
+    VipSlot,
 };
 use balancer_common::stats::{
     COUNTERS, GlobalStats, NatLinkStats, NatStats, TierAdmission, TrafficStats,
@@ -99,7 +100,31 @@ impl InnerTable {
 struct KernelNat {
     ports: aya::maps::HashMap<MapData, NatReplyKey, SnatPortValue>,
     flows: aya::maps::HashMap<MapData, SnatFlowKey, SnatFlowValue>,
-    stats: PerCpuArray<MapData, NatStats>,
+    /// None in a program without client quotas (an older build timed beside this one).
+    clients: Option<aya::maps::HashMap<MapData, SnatClientKey, u64>>,
+    stats: NatStatsMap,
+}
+
+/// `NAT_STATS`, as this build writes it or as an older one did (its first two counters: a
+/// build timed beside this one by the data-plane benchmark).
+enum NatStatsMap {
+    Current(PerCpuArray<MapData, NatStats>),
+    TwoCounters(PerCpuArray<MapData, [u64; 2]>),
+}
+
+impl NatStatsMap {
+    fn take(ebpf: &mut Ebpf) -> Result<Self, DataplaneError> {
+        let map = take_map(ebpf, names::NAT_STATS)?;
+        let open = map_err(names::NAT_STATS, "open");
+        if let Map::PerCpuArray(data) = &map
+            && data.info().is_ok_and(|i| i.value_size() == 16)
+        {
+            return PerCpuArray::try_from(map)
+                .map(Self::TwoCounters)
+                .map_err(open);
+        }
+        PerCpuArray::try_from(map).map(Self::Current).map_err(open)
+    }
 }
 
 impl NatTables for KernelNat {
@@ -128,15 +153,50 @@ impl NatTables for KernelNat {
             Err(e) => Err(map_err(names::SNAT_PORTS, "remove")(e)),
         }
     }
+    fn clients(&self) -> Result<Vec<(SnatClientKey, u64)>, DataplaneError> {
+        let Some(clients) = &self.clients else {
+            return Ok(Vec::new());
+        };
+        clients
+            .iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(map_err(names::SNAT_CLIENTS, "read"))
+    }
+    fn set_client(&mut self, key: &SnatClientKey, ports: u64) -> Result<(), DataplaneError> {
+        let Some(clients) = &mut self.clients else {
+            return Ok(());
+        };
+        clients
+            .insert(key, ports, 0)
+            .map_err(map_err(names::SNAT_CLIENTS, "write"))
+    }
+    fn remove_client(&mut self, key: &SnatClientKey) -> Result<(), DataplaneError> {
+        let Some(clients) = &mut self.clients else {
+            return Ok(());
+        };
+        match clients.remove(key) {
+            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(map_err(names::SNAT_CLIENTS, "remove")(e)),
+        }
+    }
     fn stats(&self) -> Result<NatStats, DataplaneError> {
-        let values = self
-            .stats
-            .get(&0, 0)
-            .map_err(map_err(names::NAT_STATS, "read"))?;
+        let read = map_err(names::NAT_STATS, "read");
         let mut sum = NatStats::default();
-        for v in values.iter() {
-            sum.no_port += v.no_port;
-            sum.table_full += v.table_full;
+        match &self.stats {
+            NatStatsMap::Current(map) => {
+                for v in map.get(&0, 0).map_err(read)?.iter() {
+                    sum.no_port += v.no_port;
+                    sum.table_full += v.table_full;
+                    sum.client_quota += v.client_quota;
+                    sum.not_syn += v.not_syn;
+                }
+            }
+            NatStatsMap::TwoCounters(map) => {
+                for [no_port, table_full] in map.get(&0, 0).map_err(read)?.iter() {
+                    sum.no_port += no_port;
+                    sum.table_full += table_full;
+                }
+            }
         }
         Ok(sum)
     }
@@ -164,12 +224,16 @@ fn take<T: TryFrom<Map, Error = MapError>>(
     ebpf: &mut Ebpf,
     name: &'static str,
 ) -> Result<T, DataplaneError> {
-    let map = ebpf.take_map(name).ok_or(DataplaneError::Map {
+    T::try_from(take_map(ebpf, name)?).map_err(map_err(name, "open"))
+}
+
+/// The map `name`, untyped.
+fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<Map, DataplaneError> {
+    ebpf.take_map(name).ok_or(DataplaneError::Map {
         map: name,
         op: "find",
         source: MapError::InvalidName { name: name.into() },
-    })?;
-    T::try_from(map).map_err(map_err(name, "open"))
+    })
 }
 
 /// The mapping of `count` values of `map` kept in `view`, made on first use.
@@ -306,7 +370,8 @@ impl KernelDataplane {
             nat: Arc::new(Mutex::new(KernelNat {
                 ports: take(ebpf, names::SNAT_PORTS)?,
                 flows: take(ebpf, names::SNAT_FLOWS)?,
-                stats: take(ebpf, names::NAT_STATS)?,
+                clients: take_optional(ebpf, names::SNAT_CLIENTS)?,
+                stats: NatStatsMap::take(ebpf)?,
             })),
             swap_started: None,
             scrape_due: match (

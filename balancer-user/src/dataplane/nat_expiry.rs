@@ -3,7 +3,11 @@
 //! flows idle past their timeout, both entries of each, once a second.
 
 use balancer_common::flow_cache::TICK_SHIFT;
-use balancer_common::maps::{NatReplyKey, SnatFlowKey, SnatFlowValue, SnatPortValue};
+use std::collections::HashMap;
+
+use balancer_common::maps::{
+    NatReplyKey, SnatClientKey, SnatFlowKey, SnatFlowValue, SnatPortValue,
+};
 use balancer_common::stats::NatStats;
 
 use super::DataplaneError;
@@ -39,13 +43,17 @@ pub struct NatSweep {
     pub stats: NatStats,
 }
 
-/// The two source-NAT tables, as the sweep needs them.
+/// The source-NAT tables, as the sweep needs them.
 pub trait NatTables {
     /// Every port held: its reply key and its flow.
     fn ports(&self) -> Result<Vec<(NatReplyKey, SnatPortValue)>, DataplaneError>;
     fn flow(&self, key: &SnatFlowKey) -> Result<Option<SnatFlowValue>, DataplaneError>;
     fn remove_flow(&mut self, key: &SnatFlowKey) -> Result<(), DataplaneError>;
     fn remove_port(&mut self, key: &NatReplyKey) -> Result<(), DataplaneError>;
+    /// Every client address counted and the ports it holds, as the data plane counts them.
+    fn clients(&self) -> Result<Vec<(SnatClientKey, u64)>, DataplaneError>;
+    fn set_client(&mut self, key: &SnatClientKey, ports: u64) -> Result<(), DataplaneError>;
+    fn remove_client(&mut self, key: &SnatClientKey) -> Result<(), DataplaneError>;
     fn stats(&self) -> Result<NatStats, DataplaneError>;
 }
 
@@ -73,7 +81,8 @@ pub fn expired(now: u64, last_seen: u64, closing: bool, proto: u8, t: &NatTimeou
 }
 
 /// Removes the flows over their timeout at flow-clock tick `now`: the client's entry (when it
-/// still holds this port) first, then the port.
+/// still holds this port) first, then the port; then writes each client address's count of
+/// the ports it still holds (the data plane only adds to them).
 pub fn sweep(
     tables: &mut impl NatTables,
     now: u64,
@@ -84,6 +93,7 @@ pub fn sweep(
         flows: ports.len() as u64,
         ..NatSweep::default()
     };
+    let mut held: HashMap<SnatClientKey, u64> = HashMap::new();
     for (reply, port) in &ports {
         let key = flow_key(reply, port);
         // The client's entry, if it still holds this port (a flow whose backend changed
@@ -94,6 +104,7 @@ pub fn sweep(
         let last_seen = flow.map_or(port.last_seen, |f| f.last_seen.max(port.last_seen));
         let closing = port.closing != 0 || flow.is_some_and(|f| f.closing != 0);
         if !expired(now, last_seen, closing, reply.proto, timeouts) {
+            *held.entry(client_key(reply, port)).or_default() += 1;
             continue;
         }
         if flow.is_some() {
@@ -103,8 +114,29 @@ pub fn sweep(
         result.expired += 1;
         result.flows -= 1;
     }
+    // Flows the data plane opened since `ports` was read are missed here: their clients are
+    // under-counted until the next sweep.
+    for (client, counted) in tables.clients()? {
+        match held.remove(&client) {
+            None => tables.remove_client(&client)?,
+            Some(n) if n != counted => tables.set_client(&client, n)?,
+            Some(_) => {}
+        }
+    }
+    for (client, n) in held {
+        tables.set_client(&client, n)?;
+    }
     result.stats = tables.stats()?;
     Ok(result)
+}
+
+/// The client address a held port counts against.
+fn client_key(reply: &NatReplyKey, port: &SnatPortValue) -> SnatClientKey {
+    SnatClientKey {
+        addr: port.client,
+        family: reply.family,
+        _pad: [0; 3],
+    }
 }
 
 /// The flow clock now (the XDP program's `bpf_ktime_get_coarse_ns() >> TICK_SHIFT`).
@@ -137,8 +169,9 @@ impl NatSweeper {
 /// Source-NAT tables in memory (the in-memory data plane's).
 #[derive(Debug, Default)]
 pub struct MemoryNat {
-    pub ports: std::collections::HashMap<NatReplyKey, SnatPortValue>,
-    pub flows: std::collections::HashMap<SnatFlowKey, SnatFlowValue>,
+    pub ports: HashMap<NatReplyKey, SnatPortValue>,
+    pub flows: HashMap<SnatFlowKey, SnatFlowValue>,
+    pub clients: HashMap<SnatClientKey, u64>,
     pub stats: NatStats,
 }
 
@@ -155,6 +188,17 @@ impl NatTables for MemoryNat {
     }
     fn remove_port(&mut self, key: &NatReplyKey) -> Result<(), DataplaneError> {
         self.ports.remove(key);
+        Ok(())
+    }
+    fn clients(&self) -> Result<Vec<(SnatClientKey, u64)>, DataplaneError> {
+        Ok(self.clients.iter().map(|(k, v)| (*k, *v)).collect())
+    }
+    fn set_client(&mut self, key: &SnatClientKey, ports: u64) -> Result<(), DataplaneError> {
+        self.clients.insert(*key, ports);
+        Ok(())
+    }
+    fn remove_client(&mut self, key: &SnatClientKey) -> Result<(), DataplaneError> {
+        self.clients.remove(key);
         Ok(())
     }
     fn stats(&self) -> Result<NatStats, DataplaneError> {
@@ -212,6 +256,29 @@ mod tests {
             },
         );
         (reply, key)
+    }
+
+    #[test]
+    fn a_sweep_writes_each_clients_count_of_ports_held() {
+        let mut nat = MemoryNat::default();
+        let key = |addr: u32| SnatClientKey {
+            addr: [addr, 0, 0, 0],
+            family: 4,
+            _pad: [0; 3],
+        };
+        // Client 7 (every flow `add` makes): two live flows, one idle past its timeout.
+        add(&mut nat, 17, 1, 1001, 1, 95, 95);
+        add(&mut nat, 17, 2, 1002, 1, 10, 10);
+        add(&mut nat, 6, 3, 1003, 1, 99, 99);
+        // The data plane's counts: one lost (an LRU eviction or an insert race), one stale.
+        nat.clients.insert(key(7), 1);
+        nat.clients.insert(key(8), 5);
+        let swept = sweep(&mut nat, 100, &T).unwrap();
+        assert_eq!((swept.flows, swept.expired), (2, 1));
+        assert_eq!(nat.clients, HashMap::from([(key(7), 2)]));
+        // Nothing held: no entry left.
+        sweep(&mut nat, 1000, &T).unwrap();
+        assert!(nat.clients.is_empty());
     }
 
     #[test]

@@ -45,9 +45,11 @@ pub struct Metrics {
     pub nat_flows: IntGauge,
     /// Source NAT: flows removed idle.
     pub nat_expired: IntCounter,
-    /// Source NAT: new flows dropped for want of a port (`no_port`) or table space
-    /// (`table_full`).
+    /// Source NAT: new flows dropped for want of a port (`no_port`), of table space
+    /// (`table_full`), or over their client's quota (`client_quota`).
     pub nat_dropped: IntCounterVec,
+    /// Source NAT: TCP segments of no flow, without SYN, answered with a RST.
+    pub nat_reset: IntCounter,
 }
 
 impl Metrics {
@@ -125,9 +127,13 @@ impl Metrics {
             nat_dropped: IntCounterVec::new(
                 Opts::new(
                     "balancer_nat_source_dropped_total",
-                    "New source-NAT flows dropped: no free source port for their backend (no_port: widen [nat] ports or add a nat_source), or the source-NAT tables full (table_full: raise conntrack.max_flows).",
+                    "New source-NAT flows dropped: no free source port for their backend (no_port: widen [nat] ports or add a nat_source), the source-NAT tables full (table_full: raise conntrack.max_flows), or their client address holding nat.client_ports ports (client_quota).",
                 ),
                 &["reason"],
+            )?,
+            nat_reset: IntCounter::new(
+                "balancer_nat_source_reset_total",
+                "TCP segments of no source-NAT flow and without SYN (spoofed, or of a connection another balancer translated), answered with a RST; no port taken.",
             )?,
             registry,
         };
@@ -153,7 +159,8 @@ impl Metrics {
         m.registry.register(Box::new(m.nat_flows.clone()))?;
         m.registry.register(Box::new(m.nat_expired.clone()))?;
         m.registry.register(Box::new(m.nat_dropped.clone()))?;
-        for reason in ["no_port", "table_full"] {
+        m.registry.register(Box::new(m.nat_reset.clone()))?;
+        for reason in ["no_port", "table_full", "client_quota"] {
             m.nat_dropped.with_label_values(&[reason]);
         }
         Ok(m)

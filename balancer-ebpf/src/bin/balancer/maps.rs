@@ -10,9 +10,10 @@ use balancer_common::{
     maps::{
         ADMISSION_TIERS, Admission, AffinityKey, AffinityValue, BPF_F_MMAPABLE, Backend,
         DEFAULT_AFFINITY_ENTRIES, DEFAULT_FLOW_BUCKETS, FlowBucket, GlobalConfig, Home,
-        MAGLEV_TABLE_FLAGS, MAX_BACKENDS, MAX_TABLE_ENTRIES, MAX_TIER_PREFIXES, MAX_VIPS, NatLinks,
-        NatReplyKey, NatReplyValue, SCRAPE_EVENTS_BYTES, SnatFlowKey, SnatFlowValue, SnatPortValue,
-        SnatSource, SourcePrefix, VIP_INDEX_FLAGS, VIP_INDEX_SLOTS, VipSlot,
+        MAGLEV_TABLE_FLAGS, MAX_BACKENDS, MAX_SNAT_CLIENTS, MAX_TABLE_ENTRIES, MAX_TIER_PREFIXES,
+        MAX_VIPS, NatLinks, NatReplyKey, NatReplyValue, SCRAPE_EVENTS_BYTES, SnatClientKey,
+        SnatFlowKey, SnatFlowValue, SnatPortValue, SnatSource, SourcePrefix, VIP_INDEX_FLAGS,
+        VIP_INDEX_SLOTS, VipSlot,
     },
     stats::{GlobalStats, NatLinkStats, NatStats, TierAdmission, TrafficStats},
 };
@@ -148,6 +149,12 @@ pub static SNAT_PORTS: HashMap<
     NO_PREALLOC,
 > = HashMap::new();
 
+/// Source NAT: the ports each client address holds (LRU: a flood of spoofed addresses evicts
+/// counts, which the daemon's sweep writes back).
+#[btf_map]
+pub static SNAT_CLIENTS: LruHashMap<SnatClientKey, u64, { MAX_SNAT_CLIENTS as usize }> =
+    LruHashMap::new();
+
 /// NAT counters (one per-CPU entry).
 #[btf_map]
 pub static NAT_STATS: PerCpuArray<NatStats, 1> = PerCpuArray::new();
@@ -173,6 +180,8 @@ pub struct NatScratch {
     pub gateway: NatReplyValue,
     /// An ICMP error's outer source address (compared with the backend's).
     pub outer_src: RawAddr,
+    /// A source-NAT client's key in `SNAT_CLIENTS`.
+    pub client: SnatClientKey,
 }
 
 #[btf_map]

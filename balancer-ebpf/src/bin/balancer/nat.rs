@@ -36,11 +36,12 @@ use balancer_ebpf::{
 };
 
 use crate::{
+    active::atomic_add,
     clock::{now_ticks, random},
     links::{Side, send},
     maps::{
-        BACKENDS, NAT_REPLIES, NAT_SCRATCH, NAT_STATS, NatScratch, SNAT_FLOWS, SNAT_PORTS,
-        SNAT_SOURCES,
+        BACKENDS, NAT_REPLIES, NAT_SCRATCH, NAT_STATS, NatScratch, SNAT_CLIENTS, SNAT_FLOWS,
+        SNAT_PORTS, SNAT_SOURCES,
     },
 };
 
@@ -375,7 +376,22 @@ fn snat_port(
     // A new flow (or one whose backend changed): a TCP one only from a SYN, which claims a
     // free port, embryonic until the handshake completes.
     if p.proto == IPPROTO_TCP && flags & TCP_SYN == 0 {
+        count_nat(Refused::NotSyn);
         return Some(None);
+    }
+    // The client's quota of ports.
+    let c = &mut s.client;
+    c.addr = s.flow_key.client;
+    c.family = s.flow_key.family;
+    c._pad = [0; 3];
+    let held = SNAT_CLIENTS.get_ptr_mut(&s.client);
+    if let Some(held) = held
+        && source.client_ports != 0
+        // SAFETY: a map value, valid for the program's run.
+        && unsafe { core::ptr::read_volatile(held) } >= u64::from(source.client_ports)
+    {
+        count_nat(Refused::ClientQuota);
+        return None;
     }
     let closing = if flags & TCP_SYN != 0 {
         SNAT_EMBRYONIC
@@ -406,7 +422,11 @@ fn snat_port(
         i += 1;
     }
     if !claimed {
-        count_nat(full);
+        count_nat(if full {
+            Refused::TableFull
+        } else {
+            Refused::NoPort
+        });
         return None;
     }
     let f = &mut s.flow;
@@ -421,22 +441,43 @@ fn snat_port(
         .is_err()
     {
         let _ = SNAT_PORTS.remove(&s.reply);
-        count_nat(true);
+        count_nat(Refused::TableFull);
         return None;
+    }
+    match held {
+        Some(held) => atomic_add(held, 1),
+        // Two CPUs may both insert: one count is lost until the daemon's next sweep.
+        None => {
+            let _ = SNAT_CLIENTS.insert(&s.client, &1, 0);
+        }
     }
     Some(Some(s.reply.client_port))
 }
 
-/// Counts a new source-NAT flow dropped for want of a port (or of table space: `full`).
+/// Why a packet got no source-NAT port.
+#[derive(Clone, Copy)]
+enum Refused {
+    /// No free port for its backend.
+    NoPort,
+    /// The source-NAT tables are full.
+    TableFull,
+    /// Its client holds its quota of ports.
+    ClientQuota,
+    /// A TCP segment without SYN of no known flow.
+    NotSyn,
+}
+
+/// Counts a packet that got no source-NAT port.
 #[inline(always)]
-fn count_nat(full: bool) {
+fn count_nat(why: Refused) {
     if let Some(stats) = NAT_STATS.get_ptr_mut(0) {
         // SAFETY: this CPU's entry.
         let stats = unsafe { &mut *stats };
-        if full {
-            stats.table_full += 1;
-        } else {
-            stats.no_port += 1;
+        match why {
+            Refused::NoPort => stats.no_port += 1,
+            Refused::TableFull => stats.table_full += 1,
+            Refused::ClientQuota => stats.client_quota += 1,
+            Refused::NotSyn => stats.not_syn += 1,
         }
     }
 }

@@ -51,9 +51,10 @@ impl Daemon {
         self.nat_flows_left = Some(swept.flows);
         m.nat_expired.inc_by(swept.expired);
         let before = self.nat_seen.unwrap_or_default();
-        let (no_port, full) = (
+        let (no_port, full, quota) = (
             swept.stats.no_port.saturating_sub(before.no_port),
             swept.stats.table_full.saturating_sub(before.table_full),
+            swept.stats.client_quota.saturating_sub(before.client_quota),
         );
         m.nat_dropped
             .with_label_values(&["no_port"])
@@ -61,6 +62,11 @@ impl Daemon {
         m.nat_dropped
             .with_label_values(&["table_full"])
             .inc_by(full);
+        m.nat_dropped
+            .with_label_values(&["client_quota"])
+            .inc_by(quota);
+        m.nat_reset
+            .inc_by(swept.stats.not_syn.saturating_sub(before.not_syn));
         if self.nat_seen.is_some() {
             let ports = &self.config.nat.ports;
             if no_port > 0 {
@@ -71,6 +77,14 @@ impl Daemon {
                     ports.start(),
                     ports.end(),
                     self.config.nat.port_count(),
+                );
+            }
+            if quota > 0 {
+                tracing::warn!(
+                    dropped = quota,
+                    flows = swept.flows,
+                    "source NAT: {quota} new flows dropped: their client address holds nat.client_ports = {} ports; raise it if one address (a proxy, a client NAT) opens that many connections at once",
+                    self.config.nat.client_ports,
                 );
             }
             if full > 0 {
