@@ -57,7 +57,6 @@ fuzz_target!(|data: &[u8]| {
         signals: Some(signals),
         age: Some(Duration::from_millis(10)),
         flows: 0,
-        since_report: Default::default(),
     };
     let inputs = [
         input(1, hostile),

@@ -344,6 +344,7 @@ pub struct RawPolicy {
     pub stale: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quantum: Option<i64>,
+    /// Removed: `false` (what it always meant) is still read, `true` refused.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fresher_load: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -365,6 +365,13 @@ pub(super) fn validate_policy(
             .transpose()
             .map(|v| v.unwrap_or(default))
     };
+    if raw.fresher_load == Some(true) {
+        return Err(invalid(
+            key("fresher_load"),
+            "true",
+            "was removed: it measured no better than the composite policy alone; delete the line",
+        ));
+    }
     Ok(PolicyConfig {
         kind,
         factors,
@@ -424,20 +431,6 @@ pub(super) fn validate_policy(
             Some(v) => int_in(v, 1, i64::from(MAX_POLICY_WEIGHT), &key("quantum"))?,
             None => d.quantum,
         },
-        fresher_load: match raw.fresher_load {
-            Some(true) if kind != PolicyKind::Composite => {
-                return Err(invalid(
-                    key("fresher_load"),
-                    "true",
-                    format!(
-                        "corrects the composite policy's reports; kind is {}",
-                        kind.name()
-                    ),
-                ));
-            }
-            Some(v) => v,
-            None => d.fresher_load,
-        },
         max_ratio: match raw.max_ratio {
             Some(v) => float_in(v, 1.0, 1000.0, &key("max_ratio"))?,
             None => d.max_ratio,
@@ -471,7 +464,7 @@ pub(super) fn policy_to_raw(p: &PolicyConfig) -> RawPolicy {
             StaleMode::Keep => "keep".into(),
         }),
         quantum: Some(i64::from(p.quantum)),
-        fresher_load: Some(p.fresher_load),
+        fresher_load: None,
         max_ratio: Some(p.max_ratio),
         max_share: Some(p.max_share),
     }

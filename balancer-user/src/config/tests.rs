@@ -451,9 +451,9 @@ fn errors_name_the_key_and_the_value() {
         ),
         (
             with_vip(
-                "address = \"10.0.0.1\"\nport = 80\n[vip.policy]\nkind = \"least-conn\"\nfresher_load = true",
+                "address = \"10.0.0.1\"\nport = 80\n[vip.policy]\nkind = \"composite\"\nfresher_load = true",
             ),
-            "vip[0].policy.fresher_load = true: corrects the composite policy's reports; kind is least-conn",
+            "vip[0].policy.fresher_load = true: was removed",
         ),
         (
             with_vip("address = \"10.0.0.1\"\nport = 80\n[vip.telemetry]\nsource = \"scrape\""),

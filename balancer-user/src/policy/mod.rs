@@ -149,10 +149,6 @@ pub struct PolicyConfig {
     pub stale: StaleMode,
     /// Published weights are multiples of this.
     pub quantum: u32,
-    /// `composite`: correct each report by what the data plane saw since it (new flows count
-    /// as waiting requests, ended flows leave the running ones), and run rounds between
-    /// scrapes, so a scrape's lag does not send a burst of new flows to one backend.
-    pub fresher_load: bool,
     /// A backend's reported KV capacity and prefill time count within this factor of the
     /// pool's median either way (>= 1).
     pub max_ratio: f64,
@@ -175,7 +171,6 @@ impl Default for PolicyConfig {
             stale_after: Duration::from_millis(1000),
             stale: StaleMode::Saturated,
             quantum: 10,
-            fresher_load: false,
             max_ratio: 10.0,
             max_share: 3.0,
         }
@@ -187,7 +182,7 @@ impl PolicyConfig {
     pub fn reads_flows(&self) -> bool {
         match self.kind {
             PolicyKind::LeastConn => true,
-            PolicyKind::Composite => self.factors.connections > 0.0 || self.fresher_load,
+            PolicyKind::Composite => self.factors.connections > 0.0,
             _ => false,
         }
     }
@@ -204,31 +199,6 @@ pub struct Input {
     pub age: Option<Duration>,
     /// Active flows in the data plane.
     pub flows: u64,
-    /// What the data plane saw of the backend since its newest report.
-    pub since_report: FlowsSince,
-}
-
-/// Flows the data plane gave a backend, and flows that ended there, since its newest report:
-/// what the report cannot know yet.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FlowsSince {
-    pub new: u64,
-    pub ended: u64,
-}
-
-/// `input` with its report corrected by [`FlowsSince`] (see [`PolicyConfig::fresher_load`]):
-/// each new flow is a request waiting for its prefill, each ended one a running request gone.
-fn with_fresher_load(input: &Input) -> Input {
-    let mut i = input.clone();
-    let FlowsSince { new, ended } = i.since_report;
-    if let Some(s) = i.signals.as_mut()
-        && (new > 0 || ended > 0)
-    {
-        s.waiting = Some(s.waiting.unwrap_or(0.0).max(0.0) + new as f64);
-        s.prefilling = s.prefilling.map(|p| p.max(0.0) + new as f64);
-        s.running = s.running.map(|r| (r - ended as f64).max(0.0));
-    }
-    i
 }
 
 /// A backend's weight and why.
@@ -308,13 +278,6 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
             })
             .collect();
     }
-    let corrected: Vec<Input>;
-    let inputs = if cfg.fresher_load && cfg.kind == PolicyKind::Composite {
-        corrected = inputs.iter().map(with_fresher_load).collect();
-        &corrected[..]
-    } else {
-        inputs
-    };
     let fresh =
         |i: &Input| !cfg.kind.needs_reports() || i.age.is_some_and(|a| a <= cfg.stale_after);
     let signals = |i: &Input| i.signals.clone().unwrap_or_default();
@@ -371,13 +334,7 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
                     cfg.min_free_gpu_memory_bytes / 1048576.0
                 ));
             }
-            let (score, mut why) = score(cfg, i, &s, max_flows, max_ttft);
-            if cfg.fresher_load && i.since_report != FlowsSince::default() {
-                why.push_str(&format!(
-                    "; since the report {} new, {} ended",
-                    i.since_report.new, i.since_report.ended
-                ));
-            }
+            let (score, why) = score(cfg, i, &s, max_flows, max_ttft);
             // Capacity: what the backend is measured to serve (its expected delay against the
             // pool's best), else its KV capacity against the pool's mean.
             let (capacity, why) = match (&delays, delays.as_ref().and_then(|d| d.of(i))) {

@@ -13,7 +13,6 @@ fn input(i: u8, signals: Signals) -> Input {
         signals: Some(signals),
         age: Some(Duration::from_millis(50)),
         flows: 0,
-        since_report: FlowsSince::default(),
     }
 }
 
@@ -145,70 +144,6 @@ fn composite_weights_follow_the_expected_delay_of_each_backend() {
         &mut PolicyState::default(),
     );
     assert_eq!(d[0].weight, d[1].weight, "{d:?}");
-}
-
-#[test]
-fn fresher_load_counts_flows_since_the_report() {
-    // Two equal servers whose reports say the same; since them the data plane gave the first
-    // 5 new flows. Without the correction they weigh alike; with it the first one's 5 new
-    // requests wait for their prefill ahead of the next (expected delay 6x), so the second
-    // takes the new flows.
-    let report = Signals {
-        kv_usage: Some(0.1),
-        running: Some(4.0),
-        waiting: Some(0.0),
-        prefill_seconds: Some(0.25),
-        ..Signals::default()
-    };
-    let inputs = [
-        Input {
-            since_report: FlowsSince { new: 5, ended: 0 },
-            ..input(1, report.clone())
-        },
-        input(2, report.clone()),
-    ];
-    let plain = decide(
-        &cfg(PolicyKind::Composite),
-        &inputs,
-        &mut PolicyState::default(),
-    );
-    assert_eq!(plain[0].weight, plain[1].weight, "{plain:?}");
-    let fresher = PolicyConfig {
-        fresher_load: true,
-        ..cfg(PolicyKind::Composite)
-    };
-    let d = decide(&fresher, &inputs, &mut PolicyState::default());
-    assert_eq!(d[1].weight, 1000, "{d:?}");
-    assert!(d[0].weight < 100, "{d:?}");
-    assert!(
-        d[0].reason.contains("since the report 5 new, 0 ended")
-            && d[0].reason.contains("expected delay 1500 ms"),
-        "{}",
-        d[0].reason
-    );
-    // Flows that ended leave the running ones: fewer running, a smaller queue share.
-    let ended = [
-        Input {
-            since_report: FlowsSince { new: 0, ended: 4 },
-            ..input(
-                1,
-                Signals {
-                    waiting: Some(2.0),
-                    ..report.clone()
-                },
-            )
-        },
-        input(
-            2,
-            Signals {
-                waiting: Some(2.0),
-                ..report
-            },
-        ),
-    ];
-    let d = decide(&fresher, &ended, &mut PolicyState::default());
-    assert!(d[0].reason.contains("queue 67%"), "{}", d[0].reason);
-    assert!(d[1].reason.contains("queue 29%"), "{}", d[1].reason);
 }
 
 #[test]

@@ -1,8 +1,7 @@
 //! The daemon's telemetry loops: one task per VIP that scrapes its backends concurrently (when
 //! it scrapes) at the pace its requests set ([`super::pace`]), records the reports, and runs a
-//! weight round right after, so a report reaches the table within one policy round; a policy
-//! that corrects reports by what the data plane sees also runs between scrapes. Pushed reports'
-//! rounds run every interval.
+//! weight round right after, so a report reaches the table within one policy round. Pushed
+//! reports' rounds run every interval.
 //!
 //! The loops run on a single-threaded runtime of their own, on one thread, which also runs the
 //! rounds after the scrapes (they block: the daemon's lock, a table rebuild): a scrape's timer,
@@ -26,10 +25,6 @@ use crate::config::{TelemetryConfig, TelemetrySource};
 use crate::dataplane::ScrapeDue;
 use crate::http_client::{AccessNames, HttpClient};
 
-/// How often a VIP's policy runs between its scrapes when it corrects reports by what the
-/// data plane sees ([`crate::policy::PolicyConfig::fresher_load`]).
-pub const ROUNDS_BETWEEN_SCRAPES: Duration = Duration::from_millis(100);
-
 /// One VIP whose backends report.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ScrapeTarget {
@@ -39,8 +34,6 @@ pub struct ScrapeTarget {
     pub vip_id: Option<u32>,
     pub backends: Vec<IpAddr>,
     pub telemetry: TelemetryConfig,
-    /// Weight rounds between scrapes this often (None: one round after each scrape).
-    pub rounds_every: Option<Duration>,
 }
 
 /// The daemon as the telemetry loops reach it. (Implemented by the daemon; the loops know
@@ -51,8 +44,7 @@ pub trait TelemetryPort: Send + Sync + 'static {
     /// The VIP's new flows counted by the data plane so far (None where they cannot be read),
     /// for the pace of its scrapes.
     fn new_flows(&self, name: &str) -> Option<u64>;
-    /// Records one round's results (an empty list for pushed reports and rounds between
-    /// scrapes) and runs the VIP's weight round; blocking. `next_scrape`: after a scrape, the
+    /// Records one round's results (an empty list for pushed reports) and runs the VIP's weight round; blocking. `next_scrape`: after a scrape, the
     /// wait from its start to the next (the fixed interval, or the pace the VIP's requests
     /// set); None for other rounds.
     fn record_round(
@@ -177,7 +169,6 @@ async fn run<P: TelemetryPort>(daemon: Arc<P>, target: ScrapeTarget, due: Option
         vip_id,
         backends,
         telemetry: cfg,
-        rounds_every,
     } = target;
     let mut pace = ScrapePace::new(&cfg);
     let paced = pace.varies() && matches!(cfg.source, TelemetrySource::Scrape(_));
@@ -192,13 +183,6 @@ async fn run<P: TelemetryPort>(daemon: Arc<P>, target: ScrapeTarget, due: Option
         _ => None,
     };
     let mut counting = false;
-    // Rounds between scrapes (only while they are more frequent than the slowest scrapes) run
-    // on a thread of their own that sleeps between them: one wake-up a round, where a timer
-    // on the runtime and a hop to its blocking pool and back took three. The thread ends when
-    // this task does (it drops `_rounds`).
-    let _rounds = rounds_every
-        .filter(|every| *every < cfg.slowest())
-        .and_then(|every| spawn_rounds(daemon.clone(), vip, name.clone(), every));
     // One pooled client for this VIP's pages (its scheme, CA, certificate and token); a
     // setting that cannot be used fails every scrape with its reason, which status shows.
     let client = HttpClient::with_access(&cfg.access, &AccessNames::TELEMETRY);
@@ -291,76 +275,12 @@ async fn run<P: TelemetryPort>(daemon: Arc<P>, target: ScrapeTarget, due: Option
     }
 }
 
-/// Starts the thread that runs `vip`'s weight rounds every `every` (a round that overruns
-/// delays the next, as a missed tick does). It ends when the returned sender is dropped
-/// (nothing is ever sent on it).
-fn spawn_rounds<P: TelemetryPort>(
-    daemon: Arc<P>,
-    vip: Endpoint,
-    name: String,
-    every: Duration,
-) -> Option<std::sync::mpsc::Sender<()>> {
-    use std::sync::mpsc::RecvTimeoutError;
-    let (stop, stopped) = std::sync::mpsc::channel::<()>();
-    let vip_name = name.clone();
-    let thread = std::thread::Builder::new()
-        .name("weight-rounds".into())
-        .spawn(move || {
-            let mut next = Instant::now() + every;
-            loop {
-                match stopped.recv_timeout(next.saturating_duration_since(Instant::now())) {
-                    Err(RecvTimeoutError::Timeout) => {}
-                    _ => return,
-                }
-                daemon.record_round(&vip, &name, Vec::new(), None);
-                next = crate::tasks::next_due(next, every);
-            }
-        });
-    match thread {
-        Ok(_) => Some(stop),
-        Err(e) => {
-            tracing::error!(vip = %vip_name, "cannot start the thread of the rounds between scrapes: {e}");
-            None
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use crate::net::Protocol;
-
-    /// Counts the rounds it is asked for, with and without scrape results.
-    #[derive(Default)]
-    struct Counting {
-        between: AtomicUsize,
-        after_scrape: AtomicUsize,
-    }
-
-    impl TelemetryPort for Counting {
-        fn scrape_targets(&self) -> Vec<ScrapeTarget> {
-            Vec::new()
-        }
-        fn new_flows(&self, _name: &str) -> Option<u64> {
-            None
-        }
-        fn record_round(
-            &self,
-            _vip: &Endpoint,
-            _name: &str,
-            results: Vec<(IpAddr, Result<Valid, String>)>,
-            _next_scrape: Option<Duration>,
-        ) {
-            let counter = if results.is_empty() {
-                &self.between
-            } else {
-                &self.after_scrape
-            };
-            counter.fetch_add(1, Ordering::SeqCst);
-        }
-    }
 
     /// One target; records the thread each round runs on.
     struct OnThread {
@@ -389,14 +309,13 @@ mod tests {
 
     /// VIP "v" scraping one backend that never answers (each scrape ends by its `timeout`
     /// with an error) every `interval` at the fastest and `max_interval` at the slowest, paced
-    /// by `requests_per_scrape`, with `rounds_every` between scrapes; and the backend's
-    /// listener, to keep open while the loop runs.
+    /// by `requests_per_scrape`; and the backend's listener, to keep open while the loop
+    /// runs.
     fn silent_target(
         interval: Duration,
         max_interval: Duration,
         requests_per_scrape: u32,
         timeout: Duration,
-        rounds_every: Option<Duration>,
     ) -> (ScrapeTarget, std::net::TcpListener) {
         let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let address = silent.local_addr().unwrap();
@@ -415,7 +334,6 @@ mod tests {
                 derived_half_life: Duration::from_millis(200),
                 access: Default::default(),
             },
-            rounds_every,
         };
         (target, silent)
     }
@@ -427,7 +345,6 @@ mod tests {
             Duration::from_secs(4),
             8,
             Duration::from_millis(20),
-            None,
         );
         let port = Arc::new(OnThread {
             target,
@@ -448,53 +365,6 @@ mod tests {
         let stopped = port.threads.lock().unwrap().len();
         tokio::time::sleep(Duration::from_millis(250)).await;
         assert_eq!(port.threads.lock().unwrap().len(), stopped);
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn rounds_run_between_scrapes_until_the_loop_stops() {
-        let (target, _silent) = silent_target(
-            Duration::from_secs(1),
-            Duration::from_secs(4),
-            8,
-            Duration::from_millis(50),
-            Some(Duration::from_millis(20)),
-        );
-        let port = Arc::new(Counting::default());
-        let task = tokio::spawn(run(port.clone(), target, None));
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let between = port.between.load(Ordering::SeqCst);
-        assert!(between >= 5, "{between} rounds between scrapes in 300 ms");
-        assert_eq!(port.after_scrape.load(Ordering::SeqCst), 1);
-        task.abort();
-        let _ = task.await;
-        // The thread sees the loop gone at its next wake-up, within one period.
-        tokio::time::sleep(Duration::from_millis(60)).await;
-        let stopped = port.between.load(Ordering::SeqCst);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert_eq!(port.between.load(Ordering::SeqCst), stopped);
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn rounds_run_between_paced_scrapes_as_fast_as_the_fastest() {
-        // Scrapes paced from 100 ms to 4 s (an idle VIP: 4 s apart), rounds every 20 ms
-        // between them: they run, as they would between fixed 4 s scrapes.
-        let (target, _silent) = silent_target(
-            Duration::from_millis(20),
-            Duration::from_secs(4),
-            8,
-            Duration::from_millis(10),
-            Some(Duration::from_millis(20)),
-        );
-        let port = Arc::new(Counting::default());
-        let task = tokio::spawn(run(port.clone(), target, None));
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        task.abort();
-        let _ = task.await;
-        let between = port.between.load(Ordering::SeqCst);
-        assert!(
-            between >= 5,
-            "{between} rounds between paced scrapes in 300 ms"
-        );
     }
 
     /// A VIP whose data plane counts `step` new flows between two readings; keeps the wait
@@ -560,7 +430,6 @@ mod tests {
             slowest,
             requests_per_scrape,
             Duration::from_millis(5),
-            None,
         );
         let port = Arc::new(Flows {
             step,

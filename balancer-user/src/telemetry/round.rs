@@ -11,9 +11,7 @@ use super::store::TelemetryStore;
 use crate::balancer::{ApplyReport, Balancer, BalancerError};
 use crate::config::VipConfig;
 use crate::dataplane::Dataplane;
-use crate::policy::{
-    Decision, FlowsSince, Input, PolicyKind, PolicyState, capacities, decide, pool_saturated,
-};
+use crate::policy::{Decision, Input, PolicyKind, PolicyState, capacities, decide, pool_saturated};
 
 /// What a round decided and what publishing it did.
 #[derive(Debug, Default)]
@@ -23,15 +21,12 @@ pub struct RoundOutcome {
     pub report: ApplyReport,
 }
 
-/// Runs one round for `vip` at `now`. `flows` holds active flows per backend id; `since` what
-/// the data plane saw of each backend since its newest report (empty unless the policy
-/// corrects reports by it).
+/// Runs one round for `vip` at `now`. `flows` holds active flows per backend id.
 pub fn weight_round<D: Dataplane>(
     vip: &VipConfig,
     balancer: &mut Balancer<D>,
     store: &TelemetryStore,
     flows: &HashMap<u32, u64>,
-    since: &HashMap<IpAddr, FlowsSince>,
     policy: &mut PolicyState,
     now: Instant,
 ) -> Result<RoundOutcome, BalancerError> {
@@ -54,7 +49,6 @@ pub fn weight_round<D: Dataplane>(
                     .get(&b.address)
                     .and_then(|s| flows.get(&s.id).copied())
                     .unwrap_or(0),
-                since_report: since.get(&b.address).copied().unwrap_or_default(),
             }
         })
         .collect();

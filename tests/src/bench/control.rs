@@ -364,7 +364,6 @@ fn telemetry(figures: &mut Figures) -> Result<()> {
         &mut h.balancer,
         &store,
         &flows,
-        &HashMap::new(),
         &mut policy,
         Instant::now(),
     )?;
@@ -404,7 +403,6 @@ fn telemetry(figures: &mut Figures) -> Result<()> {
             &mut h.balancer,
             &store,
             &flows,
-            &HashMap::new(),
             &mut policy,
             Instant::now(),
         )?;
@@ -429,7 +427,6 @@ fn telemetry(figures: &mut Figures) -> Result<()> {
             &mut h.balancer,
             &store,
             &flows,
-            &HashMap::new(),
             &mut policy,
             Instant::now(),
         )?;

@@ -124,9 +124,7 @@ enum Bench {
         /// composite@4000.
         #[arg(long, value_delimiter = ',')]
         sweep: Option<Vec<String>>,
-        /// Contenders at the knee (default: every policy and router policy; the diagnostics
-        /// `composite-held`, `composite-table-4099`, `composite-window-two-scrapes` and
-        /// `persistence-held` only when named).
+        /// Contenders at the knee (default: every policy and router policy).
         #[arg(long, value_delimiter = ',')]
         at_knee: Option<Vec<String>>,
         /// GPU profiles of the backends.

@@ -117,9 +117,6 @@ pub struct Daemon {
     /// Bumped whenever this balancer's own view (weights, VIPs) may have changed: a fleet
     /// leader publishes then, without waiting for its next tick.
     local_changes: tokio::sync::watch::Sender<u64>,
-    /// What the data plane had counted for each backend when its newest report came (VIPs
-    /// whose policy corrects reports by it).
-    report_marks: HashMap<(Endpoint, IpAddr), weights::FlowMark>,
     /// The data plane's source-NAT drop counters at the last sweep (none yet: `None`).
     nat_seen: Option<balancer_common::stats::NatStats>,
     /// Source-NAT flows the last sweep left (none swept yet: `None`).
@@ -197,7 +194,6 @@ impl Daemon {
             drained_vips: Default::default(),
             announcer: crate::fleet::bgp::Announcer::new(routes),
             local_changes: tokio::sync::watch::Sender::new(0),
-            report_marks: HashMap::new(),
             nat_seen: None,
             nat_flows_left: None,
         }

@@ -90,13 +90,8 @@ impl TelemetryPort for Mutex<Daemon> {
                 }
             }
         }
-        let marks = match d.config.vip(name) {
-            Some(v) if !results.is_empty() => d.flow_marks(v, None),
-            _ => Default::default(),
-        };
         for (backend, result) in results {
-            let mark = marks.get(&backend).copied();
-            d.record_scrape(vip, name, backend, result, mark);
+            d.record_scrape(vip, name, backend, result);
         }
         if let Err(e) = d.weight_round(name) {
             if e.is_publish_failure() {

@@ -1,41 +1,18 @@
 //! Backend reports (scraped, pushed, models discovered) and the weight rounds that turn
 //! them into each VIP's table.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use crate::balancer::Endpoint;
-use crate::config::{TelemetrySource, VipConfig};
-use crate::dataplane::Dataplane as _;
-use crate::policy::{FlowsSince, PolicyKind};
-use crate::telemetry::loops::{ROUNDS_BETWEEN_SCRAPES, ScrapeTarget};
+use crate::config::TelemetrySource;
+use crate::policy::PolicyKind;
+use crate::telemetry::loops::ScrapeTarget;
 use crate::telemetry::round;
 use crate::telemetry::signals::{Signals, Valid};
 use crate::telemetry::store::RECENT_HALF_LIFE;
 
 use super::{ChangeError, Daemon};
-
-/// What the data plane had counted for a backend at a moment: the flows it ever gave it, and
-/// those active then.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FlowMark {
-    pub new: u64,
-    pub active: u64,
-}
-
-impl FlowMark {
-    /// The flows given and ended between `then` and this mark: every flow active then or
-    /// given since that is no longer active has ended. (A counter that went back — the
-    /// backend's id given to another — reads as nothing since.)
-    pub fn since(&self, then: &FlowMark) -> FlowsSince {
-        let new = self.new.saturating_sub(then.new);
-        FlowsSince {
-            new,
-            ended: (then.active + new).saturating_sub(self.active),
-        }
-    }
-}
 
 impl Daemon {
     /// Records a discovery round of `pool`; when a backend's models changed, the VIPs that
@@ -77,19 +54,14 @@ impl Daemon {
         }
     }
 
-    /// Records a scrape of a backend (signals, or why it failed); `mark`: what the data plane
-    /// had counted for it then (see [`Daemon::flow_marks`]).
+    /// Records a scrape of a backend (signals, or why it failed).
     pub fn record_scrape(
         &mut self,
         vip: &Endpoint,
         name: &str,
         backend: IpAddr,
         result: Result<Valid, String>,
-        mark: Option<FlowMark>,
     ) {
-        if let (Ok(_), Some(mark)) = (&result, mark) {
-            self.report_marks.insert((*vip, backend), mark);
-        }
         let outcome = if result.is_ok() { "success" } else { "failure" };
         self.metrics
             .reports
@@ -178,14 +150,12 @@ impl Daemon {
         } else {
             None
         };
-        let since = self.flows_since_reports(&vip, active.as_ref());
         let policy = self.policies.entry(name.to_string()).or_default();
         let outcome = round::weight_round(
             &vip,
             &mut self.balancer,
             &self.telemetry,
             active.as_ref().unwrap_or(&self.flows),
-            &since,
             policy,
             started,
         )?;
@@ -216,61 +186,6 @@ impl Daemon {
             .unwrap_or_default()
     }
 
-    /// What the data plane has counted for each backend of `vip` now (by address): empty
-    /// unless its policy corrects reports by it ([`PolicyConfig::fresher_load`]). `active`:
-    /// the active-flow counts by backend id when the caller has just read them.
-    ///
-    /// [`PolicyConfig::fresher_load`]: crate::policy::PolicyConfig::fresher_load
-    pub fn flow_marks(
-        &self,
-        vip: &VipConfig,
-        active: Option<&HashMap<u32, u64>>,
-    ) -> HashMap<IpAddr, FlowMark> {
-        let Some(state) = self
-            .balancer
-            .vip(&vip.name)
-            .filter(|_| vip.policy.fresher_load)
-        else {
-            return HashMap::new();
-        };
-        let dataplane = self.balancer.dataplane();
-        let read;
-        let active = match active {
-            Some(a) => a,
-            None => {
-                read = dataplane
-                    .active_flows(&self.backend_ids(&vip.name))
-                    .unwrap_or_default();
-                &read
-            }
-        };
-        state
-            .backends
-            .iter()
-            .filter_map(|(address, b)| {
-                let new = dataplane.backend_stats(b.id).ok()?.new_flows;
-                let active = active.get(&b.id).copied().unwrap_or(0);
-                Some((*address, FlowMark { new, active }))
-            })
-            .collect()
-    }
-
-    /// What the data plane saw of each backend of `vip` since its newest report.
-    fn flows_since_reports(
-        &self,
-        vip: &VipConfig,
-        active: Option<&HashMap<u32, u64>>,
-    ) -> HashMap<IpAddr, FlowsSince> {
-        let endpoint = vip.endpoint();
-        self.flow_marks(vip, active)
-            .into_iter()
-            .filter_map(|(address, now)| {
-                let then = self.report_marks.get(&(endpoint, address))?;
-                Some((address, now.since(then)))
-            })
-            .collect()
-    }
-
     /// VIPs whose backends report (scraped or pushed) or whose policy reads them.
     pub fn scrape_targets(&self) -> Vec<ScrapeTarget> {
         self.config
@@ -285,31 +200,7 @@ impl Daemon {
                 vip_id: self.balancer.vip(&v.name).map(|state| state.id),
                 backends: v.backends.iter().map(|b| b.address).collect(),
                 telemetry: v.telemetry.clone(),
-                rounds_every: v.policy.fresher_load.then_some(ROUNDS_BETWEEN_SCRAPES),
             })
             .collect()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn flows_since_a_mark_are_the_new_ones_and_those_that_ended() {
-        let then = FlowMark {
-            new: 100,
-            active: 6,
-        };
-        // 5 new since; 3 active now: of the 11 active then or new since, 8 ended.
-        let now = FlowMark {
-            new: 105,
-            active: 3,
-        };
-        assert_eq!(now.since(&then), FlowsSince { new: 5, ended: 8 });
-        assert_eq!(then.since(&then), FlowsSince::default());
-        // A counter that went back (the id given to another backend): nothing since.
-        let reset = FlowMark { new: 2, active: 9 };
-        assert_eq!(reset.since(&then), FlowsSince { new: 0, ended: 0 });
     }
 }

@@ -77,9 +77,6 @@ pub struct VipSettings {
     pub policy: &'static str,
     /// Where the policy's TTFT comes from.
     pub passive_latency: PassiveLatency,
-    /// The composite policy's reports corrected by the flows the data plane saw since each
-    /// (`fresher_load`), with rounds between scrapes.
-    pub fresher_load: bool,
     /// Tenant affinity: source hash keyed on this IPv4 prefix length.
     pub affinity_prefix_v4: Option<u8>,
     /// The composite policy's saturation cut-off on waiting requests (`queue_saturation`),
@@ -91,14 +88,6 @@ pub struct VipSettings {
     /// Session persistence: a client's new flows go to its previous server for this long
     /// after its last one (while that server has room under bounded load).
     pub persistence_secs: Option<u32>,
-    /// The composite policy's weights barely move after its first round (EWMA 0.01,
-    /// hysteresis 100%): a diagnostic of what the daemon costs with few table rebuilds.
-    pub held: bool,
-    /// The VIP's Maglev table size, if not the default (65,537 slots).
-    pub table_size: Option<u32>,
-    /// The half-life of the derived figures' recent window in scrape intervals, if not the
-    /// daemon's default (200 ms at any interval).
-    pub derived_half_life_scrapes: Option<u32>,
     /// A fixed scrape interval, ms (None: the daemon's default, paced by the VIP's requests).
     pub scrape_ms: Option<u64>,
 }
@@ -114,33 +103,11 @@ impl VipSettings {
             composite,
             policy: "composite",
             passive_latency: PassiveLatency::Off,
-            fresher_load: false,
             affinity_prefix_v4: None,
             queue_saturation: None,
             admission: false,
             persistence_secs: None,
-            held: false,
-            table_size: None,
-            derived_half_life_scrapes: None,
             scrape_ms: None,
-        }
-    }
-
-    const fn derived_half_life(self, scrapes: u32) -> Self {
-        VipSettings {
-            derived_half_life_scrapes: Some(scrapes),
-            ..self
-        }
-    }
-
-    const fn held(self) -> Self {
-        VipSettings { held: true, ..self }
-    }
-
-    const fn table(self, slots: u32) -> Self {
-        VipSettings {
-            table_size: Some(slots),
-            ..self
         }
     }
 
@@ -186,20 +153,12 @@ impl VipSettings {
         }
     }
 
-    const fn fresher(self) -> Self {
-        VipSettings {
-            fresher_load: true,
-            ..self
-        }
-    }
-
     /// Sets these on `vip`.
     pub fn apply(&self, vip: &mut RawVip) {
         vip.scheduler = Some(self.scheduler.to_string());
         vip.max_load_factor = self.max_load_factor;
         vip.affinity_prefix_v4 = self.affinity_prefix_v4.map(i64::from);
         vip.persistence_secs = self.persistence_secs.map(i64::from);
-        vip.table_size = self.table_size.map(i64::from);
         vip.admission = self.admission.then(|| balancer::config::RawAdmission {
             admit: [(PREMIUM_TIER.to_string(), 0)].into_iter().collect(),
             ..Default::default()
@@ -220,22 +179,13 @@ impl VipSettings {
                 // A fixed interval: every scrape_ms, whatever the requests.
                 interval_ms: self.scrape_ms.map(|ms| ms as i64),
                 requests_per_scrape: self.scrape_ms.map(|_| 0),
-                derived_half_life_ms: self.derived_half_life_scrapes.map(|n| {
-                    let ms = self
-                        .scrape_ms
-                        .unwrap_or(balancer::config::DEFAULT_MAX_SCRAPE_INTERVAL_MS);
-                    i64::from(n) * ms as i64
-                }),
                 ..RawTelemetry::default()
             });
             vip.policy = Some(RawPolicy {
                 kind: Some(self.policy.into()),
                 // stale_after_ms: the daemon's default, three scrapes (at least a second),
                 // so slower scrapes are compared, not taken for stale.
-                fresher_load: Some(self.fresher_load),
                 queue_saturation: self.queue_saturation.map(i64::from),
-                ewma_alpha: self.held.then_some(0.01),
-                hysteresis: self.held.then_some(1.0),
                 ..RawPolicy::default()
             });
         }
@@ -259,7 +209,7 @@ pub const PREMIUM_TIER: &str = "premium";
 
 /// The balancer's policies compared: name, what it is, and its settings of the VIP (the
 /// scrape interval is filled in).
-const OURS: [(&str, &str, VipSettings); 13] = [
+const OURS: [(&str, &str, VipSettings); 12] = [
     (
         "round-robin",
         "each backend in turn",
@@ -279,11 +229,6 @@ const OURS: [(&str, &str, VipSettings); 13] = [
         "composite",
         "Maglev with weights from the servers' metrics (composite policy)",
         VipSettings::new("maglev", None, true),
-    ),
-    (
-        "composite-fresh",
-        "composite, each report corrected by the flows the data plane saw since it (fresher_load), rounds every 100 ms between scrapes",
-        VipSettings::new("maglev", None, true).fresher(),
     ),
     (
         "least-latency",
@@ -331,42 +276,15 @@ const OURS: [(&str, &str, VipSettings); 13] = [
     ),
 ];
 
-/// Contenders that measure something about the balancer rather than a policy to deploy: named
-/// with `--sweep` / `--at-knee`, never run by default.
-const DIAGNOSTICS: [(&str, &str, VipSettings); 4] = [
-    (
-        "composite-held",
-        "diagnostic, not a policy: composite whose weights barely move after its first round (EWMA 0.01, hysteresis 100%), so the table is rebuilt only when a server saturates or a weight more than doubles — the daemon's cost of the same scrapes and rounds with few rebuilds",
-        VipSettings::new("maglev", None, true).held(),
-    ),
-    (
-        "composite-table-4099",
-        "diagnostic: composite on a Maglev table of 4,099 slots (about 1,000 per server) instead of the default 65,537 — the same policy and rebuilds, each a sixteenth of the Maglev fill",
-        VipSettings::new("maglev", None, true).table(4099),
-    ),
-    (
-        "composite-window-two-scrapes",
-        "diagnostic: composite with the figures it derives from counters (mean TTFT, prefill time per prompt token, prompt size) over a recent window of half-life two scrape intervals instead of the default 200 ms — at a 2 s scrape, the requests of the last two or three intervals pooled instead of the last one's",
-        VipSettings::new("maglev", None, true).derived_half_life(2),
-    ),
-    (
-        "persistence-held",
-        "diagnostic: `persistence` (bound 1.25) over weights that barely move after the first round, as `composite-held`'s — whether the bound moves returning clients because the weights it compares with move every scrape",
-        PERSISTENCE.held(),
-    ),
-];
-
 /// A contender's name without the scrape interval it may carry (`composite@4000`:
 /// `composite`).
 pub fn without_interval(name: &str) -> &str {
     name.split_once('@').map_or(name, |(base, _)| base)
 }
 
-/// The balancer's contenders by name: its policies, then the diagnostics.
+/// The balancer's contender `name`.
 fn balancer_contender(name: &str) -> Option<&'static (&'static str, &'static str, VipSettings)> {
-    OURS.iter()
-        .chain(DIAGNOSTICS.iter())
-        .find(|(n, _, _)| *n == name)
+    OURS.iter().find(|(n, _, _)| *n == name)
 }
 
 /// Composite with a saturation cut-off at 5 waiting requests (the queue threshold of llm-d's
@@ -449,9 +367,8 @@ impl Contender {
         }
         let (_, _, settings) = balancer_contender(name).with_context(|| {
             format!(
-                "unknown contender {name:?}: one of {}, tenant-affinity/LEN, or vllm:POLICY / sglang:POLICY (diagnostics: {})",
+                "unknown contender {name:?}: one of {}, tenant-affinity/LEN, or vllm:POLICY / sglang:POLICY",
                 OURS.map(|o| o.0).join(", "),
-                DIAGNOSTICS.map(|o| o.0).join(", ")
             )
         })?;
         Ok(Contender::Balancer {
@@ -604,46 +521,6 @@ pub fn start_router(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn diagnostics_run_only_when_named() {
-        let defaults = all();
-        for (name, _, _) in DIAGNOSTICS {
-            assert!(
-                !defaults.iter().any(|n| n == name),
-                "{name} runs by default"
-            );
-            assert!(
-                Contender::parse(name, Some(2000)).is_ok(),
-                "{name} does not parse"
-            );
-        }
-        let Contender::Balancer { settings, .. } =
-            Contender::parse("composite-table-4099", Some(2000)).unwrap()
-        else {
-            panic!("the balancer's");
-        };
-        assert_eq!(settings.table_size, Some(4099));
-        assert!(balancer_common::maglev::is_prime(4099));
-        let mut vip = balancer::config::RawVip::default();
-        settings.apply(&mut vip);
-        assert_eq!(vip.table_size, Some(4099));
-        // Every other contender keeps the daemon's default table and window.
-        for (name, _, settings) in OURS {
-            assert_eq!(settings.table_size, None, "{name}");
-            assert_eq!(settings.derived_half_life_scrapes, None, "{name}");
-        }
-        let Contender::Balancer { settings, .. } =
-            Contender::parse("composite-window-two-scrapes", Some(2000)).unwrap()
-        else {
-            panic!("the balancer's");
-        };
-        let telemetry = telemetry_of(&settings);
-        assert_eq!(
-            (telemetry.interval_ms, telemetry.derived_half_life_ms),
-            (Some(2000), Some(4000))
-        );
-    }
 
     /// The telemetry settings `settings` give a VIP.
     fn telemetry_of(settings: &VipSettings) -> balancer::config::RawTelemetry {
