@@ -3,6 +3,7 @@
 
 mod real_servers;
 mod setup;
+mod suite;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -34,17 +35,20 @@ enum Task {
     /// tests, then the Debian package (release build) and the root-only packet,
     /// network-namespace, reliability, fleet, real-vLLM and package tests and the routing
     /// benchmark's quick mode, then (without a filter) every fuzz target for `--fuzz-secs`
-    /// seconds.
+    /// seconds; the time of each stage at the end.
     Test {
         /// Only run tests whose name contains this.
         filter: Option<String>,
         /// Skip the root-only integration tests.
         #[arg(long)]
         unit_only: bool,
+        /// The edit-compile loop: the workspace's unit tests only, without setup or root.
+        #[arg(long, conflicts_with_all = ["unit_only", "filter"])]
+        fast: bool,
         /// Only the reliability suite: churn under live streams, backend and daemon death, two
         /// balancers, hostile input (a million malformed frames, bad API requests), and the
         /// fuzz targets for a bounded time.
-        #[arg(long, conflicts_with = "unit_only")]
+        #[arg(long, conflicts_with_all = ["unit_only", "fast"])]
         reliability: bool,
         /// Seconds each fuzz target runs (0: skip fuzzing).
         #[arg(long, default_value_t = 20)]
@@ -105,13 +109,20 @@ fn run(cli: Cli) -> Result<()> {
         Task::Test {
             filter,
             unit_only,
+            fast,
             reliability,
             fuzz_secs,
         } => {
             if reliability {
-                reliability_suite(fuzz_secs)
+                suite::reliability(fuzz_secs)
+            } else if fast {
+                suite::fast()
             } else {
-                test(filter.as_deref(), unit_only, fuzz_secs)
+                suite::test(&suite::Suite {
+                    filter: filter.as_deref(),
+                    unit_only,
+                    fuzz_secs,
+                })
             }
         }
         Task::Demo { real_vllm } => demo(real_vllm),
@@ -183,127 +194,6 @@ fn is_root() -> bool {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
         .unwrap_or(false)
-}
-
-fn test(filter: Option<&str>, unit_only: bool, fuzz_secs: u32) -> Result<()> {
-    setup::run(setup::RealServers::Required)?;
-    build(false)?;
-    let mut unit = vec!["test", "--workspace"];
-    if let Some(f) = filter {
-        unit.extend(["--", f]);
-    }
-    cargo(&unit)?;
-    if unit_only {
-        return Ok(());
-    }
-    if !is_root() {
-        bail!(
-            "the packet and network-namespace tests need root (BPF, namespaces): run as root, or pass --unit-only"
-        );
-    }
-    // The package test installs the package this builds (release profile); a filter that
-    // leaves that test out skips the build.
-    const PACKAGE_TEST: &str = "the_debian_package_installs_checks_and_purges_cleanly";
-    let deb = match filter {
-        Some(f) if !PACKAGE_TEST.contains(f) => PathBuf::new(),
-        _ => package()?,
-    };
-    // Root-only tests are #[ignore]d so that a plain `cargo test` passes without privileges.
-    let mut integration = vec![
-        "test",
-        "-p",
-        "balancer-tests",
-        "--",
-        "--ignored",
-        "--test-threads=2",
-    ];
-    if let Some(f) = filter {
-        integration.push(f);
-    }
-    let (vllm, routers) = (
-        real_servers::cache_dir().join("vllm"),
-        real_servers::cache_dir().join("routers"),
-    );
-    cargo_with_env(
-        &integration,
-        &[
-            ("BALANCER_VLLM_ENV", &vllm),
-            ("BALANCER_ROUTERS_ENV", &routers),
-            ("BALANCER_DEB", &deb),
-        ],
-    )?;
-    if filter.is_none() {
-        fuzz(fuzz_secs)?;
-    }
-    Ok(())
-}
-
-/// The reliability suite alone: its tests, the restart test, the million-frame sweep, fuzzing.
-fn reliability_suite(fuzz_secs: u32) -> Result<()> {
-    setup::run(setup::RealServers::Optional)?;
-    build(false)?;
-    if !is_root() {
-        bail!("the reliability suite needs root (BPF, namespaces)");
-    }
-    cargo(&[
-        "test",
-        "-p",
-        "balancer-tests",
-        "--test",
-        "reliability",
-        "--test",
-        "sweep",
-        "--",
-        "--ignored",
-        "--test-threads=1",
-    ])?;
-    cargo(&[
-        "test",
-        "-p",
-        "balancer-tests",
-        "--test",
-        "control",
-        "--",
-        "--ignored",
-        "restarts_lose_nothing",
-    ])?;
-    fuzz(fuzz_secs)
-}
-
-/// Runs every fuzz target for `secs` seconds (cargo-fuzz, nightly); a crash fails the run.
-fn fuzz(secs: u32) -> Result<()> {
-    if secs == 0 {
-        return Ok(());
-    }
-    let toolchain = format!(
-        "+{}",
-        std::env::var("BALANCER_EBPF_TOOLCHAIN").unwrap_or_else(|_| "nightly".into())
-    );
-    let max_time = format!("-max_total_time={secs}");
-    for target in ["config", "metrics", "api_json", "packets"] {
-        println!("xtask: fuzzing {target} for {secs} s");
-        let status = Command::new("cargo")
-            .args([
-                toolchain.as_str(),
-                "fuzz",
-                "run",
-                "--fuzz-dir",
-                "fuzz",
-                target,
-                "--",
-                &max_time,
-                "-max_len=4096",
-            ])
-            .current_dir(root())
-            .status()
-            .context("running cargo fuzz")?;
-        if !status.success() {
-            bail!(
-                "fuzz target {target} failed ({status}): a build error above, or a crash whose input is under fuzz/artifacts/{target}"
-            );
-        }
-    }
-    Ok(())
 }
 
 fn demo(real_vllm: bool) -> Result<()> {

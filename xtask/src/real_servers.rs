@@ -130,6 +130,15 @@ fn python_dir() -> PathBuf {
 /// FNV-1a over the inputs that decide an environment (its lock, the model script when it has a
 /// model, the uv version): any change rebuilds it.
 fn stamp(spec: &EnvSpec) -> Result<String> {
+    let mut inputs = vec![spec.lock.clone()];
+    if spec.model {
+        inputs.push(python_dir().join("build_tiny_model.py"));
+    }
+    stamp_of(&inputs, UV_VERSION.as_bytes())
+}
+
+/// FNV-1a over the contents of `files`, then `extra`, as 16 hex digits.
+pub fn stamp_of(files: &[PathBuf], extra: &[u8]) -> Result<String> {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     let mut feed = |bytes: &[u8]| {
         for b in bytes {
@@ -137,14 +146,10 @@ fn stamp(spec: &EnvSpec) -> Result<String> {
             hash = hash.wrapping_mul(0x0100_0000_01b3);
         }
     };
-    let mut inputs = vec![spec.lock.clone()];
-    if spec.model {
-        inputs.push(python_dir().join("build_tiny_model.py"));
+    for path in files {
+        feed(&std::fs::read(path).with_context(|| format!("reading {}", path.display()))?);
     }
-    for path in inputs {
-        feed(&std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?);
-    }
-    feed(UV_VERSION.as_bytes());
+    feed(extra);
     Ok(format!("{hash:016x}"))
 }
 
@@ -248,9 +253,9 @@ fn ensure_uv(cache: &Path, python: &str) -> Result<PathBuf> {
     Ok(uv)
 }
 
-/// Removes kept environments of earlier stamps (`<name>-<16 hex digits>`; a vLLM one is about
-/// 6 GB of links into uv's cache).
-fn remove_stale(cache: &Path, name: &str, keep: &Path) {
+/// Removes kept environments (or build directories) of earlier stamps (`<name>-<16 hex
+/// digits>`; a vLLM one is about 6 GB of links into uv's cache).
+pub fn remove_stale(cache: &Path, name: &str, keep: &Path) {
     let Ok(entries) = std::fs::read_dir(cache) else {
         return;
     };
@@ -262,10 +267,7 @@ fn remove_stale(cache: &Path, name: &str, keep: &Path) {
             .and_then(|rest| rest.strip_prefix('-'))
             .is_some_and(|h| h.len() == 16 && h.chars().all(|c| c.is_ascii_hexdigit()));
         if stamped && path != keep && path.is_dir() {
-            step(&format!(
-                "removing the outdated environment {}",
-                path.display()
-            ));
+            step(&format!("removing the outdated {}", path.display()));
             let _ = std::fs::remove_dir_all(&path);
         }
     }

@@ -1,0 +1,240 @@
+//! `cargo xtask test`: the suites, each stage timed and the times printed at the end (also
+//! when a stage fails).
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::{build, cargo, cargo_with_env, is_root, package, real_servers, root, setup};
+
+/// What `cargo xtask test` runs.
+pub struct Suite<'a> {
+    /// Only tests whose name contains this (no fuzzing then).
+    pub filter: Option<&'a str>,
+    pub unit_only: bool,
+    /// Seconds each fuzz target runs (0: none).
+    pub fuzz_secs: u32,
+}
+
+/// The fuzz targets, each run for `--fuzz-secs`.
+const FUZZ_TARGETS: [&str; 4] = ["config", "metrics", "api_json", "packets"];
+
+/// The Debian package's test: it installs the package the suite builds (release profile).
+const PACKAGE_TEST: &str = "the_debian_package_installs_checks_and_purges_cleanly";
+
+/// Stages run so far: name, time, whether it passed.
+#[derive(Default)]
+struct Stages(Vec<(String, Duration, bool)>);
+
+impl Stages {
+    fn run<T>(&mut self, name: &str, stage: impl FnOnce() -> Result<T>) -> Result<T> {
+        let started = Instant::now();
+        let result = stage();
+        self.0
+            .push((name.to_string(), started.elapsed(), result.is_ok()));
+        result
+    }
+
+    fn print(&self) {
+        let total: Duration = self.0.iter().map(|(_, t, _)| *t).sum();
+        println!("\nxtask: time per stage");
+        for (name, time, ok) in &self.0 {
+            let mark = if *ok { "" } else { "  FAILED" };
+            println!("  {:<28} {:>7}{mark}", name, minutes(*time));
+        }
+        println!("  {:<28} {:>7}", "total", minutes(total));
+    }
+}
+
+/// `m:ss`.
+fn minutes(d: Duration) -> String {
+    let s = d.as_secs();
+    format!("{}:{:02}", s / 60, s % 60)
+}
+
+/// Setup, unit tests, then (as root) the package and the root-only tests, then fuzzing.
+pub fn test(suite: &Suite) -> Result<()> {
+    let mut stages = Stages::default();
+    let result = run_test(suite, &mut stages);
+    stages.print();
+    result
+}
+
+fn run_test(suite: &Suite, stages: &mut Stages) -> Result<()> {
+    stages.run("setup", || setup::run(setup::RealServers::Required))?;
+    stages.run("build (debug)", || build(false))?;
+    stages.run("unit tests", || unit_tests(suite.filter))?;
+    if suite.unit_only {
+        return Ok(());
+    }
+    if !is_root() {
+        bail!(
+            "the packet and network-namespace tests need root (BPF, namespaces): run as root, or pass --unit-only (or --fast)"
+        );
+    }
+    // A filter that leaves the package test out skips the package's build.
+    let deb = match suite.filter {
+        Some(f) if !PACKAGE_TEST.contains(f) => PathBuf::new(),
+        _ => stages.run("package (release build)", package)?,
+    };
+    stages.run("root tests", || root_tests(suite.filter, &deb))?;
+    if suite.filter.is_none() {
+        fuzz(suite.fuzz_secs, stages)?;
+    }
+    Ok(())
+}
+
+/// The edit-compile loop: no setup, no root, the workspace's unit and doc tests only.
+pub fn fast() -> Result<()> {
+    let mut stages = Stages::default();
+    let result = (|| {
+        stages.run("toolchain check", setup::check_toolchain)?;
+        stages.run("unit tests", || unit_tests(None))
+    })();
+    stages.print();
+    result
+}
+
+fn unit_tests(filter: Option<&str>) -> Result<()> {
+    let mut args = vec!["test", "--workspace"];
+    if let Some(f) = filter {
+        args.extend(["--", f]);
+    }
+    cargo(&args)
+}
+
+/// The root-only tests (`#[ignore]`d, so that a plain `cargo test` passes without
+/// privileges): packets, namespaces, fleet, real vLLM, the package, the quick benchmark.
+fn root_tests(filter: Option<&str>, deb: &std::path::Path) -> Result<()> {
+    let mut args = vec![
+        "test",
+        "-p",
+        "balancer-tests",
+        "--",
+        "--ignored",
+        "--test-threads=2",
+    ];
+    if let Some(f) = filter {
+        args.push(f);
+    }
+    let (vllm, routers) = (
+        real_servers::cache_dir().join("vllm"),
+        real_servers::cache_dir().join("routers"),
+    );
+    cargo_with_env(
+        &args,
+        &[
+            ("BALANCER_VLLM_ENV", &vllm),
+            ("BALANCER_ROUTERS_ENV", &routers),
+            ("BALANCER_DEB", deb),
+        ],
+    )
+}
+
+/// The reliability suite alone: its tests, the restart test, the million-frame sweep, fuzzing.
+pub fn reliability(fuzz_secs: u32) -> Result<()> {
+    let mut stages = Stages::default();
+    let result = (|| {
+        stages.run("setup", || setup::run(setup::RealServers::Optional))?;
+        stages.run("build (debug)", || build(false))?;
+        if !is_root() {
+            bail!("the reliability suite needs root (BPF, namespaces)");
+        }
+        stages.run("reliability tests", || {
+            cargo(&[
+                "test",
+                "-p",
+                "balancer-tests",
+                "--test",
+                "reliability",
+                "--test",
+                "sweep",
+                "--",
+                "--ignored",
+                "--test-threads=1",
+            ])?;
+            cargo(&[
+                "test",
+                "-p",
+                "balancer-tests",
+                "--test",
+                "control",
+                "--",
+                "--ignored",
+                "restarts_lose_nothing",
+            ])
+        })?;
+        fuzz(fuzz_secs, &mut stages)
+    })();
+    stages.print();
+    result
+}
+
+/// Where the fuzz targets build: `<cache>/fuzz-target-<stamp>`, one directory per fuzz
+/// lockfile and toolchain, kept across clones, so that a fresh clone on this machine builds
+/// only the workspace's own crates again (the dependencies under sanitizers took 9.5 of a fresh
+/// suite's 31 minutes). Directories of other stamps are removed.
+fn fuzz_target_dir() -> Result<PathBuf> {
+    let cache = real_servers::cache_dir();
+    let stamp = real_servers::stamp_of(
+        &[root().join("fuzz/Cargo.lock")],
+        setup::ebpf_toolchain().as_bytes(),
+    )?;
+    let dir = cache.join(format!("fuzz-target-{stamp}"));
+    real_servers::remove_stale(&cache, "fuzz-target", &dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Builds every fuzz target, then runs each for `secs` seconds (cargo-fuzz, nightly); a crash
+/// fails the run.
+fn fuzz(secs: u32, stages: &mut Stages) -> Result<()> {
+    if secs == 0 {
+        return Ok(());
+    }
+    let toolchain = format!("+{}", setup::ebpf_toolchain());
+    let target_dir = fuzz_target_dir()?;
+    let target_dir = target_dir.to_string_lossy().to_string();
+    let cargo_fuzz = |args: &[&str]| -> Result<std::process::ExitStatus> {
+        println!("xtask: cargo {toolchain} fuzz {}", args.join(" "));
+        Command::new("cargo")
+            .arg(&toolchain)
+            .arg("fuzz")
+            .args(args)
+            .current_dir(root())
+            .status()
+            .context("running cargo fuzz")
+    };
+    stages.run("fuzz targets (build)", || {
+        let status = cargo_fuzz(&["build", "--fuzz-dir", "fuzz", "--target-dir", &target_dir])?;
+        if !status.success() {
+            bail!("building the fuzz targets failed ({status})");
+        }
+        Ok(())
+    })?;
+    let max_time = format!("-max_total_time={secs}");
+    stages.run("fuzzing", || {
+        for target in FUZZ_TARGETS {
+            println!("xtask: fuzzing {target} for {secs} s");
+            let status = cargo_fuzz(&[
+                "run",
+                "--fuzz-dir",
+                "fuzz",
+                "--target-dir",
+                &target_dir,
+                target,
+                "--",
+                &max_time,
+                "-max_len=4096",
+            ])?;
+            if !status.success() {
+                bail!(
+                    "fuzz target {target} failed ({status}): a crash whose input is under fuzz/artifacts/{target}"
+                );
+            }
+        }
+        Ok(())
+    })
+}
