@@ -4,26 +4,29 @@ use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use aya::Ebpf;
 use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
-use aya::maps::{Array, IterableMap as _, Map, MapData, MapError, PerCpuArray, RingBuf};
+use aya::maps::{Array, IterableMap as _, MapData, MapError, PerCpuArray};
 use balancer_common::flow_cache::FlowValue;
 use balancer_common::maps::{
     self as names, ADMISSION_TIERS, Admission, Backend, FlowBucket, GlobalConfig, Home,
-    MAGLEV_TABLE_FLAGS, NatLinks, NatReplyKey, SnatClientKey, SnatFlowKey, SnatFlowValue,
-    SnatPortValue, SnatSource, SourcePrefix, VIP_INDEX_FLAGS, VIP_INDEX_SLOTS, VipKey, VipMeta,
-    VipSlot,
+    MAGLEV_TABLE_FLAGS, NatLinks, SnatSource, SourcePrefix, VIP_INDEX_FLAGS, VIP_INDEX_SLOTS,
+    VipKey, VipMeta, VipSlot,
 };
-use balancer_common::stats::{
-    COUNTERS, GlobalStats, NatLinkStats, NatStats, TierAdmission, TrafficStats,
-};
+use balancer_common::stats::{COUNTERS, GlobalStats, NatLinkStats, TierAdmission, TrafficStats};
 use balancer_common::vip_index::build_index;
 
-use super::nat_expiry::{NatSweeper, NatTables, sweep};
-use super::scrape_due::{ScrapeDue, ScrapeDueCounts, ScrapeEvents};
+use super::nat_expiry::{NatSweeper, sweep};
+use super::scrape_due::ScrapeDue;
 use super::sys::MappedArray;
 use super::{AdmissionCounts, Dataplane, DataplaneError, FlowCounter, add_traffic, sys};
 use crate::net::{lpm_word_v4, lpm_words_v6};
+
+mod nat;
+mod open;
+
+use nat::KernelNat;
+pub(in crate::dataplane) use open::map_err;
+use open::{absent, mapped};
 
 /// The balancer program's maps, owned by the daemon.
 pub struct KernelDataplane {
@@ -96,297 +99,7 @@ impl InnerTable {
     }
 }
 
-/// The source-NAT flow tables and counters.
-struct KernelNat {
-    ports: aya::maps::HashMap<MapData, NatReplyKey, SnatPortValue>,
-    flows: aya::maps::HashMap<MapData, SnatFlowKey, SnatFlowValue>,
-    /// None in a program without client quotas (an older build timed beside this one).
-    clients: Option<aya::maps::HashMap<MapData, SnatClientKey, u64>>,
-    stats: NatStatsMap,
-}
-
-/// `NAT_STATS`, as this build writes it or as an older one did (its first two counters: a
-/// build timed beside this one by the data-plane benchmark).
-enum NatStatsMap {
-    Current(PerCpuArray<MapData, NatStats>),
-    TwoCounters(PerCpuArray<MapData, [u64; 2]>),
-}
-
-impl NatStatsMap {
-    fn take(ebpf: &mut Ebpf) -> Result<Self, DataplaneError> {
-        let map = take_map(ebpf, names::NAT_STATS)?;
-        let open = map_err(names::NAT_STATS, "open");
-        if let Map::PerCpuArray(data) = &map
-            && data.info().is_ok_and(|i| i.value_size() == 16)
-        {
-            return PerCpuArray::try_from(map)
-                .map(Self::TwoCounters)
-                .map_err(open);
-        }
-        PerCpuArray::try_from(map).map(Self::Current).map_err(open)
-    }
-}
-
-impl NatTables for KernelNat {
-    fn ports(&self) -> Result<Vec<(NatReplyKey, SnatPortValue)>, DataplaneError> {
-        self.ports
-            .iter()
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(map_err(names::SNAT_PORTS, "read"))
-    }
-    fn flow(&self, key: &SnatFlowKey) -> Result<Option<SnatFlowValue>, DataplaneError> {
-        match self.flows.get(key, 0) {
-            Ok(v) => Ok(Some(v)),
-            Err(MapError::KeyNotFound) => Ok(None),
-            Err(e) => Err(map_err(names::SNAT_FLOWS, "read")(e)),
-        }
-    }
-    fn remove_flow(&mut self, key: &SnatFlowKey) -> Result<(), DataplaneError> {
-        match self.flows.remove(key) {
-            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-            Err(e) => Err(map_err(names::SNAT_FLOWS, "remove")(e)),
-        }
-    }
-    fn remove_port(&mut self, key: &NatReplyKey) -> Result<(), DataplaneError> {
-        match self.ports.remove(key) {
-            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-            Err(e) => Err(map_err(names::SNAT_PORTS, "remove")(e)),
-        }
-    }
-    fn clients(&self) -> Result<Vec<(SnatClientKey, u64)>, DataplaneError> {
-        let Some(clients) = &self.clients else {
-            return Ok(Vec::new());
-        };
-        clients
-            .iter()
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(map_err(names::SNAT_CLIENTS, "read"))
-    }
-    fn set_client(&mut self, key: &SnatClientKey, ports: u64) -> Result<(), DataplaneError> {
-        let Some(clients) = &mut self.clients else {
-            return Ok(());
-        };
-        clients
-            .insert(key, ports, 0)
-            .map_err(map_err(names::SNAT_CLIENTS, "write"))
-    }
-    fn remove_client(&mut self, key: &SnatClientKey) -> Result<(), DataplaneError> {
-        let Some(clients) = &mut self.clients else {
-            return Ok(());
-        };
-        match clients.remove(key) {
-            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-            Err(e) => Err(map_err(names::SNAT_CLIENTS, "remove")(e)),
-        }
-    }
-    fn stats(&self) -> Result<NatStats, DataplaneError> {
-        let read = map_err(names::NAT_STATS, "read");
-        let mut sum = NatStats::default();
-        match &self.stats {
-            NatStatsMap::Current(map) => {
-                for v in map.get(&0, 0).map_err(read)?.iter() {
-                    sum.no_port += v.no_port;
-                    sum.table_full += v.table_full;
-                    sum.client_quota += v.client_quota;
-                    sum.not_syn += v.not_syn;
-                }
-            }
-            NatStatsMap::TwoCounters(map) => {
-                for [no_port, table_full] in map.get(&0, 0).map_err(read)?.iter() {
-                    sum.no_port += no_port;
-                    sum.table_full += table_full;
-                }
-            }
-        }
-        Ok(sum)
-    }
-}
-
-pub(super) fn map_err(
-    map: &'static str,
-    op: &'static str,
-) -> impl FnOnce(MapError) -> DataplaneError {
-    move |source| DataplaneError::Map { map, op, source }
-}
-
-fn take_map_of_maps(ebpf: &mut Ebpf, name: &'static str) -> Result<MapData, DataplaneError> {
-    match ebpf.take_map(name) {
-        Some(Map::ArrayOfMaps(data)) => Ok(data),
-        _ => Err(DataplaneError::Map {
-            map: name,
-            op: "find",
-            source: MapError::InvalidName { name: name.into() },
-        }),
-    }
-}
-
-fn take<T: TryFrom<Map, Error = MapError>>(
-    ebpf: &mut Ebpf,
-    name: &'static str,
-) -> Result<T, DataplaneError> {
-    T::try_from(take_map(ebpf, name)?).map_err(map_err(name, "open"))
-}
-
-/// The map `name`, untyped.
-fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<Map, DataplaneError> {
-    ebpf.take_map(name).ok_or(DataplaneError::Map {
-        map: name,
-        op: "find",
-        source: MapError::InvalidName { name: name.into() },
-    })
-}
-
-/// The mapping of `count` values of `map` kept in `view`, made on first use.
-fn mapped<T: Copy>(
-    view: &OnceLock<Arc<MappedArray<T>>>,
-    map: &MapData,
-    count: usize,
-    what: &str,
-) -> Result<Arc<MappedArray<T>>, DataplaneError> {
-    if let Some(v) = view.get() {
-        return Ok(v.clone());
-    }
-    let v = Arc::new(
-        MappedArray::map(map.fd().as_fd(), count)
-            .map_err(|e| DataplaneError::VipIndex(format!("mapping {what}: {e}")))?,
-    );
-    Ok(view.get_or_init(|| v).clone())
-}
-
-/// A write to a map this object lacks (see [`take_optional`]).
-fn absent(map: &'static str, op: &'static str) -> DataplaneError {
-    DataplaneError::Map {
-        map,
-        op,
-        source: MapError::InvalidName { name: map.into() },
-    }
-}
-
-/// Like [`take`], for a map an object of an earlier build may lack.
-fn take_optional<T: TryFrom<Map, Error = MapError>>(
-    ebpf: &mut Ebpf,
-    name: &'static str,
-) -> Result<Option<T>, DataplaneError> {
-    match ebpf.take_map(name) {
-        Some(map) => Ok(Some(T::try_from(map).map_err(map_err(name, "open"))?)),
-        None => Ok(None),
-    }
-}
-
 impl KernelDataplane {
-    /// Takes the balancer's maps out of a loaded object whose maps are new: the VIP index
-    /// starts empty.
-    pub fn from_ebpf(ebpf: &mut Ebpf) -> Result<Self, DataplaneError> {
-        let mut dataplane = Self::take_maps(ebpf)?;
-        // An empty index, so lookups find no VIP rather than no index.
-        dataplane.publish_index()?;
-        Ok(dataplane)
-    }
-
-    /// Takes the balancer's maps out of a loaded object whose maps were pinned by an earlier
-    /// daemon: the VIP index in force is read back, and nothing is written.
-    pub fn adopt(ebpf: &mut Ebpf) -> Result<Self, DataplaneError> {
-        let mut dataplane = Self::take_maps(ebpf)?;
-        dataplane.vips = dataplane.read_index()?;
-        Ok(dataplane)
-    }
-
-    /// The entries of the VIP index in the kernel.
-    fn read_index(&self) -> Result<BTreeMap<VipKey, VipMeta>, DataplaneError> {
-        let failed = |op: &'static str| {
-            move |e: std::io::Error| DataplaneError::VipIndex(format!("{op}: {e}"))
-        };
-        let id =
-            sys::lookup_u32(self.vip_index.fd().as_fd(), 0).map_err(failed("find the index"))?;
-        let inner = sys::map_fd_by_id(id).map_err(failed("open the index"))?;
-        let slots: Vec<VipSlot> = sys::read_mmapable(inner.as_fd(), VIP_INDEX_SLOTS as usize)
-            .map_err(failed("read the index"))?;
-        Ok(slots
-            .into_iter()
-            .filter(|s| s.key.family != 0)
-            .map(|s| (s.key, s.meta))
-            .collect())
-    }
-
-    /// The VIP index entries in force (VIPs and address markers).
-    pub fn vip_entries(&self) -> &BTreeMap<VipKey, VipMeta> {
-        &self.vips
-    }
-
-    /// Buckets of the connection table (fixed when its map was created).
-    pub fn flow_buckets(&self) -> u32 {
-        self.flows_buckets
-    }
-
-    fn take_maps(ebpf: &mut Ebpf) -> Result<Self, DataplaneError> {
-        let flows = match ebpf.take_map(names::FLOWS) {
-            Some(Map::Array(data)) => data,
-            _ => {
-                return Err(DataplaneError::Map {
-                    map: names::FLOWS,
-                    op: "find",
-                    source: MapError::InvalidName {
-                        name: names::FLOWS.into(),
-                    },
-                });
-            }
-        };
-        let flows_buckets = flows
-            .info()
-            .map(|info| info.max_entries())
-            .map_err(map_err(names::FLOWS, "inspect"))?;
-        Ok(KernelDataplane {
-            vip_index: take_map_of_maps(ebpf, names::VIPS)?,
-            vips: BTreeMap::new(),
-            maglev: take_map_of_maps(ebpf, names::MAGLEV)?,
-            backends: take(ebpf, names::BACKENDS)?,
-            config: take(ebpf, names::CONFIG)?,
-            stats: take(ebpf, names::STATS)?,
-            vip_stats: take(ebpf, names::VIP_STATS)?,
-            backend_stats: take(ebpf, names::BACKEND_STATS)?,
-            flows,
-            flows_buckets,
-            flows_view: OnceLock::new(),
-            active_view: OnceLock::new(),
-            active: take(ebpf, names::ACTIVE)?,
-            homes: take_optional::<Array<MapData, names::Home>>(ebpf, names::HOMES)?
-                .map(|homes| {
-                    sys::SharedHomes::map(homes.map().fd().as_fd(), names::MAX_BACKENDS as usize)
-                        .map_err(|e| {
-                            DataplaneError::VipIndex(format!("mapping the clients homed: {e}"))
-                        })
-                })
-                .transpose()?,
-            tier_v4: take(ebpf, names::TIER_V4)?,
-            tier_v6: take(ebpf, names::TIER_V6)?,
-            tier_dscp: take(ebpf, names::TIER_DSCP)?,
-            snat_sources: take(ebpf, names::SNAT_SOURCES)?,
-            nat_links: take_optional(ebpf, names::NAT_LINKS)?,
-            source_prefixes: take_optional(ebpf, names::SOURCE_PREFIXES)?,
-            admission: take_optional(ebpf, names::ADMISSION)?,
-            admission_stats: take_optional(ebpf, names::ADMISSION_STATS)?,
-            nat_link_stats: take_optional(ebpf, names::NAT_LINK_STATS)?,
-            tables: HashMap::new(),
-            nat: Arc::new(Mutex::new(KernelNat {
-                ports: take(ebpf, names::SNAT_PORTS)?,
-                flows: take(ebpf, names::SNAT_FLOWS)?,
-                clients: take_optional(ebpf, names::SNAT_CLIENTS)?,
-                stats: NatStatsMap::take(ebpf)?,
-            })),
-            swap_started: None,
-            scrape_due: match (
-                take_optional::<Array<MapData, u64>>(ebpf, names::SCRAPE_DUE)?,
-                take_optional::<RingBuf<MapData>>(ebpf, names::SCRAPE_EVENTS)?,
-            ) {
-                (Some(counts), Some(events)) => Some(ScrapeDue {
-                    counts: ScrapeDueCounts::new(counts),
-                    events: ScrapeEvents::new(events),
-                }),
-                _ => None,
-            },
-        })
-    }
-
     /// Builds the VIP index of `self.vips` in a new inner map and swaps it in.
     fn publish_index(&mut self) -> Result<(), DataplaneError> {
         let entries: Vec<(VipKey, VipMeta)> = self.vips.iter().map(|(k, m)| (*k, *m)).collect();
