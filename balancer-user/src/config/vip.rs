@@ -93,13 +93,6 @@ pub enum Discovery {
     Metrics { port: u16, path: String },
 }
 
-impl BackendConfig {
-    /// The weight the table is built with: 0 while drained.
-    pub fn effective_weight(&self) -> u32 {
-        if self.drained { 0 } else { self.weight }
-    }
-}
-
 /// One virtual service.
 #[derive(Clone, Debug, PartialEq)]
 pub struct VipConfig {

@@ -47,13 +47,6 @@ pub struct Conversation {
     pub turns: Vec<Turn>,
 }
 
-impl Conversation {
-    /// Words of a message.
-    pub fn message_words(&self, turn: usize) -> usize {
-        self.turns[turn].message.split_whitespace().count()
-    }
-}
-
 /// A named workload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Shape {
