@@ -79,7 +79,9 @@ enum Task {
     /// /etc/balancer/balancer.toml, a tmpfiles.d entry and the docs.
     Package,
     /// Run a benchmark (release build), or all of them without a name; figures go to
-    /// target/bench/<name>.json.
+    /// target/bench/<name>.json, and without extra arguments to the benchmark's page,
+    /// docs/benchmarks/<name>.md (dataplane, e2e, control, fleet; llm writes
+    /// docs/results/llm/).
     Bench {
         /// Which benchmark: dataplane, e2e (vs nftables and HAProxy), control, fleet (a weight
         /// change's way from the leader to every follower), llm (routing vs the L7 routers, load
@@ -281,10 +283,17 @@ fn bench(name: Option<&str>, args: &[String]) -> Result<()> {
     setup::run(setup::RealServers::Optional)?;
     build(true)?;
     let bin = root().join("target/release/balancer-bench");
+    /// Their pages, rewritten by a run without extra arguments.
+    const PAGES: &[&str] = &["dataplane", "e2e", "control", "fleet"];
     for name in names {
         println!("xtask: bench {name}");
         let mut cmd = Command::new(&bin);
-        cmd.arg(name).args(args).current_dir(root()).env(
+        cmd.arg(name).args(args);
+        if args.is_empty() && PAGES.contains(&name) {
+            cmd.arg("--page")
+                .arg(root().join(format!("docs/benchmarks/{name}.md")));
+        }
+        cmd.current_dir(root()).env(
             "BALANCER_ROUTERS_ENV",
             real_servers::cache_dir().join("routers"),
         );

@@ -20,6 +20,19 @@ use crate::netns::{Netns, PREFIX, sweep};
 use crate::packet::{Harness, run_fd, tcp_frame};
 use crate::rack::{Process, binary, mount_pin_root, pin_root};
 
+/// Its page: the control plane's costs (`docs/benchmarks/control.md`).
+pub const PAGE: super::page::Page = super::page::Page {
+    name: "control",
+    title: "Control plane: tables, weight changes, memory",
+    about: "Maglev table build time by backend count and table size, slots moved by a removal \
+            or a reweight against the ideal, balance, the time to publish a table into the \
+            kernel, from a weight change to the first packet that follows it, from 100 backends' \
+            reports to their table being live, and the daemon's resident memory with 100 VIPs \
+            x 100 backends. Units are in the names (ms, MiB, pct).",
+    columns: &[],
+    flat: &[],
+};
+
 fn names(n: usize) -> Vec<String> {
     (0..n)
         .map(|i| format!("10.{}.{}.{}", i / 65536, (i / 256) % 256, i % 256 + 1))

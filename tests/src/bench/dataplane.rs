@@ -24,6 +24,25 @@ use crate::packet::{Harness, XDP_PASS, XDP_TX, tcp_frame};
 
 use super::{Figures, median};
 
+/// Its page: ns per packet by path (`docs/benchmarks/dataplane.md`).
+pub const PAGE: super::page::Page = super::page::Page {
+    name: "dataplane",
+    title: "Data plane: cost per packet",
+    about: "Nanoseconds per packet of the XDP program per path, through `BPF_PROG_TEST_RUN`, \
+            in 9 interleaved rounds (median), against a bare `XDP_PASS` program timed in the \
+            same rounds. Paths that leave the frame reusable run with the kernel's `repeat` \
+            (1,000,000 runs a call); encapsulating paths as 20,000 single runs a round, \
+            compared with `xdp_pass_single`. Compare \"ns over XDP_PASS\" across machines, not \
+            absolute figures. An old build beside a new one: `cargo xtask bench dataplane -- \
+            --baseline OBJECT` (ratios per path, in the JSON only).",
+    columns: &[
+        ("_ns", "ns"),
+        ("_over_pass_ns", "ns over XDP_PASS"),
+        ("_ratio_to_pass", "x XDP_PASS"),
+    ],
+    flat: &[],
+};
+
 /// The per-scheduler VIPs (10.111.2.1, 10.111.2.2, ... in this order), each over the same
 /// three backends weighted 3:1:2: (key, scheduler, extra VIP setting, description).
 const SCHEDULER_CASES: [(&str, &str, Extra, &str); 11] = [

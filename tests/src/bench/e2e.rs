@@ -46,6 +46,30 @@ use crate::topology::{
     CLIENT4, HTTP_PORT, LB4, Topology, TopologyOptions, UDP_PORT, VIP4, backend4, rack_config,
 };
 
+/// Its page: the balancer against the peers, per phase (`docs/benchmarks/e2e.md`).
+pub const PAGE: super::page::Page = super::page::Page {
+    name: "e2e",
+    title: "End to end: the balancer against nftables and HAProxy",
+    about: "One peer at a time between a client and three backends in the same rack of network \
+            namespaces (veth, 2 vCPUs shared by everything): no balancer, a plain routing hop, \
+            the balancer (XDP native and skb, L2 DSR; NAT; NAT with source NAT), nftables DNAT \
+            as kube-proxy writes it (and with masquerade), HAProxy in TCP mode. Medians over \
+            interleaved rounds, a fresh rack each; ratios against another peer are listed below \
+            the table.",
+    columns: &[
+        ("_baseline", "no balancer"),
+        ("_router", "router"),
+        ("_balancer", "balancer"),
+        ("_balancer_skb", "balancer skb"),
+        ("_balancer_nat", "balancer NAT"),
+        ("_balancer_snat", "balancer SNAT"),
+        ("_nftables", "nftables"),
+        ("_nftables_snat", "nftables SNAT"),
+        ("_haproxy", "HAProxy"),
+    ],
+    flat: &["_ratio_"],
+};
+
 /// One thing between the client and the backends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Peer {

@@ -17,6 +17,23 @@ use super::Figures;
 use crate::fleet::{EtcdSecurity, Fleet, backend_addr};
 use crate::load::stats::percentile;
 
+/// Its page: a weight change's way through the fleet (`docs/benchmarks/fleet.md`).
+pub const PAGE: super::page::Page = super::page::Page {
+    name: "fleet",
+    title: "Fleet: a weight change from the leader to every follower",
+    about: "Three balancers on one etcd member (with TLS, client certificates and a password: \
+            `tls_`; then plain: `plain_`), BIRD announcing them to a router; one backend's \
+            weight set through the leader's API 100 times, each to a value that moves its \
+            table, and every follower's API read until its table has the new weight. Times in \
+            ms from the leader's API answer (or, from the logs, from the leader's publication).",
+    columns: &[
+        ("_p50_ms", "p50 ms"),
+        ("_p99_ms", "p99 ms"),
+        ("_max_ms", "max ms"),
+    ],
+    flat: &[],
+};
+
 const VIP: &str = "http4";
 
 pub struct Options {

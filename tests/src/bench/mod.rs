@@ -10,6 +10,7 @@ pub mod e2e;
 pub mod fleet;
 pub mod generators;
 pub mod llm;
+pub mod page;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -11,6 +11,28 @@ use clap::{Parser, Subcommand};
 struct Args {
     #[command(subcommand)]
     bench: Bench,
+    /// Also write the benchmark's page (Markdown: its figures, the command, commit, date and
+    /// machine) here; `cargo xtask bench <name>` without arguments writes
+    /// docs/benchmarks/<name>.md (dataplane, e2e, control, fleet).
+    #[arg(long, global = true, value_name = "PATH")]
+    page: Option<std::path::PathBuf>,
+}
+
+/// Writes `figures` as `name`'s JSON, and as its page when `--page` names one.
+fn publish(
+    name: &str,
+    figures: &bench::Figures,
+    page: Option<&bench::page::Page>,
+    to: Option<&std::path::Path>,
+) -> Result<()> {
+    let path = bench::write_json(name, figures)?;
+    println!("wrote {}", path.display());
+    if let Some(to) = to {
+        let page = page.with_context(|| format!("the {name} benchmark has no page"))?;
+        bench::page::write(to, page, figures, &format!("cargo xtask bench {name}"))?;
+        println!("wrote {}", to.display());
+    }
+    Ok(())
 }
 
 #[derive(Subcommand)]
@@ -162,7 +184,9 @@ enum Bench {
 }
 
 fn main() -> Result<()> {
-    match Args::parse().bench {
+    let args = Args::parse();
+    let page = args.page.as_deref();
+    match args.bench {
         Bench::Dataplane {
             rounds,
             repeat,
@@ -175,9 +199,11 @@ fn main() -> Result<()> {
                         .with_context(|| format!("reading the baseline object {}", p.display()))
                 })
                 .transpose()?;
+            if baseline.is_some() && page.is_some() {
+                anyhow::bail!("--page shows one build's figures: leave out --baseline");
+            }
             let figures = dataplane::run(rounds, repeat, singles, baseline.as_deref())?;
-            let path = bench::write_json("dataplane", &figures)?;
-            println!("wrote {}", path.display());
+            publish("dataplane", &figures, Some(&dataplane::PAGE), page)?;
         }
         Bench::E2e {
             rounds,
@@ -217,13 +243,11 @@ fn main() -> Result<()> {
                 peers,
             };
             let figures = e2e::run(&opts)?;
-            let path = bench::write_json("e2e", &figures)?;
-            println!("wrote {}", path.display());
+            publish("e2e", &figures, Some(&e2e::PAGE), page)?;
         }
         Bench::Control => {
             let figures = control::run()?;
-            let path = bench::write_json("control", &figures)?;
-            println!("wrote {}", path.display());
+            publish("control", &figures, Some(&control::PAGE), page)?;
         }
         Bench::Fleet {
             changes,
@@ -246,8 +270,7 @@ fn main() -> Result<()> {
                 },
             };
             let figures = fleet::run(&opts)?;
-            let path = bench::write_json("fleet", &figures)?;
-            println!("wrote {}", path.display());
+            publish("fleet", &figures, Some(&fleet::PAGE), page)?;
         }
         Bench::Llm {
             quick,
@@ -347,8 +370,12 @@ fn main() -> Result<()> {
             };
             opts.scrape_ms = scrape_ms;
             let (_, figures) = llm::run(&opts)?;
-            let path = bench::write_json(if quick { "llm-quick" } else { "llm" }, &figures)?;
-            println!("wrote {}", path.display());
+            publish(
+                if quick { "llm-quick" } else { "llm" },
+                &figures,
+                None,
+                page,
+            )?;
         }
         Bench::Calibrate => {
             let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -356,8 +383,7 @@ fn main() -> Result<()> {
                 .unwrap_or(std::path::Path::new("."))
                 .to_path_buf();
             let figures = bench::calibrate::run(&root.join("docs/results/llm"))?;
-            let path = bench::write_json("calibrate", &figures)?;
-            println!("wrote {}", path.display());
+            publish("calibrate", &figures, None, page)?;
         }
         Bench::Client { rate, seconds } => {
             if !(rate > 0.0 && rate <= 100.0 && (1..=3600).contains(&seconds)) {
