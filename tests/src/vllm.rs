@@ -2,7 +2,7 @@
 //! `cargo xtask setup` installs them under the project's cache directory; this module finds that
 //! environment, starts servers in network namespaces and waits until they answer.
 //!
-//! What matters on a 2-core machine without a GPU (measured; see docs/testing.md):
+//! What matters on a 2-core machine without a GPU (measured; see docs/dev/testing.md):
 //! a server starts in 1.5–3.5 minutes (three processes each import torch), so tests start their
 //! servers once and in parallel; vLLM pins its worker to core 0 unless told otherwise, so a
 //! second server is pinned to core 1; `--enforce-eager` skips torch.compile (a faster, steadier

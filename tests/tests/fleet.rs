@@ -520,7 +520,7 @@ fn count(served: &[String]) -> std::collections::BTreeMap<&str, usize> {
 /// it gives the flow a port of its own, the backend knows no connection from there and resets
 /// it, and the reset reaches the client. So every conversation of the dead balancer ends at
 /// once with a reset (none hangs), every one of the survivor's continues, and new connections
-/// work. (docs/operating.md: source NAT in a fleet.)
+/// work. (docs/user/operating.md: source NAT in a fleet.)
 #[test]
 #[ignore = "needs root, network namespaces, BIRD and etcd; run by cargo xtask test"]
 fn source_nat_flows_moved_to_another_balancer_are_reset_and_the_rest_continue() {

@@ -7,7 +7,7 @@
 //! weights every round (several times a second), much faster than flows end. Judged against
 //! the weights of the moment, a backend whose weight just dipped looks over its bound although
 //! its flows followed the weights it had, and returning clients of session persistence are
-//! moved for nothing (measured: a third of a conversation's later turns). Its averaged share
+//! moved for nothing. Its averaged share
 //! moves as its share of flows can: an exponential average whose time constant is the VIP's
 //! mean flow duration (Little's law: active flows over new flows per second, both counted by
 //! the data plane). Placement keeps the weights of the moment; a backend at weight 0 takes no

@@ -1,5 +1,5 @@
 //! The example config (`config/balancer.example.toml`) and the reference
-//! (docs/configuration.md) list every key the code knows, each with the code's default: one
+//! (docs/user/configuration.md) list every key the code knows, each with the code's default: one
 //! source of defaults, checked.
 
 use super::*;
@@ -116,12 +116,12 @@ fn the_example_lists_every_key_with_the_codes_default() {
 
 #[test]
 fn the_configuration_reference_lists_every_key_with_the_codes_default() {
-    let doc = include_str!("../../../docs/configuration.md");
+    let doc = include_str!("../../../docs/user/configuration.md");
     let block = doc
         .split("```toml\n")
         .nth(1)
         .and_then(|b| b.split("```").next())
-        .expect("a toml block in docs/configuration.md");
+        .expect("a toml block in docs/user/configuration.md");
     let choices = [
         "vip.name",
         "vip.health.check",
@@ -132,7 +132,7 @@ fn the_configuration_reference_lists_every_key_with_the_codes_default() {
     let problems = defaults_problems(block, &choices);
     assert!(
         problems.is_empty(),
-        "docs/configuration.md:\n{}",
+        "docs/user/configuration.md:\n{}",
         problems.join("\n")
     );
 }

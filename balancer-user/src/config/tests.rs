@@ -660,9 +660,8 @@ fn the_scrapes_pace_between_two_intervals() {
     );
 }
 
-/// The derived figures' recent window is 200 ms by default, whatever the interval (two
-/// scrapes' was measured no better at a 2 s scrape: docs/llm-benchmark.md); a set value
-/// stands, and one out of range is refused by name.
+/// The derived figures' recent window is 200 ms by default, whatever the interval; a set
+/// value stands, and one out of range is refused by name.
 #[test]
 fn the_derived_figures_window_is_set_apart_from_the_interval() {
     let half_life = |telemetry: &str| {

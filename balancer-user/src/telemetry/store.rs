@@ -13,12 +13,9 @@ use super::signals::{Signals, Valid};
 use crate::balancer::Endpoint;
 
 /// Default half-life of the recent window of a [`DecayedRatio`] (a VIP's
-/// `telemetry.derived_half_life_ms`): two scrapes at the default interval, so that under load
-/// the figure stays about as fresh as the one interval's ratio the policies were measured
-/// with before, and only its staleness once requests stop is new. With slower scrapes it is
-/// the last interval's requests alone; two intervals' instead (4 s at a 2 s scrape) measured
-/// no better on any shape — a prefill time measured under the current batch is news, not
-/// noise (docs/llm-benchmark.md).
+/// `telemetry.derived_half_life_ms`), whatever the scrape interval: two scrapes at the fastest
+/// interval, the last interval's requests alone at slower ones. A prefill time measured under
+/// the current batch is news, not noise, so the figure follows the latest requests.
 pub const RECENT_HALF_LIFE: Duration = Duration::from_millis(200);
 /// Half-life of the long-run window of a [`DecayedRatio`].
 pub const LONG_RUN_HALF_LIFE: Duration = Duration::from_secs(60);
