@@ -24,6 +24,9 @@ use crate::packet::{Harness, XDP_PASS, XDP_TX, tcp_frame};
 
 use super::{Figures, median};
 
+/// Bootstrap resamples of the per-round ratios behind each path's 95% interval.
+const BOOTSTRAP_RESAMPLES: usize = 10_000;
+
 /// Its page: ns per packet by path (`docs/benchmarks/dataplane.md`).
 pub const PAGE: super::page::Page = super::page::Page {
     name: "dataplane",
@@ -34,7 +37,7 @@ pub const PAGE: super::page::Page = super::page::Page {
             (1,000,000 runs a call); encapsulating paths as 20,000 single runs a round, \
             compared with `xdp_pass_single`. Compare \"ns over XDP_PASS\" across machines, not \
             absolute figures. An old build beside a new one: `cargo xtask bench dataplane -- \
-            --baseline OBJECT` (ratios per path, in the JSON only).",
+            --baseline OBJECT` (each path's new / old ratio with its bootstrap 95% interval).",
     columns: &[
         ("_ns", "ns"),
         ("_over_pass_ns", "ns over XDP_PASS"),
@@ -813,11 +816,11 @@ pub fn run(rounds: usize, repeat: u32, singles: u32, baseline: Option<&[u8]>) ->
     }
     if !baseline_samples.is_empty() {
         println!(
-            "\nThis program against the baseline object, same rounds: median ns, and the median of each round's new / baseline ratio [min..max]"
+            "\nThis program against the baseline object, same rounds: median ns, the geometric mean of the rounds' new / baseline ratios, its bootstrap 95% interval, and the rounds' range"
         );
         println!(
-            "{:<28} {:>8} {:>10} {:>8} {:>16}",
-            "path", "new", "baseline", "ratio", "spread"
+            "{:<28} {:>8} {:>10} {:>8} {:>16} {:>16}  verdict",
+            "path", "new", "baseline", "ratio", "95% interval", "range"
         );
         for case in cases
             .iter()
@@ -830,20 +833,25 @@ pub fn run(rounds: usize, repeat: u32, singles: u32, baseline: Option<&[u8]>) ->
             };
             let new = &samples[case.key];
             let ratios: Vec<f64> = new.iter().zip(base).map(|(n, b)| n / b).collect();
-            let ratio = median(&ratios);
+            let (ratio, ci) = super::geomean_with_95(&ratios, BOOTSTRAP_RESAMPLES);
             let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
             let hi = ratios.iter().copied().fold(0.0, f64::max);
             println!(
-                "{:<28} {:>8.1} {:>10.1} {:>8.3} {:>7.3}..{:<7.3}",
+                "{:<28} {:>8.1} {:>10.1} {:>8.3} {:>7.3}..{:<7.3} {:>7.3}..{:<7.3}  {}",
                 case.key,
                 median(new),
                 median(base),
                 ratio,
+                ci.0,
+                ci.1,
                 lo,
-                hi
+                hi,
+                super::verdict(ci)
             );
             figures.insert(format!("{}_baseline_ns", case.key), median(base));
             figures.insert(format!("{}_new_over_baseline", case.key), ratio);
+            figures.insert(format!("{}_new_over_baseline_ci_low", case.key), ci.0);
+            figures.insert(format!("{}_new_over_baseline_ci_high", case.key), ci.1);
         }
     }
     passive_latency_cost(rounds, repeat, &mut figures)?;

@@ -61,6 +61,57 @@ pub fn clock_ticks() -> u64 {
     if t > 0 { t as u64 } else { 100 }
 }
 
+/// The geometric mean of `ratios` and its 95% interval by the percentile bootstrap:
+/// `resamples` draws of `ratios.len()` ratios with replacement (a fixed seed: the same ratios
+/// give the same interval), the 2.5th and 97.5th percentiles of their geometric means. (The
+/// mean of the logs, not the median: per-round ratios of whole nanoseconds take few values,
+/// and a median's resamples then collapse onto one of them.) NaN when empty.
+pub fn geomean_with_95(ratios: &[f64], resamples: usize) -> (f64, (f64, f64)) {
+    let logs: Vec<f64> = ratios
+        .iter()
+        .filter(|r| r.is_finite() && **r > 0.0)
+        .map(|r| r.ln())
+        .collect();
+    if logs.is_empty() || resamples == 0 {
+        return (f64::NAN, (f64::NAN, f64::NAN));
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    // SplitMix64: enough for resampling, and no dependency.
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let n = logs.len();
+    let mut draw = vec![0.0; n];
+    let mut means: Vec<f64> = (0..resamples)
+        .map(|_| {
+            for d in draw.iter_mut() {
+                *d = logs[(next() % n as u64) as usize];
+            }
+            mean(&draw)
+        })
+        .collect();
+    let lo = crate::load::stats::percentile(&mut means, 2.5).exp();
+    let hi = crate::load::stats::percentile(&mut means, 97.5).exp();
+    (mean(&logs).exp(), (lo, hi))
+}
+
+/// What an interval of a new / old ratio says: "faster" or "slower" when it excludes 1.0,
+/// else "no difference we can see".
+pub fn verdict((lo, hi): (f64, f64)) -> &'static str {
+    if hi < 1.0 {
+        "faster"
+    } else if lo > 1.0 {
+        "slower"
+    } else {
+        "no difference we can see"
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,5 +120,38 @@ mod tests {
     fn medians() {
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+
+    #[test]
+    fn a_bootstrap_interval_holds_the_mean_and_narrows_with_more_rounds() {
+        let round = |i: u32| 1.0 + 0.01 * f64::from(i % 5) - 0.02;
+        let few: Vec<f64> = (0..9).map(round).collect();
+        let (g, (lo, hi)) = geomean_with_95(&few, 2000);
+        assert!(lo < g && g < hi, "{lo} {g} {hi}");
+        assert!((g - 1.0).abs() < 0.01, "{g}");
+        let many: Vec<f64> = (0..90).map(round).collect();
+        let (_, (lo2, hi2)) = geomean_with_95(&many, 2000);
+        assert!(hi2 - lo2 < hi - lo, "[{lo2}, {hi2}] vs [{lo}, {hi}]");
+        assert_eq!(geomean_with_95(&few, 2000), (g, (lo, hi)), "deterministic");
+        assert!(geomean_with_95(&[], 100).0.is_nan());
+        let verdict_of = |r: &[f64]| verdict(geomean_with_95(r, 1000).1);
+        assert_eq!(verdict_of(&[0.90, 0.91, 0.92, 0.90, 0.93]), "faster");
+        assert_eq!(
+            verdict_of(&[0.98, 1.02, 0.99, 1.01, 1.0]),
+            "no difference we can see"
+        );
+        assert_eq!(verdict_of(&[1.10, 1.12, 1.09, 1.11, 1.1]), "slower");
+        // Ratios of whole nanoseconds that take three values still get an interval.
+        let quantized = [
+            66.0 / 67.0,
+            1.0,
+            68.0 / 67.0,
+            1.0,
+            68.0 / 67.0,
+            1.0,
+            66.0 / 67.0,
+        ];
+        let (_, (lo, hi)) = geomean_with_95(&quantized, 2000);
+        assert!(lo < 1.0 && hi > 1.0, "[{lo}, {hi}]");
     }
 }
