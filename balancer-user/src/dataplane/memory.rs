@@ -11,7 +11,7 @@ use balancer_common::maps::{
 };
 use balancer_common::stats::{GlobalStats, NatLinkStats, TrafficStats};
 
-use super::nat_expiry::{MemoryNat, NatSweeper, sweep};
+use super::nat_expiry::{MemoryNat, NatSweeper};
 use super::{AdmissionCounts, Dataplane, DataplaneError, FlowCounter};
 
 /// Kernel state kept in memory. Fields are public so tests can inspect them.
@@ -139,11 +139,7 @@ impl Dataplane for MemoryDataplane {
     }
 
     fn nat_sweeper(&self) -> Result<NatSweeper, DataplaneError> {
-        let nat = self.nat.clone();
-        Ok(NatSweeper::later(move |now, timeouts| {
-            let mut nat = nat.lock().unwrap_or_else(|p| p.into_inner());
-            sweep(&mut *nat, now, timeouts)
-        }))
+        Ok(NatSweeper::of(&self.nat))
     }
 
     fn set_tiers(

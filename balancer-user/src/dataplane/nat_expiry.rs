@@ -164,6 +164,16 @@ impl NatSweeper {
     pub fn run(self, now: u64, timeouts: &NatTimeouts) -> NatSweepResult {
         (self.0)(now, timeouts)
     }
+
+    /// A sweep of `tables`, taking their lock when it runs (a poisoned lock's tables are
+    /// still swept: the sweep's writes are whole entries).
+    pub fn of<T: NatTables + Send + 'static>(tables: &std::sync::Arc<std::sync::Mutex<T>>) -> Self {
+        let tables = tables.clone();
+        NatSweeper::later(move |now, timeouts| {
+            let mut tables = tables.lock().unwrap_or_else(|p| p.into_inner());
+            sweep(&mut *tables, now, timeouts)
+        })
+    }
 }
 
 /// Source-NAT tables in memory (the in-memory data plane's).

@@ -15,7 +15,7 @@ use balancer_common::maps::{
 use balancer_common::stats::{COUNTERS, GlobalStats, NatLinkStats, TierAdmission, TrafficStats};
 use balancer_common::vip_index::build_index;
 
-use super::nat_expiry::{NatSweeper, sweep};
+use super::nat_expiry::NatSweeper;
 use super::scrape_due::ScrapeDue;
 use super::sys::MappedArray;
 use super::{AdmissionCounts, Dataplane, DataplaneError, FlowCounter, add_traffic, sys};
@@ -334,11 +334,7 @@ impl Dataplane for KernelDataplane {
     }
 
     fn nat_sweeper(&self) -> Result<NatSweeper, DataplaneError> {
-        let nat = self.nat.clone();
-        Ok(NatSweeper::later(move |now, timeouts| {
-            let mut nat = nat.lock().unwrap_or_else(|p| p.into_inner());
-            sweep(&mut *nat, now, timeouts)
-        }))
+        Ok(NatSweeper::of(&self.nat))
     }
 
     fn set_tiers(
