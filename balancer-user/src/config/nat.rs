@@ -19,9 +19,11 @@ pub const DEFAULT_NAT_TCP_IDLE_SECS: u64 = 900;
 pub const DEFAULT_NAT_TCP_CLOSED_SECS: u64 = 30;
 /// A UDP flow with no packet either way for this long is forgotten.
 pub const DEFAULT_NAT_UDP_IDLE_SECS: u64 = 120;
-/// Most source-NAT ports one client address holds at once: an eighth of the default range
-/// of one backend, so that a single address (spoofed or not) cannot take a backend's ports.
-pub const DEFAULT_NAT_CLIENT_PORTS: u16 = 4096;
+/// Most source-NAT ports one client address holds at once: no limit unless set. A closed
+/// connection holds its port for `tcp_closed_timeout_secs`, so a quota of Q ports lets one
+/// address open about Q / 30 connections a second: any default low enough to matter would
+/// cut off a proxy or a client NAT in front of the balancer.
+pub const DEFAULT_NAT_CLIENT_PORTS: u16 = 0;
 
 /// NAT settings: the backends' link, and source NAT's ports and timeouts (shared by every VIP
 /// with a `nat_source`).
