@@ -105,20 +105,23 @@ fn split(page: &Page, figures: &Figures) -> (Rows, Vec<(String, f64)>) {
     (rows, rest)
 }
 
-/// Three significant digits, no exponent for everyday magnitudes.
+/// Whole numbers as they are; others with four significant digits (a balance of 1.001
+/// stays apart from 1.000), without an exponent for everyday magnitudes.
 fn number(v: f64) -> String {
     if !v.is_finite() {
         return "-".into();
     }
     let a = v.abs();
-    if a >= 100.0 || a == 0.0 || v.fract() == 0.0 {
+    if v.fract() == 0.0 || a >= 1000.0 {
         format!("{v:.0}")
-    } else if a >= 10.0 {
+    } else if a >= 100.0 {
         format!("{v:.1}")
-    } else if a >= 1.0 {
+    } else if a >= 10.0 {
         format!("{v:.2}")
-    } else {
+    } else if a >= 1.0 {
         format!("{v:.3}")
+    } else {
+        format!("{v:.4}")
     }
 }
 
@@ -214,10 +217,10 @@ mod tests {
             text.contains("| | ns | ns over pass |\n| --- | ---: | ---: |\n"),
             "{text}"
         );
-        assert!(text.contains("| new_flow | 91 | 70.3 |\n"), "{text}");
+        assert!(text.contains("| new_flow | 91 | 70.26 |\n"), "{text}");
         assert!(text.contains("| non_vip | 36 | |\n"), "{text}");
         assert!(
-            text.contains("| a_ratio_b_ns | 0.500 |\n| rounds | 9 |\n"),
+            text.contains("| a_ratio_b_ns | 0.5000 |\n| rounds | 9 |\n"),
             "{text}"
         );
     }
