@@ -240,8 +240,12 @@ impl PolicyState {
     }
 }
 
+/// A backend's judgement in a round, before weights are scaled.
 enum Verdict {
+    /// Weight 0 for a reason other than load (configured 0, a stale report).
     Zero(String),
+    /// Weight 0: over a saturation cut-off (KV cache, queue, free GPU memory).
+    Saturated(String),
     Keep(String),
     Score(f64, String),
 }
@@ -259,12 +263,6 @@ pub fn pool_saturated(decisions: &[Decision], eligible: impl Fn(IpAddr) -> bool)
         any = true;
     }
     any
-}
-
-/// Whether a decision's reason says the backend is saturated (KV cache, queue or GPU memory
-/// over its cut-off; a stale report "treated as saturated" is staleness, not this).
-pub fn is_saturation(reason: &str) -> bool {
-    reason.starts_with("saturated: ")
 }
 
 fn pct(v: f64) -> String {
@@ -318,7 +316,7 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
             }
             let s = signals(i);
             if let Some(kv) = s.kv_usage.filter(|kv| *kv >= cfg.kv_saturation) {
-                return Verdict::Zero(format!(
+                return Verdict::Saturated(format!(
                     "saturated: KV cache {} >= {}",
                     pct(kv),
                     pct(cfg.kv_saturation)
@@ -327,7 +325,7 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
             if cfg.queue_saturation > 0
                 && let Some(waiting) = s.waiting.filter(|w| *w >= f64::from(cfg.queue_saturation))
             {
-                return Verdict::Zero(format!(
+                return Verdict::Saturated(format!(
                     "saturated: {waiting:.0} requests waiting >= {}",
                     cfg.queue_saturation
                 ));
@@ -337,7 +335,7 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
                     .gpu_memory_free_bytes()
                     .filter(|f| *f < cfg.min_free_gpu_memory_bytes)
             {
-                return Verdict::Zero(format!(
+                return Verdict::Saturated(format!(
                     "saturated: free GPU memory {:.0} MiB < {:.0} MiB",
                     free / 1048576.0,
                     cfg.min_free_gpu_memory_bytes / 1048576.0
@@ -400,7 +398,11 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
         let mut saturated = false;
         let (weight, reason) = match verdict {
             Verdict::Zero(why) => {
-                saturated = is_saturation(&why);
+                state.smoothed.insert(i.address, 0.0);
+                (0, why)
+            }
+            Verdict::Saturated(why) => {
+                saturated = true;
                 state.smoothed.insert(i.address, 0.0);
                 (0, why)
             }
