@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use tokio::net::TcpStream;
 
-use crate::balancer::Endpoint;
 use crate::config::{HealthCheckKind, HealthConfig};
 use crate::http_client::{HttpClient, ProbeError, is_local_io_shortage};
+use crate::vips::Endpoint;
 
 /// How one backend is probed: the check, and for HTTP(S) checks the client (made once per
 /// checker; it opens a new connection per probe).

@@ -3,7 +3,6 @@
 //! binary is a thin command-line front end over this crate.
 
 pub mod api;
-pub mod balancer;
 pub mod config;
 pub mod daemon;
 pub mod dataplane;
@@ -25,3 +24,4 @@ pub mod settings;
 pub mod tasks;
 pub mod telemetry;
 pub mod tls;
+pub mod vips;

@@ -8,11 +8,11 @@ use balancer_common::addr::raw_from_ip;
 use balancer_common::flow_cache::TICK_NS;
 use balancer_common::maps::{GlobalConfig, NAT_GATEWAY, NAT_SNAT, SnatSource};
 
-use crate::balancer::Endpoint;
 use crate::config::{Config, Forwarding, NatSource};
 use crate::ebpf::flow_buckets;
 use crate::net::{entropy_mask, network_v4, network_v6};
 use crate::netinfo::Interface;
+use crate::vips::Endpoint;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SettingsError {

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use aya::programs::{TestRun, TestRunOptions};
-use balancer::balancer::Balancer;
 use balancer::config::Config;
 use balancer::dataplane::kernel::KernelDataplane;
 use balancer::dataplane::{Dataplane as _, NatSweep, NatTimeouts};
@@ -17,6 +16,7 @@ use balancer::ebpf;
 use balancer::net::MacAddr;
 use balancer::netinfo::Interface;
 use balancer::settings::{data_plane_settings, snat_sources};
+use balancer::vips::Balancer;
 use balancer_common::addr::raw_from_ip;
 use balancer_common::flow_hash::{flow_hash, slot};
 use balancer_common::maps::GlobalConfig;

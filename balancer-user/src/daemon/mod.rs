@@ -27,7 +27,6 @@ use tokio::sync::watch;
 
 use crate::api::listener;
 use crate::api::server::{ApiState, Tokens, router, router_with_tokens};
-use crate::balancer::{Balancer, Snapshot};
 use crate::config::Config;
 use crate::dataplane::DynDataplane;
 use crate::dataplane::kernel::KernelDataplane;
@@ -36,6 +35,7 @@ use crate::metrics::Metrics;
 use crate::net::MacAddr;
 use crate::netinfo::{Interface, KernelNextHops, Links};
 use crate::pinning::Pins;
+use crate::vips::{Balancer, Snapshot};
 use state::{Daemon, Host};
 use ticker::{Loops, Ticker};
 

@@ -160,11 +160,11 @@ mod tests {
     use std::net::IpAddr;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use crate::balancer::Endpoint;
     use crate::config::HealthConfig;
     use crate::discovery::PoolDiscovery;
     use crate::telemetry::loops::ScrapeTarget;
     use crate::telemetry::signals::Valid;
+    use crate::vips::Endpoint;
 
     /// Counts seconds and reconciles (each asks for the health targets), in order; panics in
     /// the second numbered `panic_at`; its config's generation is `generation`.

@@ -9,7 +9,7 @@
 //! policies — into the weight of every backend of every VIP and publishes that as a
 //! [`FleetState`] with a new epoch, in a transaction fenced on its leadership (a deposed
 //! leader's write fails). Every other balancer reads the state and builds its tables from
-//! exactly those weights, as each epoch arrives on its watch ([`crate::balancer::Balancer::set_fleet_weights`]); since Maglev
+//! exactly those weights, as each epoch arrives on its watch ([`crate::vips::Balancer::set_fleet_weights`]); since Maglev
 //! tables depend only on the backend set and the weights, every balancer then holds the same
 //! table (same fingerprint), and a flow ECMP moves from one balancer to another reaches the
 //! same backend. Without etcd a balancer keeps forwarding with the last state it applied.
@@ -27,8 +27,8 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::balancer::Balancer;
 use crate::dataplane::Dataplane;
+use crate::vips::Balancer;
 
 /// VIP name → backend address → the weight its table is built with (0: out of the table).
 pub type FleetWeights = BTreeMap<String, BTreeMap<IpAddr, u32>>;

@@ -20,10 +20,10 @@ use super::due::{DueWatch, relay};
 use super::pace::{COUNT_CHECK, ScrapePace};
 use super::scrape::{VllmPages, scrape};
 use super::signals::Valid;
-use crate::balancer::Endpoint;
 use crate::config::{TelemetryConfig, TelemetrySource};
 use crate::dataplane::ScrapeDue;
 use crate::http_client::{AccessNames, HttpClient};
+use crate::vips::Endpoint;
 
 /// One VIP whose backends report.
 #[derive(Clone, Debug, PartialEq)]

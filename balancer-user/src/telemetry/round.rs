@@ -8,10 +8,10 @@ use std::net::IpAddr;
 use std::time::Instant;
 
 use super::store::TelemetryStore;
-use crate::balancer::{ApplyReport, Balancer, BalancerError};
 use crate::config::VipConfig;
 use crate::dataplane::Dataplane;
 use crate::policy::{Decision, Input, PolicyKind, PolicyState, capacities, decide, pool_saturated};
+use crate::vips::{ApplyReport, Balancer, BalancerError};
 
 /// What a round decided and what publishing it did.
 #[derive(Debug, Default)]

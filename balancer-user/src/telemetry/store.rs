@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use super::signals::{Signals, Valid};
-use crate::balancer::Endpoint;
+use crate::vips::Endpoint;
 
 /// Default half-life of the recent window of a [`DecayedRatio`] (a VIP's
 /// `telemetry.derived_half_life_ms`), whatever the scrape interval: two scrapes at the fastest

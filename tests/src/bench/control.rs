@@ -198,7 +198,7 @@ fn kernel(figures: &mut Figures) -> Result<()> {
         let state = h.balancer.vip("v0").context("vip")?.clone();
         // Which flow will move: build the new table offline first.
         let after = {
-            let staged = balancer::balancer::build_table("probe", 65_537, &{
+            let staged = balancer::vips::build_table("probe", 65_537, &{
                 let mut b = state.backends.clone();
                 for s in b.values_mut() {
                     if let Some(c) = config.vips[0]
@@ -398,7 +398,7 @@ fn telemetry(figures: &mut Figures) -> Result<()> {
                     1000
                 });
             }
-            balancer::balancer::build_table("probe", 65_537, &backends)?.0
+            balancer::vips::build_table("probe", 65_537, &backends)?.0
         };
         let (port, new_mac) = moved_flow(&h, &before, &after, client)?;
         let fd = h.program_fd()?;

@@ -5,11 +5,11 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use crate::api::types::ChangeResult;
-use crate::balancer::ApplyReport;
 use crate::config::{Config, Forwarding, RawConfig};
 use crate::files::write_atomically;
 use crate::net::MacAddr;
 use crate::settings::data_plane_settings;
+use crate::vips::ApplyReport;
 
 use super::{ChangeError, Daemon};
 

@@ -2,8 +2,8 @@
 
 use std::net::IpAddr;
 
-use crate::balancer::Endpoint;
 use crate::config::HealthCheckKind;
+use crate::vips::Endpoint;
 
 use super::Daemon;
 

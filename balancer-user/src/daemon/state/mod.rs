@@ -19,7 +19,6 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::balancer::{Balancer, Endpoint};
 use crate::config::{Config, ConfigError};
 use crate::dataplane::DynDataplane;
 use crate::metrics::Metrics;
@@ -27,6 +26,7 @@ use crate::netinfo::{Links, NextHops};
 use crate::pinning::Pins;
 use crate::policy::{Decision, PolicyState};
 use crate::telemetry::store::TelemetryStore;
+use crate::vips::{Balancer, Endpoint};
 use traffic::Sampled;
 
 /// Why a change was refused; maps onto an HTTP status and a CLI exit code.
@@ -55,7 +55,7 @@ pub enum ChangeError {
     NextHops(#[from] crate::netinfo::NeighbourError),
     /// Writing the tables or reading the data plane failed (500).
     #[error(transparent)]
-    Dataplane(#[from] crate::balancer::BalancerError),
+    Dataplane(#[from] crate::vips::BalancerError),
 }
 
 impl ChangeError {
@@ -210,7 +210,7 @@ pub fn configure(
     flow_seed: u64,
     flow_buckets: u32,
     macs: &HashMap<IpAddr, crate::net::MacAddr>,
-) -> Result<crate::balancer::ApplyReport, ChangeError> {
+) -> Result<crate::vips::ApplyReport, ChangeError> {
     let mut settings = crate::settings::data_plane_settings(config, &links.clients, flow_seed)?;
     settings.flow_bucket_mask = flow_buckets - 1;
     crate::settings::check_nat_ports(config, crate::settings::ephemeral_ports())?;

@@ -7,7 +7,6 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use super::Daemon;
-use crate::balancer::Endpoint;
 use crate::config::{Discovery, FleetConfig, HealthConfig, RawVip};
 use crate::dataplane::ScrapeDue;
 use crate::discovery::{DiscoveryPort, PoolDiscovery};
@@ -16,6 +15,7 @@ use crate::fleet::{FleetState, FleetStatus, FleetWeights, local_weights, vip_con
 use crate::health::HealthPort;
 use crate::telemetry::loops::{ScrapeTarget, TelemetryPort};
 use crate::telemetry::signals::Valid;
+use crate::vips::Endpoint;
 
 impl HealthPort for Mutex<Daemon> {
     fn health_targets(&self) -> Vec<(Endpoint, String, IpAddr, HealthConfig)> {

@@ -220,7 +220,7 @@ impl Daemon {
     }
 
     /// A VIP's admission control with its counters per client tier (`None` without it).
-    fn admission_status(&self, vip: &crate::balancer::VipState) -> Option<AdmissionStatus> {
+    fn admission_status(&self, vip: &crate::vips::VipState) -> Option<AdmissionStatus> {
         let a = vip.config.admission.as_ref()?;
         let counts = match self.balancer.admission_counts(vip.id) {
             Ok(c) => c,
@@ -284,7 +284,7 @@ impl Daemon {
             .balancer
             .dataplane()
             .nat_link_stats()
-            .map_err(crate::balancer::BalancerError::from)?;
+            .map_err(crate::vips::BalancerError::from)?;
         let mut counters: std::collections::BTreeMap<String, u64> = Counter::ALL
             .iter()
             .map(|c| (c.name().to_string(), global.get(*c)))

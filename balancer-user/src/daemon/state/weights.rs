@@ -4,13 +4,13 @@
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use crate::balancer::Endpoint;
 use crate::config::TelemetrySource;
 use crate::policy::PolicyKind;
 use crate::telemetry::loops::ScrapeTarget;
 use crate::telemetry::round;
 use crate::telemetry::signals::{Signals, Valid};
 use crate::telemetry::store::RECENT_HALF_LIFE;
+use crate::vips::Endpoint;
 
 use super::{ChangeError, Daemon};
 
