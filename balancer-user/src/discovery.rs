@@ -11,7 +11,7 @@ use tokio::task::JoinSet;
 
 use crate::config::{Discovery, ScrapeAccess};
 use crate::http_client::{AccessNames, HttpClient};
-use crate::telemetry::exposition;
+use crate::telemetry::page;
 use crate::telemetry::signals::{MAX_MODEL_NAME, MAX_MODELS};
 
 /// Largest answer read.
@@ -56,7 +56,7 @@ fn bounded(mut models: Vec<String>) -> Result<Vec<String>, String> {
 
 /// The `model_name` label values of a Prometheus page.
 pub fn models_of_page(page: &str) -> Result<Vec<String>, String> {
-    let samples = exposition::parse(page).map_err(|e| e.to_string())?;
+    let samples = page::parse(page).map_err(|e| e.to_string())?;
     bounded(
         samples
             .iter()

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use balancer::policy::{self, Input, MAX_WEIGHT, PolicyConfig, PolicyKind, PolicyState};
 use balancer::telemetry::signals::{Signals, Valid};
 use balancer::telemetry::store::{BackendTelemetry, RECENT_HALF_LIFE};
-use balancer::telemetry::{exposition, signals};
+use balancer::telemetry::{page, signals};
 use libfuzzer_sys::fuzz_target;
 
 fn ordinary(running: f64) -> Valid {
@@ -37,7 +37,7 @@ fuzz_target!(|data: &[u8]| {
     let mut store = BackendTelemetry::default();
     let mut at = started;
     for page in [first, second] {
-        let Ok(samples) = exposition::parse(page) else {
+        let Ok(samples) = page::parse(page) else {
             return;
         };
         let Ok(valid) = signals::extract(&samples).validate() else {

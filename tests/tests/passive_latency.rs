@@ -18,7 +18,7 @@ use balancer::api::types::VipWeights;
 use balancer::config::{AttachMode, RawPolicy, RawTelemetry};
 use balancer::ebpf::{LATENCY_EGRESS_PROGRAM, LATENCY_INGRESS_PROGRAM};
 use balancer::report::passive::{ITL_FAMILY, PassiveLatency, TTFT_FAMILY};
-use balancer::telemetry::exposition;
+use balancer::telemetry::page;
 use balancer_common::latency::LatencyStats;
 use balancer_tests::configs::{backend, to_toml, vip};
 use balancer_tests::openai::stream_completion;
@@ -304,7 +304,7 @@ fn the_report_carries_the_passive_ttft_and_the_page_its_histograms() {
     let (sum, count) = sum_count(&page, TTFT_FAMILY);
     assert_eq!(count, 1.0);
     assert!((sum - ttft).abs() < 1e-6, "{sum} vs {ttft}");
-    let samples = exposition::parse(&page).unwrap();
+    let samples = page::parse(&page).unwrap();
     assert!(
         !samples.iter().any(|s| s.name.starts_with("DCGM_FI")),
         "{page}"
@@ -313,7 +313,7 @@ fn the_report_carries_the_passive_ttft_and_the_page_its_histograms() {
 
 /// The sum of the samples called `name` on `page`.
 fn page_sum(page: &str, name: &str) -> f64 {
-    exposition::parse(page)
+    page::parse(page)
         .expect("a metrics page")
         .iter()
         .filter(|s| s.name == name)

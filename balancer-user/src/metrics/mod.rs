@@ -3,7 +3,7 @@
 //! into metric families at scrape time ([`Families`]), so a scrape always sees the kernel's
 //! current values.
 
-pub mod exposition;
+pub mod render;
 
 use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
 use prometheus::{

@@ -162,7 +162,7 @@ pub fn render_dcgm(gpus: &[GpuStats], hostname: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::telemetry::{exposition, signals::extract};
+    use crate::telemetry::{page, signals::extract};
 
     const SMI: &str = "0, NVIDIA H200, 61440, 143771, 87\n1, NVIDIA H200, 1024, 143771, [N/A]\n";
 
@@ -198,7 +198,7 @@ mod tests {
     fn the_served_page_reads_back_as_the_same_signals() {
         let gpus = parse_nvidia_smi_csv(SMI).unwrap();
         let page = render_dcgm(&gpus, "gpu-host-\"7\"");
-        let back = extract(&exposition::parse(&page).unwrap());
+        let back = extract(&page::parse(&page).unwrap());
         let direct = signals(&gpus);
         assert_eq!(back.gpu_memory_used_bytes, direct.gpu_memory_used_bytes);
         assert_eq!(back.gpu_memory_total_bytes, direct.gpu_memory_total_bytes);

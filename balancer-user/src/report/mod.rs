@@ -13,7 +13,7 @@ pub mod passive;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use crate::telemetry::exposition;
+use crate::telemetry::page;
 use crate::telemetry::scrape::http_get;
 use crate::telemetry::signals::{Signals, extract};
 use crate::telemetry::store::{BackendTelemetry, RECENT_HALF_LIFE};
@@ -117,7 +117,7 @@ impl Reporter {
         for page in &self.pages {
             let text = http_get(page.addr, &page.path, self.timeout, self.max_body).await?;
             let samples =
-                exposition::parse(&text).map_err(|e| format!("{}{}: {e}", page.addr, page.path))?;
+                page::parse(&text).map_err(|e| format!("{}{}: {e}", page.addr, page.path))?;
             let page_signals = extract(&samples)
                 .validate()
                 .map_err(|e| format!("{}{}: {e}", page.addr, page.path))?;

@@ -230,7 +230,7 @@ fn histogram(out: &mut String, name: &str, help: &str, label: &str, h: &LatencyH
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::telemetry::exposition;
+    use crate::telemetry::page;
     use crate::telemetry::signals::extract;
 
     #[test]
@@ -243,7 +243,7 @@ mod tests {
         stats.unmatched = 1;
         stats.skipped = 3;
         let page = render(&stats, "eth\"0");
-        let samples = exposition::parse(&page).expect("our own page parses");
+        let samples = page::parse(&page).expect("our own page parses");
         let get = |name: &str, le: Option<&str>| {
             samples
                 .iter()

@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::exposition;
+use super::page;
 use super::signals::{Signals, Valid, extract, is_vllm, vllm_query};
 use crate::http_client::HttpClient;
 
@@ -94,7 +94,7 @@ pub async fn scrape(
             let url = format!("{path}{}", vllm_query());
             let answer = client.get(addr, &url, timeout, max_body).await;
             let signals = answer.ok().and_then(|page| {
-                let samples = exposition::parse(&page).ok()?;
+                let samples = page::parse(&page).ok()?;
                 is_vllm(&samples).then(|| extract(&samples))
             });
             if signals.is_none() {
@@ -107,7 +107,7 @@ pub async fn scrape(
             Some(s) => s,
             None => {
                 let page = client.get(addr, path, timeout, max_body).await?;
-                let samples = exposition::parse(&page).map_err(|e| format!("{addr}{path}: {e}"))?;
+                let samples = page::parse(&page).map_err(|e| format!("{addr}{path}: {e}"))?;
                 vllm.seen(addr, path, is_vllm(&samples));
                 extract(&samples)
             }
@@ -213,7 +213,7 @@ mod tests {
             }
             request_lines
         });
-        let want = extract(&exposition::parse(&page).unwrap());
+        let want = extract(&page::parse(&page).unwrap());
         for got in scrapes_of_one_loop(addr, 2).await {
             assert_eq!(got, want);
             assert_eq!((got.running, got.waiting), (Some(4.0), Some(4.0)));
@@ -253,7 +253,7 @@ mod tests {
             }
             request_lines
         });
-        let want = extract(&exposition::parse(&page).unwrap());
+        let want = extract(&page::parse(&page).unwrap());
         for got in scrapes_of_one_loop(addr, 3).await {
             assert_eq!(got, want);
         }

@@ -48,7 +48,7 @@ struct Reading {
 
 fn read_page(addr: SocketAddr, t: f64) -> Result<Reading> {
     let page = crate::traffic::http_get_path(addr, "/metrics", Duration::from_secs(5))?;
-    let samples = balancer::telemetry::exposition::parse(&page)?;
+    let samples = balancer::telemetry::page::parse(&page)?;
     let sum = |name: &str| -> f64 {
         samples
             .iter()

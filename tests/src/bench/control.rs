@@ -342,7 +342,7 @@ fn telemetry(figures: &mut Figures) -> Result<()> {
     use balancer::policy::{PolicyConfig, PolicyKind, PolicyState};
     use balancer::telemetry::round::weight_round;
     use balancer::telemetry::store::TelemetryStore;
-    use balancer::telemetry::{exposition, signals};
+    use balancer::telemetry::{page, signals};
 
     let text = to_toml(&vip_config(1, 100, |_, _| 1));
     let mut h = Harness::new(&text)?;
@@ -360,7 +360,7 @@ fn telemetry(figures: &mut Figures) -> Result<()> {
     let scrape_results = |store: &mut TelemetryStore, pages: &[String]| -> Result<()> {
         let now = Instant::now();
         for (address, page) in addresses.iter().zip(pages) {
-            let samples = exposition::parse(page).map_err(|e| anyhow::anyhow!(e))?;
+            let samples = page::parse(page).map_err(|e| anyhow::anyhow!(e))?;
             let signals = signals::extract(&samples)
                 .validate()
                 .map_err(|e| anyhow::anyhow!("{address}: {e}"))?;

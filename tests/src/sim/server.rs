@@ -859,7 +859,7 @@ mod tests {
         assert_eq!(load[0]["num_reqs"], 0);
         let (_, page) = http_get_status(addr, "/metrics", Duration::from_secs(2)).unwrap();
         let s = balancer::telemetry::signals::extract(
-            &balancer::telemetry::exposition::parse(&page).unwrap(),
+            &balancer::telemetry::page::parse(&page).unwrap(),
         );
         assert_eq!(
             (s.running, s.waiting, s.kv_usage),
@@ -893,9 +893,8 @@ mod tests {
             !cut.contains("inter_token_latency")
                 && cut.contains("# TYPE vllm:num_requests_running gauge")
         );
-        let cut = balancer::telemetry::signals::extract(
-            &balancer::telemetry::exposition::parse(&cut).unwrap(),
-        );
+        let cut =
+            balancer::telemetry::signals::extract(&balancer::telemetry::page::parse(&cut).unwrap());
         assert_eq!(cut, s);
         // Errors as vLLM words them.
         let e = post(

@@ -342,7 +342,7 @@ impl Daemon {
             self.balancer
                 .global_stats()
                 .ok()
-                .map(|global| crate::metrics::exposition::Counters {
+                .map(|global| crate::metrics::render::Counters {
                     global,
                     nat_links: self
                         .balancer
@@ -350,7 +350,7 @@ impl Daemon {
                         .nat_link_stats()
                         .unwrap_or_default(),
                 });
-        self.metrics.render(crate::metrics::exposition::families(
+        self.metrics.render(crate::metrics::render::families(
             counters.as_ref(),
             &self.status(),
             &self.weights(),

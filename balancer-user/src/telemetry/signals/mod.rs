@@ -19,7 +19,7 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-use super::exposition::Sample;
+use super::page::Sample;
 
 /// A backend's load, as far as it reports it. Every field is optional: a server reports what
 /// it has.

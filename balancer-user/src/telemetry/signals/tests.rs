@@ -1,7 +1,7 @@
 //! Tests of [`super`].
 
 use super::*;
-use crate::telemetry::exposition::parse;
+use crate::telemetry::page::parse;
 
 fn signals(page: &str) -> Signals {
     extract(&parse(page).unwrap())

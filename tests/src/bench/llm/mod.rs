@@ -409,7 +409,7 @@ impl LlmRack {
     /// render/tokenize answers did not reach it: the comparison would flatter the balancer).
     fn check_router_inputs(&self, c: &Contender) -> Result<()> {
         let page = self.metrics_page_in_lb(contenders::ROUTER_METRICS_PORT)?;
-        let samples = balancer::telemetry::exposition::parse(&page)?;
+        let samples = balancer::telemetry::page::parse(&page)?;
         let missing: f64 = samples
             .iter()
             .filter(|s| {
@@ -461,7 +461,7 @@ impl LlmRack {
         })??;
         let mut total = (0.0, 0.0);
         for page in pages {
-            let samples = balancer::telemetry::exposition::parse(&page)?;
+            let samples = balancer::telemetry::page::parse(&page)?;
             if let Some((h, q)) =
                 balancer::telemetry::signals::extract(&samples).prefix_cache_counts
             {
@@ -579,7 +579,7 @@ struct DaemonCounts {
 impl DaemonCounts {
     /// The counts on a metrics page of the daemon.
     fn from_page(page: &str) -> Result<DaemonCounts> {
-        let samples = balancer::telemetry::exposition::parse(page)?;
+        let samples = balancer::telemetry::page::parse(page)?;
         let table_rebuilds = samples
             .iter()
             .find(|s| s.name == "balancer_table_rebuilds_total" && s.label("vip") == Some(VIP_NAME))
