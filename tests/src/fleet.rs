@@ -24,6 +24,7 @@ use anyhow::{Result, bail};
 use balancer::api::client::{Client, Endpoint};
 use balancer::api::types::Status;
 use balancer::config::{AttachMode, RawConfig, RawFleet};
+use balancer::fleet::FleetRole;
 
 use crate::configs::{backend, tcp_health, to_toml, vip};
 use crate::netns::Netns;
@@ -550,7 +551,11 @@ impl Fleet {
         let agreed = poll(timeout, || {
             let fleets = fleets();
             let leaders: Vec<usize> = (0..self.lbs.len())
-                .filter(|i| fleets[*i].as_ref().is_some_and(|f| f.role == "leader"))
+                .filter(|i| {
+                    fleets[*i]
+                        .as_ref()
+                        .is_some_and(|f| f.role == FleetRole::Leader)
+                })
                 .collect();
             let [one] = leaders[..] else {
                 return None;

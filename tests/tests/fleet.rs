@@ -5,6 +5,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+use balancer::fleet::FleetRole;
 use balancer_tests::fleet::{EtcdSecurity, Fleet, HOLD, backend_addr, lb_addr};
 use balancer_tests::topology::{ECHO_PORT, HTTP_PORT, VIP4};
 use balancer_tests::traffic::http_get;
@@ -173,7 +174,10 @@ fn a_weight_change_published_once_is_applied_by_every_balancer() {
         .map(|i| f.status(i).unwrap().fleet.unwrap())
         .collect();
     assert_eq!(
-        statuses.iter().filter(|s| s.role == "leader").count(),
+        statuses
+            .iter()
+            .filter(|s| s.role == FleetRole::Leader)
+            .count(),
         1,
         "{statuses:?}"
     );
@@ -262,7 +266,7 @@ fn losing_etcd_leaves_every_balancer_forwarding_with_its_last_table() {
             |s| {
                 s.fleet
                     .as_ref()
-                    .is_some_and(|x| x.etcd != "ok" && x.role != "leader")
+                    .is_some_and(|x| x.etcd != "ok" && x.role != FleetRole::Leader)
             },
         )
         .unwrap();
@@ -270,7 +274,12 @@ fn losing_etcd_leaves_every_balancer_forwarding_with_its_last_table() {
     std::thread::sleep(Duration::from_secs(4).saturating_sub(noticed));
     for (i, print) in prints.iter().enumerate() {
         let fleet = f.status(i).unwrap().fleet.unwrap();
-        assert_ne!(fleet.role, "leader", "lb{} leads without etcd", i + 1);
+        assert_ne!(
+            fleet.role,
+            FleetRole::Leader,
+            "lb{} leads without etcd",
+            i + 1
+        );
         assert_eq!(&f.fingerprint(i, "http4").unwrap(), print);
     }
     assert_eq!(served(&f, 50), 50, "connections failed without etcd");
@@ -336,7 +345,7 @@ fn a_wrong_ca_a_missing_client_certificate_and_a_wrong_password_are_named() {
         })
         .unwrap_or_else(|e| panic!("{what}: {e:#}"));
         let status = f.status(other).unwrap().fleet.unwrap();
-        assert_ne!(status.role, "leader", "{what}: leads without etcd");
+        assert_ne!(status.role, FleetRole::Leader, "{what}: leads without etcd");
         // It keeps forwarding with the table it had.
         assert_eq!(f.fingerprint(other, "http4").unwrap(), print, "{what}");
         assert_eq!(served(&f, 30), 30, "{what}: connections failed");
@@ -351,7 +360,7 @@ fn a_wrong_ca_a_missing_client_certificate_and_a_wrong_password_are_named() {
     f.wait_for_status(&[other], TIMEOUT, "following again", |s| {
         s.fleet
             .as_ref()
-            .is_some_and(|x| x.etcd == "ok" && x.role == "follower")
+            .is_some_and(|x| x.etcd == "ok" && x.role == FleetRole::Follower)
     })
     .unwrap();
 }
@@ -372,12 +381,14 @@ fn partitioning_the_leader_hands_over_without_two_leaders() {
         .unwrap();
     let cut = Instant::now();
     f.wait_for_status(&[new], Duration::from_secs(10), "leading", |s| {
-        s.fleet.as_ref().is_some_and(|x| x.role == "leader")
+        s.fleet
+            .as_ref()
+            .is_some_and(|x| x.role == FleetRole::Leader)
     })
     .unwrap();
     let handed = cut.elapsed();
     let old_role = f.status(old).unwrap().fleet.unwrap().role;
-    assert_ne!(old_role, "leader", "two leaders at once");
+    assert_ne!(old_role, FleetRole::Leader, "two leaders at once");
     // The old leader stepped down before the new one was elected (log times).
     let stepped = log_time(&f, old, "stepping down").expect("the old leader stepped down");
     let elected = log_time(&f, new, "elected leader").expect("the new leader was elected");
@@ -402,7 +413,8 @@ fn partitioning_the_leader_hands_over_without_two_leaders() {
     set_weight_everywhere(&f, new, 1, 50, &[0, 1], TIMEOUT);
     f.wait_for_status(&[old], TIMEOUT, "following the new leader", |s| {
         s.fleet.as_ref().is_some_and(|x| {
-            x.role == "follower" && x.leader.as_deref() == Some(format!("lb{}", new + 1).as_str())
+            x.role == FleetRole::Follower
+                && x.leader.as_deref() == Some(format!("lb{}", new + 1).as_str())
         })
     })
     .unwrap();

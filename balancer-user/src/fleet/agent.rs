@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::store::{FleetStore, Held, StoreError, Watch, WatchBatch};
-use super::{FleetState, FleetStatus, FleetWeights, same_vips};
+use super::{FleetRole, FleetState, FleetStatus, FleetWeights, same_vips};
 use crate::config::{FleetConfig, RawVip};
 
 /// Longest a store call may take.
@@ -101,7 +101,7 @@ impl<P: FleetPort, S: FleetStore> Agent<P, S> {
             state_key: config.state_key(),
             status: FleetStatus {
                 instance: me.clone(),
-                role: "starting".into(),
+                role: FleetRole::Starting,
                 ..FleetStatus::default()
             },
             me,
@@ -169,7 +169,7 @@ impl<P: FleetPort, S: FleetStore> Agent<P, S> {
                     self.campaign().await?;
                 }
                 if matches!(self.role, Role::Follower) {
-                    self.status.role = "follower".into();
+                    self.status.role = FleetRole::Follower;
                     self.follow().await?;
                 }
                 Ok(())
@@ -203,7 +203,7 @@ impl<P: FleetPort, S: FleetStore> Agent<P, S> {
             self.watch = None;
             self.next_revision = 0;
             self.status.leader = Some(self.me.clone());
-            self.status.role = "leader".into();
+            self.status.role = FleetRole::Leader;
             self.publish().await
         } else {
             let _ = self.store.revoke(lease).await;
@@ -382,7 +382,7 @@ impl<P: FleetPort, S: FleetStore> Agent<P, S> {
 
     fn step_down(&mut self) {
         self.role = Role::Follower;
-        self.status.role = "follower".into();
+        self.status.role = FleetRole::Follower;
     }
 
     /// The leader publishes its view when it differs from what it published last.

@@ -77,12 +77,32 @@ pub fn local_weights<D: Dataplane>(balancer: &Balancer<D>) -> FleetWeights {
         .collect()
 }
 
+/// Whether this balancer leads its fleet (in `status` as "starting", "leader" or "follower").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FleetRole {
+    /// Not yet in the election.
+    #[default]
+    Starting,
+    Leader,
+    Follower,
+}
+
+impl std::fmt::Display for FleetRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FleetRole::Starting => "starting",
+            FleetRole::Leader => "leader",
+            FleetRole::Follower => "follower",
+        })
+    }
+}
+
 /// This balancer's place in the fleet, for `status`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct FleetStatus {
     pub instance: String,
-    /// "standalone" (no `[fleet]`), "leader", "follower" or "starting".
-    pub role: String,
+    pub role: FleetRole,
     /// The leader as last read from etcd.
     pub leader: Option<String>,
     /// The epoch of the state applied (or, on the leader, published) last.
@@ -97,6 +117,20 @@ pub struct FleetStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_role_reads_as_a_word_in_status() {
+        let status = FleetStatus {
+            role: FleetRole::Leader,
+            ..FleetStatus::default()
+        };
+        let json = serde_json::to_value(&status).unwrap();
+        assert_eq!(json["role"], "leader");
+        let back: FleetStatus = serde_json::from_value(json).unwrap();
+        assert_eq!(back, status);
+        assert_eq!(FleetStatus::default().role.to_string(), "starting");
+        assert!(serde_json::from_str::<FleetRole>("\"king\"").is_err());
+    }
 
     #[test]
     fn states_round_trip_as_json() {

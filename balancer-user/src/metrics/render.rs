@@ -27,7 +27,11 @@ pub fn families(counters: Option<&Counters>, status: &Status, weights: &[VipWeig
             "balancer_fleet_leader",
             "1 while this balancer is its fleet's leader.",
             &instance,
-            if fleet.role == "leader" { 1.0 } else { 0.0 },
+            if fleet.role == crate::fleet::FleetRole::Leader {
+                1.0
+            } else {
+                0.0
+            },
         );
         f.gauge(
             "balancer_fleet_etcd_up",
@@ -459,7 +463,7 @@ mod tests {
     fn the_fleet_role_and_etcd_link_are_gauges() {
         let fleet = crate::fleet::FleetStatus {
             instance: "lb1".into(),
-            role: "leader".into(),
+            role: crate::fleet::FleetRole::Leader,
             leader: Some("lb1".into()),
             epoch: 42,
             etcd: "etcd unreachable".into(),
@@ -484,7 +488,7 @@ mod tests {
         use crate::api::types::{BackendStatus, VipStatus, WeightRow};
         let fleet = crate::fleet::FleetStatus {
             instance: "lb1".into(),
-            role: "follower".into(),
+            role: crate::fleet::FleetRole::Follower,
             leader: Some("lb2".into()),
             epoch: 1,
             etcd: "ok".into(),

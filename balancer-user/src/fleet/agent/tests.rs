@@ -159,7 +159,7 @@ async fn epochs_reach_the_follower_by_watch_and_none_is_missed_across_a_broken_w
         FakeDaemon::with_tick("lb2", Duration::from_millis(100)),
     );
     let agent_a = FleetAgent::start(&a, |_| store.clone()).unwrap();
-    until("lb1 leads", || a.status().role == "leader").await;
+    until("lb1 leads", || a.status().role == FleetRole::Leader).await;
     assert_eq!(published_epoch(&store).await, 1);
     let (gate, open) = watch::channel(true);
     let gated = Gated {
@@ -199,7 +199,7 @@ async fn epochs_reach_the_follower_by_watch_and_none_is_missed_across_a_broken_w
     // The leader leaves: it gives its lease back, the follower sees the key go and takes
     // over, continuing the epochs.
     agent_a.stop().await;
-    until("lb2 leads", || b.status().role == "leader").await;
+    until("lb2 leads", || b.status().role == FleetRole::Leader).await;
     assert_eq!(published_epoch(&store).await, 6);
     agent_b.stop().await;
 }
@@ -209,18 +209,21 @@ async fn a_deposed_leader_cannot_publish_and_steps_down() {
     let store = Arc::new(MemoryStore::new());
     let (a, b) = (FakeDaemon::new("lb1"), FakeDaemon::new("lb2"));
     let agent_a = FleetAgent::start(&a, |_| store.clone()).unwrap();
-    until("lb1 leads", || a.status().role == "leader").await;
+    until("lb1 leads", || a.status().role == FleetRole::Leader).await;
     let agent_b = FleetAgent::start(&b, |_| store.clone()).unwrap();
-    until("lb2 follows", || b.status().role == "follower").await;
+    until("lb2 follows", || b.status().role == FleetRole::Follower).await;
     until("lb2 watches", || store.watches() == 1).await;
     // lb1's lease ends (as when it was cut off longer than the lease): lb2 is elected from
     // its watch and publishes epoch 2.
     store.expire(leader_lease(&store).await);
-    until("lb2 leads", || b.status().role == "leader").await;
+    until("lb2 leads", || b.status().role == FleetRole::Leader).await;
     assert_eq!(published_epoch(&store).await, 2);
     // lb1 still believes it leads until its next write, which the fence refuses.
     a.set_weight(7);
-    until("lb1 stepped down", || a.status().role == "follower").await;
+    until("lb1 stepped down", || {
+        a.status().role == FleetRole::Follower
+    })
+    .await;
     assert_eq!(
         published_epoch(&store).await,
         2,
@@ -243,7 +246,7 @@ async fn without_the_store_the_status_names_it_and_nothing_is_applied() {
         a.status().etcd.contains("unreachable")
     })
     .await;
-    assert_ne!(a.status().role, "leader");
+    assert_ne!(a.status().role, FleetRole::Leader);
     assert!(a.adopted().is_empty());
     agent.stop().await;
 }
@@ -273,7 +276,7 @@ async fn followers_take_only_later_epochs_from_the_leader() {
     let store = Arc::new(MemoryStore::new());
     let (a, b) = (FakeDaemon::new("lb1"), FakeDaemon::new("lb2"));
     let agent_a = FleetAgent::start(&a, |_| store.clone()).unwrap();
-    until("lb1 leads", || a.status().role == "leader").await;
+    until("lb1 leads", || a.status().role == FleetRole::Leader).await;
     let agent_b = FleetAgent::start(&b, |_| store.clone()).unwrap();
     until("lb2 took epoch 1", || b.adopted() == [1]).await;
     until("lb2 watches", || store.watches() == 1).await;
