@@ -258,12 +258,11 @@ fn real_vllm_servers_behind_the_vip_get_weights_from_their_real_metrics() {
     );
 
     // 4. Saturate the small server directly (not through the VIP): 16 long requests on a
-    //    4-request, 4,096-token server fill its KV cache and queue the rest — enough work to
-    //    keep it saturated through step 5 also when the machine runs fast (8 once ran out in
-    //    the middle of it, the server idle again).
-    let direct: Vec<_> = (0..16)
-        .map(|i| spawn_stream(topo, SocketAddr::new(b_small, PORT), 40, 300 + i, 900).0)
-        .collect();
+    //    4-request, 4,096-token server fill its KV cache and queue the rest. Step 5 tops the
+    //    queue up, so the server stays saturated however fast the machine runs.
+    let direct_to_small =
+        |seed: u64| spawn_stream(topo, SocketAddr::new(b_small, PORT), 40, seed, 900).0;
+    let mut direct: Vec<_> = (0..16).map(|i| direct_to_small(300 + i)).collect();
     let w = wait_weights(
         topo,
         "the small server's weight at 0 once saturated",
@@ -304,6 +303,16 @@ fn real_vllm_servers_behind_the_vip_get_weights_from_their_real_metrics() {
 
     // 5. New flows go to the large server while the small one is saturated.
     for i in 0..6 {
+        // Fewer than 8 waiting: 8 more, before the queue can run dry.
+        let waiting = row(&weights(topo), b_small)
+            .signals
+            .as_ref()
+            .and_then(|s| s.waiting)
+            .unwrap_or(0.0);
+        if waiting < 8.0 {
+            let next = 316 + 8 * i;
+            direct.extend((next..next + 8).map(direct_to_small));
+        }
         wait_weights(
             topo,
             "the small server still saturated",
