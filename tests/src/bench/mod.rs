@@ -76,21 +76,13 @@ pub fn geomean_with_95(ratios: &[f64], resamples: usize) -> (f64, (f64, f64)) {
         return (f64::NAN, (f64::NAN, f64::NAN));
     }
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-    // SplitMix64: enough for resampling, and no dependency.
-    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut next = move || {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
+    let mut rng = crate::load::workload::Rng::new(0x5eed);
     let n = logs.len();
     let mut draw = vec![0.0; n];
     let mut means: Vec<f64> = (0..resamples)
         .map(|_| {
             for d in draw.iter_mut() {
-                *d = logs[(next() % n as u64) as usize];
+                *d = logs[(rng.next_u64() % n as u64) as usize];
             }
             mean(&draw)
         })
