@@ -11,7 +11,7 @@ use anyhow::{Context as _, Result, bail};
 use aya::programs::{TestRun, TestRunOptions};
 use balancer::config::Config;
 use balancer::dataplane::kernel::KernelDataplane;
-use balancer::dataplane::{Dataplane as _, NatSweep, NatTimeouts};
+use balancer::dataplane::{Dataplane as _, NatSweep, NatSweepSettings};
 use balancer::ebpf;
 use balancer::net::MacAddr;
 use balancer::netinfo::Interface;
@@ -178,12 +178,12 @@ impl Harness {
 
     /// Sweeps the source-NAT tables as the daemon does, with the flow clock at `now` ticks.
     pub fn sweep_nat(&self, now: u64) -> Result<NatSweep> {
-        let timeouts = NatTimeouts::from_config(&self.config.nat);
+        let settings = NatSweepSettings::from_config(&self.config.nat);
         Ok(self
             .balancer
             .dataplane()
             .nat_sweeper()?
-            .run(now, &timeouts)?)
+            .run(now, &settings)?)
     }
 
     /// The program's file descriptor, for running it from another thread ([`run_fd`]).

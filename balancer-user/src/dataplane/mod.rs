@@ -9,7 +9,7 @@ pub mod nat_expiry;
 pub mod scrape_due;
 pub(crate) mod sys;
 
-pub use nat_expiry::{NatSweep, NatSweeper, NatTimeouts};
+pub use nat_expiry::{NatSweep, NatSweepSettings, NatSweeper};
 pub use scrape_due::ScrapeDue;
 
 use balancer_common::maps::{

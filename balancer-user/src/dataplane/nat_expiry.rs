@@ -12,22 +12,26 @@ use balancer_common::stats::NatStats;
 
 use super::DataplaneError;
 
-/// When a source-NAT flow is forgotten, in flow-clock ticks (2^30 ns).
+/// What a sweep does: when a source-NAT flow is forgotten, in flow-clock ticks (2^30 ns), and
+/// whether it keeps each client's count of ports (only while `[nat] client_ports` is set, as
+/// the data plane counts only then).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct NatTimeouts {
+pub struct NatSweepSettings {
     pub tcp_idle: u64,
     /// After a FIN or RST either way.
     pub tcp_closed: u64,
     pub udp_idle: u64,
+    pub count_clients: bool,
 }
 
-impl NatTimeouts {
+impl NatSweepSettings {
     pub fn from_config(nat: &crate::config::NatConfig) -> Self {
         let ticks = |d: std::time::Duration| (d.as_nanos() as u64).div_ceil(1 << TICK_SHIFT);
-        NatTimeouts {
+        NatSweepSettings {
             tcp_idle: ticks(nat.tcp_idle_timeout),
             tcp_closed: ticks(nat.tcp_closed_timeout),
             udp_idle: ticks(nat.udp_idle_timeout),
+            count_clients: nat.client_ports != 0,
         }
     }
 }
@@ -71,7 +75,7 @@ pub fn flow_key(reply: &NatReplyKey, port: &SnatPortValue) -> SnatFlowKey {
 }
 
 /// Whether a flow last seen at tick `last_seen` (either way) is over its timeout at `now`.
-pub fn expired(now: u64, last_seen: u64, closing: bool, proto: u8, t: &NatTimeouts) -> bool {
+pub fn expired(now: u64, last_seen: u64, closing: bool, proto: u8, t: &NatSweepSettings) -> bool {
     let limit = match (proto, closing) {
         (6, false) => t.tcp_idle,
         (6, true) => t.tcp_closed,
@@ -86,7 +90,7 @@ pub fn expired(now: u64, last_seen: u64, closing: bool, proto: u8, t: &NatTimeou
 pub fn sweep(
     tables: &mut impl NatTables,
     now: u64,
-    timeouts: &NatTimeouts,
+    settings: &NatSweepSettings,
 ) -> Result<NatSweep, DataplaneError> {
     let ports = tables.ports()?;
     let mut result = NatSweep {
@@ -103,8 +107,10 @@ pub fn sweep(
             .filter(|f| f.nat_port == reply.client_port && f.backend == reply.backend);
         let last_seen = flow.map_or(port.last_seen, |f| f.last_seen.max(port.last_seen));
         let closing = port.closing != 0 || flow.is_some_and(|f| f.closing != 0);
-        if !expired(now, last_seen, closing, reply.proto, timeouts) {
-            *held.entry(client_key(reply, port)).or_default() += 1;
+        if !expired(now, last_seen, closing, reply.proto, settings) {
+            if settings.count_clients {
+                *held.entry(client_key(reply, port)).or_default() += 1;
+            }
             continue;
         }
         if flow.is_some() {
@@ -115,7 +121,7 @@ pub fn sweep(
         result.flows -= 1;
     }
     // Flows the data plane opened since `ports` was read are missed here: their clients are
-    // under-counted until the next sweep.
+    // under-counted until the next sweep. Without a quota, counts left from one are removed.
     for (client, counted) in tables.clients()? {
         match held.remove(&client) {
             None => tables.remove_client(&client)?,
@@ -154,24 +160,26 @@ pub fn now_ticks() -> u64 {
 pub struct NatSweeper(Box<SweepFn>);
 
 type NatSweepResult = Result<NatSweep, DataplaneError>;
-type SweepFn = dyn FnOnce(u64, &NatTimeouts) -> NatSweepResult + Send;
+type SweepFn = dyn FnOnce(u64, &NatSweepSettings) -> NatSweepResult + Send;
 
 impl NatSweeper {
-    pub fn later(sweep: impl FnOnce(u64, &NatTimeouts) -> NatSweepResult + Send + 'static) -> Self {
+    pub fn later(
+        sweep: impl FnOnce(u64, &NatSweepSettings) -> NatSweepResult + Send + 'static,
+    ) -> Self {
         NatSweeper(Box::new(sweep))
     }
 
-    pub fn run(self, now: u64, timeouts: &NatTimeouts) -> NatSweepResult {
-        (self.0)(now, timeouts)
+    pub fn run(self, now: u64, settings: &NatSweepSettings) -> NatSweepResult {
+        (self.0)(now, settings)
     }
 
     /// A sweep of `tables`, taking their lock when it runs (a poisoned lock's tables are
     /// still swept: the sweep's writes are whole entries).
     pub fn of<T: NatTables + Send + 'static>(tables: &std::sync::Arc<std::sync::Mutex<T>>) -> Self {
         let tables = tables.clone();
-        NatSweeper::later(move |now, timeouts| {
+        NatSweeper::later(move |now, settings| {
             let mut tables = tables.lock().unwrap_or_else(|p| p.into_inner());
-            sweep(&mut *tables, now, timeouts)
+            sweep(&mut *tables, now, settings)
         })
     }
 }
@@ -220,10 +228,11 @@ impl NatTables for MemoryNat {
 mod tests {
     use super::*;
 
-    const T: NatTimeouts = NatTimeouts {
+    const T: NatSweepSettings = NatSweepSettings {
         tcp_idle: 100,
         tcp_closed: 5,
         udp_idle: 20,
+        count_clients: true,
     };
 
     /// A flow from client port `cport` holding source port `port` to backend `backend`, its
@@ -286,6 +295,14 @@ mod tests {
         let swept = sweep(&mut nat, 100, &T).unwrap();
         assert_eq!((swept.flows, swept.expired), (2, 1));
         assert_eq!(nat.clients, HashMap::from([(key(7), 2)]));
+        // Without a quota the counts are not kept: those left are removed.
+        let off = NatSweepSettings {
+            count_clients: false,
+            ..T
+        };
+        sweep(&mut nat, 100, &off).unwrap();
+        assert!(nat.clients.is_empty());
+        nat.clients.insert(key(7), 2);
         // Nothing held: no entry left.
         sweep(&mut nat, 1000, &T).unwrap();
         assert!(nat.clients.is_empty());

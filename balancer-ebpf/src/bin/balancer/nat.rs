@@ -379,19 +379,22 @@ fn snat_port(
         count_nat(Refused::NotSyn);
         return Some(None);
     }
-    // The client's quota of ports.
-    let c = &mut s.client;
-    c.addr = s.flow_key.client;
-    c.family = s.flow_key.family;
-    c._pad = [0; 3];
-    let held = SNAT_CLIENTS.get_ptr_mut(&s.client);
-    if let Some(held) = held
-        && source.client_ports != 0
-        // SAFETY: a map value, valid for the program's run.
-        && unsafe { core::ptr::read_volatile(held) } >= u64::from(source.client_ports)
-    {
-        count_nat(Refused::ClientQuota);
-        return None;
+    // The client's quota of ports, counted only where one is set.
+    let quota = source.client_ports;
+    let mut held = None;
+    if quota != 0 {
+        let c = &mut s.client;
+        c.addr = s.flow_key.client;
+        c.family = s.flow_key.family;
+        c._pad = [0; 3];
+        held = SNAT_CLIENTS.get_ptr_mut(&s.client);
+        if let Some(held) = held
+            // SAFETY: a map value, valid for the program's run.
+            && unsafe { core::ptr::read_volatile(held) } >= u64::from(quota)
+        {
+            count_nat(Refused::ClientQuota);
+            return None;
+        }
     }
     let closing = if flags & TCP_SYN != 0 {
         SNAT_EMBRYONIC
@@ -447,9 +450,10 @@ fn snat_port(
     match held {
         Some(held) => atomic_add(held, 1),
         // Two CPUs may both insert: one count is lost until the daemon's next sweep.
-        None => {
+        None if quota != 0 => {
             let _ = SNAT_CLIENTS.insert(&s.client, &1, 0);
         }
+        None => {}
     }
     Some(Some(s.reply.client_port))
 }

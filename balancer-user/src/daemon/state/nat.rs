@@ -4,7 +4,7 @@
 use balancer_common::maps::NAT_SNAT;
 
 use crate::dataplane::DataplaneError;
-use crate::dataplane::nat_expiry::{NatSweep, NatTimeouts, now_ticks};
+use crate::dataplane::nat_expiry::{NatSweep, NatSweepSettings, now_ticks};
 
 use super::Daemon;
 
@@ -12,17 +12,17 @@ impl Daemon {
     /// Sweeps the source-NAT tables, holding `daemon` only to start the sweep and to record
     /// it (a sweep of many flows takes a while). Blocking.
     pub fn sweep_nat(daemon: &std::sync::Mutex<Daemon>) {
-        let Ok(Some((sweeper, timeouts))) = daemon.lock().map(|d| {
+        let Ok(Some((sweeper, settings))) = daemon.lock().map(|d| {
             d.nat_sweep_due().then(|| {
                 (
                     d.balancer.dataplane().nat_sweeper(),
-                    NatTimeouts::from_config(&d.config.nat),
+                    NatSweepSettings::from_config(&d.config.nat),
                 )
             })
         }) else {
             return;
         };
-        let swept = sweeper.and_then(|s| s.run(now_ticks(), &timeouts));
+        let swept = sweeper.and_then(|s| s.run(now_ticks(), &settings));
         if let Ok(mut d) = daemon.lock() {
             d.record_nat_sweep(swept);
         }
