@@ -203,14 +203,23 @@ fn every_command_round_trips_through_the_kernel() {
     assert_eq!(served_by(&topo, 30).values().sum::<usize>(), 30);
 }
 
+/// A directory of `tag` in the temporary directory with the API token in its `token` file
+/// (0600, as an operator keeps it).
+fn token_file(tag: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = std::env::temp_dir().join(format!("{PREFIX}-{tag}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("token");
+    std::fs::write(&file, format!("{TOKEN}\n")).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    (dir, file)
+}
+
 #[test]
 #[ignore = "needs root and network namespaces; run by cargo xtask test"]
 fn the_tcp_listener_serves_tls_and_requires_a_client_certificate_and_its_token() {
     // The token and certificates must exist before the daemon starts.
-    let token_dir = std::env::temp_dir().join(format!("{PREFIX}-tok"));
-    std::fs::create_dir_all(&token_dir).unwrap();
-    let token_file = token_dir.join("token");
-    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let (token_dir, token_file) = token_file("tok");
     let pki = TestPki::make(&token_dir.join("pki"), [127, 0, 0, 1].into()).expect("certificates");
     let topo = {
         let mut topo = Topology::build(TopologyOptions::new("tok")).expect("rack");
@@ -531,12 +540,7 @@ fn a_panic_ends_the_daemon_and_its_restart_loses_nothing() {
 #[test]
 #[ignore = "needs root and network namespaces; run by cargo xtask test"]
 fn a_connection_flood_leaves_the_health_checks_their_descriptors() {
-    let token_dir = std::env::temp_dir().join(format!("{PREFIX}-fld"));
-    std::fs::create_dir_all(&token_dir).unwrap();
-    let token_file = token_dir.join("token");
-    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (_, token_file) = token_file("fld");
     let mut topo = rack_edited("fld", |config| {
         config.api.listen = Some("127.0.0.1:9180".into());
         config.api.token_file = Some(token_file.display().to_string());
