@@ -14,16 +14,19 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use balancer::config::{RawPolicy, RawTelemetry};
+use balancer::config::{AttachMode, RawPolicy, RawTelemetry};
 
+use crate::configs::{backend, to_toml, vip};
 use crate::netns::Netns;
 use crate::rack::Process;
-use crate::topology::{Topology, TopologyOptions, backend4};
+use crate::topology::{Topology, TopologyOptions, VIP4, backend4, rack_config};
 
 /// The served model name every test server uses.
 pub const MODEL: &str = "tiny";
 /// The port test servers listen on.
 pub const PORT: u16 = 8000;
+/// Where the balancer's `/metrics` listens in its namespace.
+pub const METRICS: &str = "127.0.0.1:9190";
 /// The KV-cache block size of vLLM's CPU backend (tokens).
 pub const BLOCK_TOKENS: u64 = 128;
 
@@ -232,7 +235,7 @@ pub fn prompt(words: usize, seed: u64) -> String {
         "ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "be", "do", "fu", "ga", "hi", "jo", "pe",
         "zu",
     ];
-    let mut rng = crate::load::workload::Rng::new(seed);
+    let mut rng = crate::rng::Rng::new(seed);
     (0..words)
         .map(|_| {
             let n = 1 + (rng.next_u64() % 3) as usize;
@@ -324,28 +327,34 @@ impl VllmRack {
     }
 }
 
-/// The balancer config for real vLLM servers in the rack: the LLM VIP by Maglev with the
-/// composite policy. Scrapes are slow while a CPU server streams (its /metrics can take a
+/// The balancer config for real vLLM servers in the rack: the rack's usual VIPs, metrics on
+/// [`METRICS`], and the LLM VIP (`llm`) over every server by Maglev with the composite policy. Scrapes are slow while a CPU server streams (its /metrics can take a
 /// second or more on two cores): a long interval and stale limit, and at most 2 requests
 /// waiting.
 pub fn balancer_config(topo: &Topology) -> String {
-    crate::bench::llm::config_with(topo, |llm| {
-        llm.scheduler = Some("maglev".into());
-        llm.telemetry = Some(RawTelemetry {
-            source: Some("scrape".into()),
-            port: Some(PORT.into()),
-            path: Some("/metrics".into()),
-            // Every 500 ms, not paced by the requests: the checks send few.
-            interval_ms: Some(500),
-            requests_per_scrape: Some(0),
-            timeout_ms: Some(500),
-            ..RawTelemetry::default()
-        });
-        llm.policy = Some(RawPolicy {
-            kind: Some("composite".into()),
-            queue_saturation: Some(2),
-            stale_after_ms: Some(10_000),
-            ..RawPolicy::default()
-        });
-    })
+    let mut config = rack_config(topo, "l2-dsr", AttachMode::Native);
+    config.metrics.listen = Some(METRICS.to_string());
+    let mut llm = vip("llm", VIP4, PORT);
+    llm.backend = (0..topo.backends.len())
+        .map(|i| backend(backend4(i), None))
+        .collect();
+    llm.scheduler = Some("maglev".into());
+    llm.telemetry = Some(RawTelemetry {
+        source: Some("scrape".into()),
+        port: Some(PORT.into()),
+        path: Some("/metrics".into()),
+        // Every 500 ms, not paced by the requests: the checks send few.
+        interval_ms: Some(500),
+        requests_per_scrape: Some(0),
+        timeout_ms: Some(500),
+        ..RawTelemetry::default()
+    });
+    llm.policy = Some(RawPolicy {
+        kind: Some("composite".into()),
+        queue_saturation: Some(2),
+        stale_after_ms: Some(10_000),
+        ..RawPolicy::default()
+    });
+    config.vip.push(llm);
+    to_toml(&config)
 }

@@ -401,7 +401,7 @@ fn real_vllm_servers_behind_the_vip_get_weights_from_their_real_metrics() {
         .lb
         .run_in(|| {
             balancer_tests::traffic::http_get_status(
-                "127.0.0.1:9190".parse().expect("address"),
+                vllm::METRICS.parse().expect("address"),
                 "/metrics",
                 Duration::from_secs(5),
             )

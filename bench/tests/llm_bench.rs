@@ -8,8 +8,8 @@
 
 use std::path::PathBuf;
 
-use balancer_tests::bench::llm::contenders::Contender;
-use balancer_tests::bench::llm::{self, Options};
+use balancer_bench::llm::contenders::Contender;
+use balancer_bench::llm::{self, Options};
 
 /// The report's directory, removed at the end (also when the test fails).
 struct OutDir(PathBuf);

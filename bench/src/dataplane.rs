@@ -17,10 +17,10 @@ use aya::programs::{TestRun, TestRunOptions};
 use balancer::config::RawConfig;
 use balancer::ebpf;
 
-use crate::configs::{
+use balancer_tests::configs::{
     Extra, entropy_sources, forwarding_vips, harness_settings, scheduled_vip, to_toml,
 };
-use crate::packet::{Harness, XDP_PASS, XDP_TX, tcp_frame};
+use balancer_tests::packet::{Harness, XDP_PASS, XDP_TX, tcp_frame};
 
 use super::{Figures, median};
 
@@ -169,7 +169,7 @@ fn config_with(tenant_prefix: bool) -> String {
 fn nat_config(tenant_prefix: bool) -> String {
     let mut config: RawConfig =
         toml::from_str(&config_with(tenant_prefix)).expect("the benchmark's config");
-    config.vip.push(crate::configs::nat4());
+    config.vip.push(balancer_tests::configs::nat4());
     to_toml(&config)
 }
 
@@ -178,10 +178,10 @@ fn nat_config(tenant_prefix: bool) -> String {
 fn snat_config(tenant_prefix: bool) -> String {
     let mut config: RawConfig =
         toml::from_str(&nat_config(tenant_prefix)).expect("the benchmark's config");
-    let mut v = crate::configs::vip("snat4", "10.111.1.6", 80);
+    let mut v = balancer_tests::configs::vip("snat4", "10.111.1.6", 80);
     v.forwarding = Some("nat".into());
     v.nat_source = vec!["10.111.0.2".into()];
-    v.backend = crate::configs::backends(&["10.111.0.24", "10.111.0.25"]);
+    v.backend = balancer_tests::configs::backends(&["10.111.0.24", "10.111.0.25"]);
     config.vip.push(v);
     to_toml(&config)
 }
@@ -452,7 +452,7 @@ fn set_tcp_source_port(frame: &mut [u8], i: u32) {
     // The program does not check checksums; keep them right anyway.
     frame[14 + 10] = 0;
     frame[14 + 11] = 0;
-    let sum = !crate::packet::ones_complement_sum(&frame[14..34]);
+    let sum = !balancer_tests::packet::ones_complement_sum(&frame[14..34]);
     frame[24..26].copy_from_slice(&sum.to_be_bytes());
 }
 
@@ -491,7 +491,7 @@ fn nat_setup(mut h: Harness, payload: &[u8]) -> Result<(Harness, Vec<Case>)> {
     h.run(&tcp_frame(c4, 1004, nat_vip, 80, true, b""))?;
     let nat_backend = h.table_backend("nat4", c4, 1004)?;
     let mut reply = tcp_frame(nat_backend, 80, c4, 1004, false, payload);
-    reply[6..12].copy_from_slice(&crate::packet::backend_mac(nat_backend));
+    reply[6..12].copy_from_slice(&balancer_tests::packet::backend_mac(nat_backend));
     let cases = vec![
         non_vip_case(
             "non_vip_nat_on",
@@ -537,7 +537,7 @@ fn snat_setup(mut h: Harness, payload: &[u8]) -> Result<(Harness, Vec<Case>)> {
         false,
         payload,
     );
-    snat_reply[6..12].copy_from_slice(&crate::packet::backend_mac(snat_backend));
+    snat_reply[6..12].copy_from_slice(&balancer_tests::packet::backend_mac(snat_backend));
     let cases = vec![
         non_vip_case(
             "non_vip_snat_on",

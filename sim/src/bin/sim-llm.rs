@@ -1,9 +1,9 @@
 //! `sim-llm`: a simulated LLM inference server (OpenAI-compatible, vLLM metrics) whose GPU is
-//! the explicit model of `balancer_tests::sim::engine`.
+//! the explicit model of `balancer_sim::engine`.
 
 use std::net::SocketAddr;
 
-use balancer_tests::sim::{engine::Profile, server};
+use balancer_sim::{engine::Profile, server};
 use clap::Parser;
 
 #[derive(Parser)]

@@ -487,7 +487,7 @@ fn path_mtu_discovery_through_an_encapsulating_balancer() {
 #[test]
 #[ignore = "needs root and network namespaces; run by cargo xtask test"]
 fn independent_generators_drive_the_balancer() {
-    use balancer_tests::bench::generators::{UdpTarget, trafgen, trafgen_config, wrk};
+    use balancer_tests::generators::{UdpTarget, trafgen, trafgen_config, wrk};
     let topo = rack(&Case {
         tag: "gens",
         forwarding: "l2-dsr",

@@ -39,10 +39,10 @@ use anyhow::{Context as _, Result, bail};
 use balancer::config::AttachMode;
 
 use super::{Figures, median};
-use crate::configs::to_toml;
-use crate::netns::Netns;
-use crate::rack::Process;
-use crate::topology::{
+use balancer_tests::configs::to_toml;
+use balancer_tests::netns::Netns;
+use balancer_tests::rack::Process;
+use balancer_tests::topology::{
     CLIENT4, HTTP_PORT, LB4, Topology, TopologyOptions, UDP_PORT, VIP4, backend4, rack_config,
 };
 
@@ -394,12 +394,12 @@ fn measure(peer: Peer, opts: &Options, cpus: usize) -> Result<Round> {
 fn wrk_phase(topo: &Topology, opts: &Options, targets: &[IpAddr]) -> Result<Phase> {
     let per_target = (opts.connections / targets.len()).max(1);
     let client = &topo.client;
-    let results: Vec<Result<super::generators::WrkResult>> = std::thread::scope(|scope| {
+    let results: Vec<Result<balancer_tests::generators::WrkResult>> = std::thread::scope(|scope| {
         let runs: Vec<_> = targets
             .iter()
             .map(|&t| {
                 scope.spawn(move || {
-                    super::generators::wrk(client, t, HTTP_PORT, per_target, opts.seconds)
+                    balancer_tests::generators::wrk(client, t, HTTP_PORT, per_target, opts.seconds)
                 })
             })
             .collect();
@@ -460,9 +460,9 @@ fn trafgen_phase(topo: &Topology, opts: &Options, peer: Peer, targets: &[IpAddr]
         } else {
             mac_of(&topo.client, LB4.into())?
         };
-        udp_targets.push(super::generators::UdpTarget { mac, dst });
+        udp_targets.push(balancer_tests::generators::UdpTarget { mac, dst });
     }
-    let config = super::generators::trafgen_config(own_mac, CLIENT4, &udp_targets, UDP_PORT, 18);
+    let config = balancer_tests::generators::trafgen_config(own_mac, CLIENT4, &udp_targets, UDP_PORT, 18);
     let path = topo.rack.log_dir.join("trafgen.cfg");
     std::fs::write(&path, config)?;
     let received = |topo: &Topology| -> Result<u64> {
@@ -475,7 +475,7 @@ fn trafgen_phase(topo: &Topology, opts: &Options, peer: Peer, targets: &[IpAddr]
     let (sent0, got0) = (client_tx_packets(&topo.client)?, received(topo)?);
     let cpu0 = host_cpu()?;
     let started = Instant::now();
-    let restarts = super::generators::trafgen(
+    let restarts = balancer_tests::generators::trafgen(
         &topo.client,
         "eth0",
         &path,
@@ -647,7 +647,7 @@ fn pin(topo: &Topology, cpus: usize) -> Result<()> {
     let others = format!("0-{}", cpus - 2);
     let mask = format!("{:x}", (1u64 << (cpus - 1)) - 1);
     for p in &topo.rack.processes {
-        crate::netns::run("taskset", &["-a", "-pc", &others, &p.pid().to_string()])?;
+        balancer_tests::netns::run("taskset", &["-a", "-pc", &others, &p.pid().to_string()])?;
     }
     for ns in std::iter::once(&topo.lb).chain(topo.backends.iter()) {
         ns.sh(&format!(
@@ -898,7 +898,8 @@ fn client_tx_packets(client: &Netns) -> Result<u64> {
 
 /// Packets `ns`'s eth0 sent (`"tx"`) or received (`"rx"`).
 fn link_packets(ns: &Netns, way: &str) -> Result<u64> {
-    let out = crate::netns::run("ip", &["-n", ns.name(), "-s", "-j", "link", "show", "eth0"])?;
+    let out =
+        balancer_tests::netns::run("ip", &["-n", ns.name(), "-s", "-j", "link", "show", "eth0"])?;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("ip -j link output")?;
     v[0]["stats64"][way]["packets"]
         .as_u64()

@@ -9,8 +9,8 @@ use anyhow::{Context as _, Result, bail};
 use balancer::config::{RawPolicy, RawTelemetry, RawVip};
 
 use super::LLM_PORT;
-use crate::rack::Process;
-use crate::topology::{LB4, Topology, backend4};
+use balancer_tests::rack::Process;
+use balancer_tests::topology::{LB4, Topology, backend4};
 
 /// The port a router listens on (the balancer's VIP serves the servers' port).
 pub const ROUTER_PORT: u16 = 8100;
@@ -426,7 +426,7 @@ pub fn all() -> Vec<String> {
 pub fn routers_env() -> Result<PathBuf> {
     let dir = match std::env::var_os("BALANCER_ROUTERS_ENV") {
         Some(d) => PathBuf::from(d),
-        None => crate::vllm::cache_dir().join("routers"),
+        None => balancer_tests::vllm::cache_dir().join("routers"),
     };
     if !dir.join("ready").exists() {
         bail!(
@@ -501,7 +501,7 @@ pub fn start_router(
     let started = Instant::now();
     loop {
         let ok = topo.client.run_in(move || {
-            crate::traffic::http_get_status(addr, ready, Duration::from_secs(2))
+            balancer_tests::traffic::http_get_status(addr, ready, Duration::from_secs(2))
                 .is_ok_and(|(s, _)| s == 200)
         })?;
         if ok {
@@ -511,7 +511,7 @@ pub fn start_router(
             bail!(
                 "{} did not become ready on {addr}{ready}:\n{}",
                 p.name,
-                crate::vllm::tail(&p.log_text(), 40)
+                balancer_tests::vllm::tail(&p.log_text(), 40)
             );
         }
         std::thread::sleep(Duration::from_millis(100));

@@ -1,9 +1,9 @@
 //! `balancer-bench`: the benchmarks behind `cargo xtask bench`.
 
 use anyhow::{Context as _, Result};
-use balancer_tests::bench::{self, client, control, dataplane, e2e, fleet, llm};
-use balancer_tests::load::stats::Slo;
-use balancer_tests::load::workload::Shape;
+use balancer_bench::load::stats::Slo;
+use balancer_bench::load::workload::Shape;
+use balancer_bench::{self as bench, client, control, dataplane, e2e, fleet, llm};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -359,7 +359,7 @@ fn main() -> Result<()> {
             }
             if let Some(g) = gpus
                 .iter()
-                .find(|g| balancer_tests::sim::engine::Profile::by_name(g).is_none())
+                .find(|g| balancer_sim::engine::Profile::by_name(g).is_none())
             {
                 anyhow::bail!("--gpus: unknown profile {g:?} (large or small)");
             }

@@ -14,8 +14,8 @@ use anyhow::{Context as _, Result, bail};
 use balancer::api::types::{ChangeResult, Table, WeightBody};
 
 use super::Figures;
-use crate::fleet::{EtcdSecurity, Fleet, backend_addr};
 use crate::load::stats::percentile;
+use balancer_tests::fleet::{EtcdSecurity, Fleet, backend_addr};
 
 /// Its page: a weight change's way through the fleet (`docs/benchmarks/fleet.md`).
 pub const PAGE: super::page::Page = super::page::Page {

@@ -15,7 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
 use super::workload::Conversation;
-use crate::openai::{Event, ResponseDecoder};
+use balancer_tests::openai::{Event, ResponseDecoder};
 
 /// Where requests go.
 #[derive(Clone, Debug)]

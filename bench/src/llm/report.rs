@@ -15,7 +15,7 @@ use anyhow::Result;
 
 use super::contenders::Contender;
 use super::{Results, Run, ShapeResult};
-use crate::bench::Figures;
+use crate::Figures;
 use crate::load::stats::median;
 
 /// A run's figures by name (seconds, requests/s, shares).

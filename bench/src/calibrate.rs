@@ -20,11 +20,11 @@ use anyhow::{Context as _, Result, bail};
 
 use super::Figures;
 use crate::load::stats::median;
-use crate::netns::{Netns, PREFIX, sweep};
-use crate::openai::stream_completion;
-use crate::rack::{Process, binary};
-use crate::vllm::{self, ServerOptions, VllmEnv, completion_body, prompt};
 use balancer::telemetry::store::PrefillQueue;
+use balancer_tests::netns::{Netns, PREFIX, sweep};
+use balancer_tests::openai::stream_completion;
+use balancer_tests::rack::{Process, binary};
+use balancer_tests::vllm::{self, ServerOptions, VllmEnv, completion_body, prompt};
 
 /// One reading of a server's page.
 #[derive(Clone, Debug, Default)]
@@ -47,7 +47,7 @@ struct Reading {
 }
 
 fn read_page(addr: SocketAddr, t: f64) -> Result<Reading> {
-    let page = crate::traffic::http_get_path(addr, "/metrics", Duration::from_secs(5))?;
+    let page = balancer_tests::traffic::http_get_path(addr, "/metrics", Duration::from_secs(5))?;
     let samples = balancer::telemetry::page::parse(&page)?;
     let sum = |name: &str| -> f64 {
         samples
@@ -118,7 +118,11 @@ fn timed(addr: SocketAddr, text: &str, max_tokens: u64) -> Result<(f64, f64)> {
 }
 
 /// One streamed request, checked whole.
-fn streamed(addr: SocketAddr, text: &str, max_tokens: u64) -> Result<crate::openai::Completion> {
+fn streamed(
+    addr: SocketAddr,
+    text: &str,
+    max_tokens: u64,
+) -> Result<balancer_tests::openai::Completion> {
     let c = stream_completion(
         addr,
         "/v1/completions",

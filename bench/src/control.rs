@@ -15,10 +15,10 @@ use balancer::net::MacAddr;
 use balancer_common::maglev::{MaglevBackend, build_table, slot_counts, slots_changed};
 
 use super::{Figures, median};
-use crate::configs::{backend, harness_settings, to_toml, vip};
-use crate::netns::{Netns, PREFIX, sweep};
-use crate::packet::{Harness, run_fd, tcp_frame};
-use crate::rack::{Process, binary, mount_pin_root, pin_root};
+use balancer_tests::configs::{backend, harness_settings, to_toml, vip};
+use balancer_tests::netns::{Netns, PREFIX, sweep};
+use balancer_tests::packet::{Harness, run_fd, tcp_frame};
+use balancer_tests::rack::{Process, binary, mount_pin_root, pin_root};
 
 /// Its page: the control plane's costs (`docs/benchmarks/control.md`).
 pub const PAGE: super::page::Page = super::page::Page {

@@ -32,12 +32,12 @@ use balancer::config::{AttachMode, RawVip};
 use self::contenders::{Contender, ROUTER_PORT, VipSettings, start_router};
 use super::Figures;
 use super::cpu_account::CpuAccount;
-use crate::configs::{backend, to_toml, vip};
 use crate::load::client::{self, ClientOptions, Outcome, Target};
 use crate::load::stats::{Slo, Summary, summarize};
 use crate::load::workload::{self, Shape, TraceRequest, WorkloadOptions};
-use crate::rack::{Process, binary, spawn_passive_reporter};
-use crate::topology::{LB4, Topology, TopologyOptions, VIP4, backend4, rack_config};
+use balancer_tests::configs::{backend, to_toml, vip};
+use balancer_tests::rack::{Process, binary, spawn_passive_reporter};
+use balancer_tests::topology::{LB4, Topology, TopologyOptions, VIP4, backend4, rack_config};
 
 /// The port the simulated servers (and the VIP) listen on.
 pub const LLM_PORT: u16 = 8000;
@@ -432,7 +432,7 @@ impl LlmRack {
     fn metrics_page_in_lb(&self, port: u16) -> Result<String> {
         let addr = SocketAddr::new([127, 0, 0, 1].into(), port);
         self.topo.lb.run_in(move || {
-            crate::traffic::http_get_path(addr, "/metrics", Duration::from_secs(5))
+            balancer_tests::traffic::http_get_path(addr, "/metrics", Duration::from_secs(5))
         })?
     }
 
@@ -456,7 +456,9 @@ impl LlmRack {
         let pages = self.topo.client.run_in(move || {
             servers
                 .iter()
-                .map(|s| crate::traffic::http_get_path(*s, "/metrics", Duration::from_secs(5)))
+                .map(|s| {
+                    balancer_tests::traffic::http_get_path(*s, "/metrics", Duration::from_secs(5))
+                })
                 .collect::<Result<Vec<String>>>()
         })??;
         let mut total = (0.0, 0.0);

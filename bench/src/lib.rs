@@ -1,5 +1,7 @@
 //! Benchmarks run by `cargo xtask bench <name>`: each prints a table and writes its figures as
-//! flat JSON (units in the key names) to `target/bench/<name>.json`.
+//! flat JSON (units in the key names) to `target/bench/<name>.json`, and the canonical runs a
+//! page under `docs/benchmarks/` ([`page`]). [`load`] is the LLM load generator the routing
+//! benchmark, the calibration and the demo play.
 
 pub mod calibrate;
 pub mod client;
@@ -8,8 +10,8 @@ pub mod cpu_account;
 pub mod dataplane;
 pub mod e2e;
 pub mod fleet;
-pub mod generators;
 pub mod llm;
+pub mod load;
 pub mod page;
 
 use std::collections::BTreeMap;

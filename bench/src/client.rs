@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 
 use super::llm::{LLM_PORT, MODEL, composite_rack};
-use crate::topology::VIP4;
+use balancer_tests::topology::VIP4;
 
 /// The version installed.
 pub const INFERENCE_PERF: &str = "inference-perf==0.7.0";

@@ -179,8 +179,8 @@ fn print_weights(topo: &Topology, started: std::time::Instant) -> Result<()> {
 fn real_llm_demo() -> Result<()> {
     use balancer::api::client::{Client, Endpoint};
     use balancer::api::types::Status;
-    use balancer_tests::load::stats::percentile;
-    use balancer_tests::load::workload::shipped_trace;
+    use balancer_bench::load::stats::percentile;
+    use balancer_bench::load::workload::shipped_trace;
     use balancer_tests::openai::stream_completion;
     use balancer_tests::vllm::{self, PORT, VllmEnv, VllmRack, completion_body, prompt};
 
@@ -280,10 +280,10 @@ fn real_llm_demo() -> Result<()> {
 
 /// Part two: simulated GPUs of two sizes behind the balancer, weights from their metrics.
 fn llm_demo() -> Result<()> {
-    use balancer_tests::bench::llm::{LLM_PORT, MODEL, composite_rack};
-    use balancer_tests::load::client::{self, ClientOptions, Target};
-    use balancer_tests::load::stats::percentile;
-    use balancer_tests::load::workload::{self, Shape, WorkloadOptions, shipped_trace};
+    use balancer_bench::llm::{LLM_PORT, MODEL, composite_rack};
+    use balancer_bench::load::client::{self, ClientOptions, Target};
+    use balancer_bench::load::stats::percentile;
+    use balancer_bench::load::workload::{self, Shape, WorkloadOptions, shipped_trace};
 
     println!(
         "\n== LLM serving: 2 large + 2 small simulated GPUs (sim-llm), composite policy from their vLLM metrics =="

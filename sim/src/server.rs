@@ -771,8 +771,8 @@ fn restricted(page: &str, names: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::openai::stream_completion;
-    use crate::traffic::http_get_status;
+    use balancer_tests::openai::stream_completion;
+    use balancer_tests::traffic::http_get_status;
     use std::time::Duration;
 
     /// A server on a loopback port of its own runtime thread.
