@@ -8,17 +8,17 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use balancer::api::client::{Client, Endpoint};
-use balancer::api::server::{ApiState, router};
-use balancer::api::types::{Status, Table, VipWeights};
-use balancer::config::Config;
-use balancer::daemon::state::{Daemon, Host};
+use balancer::base::config::Config;
+use balancer::base::net::MacAddr;
 use balancer::dataplane::memory::MemoryDataplane;
-use balancer::fleet::bgp::RecordedRoutes;
-use balancer::metrics::Metrics;
-use balancer::net::MacAddr;
-use balancer::netinfo::{DerivedNextHops, Interface, Links};
-use balancer::pinning::Pins;
+use balancer::dataplane::netinfo::{DerivedNextHops, Interface, Links};
+use balancer::dataplane::pinning::Pins;
+use balancer::serve::api::client::{Client, Endpoint};
+use balancer::serve::api::server::{ApiState, router};
+use balancer::state::metrics::Metrics;
+use balancer::state::wire::{Status, Table, VipWeights};
+use balancer::state::{Daemon, Host};
+use balancer::steering::fleet::bgp::RecordedRoutes;
 
 /// A daemon serving its API on `<dir>/api.sock`, on its own runtime thread.
 struct Rig {
@@ -866,8 +866,8 @@ fn run_decap_and_top_refuse_bad_input_before_the_kernel() {
 /// known token, none.
 #[test]
 fn each_role_reaches_only_its_routes() {
-    use balancer::api::listener::{API_LIMITS, serve};
-    use balancer::api::server::{Tokens, router_with_tokens};
+    use balancer::serve::api::listener::{API_LIMITS, serve};
+    use balancer::serve::api::server::{Tokens, router_with_tokens};
     let rig = rig("roles");
     // A backend on loopback in the pushed VIP: the push token's own address.
     let (status, reply) = rig

@@ -20,7 +20,7 @@ use anyhow::{Context as _, Result, bail};
 
 use super::Figures;
 use crate::load::stats::median;
-use balancer::telemetry::store::PrefillQueue;
+use balancer::steering::telemetry::store::PrefillQueue;
 use balancer_tests::netns::{Netns, PREFIX, sweep};
 use balancer_tests::openai::stream_completion;
 use balancer_tests::rack::{Process, binary};
@@ -48,7 +48,7 @@ struct Reading {
 
 fn read_page(addr: SocketAddr, t: f64) -> Result<Reading> {
     let page = balancer_tests::traffic::http_get_path(addr, "/metrics", Duration::from_secs(5))?;
-    let samples = balancer::telemetry::page::parse(&page)?;
+    let samples = balancer::steering::telemetry::page::parse(&page)?;
     let sum = |name: &str| -> f64 {
         samples
             .iter()

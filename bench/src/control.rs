@@ -10,8 +10,8 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use balancer::config::{Config, RawConfig};
-use balancer::net::MacAddr;
+use balancer::base::config::{Config, RawConfig};
+use balancer::base::net::MacAddr;
 use balancer_common::maglev::{MaglevBackend, build_table, slot_counts, slots_changed};
 
 use super::{Figures, median};
@@ -339,10 +339,10 @@ fn inference_page(used_gib: u64, backend: usize) -> String {
 /// page changes; the pages of all 100 are parsed, the round runs (policy, table build,
 /// publish), and a prober notes when a flow the change moves first reaches its new backend.
 fn telemetry(figures: &mut Figures) -> Result<()> {
-    use balancer::policy::{PolicyConfig, PolicyKind, PolicyState};
-    use balancer::telemetry::round::weight_round;
-    use balancer::telemetry::store::TelemetryStore;
-    use balancer::telemetry::{page, signals};
+    use balancer::steering::policy::{PolicyConfig, PolicyKind, PolicyState};
+    use balancer::steering::telemetry::round::weight_round;
+    use balancer::steering::telemetry::store::TelemetryStore;
+    use balancer::steering::telemetry::{page, signals};
 
     let text = to_toml(&vip_config(1, 100, |_, _| 1));
     let mut h = Harness::new(&text)?;
@@ -470,7 +470,7 @@ fn daemon_memory(figures: &mut Figures) -> Result<()> {
     // Pins on the tests' own BPF filesystem: `ip netns exec` hides /sys/fs/bpf.
     mount_pin_root()?;
     let pins = pin_root().join(format!("{tag}pins"));
-    let _ = balancer::pinning::Pins::new(pins.clone()).remove();
+    let _ = balancer::dataplane::pinning::Pins::new(pins.clone()).remove();
     let mut config = vip_config(100, 100, |_, _| 1);
     config.attach_mode = Some("skb".into());
     config.pin_dir = Some(pins.display().to_string());
@@ -506,7 +506,7 @@ fn daemon_memory(figures: &mut Figures) -> Result<()> {
         .and_then(|v| v.parse().ok())
         .unwrap_or(f64::NAN);
     drop(p);
-    let _ = balancer::pinning::Pins::new(pins).remove();
+    let _ = balancer::dataplane::pinning::Pins::new(pins).remove();
     drop(ns);
     let _ = std::fs::remove_dir_all(&dir);
     println!(

@@ -14,8 +14,8 @@ use std::net::IpAddr;
 
 use anyhow::{Context as _, Result};
 use aya::programs::{TestRun, TestRunOptions};
-use balancer::config::RawConfig;
-use balancer::ebpf;
+use balancer::base::config::RawConfig;
+use balancer::dataplane::ebpf;
 
 use balancer_tests::configs::{
     Extra, entropy_sources, forwarding_vips, harness_settings, scheduled_vip, to_toml,
@@ -196,7 +196,7 @@ fn admission_config(admission: bool) -> String {
         ..harness_settings(1_000_000)
     };
     config.conntrack.removal_grace_secs = None;
-    config.tier = vec![balancer::config::RawTier {
+    config.tier = vec![balancer::base::config::RawTier {
         name: Some("premium".into()),
         prefixes: vec!["10.9.5.0/24".into()],
         ..Default::default()
@@ -218,15 +218,15 @@ fn admission_config(admission: bool) -> String {
             Extra::None,
         );
         if admission {
-            v.telemetry = Some(balancer::config::RawTelemetry {
+            v.telemetry = Some(balancer::base::config::RawTelemetry {
                 source: Some("push".into()),
                 ..Default::default()
             });
-            v.policy = Some(balancer::config::RawPolicy {
+            v.policy = Some(balancer::base::config::RawPolicy {
                 kind: Some("composite".into()),
                 ..Default::default()
             });
-            v.admission = Some(balancer::config::RawAdmission {
+            v.admission = Some(balancer::base::config::RawAdmission {
                 admit: [("premium".to_string(), cap)].into_iter().collect(),
                 ..Default::default()
             });
@@ -376,8 +376,8 @@ fn time_case(h: &mut Harness, case: &Case, repeat: u32, singles: u32) -> Result<
 /// ns per packet with the kernel's `repeat`, the skb test run's own cost included (a tc
 /// program's test run allocates an skb; only the program's runs are timed).
 fn passive_latency_cost(rounds: usize, repeat: u32, figures: &mut Figures) -> Result<()> {
-    use balancer::ebpf::{LATENCY_EGRESS_PROGRAM, LATENCY_INGRESS_PROGRAM};
-    use balancer::report::passive::PassiveLatency;
+    use balancer::dataplane::ebpf::{LATENCY_EGRESS_PROGRAM, LATENCY_INGRESS_PROGRAM};
+    use balancer::serve::report::passive::PassiveLatency;
     let mut p = PassiveLatency::load(&[8000])?;
     let (client, server) = (ip("10.9.0.1"), ip("10.111.1.1"));
     let request = tcp_frame(client, 40000, server, 8000, false, &[b'x'; 64]);

@@ -36,7 +36,7 @@ use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use balancer::config::AttachMode;
+use balancer::base::config::AttachMode;
 
 use super::{Figures, median};
 use balancer_tests::configs::to_toml;
@@ -297,7 +297,7 @@ fn measure(peer: Peer, opts: &Options, cpus: usize) -> Result<Round> {
         peer,
         Peer::XdpNative | Peer::XdpSkb | Peer::XdpNat | Peer::XdpSnat
     )
-    .then(|| balancer::pinning::Pins::new(topo.pin_dir()).program());
+    .then(|| balancer::dataplane::pinning::Pins::new(topo.pin_dir()).program());
     // (CPU ns, runs) of the peer itself, where separable.
     let own = || -> Result<Option<(u64, u64)>> {
         match (&program, own_process) {
@@ -433,7 +433,7 @@ fn trafgen_phase(topo: &Topology, opts: &Options, peer: Peer, targets: &[IpAddr]
             .as_str()
             .with_context(|| format!("no neighbour entry for {addr} in {}", ns.name()))?;
         Ok(text
-            .parse::<balancer::net::MacAddr>()
+            .parse::<balancer::base::net::MacAddr>()
             .map_err(anyhow::Error::msg)?
             .0)
     };
@@ -444,7 +444,7 @@ fn trafgen_phase(topo: &Topology, opts: &Options, peer: Peer, targets: &[IpAddr]
             .as_str()
             .context("the client's MAC")?
             .to_string();
-        text.parse::<balancer::net::MacAddr>()
+        text.parse::<balancer::base::net::MacAddr>()
             .map_err(anyhow::Error::msg)?
             .0
     };
@@ -462,7 +462,8 @@ fn trafgen_phase(topo: &Topology, opts: &Options, peer: Peer, targets: &[IpAddr]
         };
         udp_targets.push(balancer_tests::generators::UdpTarget { mac, dst });
     }
-    let config = balancer_tests::generators::trafgen_config(own_mac, CLIENT4, &udp_targets, UDP_PORT, 18);
+    let config =
+        balancer_tests::generators::trafgen_config(own_mac, CLIENT4, &udp_targets, UDP_PORT, 18);
     let path = topo.rack.log_dir.join("trafgen.cfg");
     std::fs::write(&path, config)?;
     let received = |topo: &Topology| -> Result<u64> {
@@ -502,7 +503,9 @@ fn trafgen_phase(topo: &Topology, opts: &Options, peer: Peer, targets: &[IpAddr]
 /// The rack's config with a connection table of a production size: the rack's own (64 Ki
 /// flows, small for tests) would thrash under trafgen's 64,000 flows, a limit none of the
 /// peers has (nftables' conntrack holds 256 Ki).
-fn bench_config(mut config: balancer::config::RawConfig) -> balancer::config::RawConfig {
+fn bench_config(
+    mut config: balancer::base::config::RawConfig,
+) -> balancer::base::config::RawConfig {
     config.conntrack.max_flows = Some(1 << 20);
     config
 }

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use balancer::api::types::{ChangeResult, Table, WeightBody};
+use balancer::state::wire::{ChangeResult, Table, WeightBody};
 
 use super::Figures;
 use crate::load::stats::percentile;

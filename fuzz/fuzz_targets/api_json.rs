@@ -2,9 +2,9 @@
 //! with a reason; pushed reports are checked.
 #![no_main]
 
-use balancer::api::types::SchedulerBody;
-use balancer::config::{RawBackend, RawVip, validate_backend, validate_vip};
-use balancer::telemetry::signals::Signals;
+use balancer::state::wire::SchedulerBody;
+use balancer::base::config::{RawBackend, RawVip, validate_backend, validate_vip};
+use balancer::steering::telemetry::signals::Signals;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -16,5 +16,5 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = serde_json::from_slice::<Signals>(data);
     let _ = serde_json::from_slice::<SchedulerBody>(data);
-    let _ = balancer::discovery::parse_models(&String::from_utf8_lossy(data));
+    let _ = balancer::steering::discovery::parse_models(&String::from_utf8_lossy(data));
 });

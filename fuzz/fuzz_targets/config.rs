@@ -2,7 +2,7 @@
 //! file form.
 #![no_main]
 
-use balancer::config::Config;
+use balancer::base::config::Config;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -8,10 +8,10 @@
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use balancer::policy::{self, Input, MAX_WEIGHT, PolicyConfig, PolicyKind, PolicyState};
-use balancer::telemetry::signals::{Signals, Valid};
-use balancer::telemetry::store::{BackendTelemetry, RECENT_HALF_LIFE};
-use balancer::telemetry::{page, signals};
+use balancer::steering::policy::{self, Input, MAX_WEIGHT, PolicyConfig, PolicyKind, PolicyState};
+use balancer::steering::telemetry::signals::{Signals, Valid};
+use balancer::steering::telemetry::store::{BackendTelemetry, RECENT_HALF_LIFE};
+use balancer::steering::telemetry::{page, signals};
 use libfuzzer_sys::fuzz_target;
 
 fn ordinary(running: f64) -> Valid {

@@ -858,8 +858,8 @@ mod tests {
         let load: Value = serde_json::from_str(&load).unwrap();
         assert_eq!(load[0]["num_reqs"], 0);
         let (_, page) = http_get_status(addr, "/metrics", Duration::from_secs(2)).unwrap();
-        let s = balancer::telemetry::signals::extract(
-            &balancer::telemetry::page::parse(&page).unwrap(),
+        let s = balancer::steering::telemetry::signals::extract(
+            &balancer::steering::telemetry::page::parse(&page).unwrap(),
         );
         assert_eq!(
             (s.running, s.waiting, s.kv_usage),
@@ -880,7 +880,7 @@ mod tests {
         assert_eq!(s.models, vec!["m".to_string()]);
         // Asked for the samples the balancer reads (prometheus_client's `name[]` filter, as
         // vLLM serves it): a small page with the same signals.
-        let query = balancer::telemetry::signals::vllm_query();
+        let query = balancer::steering::telemetry::signals::vllm_query();
         let (_, cut) =
             http_get_status(addr, &format!("/metrics{query}"), Duration::from_secs(2)).unwrap();
         assert!(
@@ -893,8 +893,9 @@ mod tests {
             !cut.contains("inter_token_latency")
                 && cut.contains("# TYPE vllm:num_requests_running gauge")
         );
-        let cut =
-            balancer::telemetry::signals::extract(&balancer::telemetry::page::parse(&cut).unwrap());
+        let cut = balancer::steering::telemetry::signals::extract(
+            &balancer::steering::telemetry::page::parse(&cut).unwrap(),
+        );
         assert_eq!(cut, s);
         // Errors as vLLM words them.
         let e = post(

@@ -1,10 +1,10 @@
 //! Test configurations built from the daemon's own typed config values
-//! ([`balancer::config::RawConfig`], the file's shape as serde reads it), not by pasting TOML
+//! ([`balancer::base::config::RawConfig`], the file's shape as serde reads it), not by pasting TOML
 //! text together: a misspelt key is a compile error, and an edit names the VIP it changes.
 //! The packet fixtures and the per-packet benchmark share their forwarding VIPs from here;
 //! the racks build theirs in `topology`.
 
-use balancer::config::{RawBackend, RawConfig, RawConntrack, RawEncap, RawHealth, RawVip};
+use balancer::base::config::{RawBackend, RawConfig, RawConntrack, RawEncap, RawHealth, RawVip};
 
 /// The config as the daemon reads it from a file.
 pub fn to_toml(config: &RawConfig) -> String {
@@ -211,7 +211,7 @@ pub fn scheduled_vip(
             v.max_load_factor = Some(max_load_factor);
         }
         Extra::PacedScrapes => {
-            v.telemetry = Some(balancer::config::RawTelemetry {
+            v.telemetry = Some(balancer::base::config::RawTelemetry {
                 source: Some("scrape".into()),
                 port: Some(9000),
                 ..Default::default()

@@ -21,10 +21,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
-use balancer::api::client::{Client, Endpoint};
-use balancer::api::types::Status;
-use balancer::config::{AttachMode, RawConfig, RawFleet};
-use balancer::fleet::FleetRole;
+use balancer::base::config::{AttachMode, RawConfig, RawFleet};
+use balancer::serve::api::client::{Client, Endpoint};
+use balancer::state::wire::Status;
+use balancer::steering::fleet::FleetRole;
 
 use crate::configs::{backend, tcp_health, to_toml, vip};
 use crate::netns::Netns;
@@ -543,7 +543,7 @@ impl Fleet {
     /// Waits until exactly one balancer leads and every one names it as the leader (an
     /// election and the followers' next poll); returns its index.
     pub fn wait_for_leader(&self, timeout: Duration) -> Result<usize> {
-        let fleets = || -> Vec<Option<balancer::fleet::FleetStatus>> {
+        let fleets = || -> Vec<Option<balancer::steering::fleet::FleetStatus>> {
             (0..self.lbs.len())
                 .map(|i| self.status(i).ok().and_then(|s| s.fleet))
                 .collect()

@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use aya::programs::{TestRun, TestRunOptions};
-use balancer::config::Config;
+use balancer::base::config::Config;
+use balancer::base::net::MacAddr;
+use balancer::dataplane::ebpf;
 use balancer::dataplane::kernel::KernelDataplane;
+use balancer::dataplane::netinfo::Interface;
+use balancer::dataplane::settings::{data_plane_settings, snat_sources};
 use balancer::dataplane::{Dataplane as _, NatSweep, NatSweepSettings};
-use balancer::ebpf;
-use balancer::net::MacAddr;
-use balancer::netinfo::Interface;
-use balancer::settings::{data_plane_settings, snat_sources};
 use balancer::vips::Balancer;
 use balancer_common::addr::raw_from_ip;
 use balancer_common::flow_hash::{flow_hash, slot};

@@ -13,8 +13,8 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use balancer::config::AttachMode;
-use balancer::ebpf::xdp_mode;
+use balancer::base::config::AttachMode;
+use balancer::dataplane::ebpf::xdp_mode;
 
 use crate::netns::{Netns, PREFIX, run, sweep};
 
@@ -194,7 +194,7 @@ fn remove_pins(tag: &str) {
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         if name == own || name.starts_with(&format!("{own}-")) {
-            let _ = balancer::pinning::Pins::new(entry.path()).remove();
+            let _ = balancer::dataplane::pinning::Pins::new(entry.path()).remove();
         }
     }
 }
@@ -226,7 +226,7 @@ pub fn mount_pin_root() -> Result<()> {
     let _one_at_a_time = MOUNTING.lock().unwrap_or_else(|e| e.into_inner());
     let root = pin_root();
     fs::create_dir_all(&root)?;
-    if !balancer::pinning::is_bpffs(&root)? {
+    if !balancer::dataplane::pinning::is_bpffs(&root)? {
         run(
             "mount",
             &["-t", "bpf", "bpf", root.to_str().unwrap_or_default()],
@@ -476,8 +476,8 @@ pub fn plug(
 pub fn attach_pass(rack: &Netns, port: &str, mode: AttachMode) -> Result<aya::Ebpf> {
     let port = port.to_string();
     rack.run_in(move || -> Result<aya::Ebpf> {
-        let mut object = balancer::ebpf::load_decap()?;
-        balancer::ebpf::program(&mut object, balancer::ebpf::PASS_PROGRAM)?
+        let mut object = balancer::dataplane::ebpf::load_decap()?;
+        balancer::dataplane::ebpf::program(&mut object, balancer::dataplane::ebpf::PASS_PROGRAM)?
             .attach(&port, xdp_mode(mode))
             .with_context(|| format!("attaching the pass program to {port}"))?;
         Ok(object)

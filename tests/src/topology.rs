@@ -23,7 +23,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail};
-use balancer::config::{AttachMode, RawApi, RawConfig, RawConntrack, RawEncap, RawNat};
+use balancer::base::config::{AttachMode, RawApi, RawConfig, RawConntrack, RawEncap, RawNat};
 
 use crate::configs::{backend, vip};
 use crate::netns::Netns;

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use balancer::config::{AttachMode, RawPolicy, RawTelemetry};
+use balancer::base::config::{AttachMode, RawPolicy, RawTelemetry};
 
 use crate::configs::{backend, to_toml, vip};
 use crate::netns::Netns;
@@ -304,7 +304,7 @@ impl VllmRack {
         let mut opts = TopologyOptions::new(tag);
         opts.backends = options.len();
         let mut topo = Topology::build(opts)?;
-        topo.attach_peer_pass(balancer::config::AttachMode::Native)?;
+        topo.attach_peer_pass(balancer::base::config::AttachMode::Native)?;
         let mut rack = VllmRack {
             servers: Vec::new(),
             options,

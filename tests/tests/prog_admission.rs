@@ -6,7 +6,7 @@
 
 use std::net::IpAddr;
 
-use balancer::config::{RawAdmission, RawPolicy, RawTelemetry, RawTier, RawVip};
+use balancer::base::config::{RawAdmission, RawPolicy, RawTelemetry, RawTier, RawVip};
 use balancer_tests::configs::{backend, harness_settings, to_toml, vip};
 use balancer_tests::packet::*;
 

@@ -768,7 +768,7 @@ fn a_syn_on_a_reused_port_is_a_new_connection() {
 mod decap {
     use super::*;
     use aya::programs::{TestRun, TestRunOptions};
-    use balancer::decap::Decapsulator;
+    use balancer::dataplane::decap::Decapsulator;
 
     fn run(d: &mut Decapsulator, frame: &[u8]) -> (u32, Vec<u8>) {
         let mut out = vec![0u8; 4096];
@@ -879,7 +879,7 @@ mod decap {
     #[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
     fn drops_tunnelled_packets_from_outer_sources_not_allowed() {
         let local = [ip("10.111.0.11"), ip("fd00:111::11")];
-        let allowed: Vec<balancer::net::Prefix> = ["10.111.0.0/30", "fd00:111::2"]
+        let allowed: Vec<balancer::base::net::Prefix> = ["10.111.0.0/30", "fd00:111::2"]
             .iter()
             .map(|p| p.parse().unwrap())
             .collect();
@@ -1647,12 +1647,12 @@ fn a_paced_vips_new_flows_count_down_to_its_scrape_and_say_so() {
     // l2dsr4's scrapes paced by its requests (the defaults: 8 per backend, 100 ms to 4 s);
     // ipip4 scraped every 100 ms (not paced): its flows count nothing.
     let mut config = packet_fixture();
-    vip_mut(&mut config, "l2dsr4").telemetry = Some(balancer::config::RawTelemetry {
+    vip_mut(&mut config, "l2dsr4").telemetry = Some(balancer::base::config::RawTelemetry {
         source: Some("scrape".into()),
         port: Some(9000),
         ..Default::default()
     });
-    vip_mut(&mut config, "ipip4").telemetry = Some(balancer::config::RawTelemetry {
+    vip_mut(&mut config, "ipip4").telemetry = Some(balancer::base::config::RawTelemetry {
         source: Some("scrape".into()),
         port: Some(9000),
         requests_per_scrape: Some(0),

@@ -14,11 +14,11 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use aya::programs::{TestRun, TestRunOptions};
-use balancer::api::types::VipWeights;
-use balancer::config::{AttachMode, RawPolicy, RawTelemetry};
-use balancer::ebpf::{LATENCY_EGRESS_PROGRAM, LATENCY_INGRESS_PROGRAM};
-use balancer::report::passive::{ITL_FAMILY, PassiveLatency, TTFT_FAMILY};
-use balancer::telemetry::page;
+use balancer::base::config::{AttachMode, RawPolicy, RawTelemetry};
+use balancer::dataplane::ebpf::{LATENCY_EGRESS_PROGRAM, LATENCY_INGRESS_PROGRAM};
+use balancer::serve::report::passive::{ITL_FAMILY, PassiveLatency, TTFT_FAMILY};
+use balancer::state::wire::VipWeights;
+use balancer::steering::telemetry::page;
 use balancer_common::latency::LatencyStats;
 use balancer_tests::configs::{backend, to_toml, vip};
 use balancer_tests::openai::stream_completion;
@@ -263,8 +263,8 @@ fn flows_are_kept_apart_and_unwatched_traffic_is_not_measured() {
 #[test]
 #[ignore = "needs root (BPF); run by cargo xtask test"]
 fn the_report_carries_the_passive_ttft_and_the_page_its_histograms() {
-    use balancer::report::Reporter;
-    use balancer::report::gpu::GpuSource;
+    use balancer::serve::report::Reporter;
+    use balancer::serve::report::gpu::GpuSource;
     let passive = PassiveLatency::load(&[PORT]).unwrap();
     let mut reporter = Reporter::new(GpuSource::None, vec![], Duration::from_secs(1), 1 << 20)
         .with_passive_latency(passive);

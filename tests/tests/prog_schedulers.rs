@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use balancer::config::RawTier;
+use balancer::base::config::RawTier;
 use balancer::dataplane::Dataplane;
 use balancer_common::stats::Counter;
 use balancer_tests::configs::{Extra, backend, harness_settings, scheduled_vip, to_toml, vip};

@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
-use balancer::api::client::{Client, ClientTls, Endpoint};
-use balancer::api::types::{ChangeResult, Status, Table};
-use balancer::config::AttachMode;
+use balancer::base::config::AttachMode;
+use balancer::serve::api::client::{Client, ClientTls, Endpoint};
+use balancer::state::wire::{ChangeResult, Status, Table};
 use balancer_tests::configs::{tcp_health, to_toml, vip_mut};
 use balancer_tests::netns::PREFIX;
 use balancer_tests::pki::TestPki;
@@ -47,7 +47,7 @@ fn rack_forwarding_on(opts: TopologyOptions, forwarding: &str) -> Topology {
 }
 
 /// The L2 DSR rack with its config as `edit` changes it.
-fn rack_edited(tag: &str, edit: impl FnOnce(&mut balancer::config::RawConfig)) -> Topology {
+fn rack_edited(tag: &str, edit: impl FnOnce(&mut balancer::base::config::RawConfig)) -> Topology {
     let mut topo = Topology::build(TopologyOptions::new(tag)).expect("building the test rack");
     topo.attach_peer_pass(AttachMode::Native)
         .expect("pass program");
@@ -498,7 +498,7 @@ fn a_panic_ends_the_daemon_and_its_restart_loses_nothing() {
     use std::os::unix::process::ExitStatusExt as _;
     // echo4 under least-conn: a weight round every telemetry interval (100 ms).
     let mut topo = rack_edited("pnc", |config| {
-        vip_mut(config, "echo4").policy = Some(balancer::config::RawPolicy {
+        vip_mut(config, "echo4").policy = Some(balancer::base::config::RawPolicy {
             kind: Some("least-conn".into()),
             ..Default::default()
         });
@@ -875,7 +875,7 @@ fn top_shows_the_vips_and_backends_live_and_quits_on_q() {
 #[test]
 #[ignore = "needs root and network namespaces; run by cargo xtask test"]
 fn a_dual_stack_multi_port_service_is_one_block_and_a_host_drains_in_one_command() {
-    use balancer::config::RawVip;
+    use balancer::base::config::RawVip;
     use balancer_tests::traffic::echo_open;
 
     let mut topo = Topology::build(TopologyOptions::new("service")).expect("building the rack");

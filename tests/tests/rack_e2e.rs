@@ -7,8 +7,8 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
-use balancer::api::types::Status;
-use balancer::config::AttachMode;
+use balancer::base::config::AttachMode;
+use balancer::state::wire::Status;
 use balancer_tests::configs::to_toml;
 use balancer_tests::topology::*;
 use balancer_tests::traffic::{echo_stream, http_get, udp_request};
@@ -516,7 +516,7 @@ fn independent_generators_drive_the_balancer() {
     let mac = |ns: &balancer_tests::netns::Netns, what: &str| -> [u8; 6] {
         let out = ns.sh(what).unwrap();
         let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        text.parse::<balancer::net::MacAddr>().unwrap().0
+        text.parse::<balancer::base::net::MacAddr>().unwrap().0
     };
     let own = mac(&topo.client, "cat /sys/class/net/eth0/address");
     let lb = mac(&topo.lb, "cat /sys/class/net/eth0/address");

@@ -5,7 +5,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use balancer::fleet::FleetRole;
+use balancer::steering::fleet::FleetRole;
 use balancer_tests::fleet::{EtcdSecurity, Fleet, HOLD, backend_addr, lb_addr};
 use balancer_tests::topology::{ECHO_PORT, HTTP_PORT, VIP4};
 use balancer_tests::traffic::http_get;
@@ -188,7 +188,7 @@ fn a_weight_change_published_once_is_applied_by_every_balancer() {
         started.elapsed()
     );
     // The follower's table gives backend 1 three fifths of the slots.
-    let table: balancer::api::types::Table = f.api(follower).get("/v1/vips/http4/table").unwrap();
+    let table: balancer::state::wire::Table = f.api(follower).get("/v1/vips/http4/table").unwrap();
     let share = table
         .backends
         .iter()
@@ -309,7 +309,7 @@ fn a_wrong_ca_a_missing_client_certificate_and_a_wrong_password_are_named() {
     let print = f.fingerprint(other, "http4").unwrap();
     let pki = f.pki.clone().unwrap();
     let text = |p: &std::path::PathBuf| Some(p.display().to_string());
-    type Edit = Box<dyn FnOnce(&mut balancer::config::RawFleet)>;
+    type Edit = Box<dyn FnOnce(&mut balancer::base::config::RawFleet)>;
     let cases: Vec<(&str, Edit, &[&str])> = vec![
         (
             "a CA that did not sign etcd's certificate",

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use balancer::config::{AttachMode, RawPolicy, RawTelemetry};
+use balancer::base::config::{AttachMode, RawPolicy, RawTelemetry};
 use balancer_tests::configs::{to_toml, vip_mut};
 use balancer_tests::fleet::{Fleet, lb_addr};
 use balancer_tests::netns::Netns;
@@ -225,7 +225,7 @@ fn a_real_prometheus_finds_every_series_the_rules_and_the_dashboard_read() {
             ..RawPolicy::default()
         });
         // Admission control (never engaged at these pages' KV use): its series exist.
-        http4.admission = Some(balancer::config::RawAdmission::default());
+        http4.admission = Some(balancer::base::config::RawAdmission::default());
     }
     let page = |used: u64, kv: f64| format!("{}{}", dcgm_page(used, 80), vllm_page(kv, 3, 1));
     for (i, used) in [20, 40, 60].into_iter().enumerate() {
@@ -331,7 +331,7 @@ fn a_real_prometheus_sees_the_fleet_and_bgp_series_move() {
 
     // lb1 drains http4 from BGP: its announcement goes, the withdrawal alert is pending.
     let lb1 = format!("instance=\"{}\"", targets[0]);
-    let drained = f.api(0).call::<(), balancer::api::types::ChangeResult>(
+    let drained = f.api(0).call::<(), balancer::state::wire::ChangeResult>(
         "POST",
         "/v1/vips/http4/drain",
         None,

@@ -16,8 +16,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use balancer::api::client::{Client, Endpoint};
-use balancer::api::types::{Status, VipWeights, WeightRow};
+use balancer::serve::api::client::{Client, Endpoint};
+use balancer::state::wire::{Status, VipWeights, WeightRow};
 use balancer_tests::netns::Netns;
 use balancer_tests::openai::{Completion, stream_completion};
 use balancer_tests::topology::*;

@@ -6,9 +6,9 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use balancer::api::client::{Client, Endpoint};
-use balancer::api::types::{ChangeResult, Status};
-use balancer::config::AttachMode;
+use balancer::base::config::AttachMode;
+use balancer::serve::api::client::{Client, Endpoint};
+use balancer::state::wire::{ChangeResult, Status};
 use balancer_tests::configs::{tcp_health, to_toml, vip_mut};
 use balancer_tests::topology::*;
 use balancer_tests::traffic::{echo_open, http_get};
@@ -50,7 +50,7 @@ fn weight_churn_and_backend_churn_lose_no_byte() {
             ("echo6", backend6((round % 3) as usize).to_string()),
         ] {
             let weight = 1 + (round * 7 + 3) % 9;
-            let body = balancer::api::types::WeightBody {
+            let body = balancer::state::wire::WeightBody {
                 weight: i64::from(weight),
             };
             client
@@ -70,7 +70,7 @@ fn weight_churn_and_backend_churn_lose_no_byte() {
                     ("echo4", backend4(i).to_string()),
                     ("echo6", backend6(i).to_string()),
                 ] {
-                    let body = balancer::config::RawBackend {
+                    let body = balancer::base::config::RawBackend {
                         address: Some(addr),
                         weight: Some(2),
                         ..Default::default()

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use balancer::api::types::{Status, VipStatus};
-use balancer::config::{AttachMode, RawPool, RawTier};
+use balancer::base::config::{AttachMode, RawPool, RawTier};
+use balancer::state::wire::{Status, VipStatus};
 use balancer_tests::configs::{backends, to_toml, vip, vip_mut};
 use balancer_tests::topology::*;
 use balancer_tests::traffic::{echo_open, http_get, http_get_from};

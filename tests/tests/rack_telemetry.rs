@@ -9,9 +9,9 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use balancer::api::client::{Client, Endpoint};
-use balancer::api::types::{ChangeResult, VipWeights};
-use balancer::config::{AttachMode, RawConfig, RawPolicy, RawTelemetry};
+use balancer::base::config::{AttachMode, RawConfig, RawPolicy, RawTelemetry};
+use balancer::serve::api::client::{Client, Endpoint};
+use balancer::state::wire::{ChangeResult, VipWeights};
 use balancer_tests::configs::{to_toml, vip_mut};
 use balancer_tests::pages::{dcgm_page, vllm_page, write_atomically};
 use balancer_tests::rack::binary;
@@ -634,8 +634,8 @@ fn reporters_push_and_serve_gpu_figures() {
 #[test]
 #[ignore = "needs root and network namespaces; run by cargo xtask test"]
 fn a_saturated_pool_refuses_free_tier_connections_while_premium_ones_succeed() {
-    use balancer::api::types::Status;
-    use balancer::config::{RawAdmission, RawTier};
+    use balancer::base::config::{RawAdmission, RawTier};
+    use balancer::state::wire::Status;
     use balancer_tests::traffic::http_get_from;
     // The client's own address is premium; 10.111.0.50 (also on the client) has no tier.
     let premium: IpAddr = CLIENT4.into();

@@ -1,8 +1,8 @@
 use std::net::IpAddr;
 use std::process::ExitCode;
 
-use balancer::api::types::{ChangeResult, WeightBody};
-use balancer::config::RawBackend;
+use balancer::base::config::RawBackend;
+use balancer::state::wire::{ChangeResult, WeightBody};
 use clap::Subcommand;
 
 use super::change::report;

@@ -2,8 +2,8 @@
 
 use std::process::ExitCode;
 
-use balancer::api::client::ClientError;
-use balancer::api::types::ChangeResult;
+use balancer::serve::api::client::ClientError;
+use balancer::state::wire::ChangeResult;
 
 use super::client_args::{ClientArgs, fail, print_json};
 

@@ -1,7 +1,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use balancer::config::Config;
+use balancer::base::config::Config;
 
 use super::EXIT_INVALID;
 
@@ -31,7 +31,7 @@ pub fn run(args: CheckConfigArgs) -> anyhow::Result<ExitCode> {
         config.vips.len(),
         backends
     );
-    for line in balancer::config::service::describe(&config.vips) {
+    for line in balancer::base::config::service::describe(&config.vips) {
         println!("  {line}");
     }
     for vip in &config.vips {

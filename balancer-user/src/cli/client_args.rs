@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use balancer::api::client::{Client, ClientError, ClientTls, Endpoint};
-use balancer::config::DEFAULT_API_SOCKET;
+use balancer::base::config::DEFAULT_API_SOCKET;
+use balancer::serve::api::client::{Client, ClientError, ClientTls, Endpoint};
 
 use super::{EXIT_CONFLICT, EXIT_FAILURE, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_UNAUTHORIZED};
 
@@ -47,7 +47,7 @@ impl ClientArgs {
         Ok(Client::new(match (&self.connect, &self.token_file) {
             (Some(addr), Some(file)) => Endpoint::Tcp {
                 addr: addr.clone(),
-                token: balancer::api::server::read_token(file)?,
+                token: balancer::serve::api::server::read_token(file)?,
                 tls: self.tls_settings(),
             },
             (Some(_), None) => anyhow::bail!(self.check().unwrap_err()),

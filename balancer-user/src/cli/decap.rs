@@ -1,9 +1,9 @@
 use std::net::IpAddr;
 use std::process::ExitCode;
 
-use balancer::config::AttachMode;
-use balancer::decap::{self, DecapOptions};
-use balancer::net::Prefix;
+use balancer::base::config::AttachMode;
+use balancer::base::net::Prefix;
+use balancer::dataplane::decap::{self, DecapOptions};
 
 use super::runtime;
 

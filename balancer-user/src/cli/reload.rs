@@ -1,9 +1,9 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use balancer::api::types::{ChangeResult, StopBody};
-use balancer::config::Config;
-use balancer::pinning::Pins;
+use balancer::base::config::Config;
+use balancer::dataplane::pinning::Pins;
+use balancer::state::wire::{ChangeResult, StopBody};
 
 use super::EXIT_INVALID;
 use super::change::report;
@@ -50,7 +50,7 @@ pub fn stop(args: StopArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
         }),
     );
     match (&result, args.detach, &args.config) {
-        (Err(balancer::api::client::ClientError::Connect { .. }), true, Some(path)) => {
+        (Err(balancer::serve::api::client::ClientError::Connect { .. }), true, Some(path)) => {
             let config = match Config::load(path) {
                 Ok(c) => c,
                 Err(e) => {
@@ -58,7 +58,10 @@ pub fn stop(args: StopArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
                     return Ok(ExitCode::from(EXIT_INVALID));
                 }
             };
-            balancer::daemon::detach_pinned(&Pins::new(&config.pin_dir), &config.state_file)?;
+            balancer::serve::daemon::detach_pinned(
+                &Pins::new(&config.pin_dir),
+                &config.state_file,
+            )?;
             println!(
                 "no daemon answered; removed the pinned state in {} (program detached)",
                 config.pin_dir.display()

@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use balancer::api::types::ChangeResult;
-use balancer::report::gpu::GpuSource;
-use balancer::report::passive::PassiveLatency;
-use balancer::report::{LocalPage, Reporter};
+use balancer::serve::report::gpu::GpuSource;
+use balancer::serve::report::passive::PassiveLatency;
+use balancer::serve::report::{LocalPage, Reporter};
+use balancer::state::wire::ChangeResult;
 use clap::ArgGroup;
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -151,13 +151,13 @@ fn gpu_source(args: &ReportArgs) -> Result<GpuSource, String> {
     }
     #[cfg(feature = "nvml")]
     {
-        balancer::report::nvml::NvmlGpus::open().map(|g| GpuSource::Nvml(Box::new(g)))
+        balancer::serve::report::nvml::NvmlGpus::open().map(|g| GpuSource::Nvml(Box::new(g)))
     }
     #[cfg(not(feature = "nvml"))]
     {
         Err(format!(
             "this build has no NVML support (cargo feature `nvml`); pass --gpu-stats-file with the output of `{}`, or --no-gpu",
-            balancer::report::gpu::NVIDIA_SMI_QUERY
+            balancer::serve::report::gpu::NVIDIA_SMI_QUERY
         ))
     }
 }
@@ -229,7 +229,7 @@ async fn serve(reporter: Reporter, addr: SocketAddr) -> anyhow::Result<ExitCode>
 async fn push(
     mut reporter: Reporter,
     args: &ReportArgs,
-    client: balancer::api::client::Client,
+    client: balancer::serve::api::client::Client,
 ) -> anyhow::Result<ExitCode> {
     let client = Arc::new(client);
     let backend = args.backend.context("--push needs --backend")?;

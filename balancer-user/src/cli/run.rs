@@ -2,8 +2,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use balancer::config::ConfigError;
-use balancer::daemon::{self, RunOptions};
+use balancer::base::config::ConfigError;
+use balancer::serve::daemon::{self, RunOptions};
 
 use super::{EXIT_INVALID, runtime};
 

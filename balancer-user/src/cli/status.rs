@@ -1,6 +1,6 @@
 use std::process::ExitCode;
 
-use balancer::api::types::{Stats, Status, VipStatus};
+use balancer::state::wire::{Stats, Status, VipStatus};
 
 use super::client_args::{ClientArgs, fail, print_json, si};
 
@@ -88,7 +88,7 @@ fn print_vips(vips: &[VipStatus]) {
 
 /// A VIP's admission control: whether its pool is saturated, how it refuses, and per client
 /// tier what was admitted and shed while saturated.
-fn print_admission(a: &balancer::api::types::AdmissionStatus) {
+fn print_admission(a: &balancer::state::wire::AdmissionStatus) {
     let overflow = match &a.overflow {
         Some(t) => format!(", overflow to tier {t}"),
         None => String::new(),

@@ -1,6 +1,6 @@
 use std::process::ExitCode;
 
-use balancer::api::types::Table;
+use balancer::state::wire::Table;
 
 use super::client_args::{ClientArgs, fail, print_json};
 

@@ -6,8 +6,8 @@ use std::net::IpAddr;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use balancer::api::client::Client;
-use balancer::api::types::{Status, VipWeights, WeightRow};
+use balancer::serve::api::client::Client;
+use balancer::state::wire::{Status, VipWeights, WeightRow};
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 use ratatui::layout::{Constraint, Layout};
 use ratatui::style::{Modifier, Style};

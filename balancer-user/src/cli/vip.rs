@@ -1,8 +1,8 @@
 use std::net::IpAddr;
 use std::process::ExitCode;
 
-use balancer::api::types::ChangeResult;
-use balancer::config::{RawHealth, RawPolicy, RawTelemetry, RawVip};
+use balancer::base::config::{RawHealth, RawPolicy, RawTelemetry, RawVip};
+use balancer::state::wire::ChangeResult;
 use clap::Subcommand;
 
 use super::change::report;
@@ -211,7 +211,7 @@ pub fn run(args: VipArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
         } => {
             let admission = admission_body(admit, admission_overflow, admission_refuse)?;
             // One value goes in the singular key, several make a service.
-            use balancer::config::service::one_or_many;
+            use balancer::base::config::service::one_or_many;
             let (address, addresses) = one_or_many(address.iter().map(IpAddr::to_string).collect());
             let (port, ports) = one_or_many(port.into_iter().map(i64::from).collect());
             let (protocol, protocols) = one_or_many(protocol);
@@ -274,7 +274,7 @@ pub fn run(args: VipArgs, opts: &ClientArgs) -> anyhow::Result<ExitCode> {
             affinity_prefix_v4,
             affinity_prefix_v6,
         } => {
-            let body = balancer::api::types::SchedulerBody {
+            let body = balancer::state::wire::SchedulerBody {
                 scheduler,
                 persistence_secs: persistence_secs.map(i64::from),
                 max_load_factor,
@@ -312,7 +312,7 @@ fn admission_body(
     admit: Vec<String>,
     overflow: Option<String>,
     refuse: Option<String>,
-) -> anyhow::Result<Option<balancer::config::RawAdmission>> {
+) -> anyhow::Result<Option<balancer::base::config::RawAdmission>> {
     if admit.is_empty() && overflow.is_none() && refuse.is_none() {
         return Ok(None);
     }
@@ -329,7 +329,7 @@ fn admission_body(
         };
         tiers.insert(tier, cap);
     }
-    Ok(Some(balancer::config::RawAdmission {
+    Ok(Some(balancer::base::config::RawAdmission {
         admit: tiers,
         overflow,
         refuse,

@@ -1,6 +1,6 @@
 use std::process::ExitCode;
 
-use balancer::api::types::VipWeights;
+use balancer::state::wire::VipWeights;
 
 use super::EXIT_NOT_FOUND;
 use super::client_args::{ClientArgs, fail, print_json};

@@ -1,12 +1,20 @@
 //! What the control logic needs from the kernel, as a trait: write VIPs, backends, settings
 //! and whole Maglev tables, and read counters. [`kernel::KernelDataplane`] implements it on the
 //! loaded XDP program's maps; [`memory::MemoryDataplane`] keeps the same state in memory so
-//! the bookkeeping in [`crate::balancer`] is tested without root or a kernel.
+//! the bookkeeping in [`crate::vips`] is tested without root or a kernel. Beside the port: the
+//! eBPF objects ([`ebpf`]), the pinned state ([`pinning`]), the host's network facts
+//! ([`netinfo`]), the global settings ([`settings`]) and the backend-side decapsulation
+//! ([`decap`]).
 
+pub mod decap;
+pub mod ebpf;
 pub mod kernel;
 pub mod memory;
 pub mod nat_expiry;
+pub mod netinfo;
+pub mod pinning;
 pub mod scrape_due;
+pub mod settings;
 pub(crate) mod sys;
 
 pub use nat_expiry::{NatSweep, NatSweepSettings, NatSweeper};

@@ -25,7 +25,7 @@ pub struct NatSweepSettings {
 }
 
 impl NatSweepSettings {
-    pub fn from_config(nat: &crate::config::NatConfig) -> Self {
+    pub fn from_config(nat: &crate::base::config::NatConfig) -> Self {
         let ticks = |d: std::time::Duration| (d.as_nanos() as u64).div_ceil(1 << TICK_SHIFT);
         NatSweepSettings {
             tcp_idle: ticks(nat.tcp_idle_timeout),

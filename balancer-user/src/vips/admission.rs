@@ -4,7 +4,7 @@
 
 use balancer_common::maps::{Admission, REFUSE_DROP, REFUSE_RESET};
 
-use crate::config::{Refusal, VipConfig};
+use crate::base::config::{Refusal, VipConfig};
 use crate::dataplane::{AdmissionCounts, Dataplane};
 
 use super::{Balancer, BalancerError, Endpoint};

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use balancer_common::maglev;
 use balancer_common::maps::{Backend, MAX_BACKENDS, MAX_VIPS, VipKey, VipMeta};
 
-use crate::config::{BackendConfig, VipConfig};
+use crate::base::config::{BackendConfig, VipConfig};
+use crate::base::net::MacAddr;
 use crate::dataplane::Dataplane;
-use crate::net::MacAddr;
 
 use super::tables::{backend_entry, build_tier_tables, vip_key, vip_meta};
 use super::{
@@ -244,7 +244,7 @@ impl<D: Dataplane> Balancer<D> {
                     self.take_retiring(endpoint, b.address)
                 }
             };
-            let dynamic = config.policy.kind != crate::policy::PolicyKind::Static;
+            let dynamic = config.policy.kind != crate::base::config::PolicyKind::Static;
             let state = match previous {
                 Some(old) => {
                     let mut state = BackendState {

@@ -222,7 +222,7 @@ mod tests {
             healthy: true,
             dynamic_weight: None,
             fleet_weight: None,
-            mac: crate::net::MacAddr([2, 0, 0, 0, 0, last]),
+            mac: crate::base::net::MacAddr([2, 0, 0, 0, 0, last]),
             generation: 1,
             tier,
             bound_share: 0,

@@ -15,8 +15,8 @@ use balancer_common::{
 };
 
 use super::{Balancer, BalancerError, Endpoint};
+use crate::base::config::PolicyKind;
 use crate::dataplane::Dataplane;
-use crate::policy::PolicyKind;
 
 /// A backend's entry for session persistence's spreading, as an operator reads it.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -36,9 +36,9 @@ use balancer_common::maps::{
 use balancer_common::schedule;
 use balancer_common::stats::{GlobalStats, TrafficStats};
 
-use crate::config::VipConfig;
+use crate::base::config::VipConfig;
+use crate::base::net::MacAddr;
 use crate::dataplane::{Dataplane, DataplaneError};
-use crate::net::{MacAddr, Protocol};
 
 /// Why a change was refused or failed.
 #[derive(Debug, thiserror::Error)]
@@ -57,8 +57,7 @@ pub enum BalancerError {
     Dataplane(#[from] DataplaneError),
 }
 
-/// The (address, port, protocol) of a VIP.
-pub type Endpoint = (IpAddr, u16, Protocol);
+pub use crate::base::net::Endpoint;
 
 /// Ids handed out first-in first-out, so a freed id is reused as late as possible.
 #[derive(Debug)]
@@ -104,9 +103,9 @@ pub struct BackendState {
     pub drained: bool,
     /// Failing its health checks: out of the table and inactive (its flows are re-hashed).
     pub healthy: bool,
-    /// The weight a telemetry policy computed, in place of `weight` (see [`crate::policy`]).
+    /// The weight a telemetry policy computed, in place of `weight` (see [`crate::steering::policy`]).
     pub dynamic_weight: Option<u32>,
-    /// The weight the fleet's leader published for it (see [`crate::fleet`]), in place of
+    /// The weight the fleet's leader published for it (see [`crate::steering::fleet`]), in place of
     /// everything local: every balancer of a fleet builds its table from the same weights.
     pub fleet_weight: Option<u32>,
     pub mac: MacAddr,
@@ -118,7 +117,7 @@ pub struct BackendState {
     pub bound_share: u16,
     /// The telemetry policy expects its returning clients to be served sooner elsewhere this
     /// round (written as `BACKEND_F_RETURNING_ELSEWHERE` where the VIP has session
-    /// persistence; see [`crate::policy::Decision::returning_elsewhere`]).
+    /// persistence; see [`crate::steering::policy::Decision::returning_elsewhere`]).
     pub returning_elsewhere: bool,
 }
 
@@ -249,7 +248,7 @@ pub struct Balancer<D: Dataplane> {
     /// Backends failing their health checks.
     unhealthy: HashSet<(Endpoint, IpAddr)>,
     /// The priority tiers in force, and which of them spill into the shared pool (bit `id`).
-    tiers: Vec<crate::config::TierConfig>,
+    tiers: Vec<crate::base::config::TierConfig>,
     tier_spill: u8,
     /// Time spent building and publishing tables since the last `apply` began.
     build_time: Duration,
@@ -303,7 +302,10 @@ impl<D: Dataplane> Balancer<D> {
     /// Makes `tiers` the priority tiers in force: the data plane's client classification
     /// (source prefixes, DSCP) is rewritten when they change. Call before [`Balancer::apply`],
     /// which places backends in their tiers' pools.
-    pub fn set_tiers(&mut self, tiers: &[crate::config::TierConfig]) -> Result<(), BalancerError> {
+    pub fn set_tiers(
+        &mut self,
+        tiers: &[crate::base::config::TierConfig],
+    ) -> Result<(), BalancerError> {
         if self.tiers == tiers {
             return Ok(());
         }

@@ -26,7 +26,7 @@ pub struct Snapshot {
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct VipSnapshot {
     pub id: u32,
-    pub config: crate::config::RawVip,
+    pub config: crate::base::config::RawVip,
     pub backends: Vec<BackendSnapshot>,
     #[serde(default)]
     pub spill: u8,
@@ -149,7 +149,7 @@ impl<D: Dataplane> Balancer<D> {
             })
         };
         for vip in &snapshot.vips {
-            let config = crate::config::validate_vip(vip.config.clone(), "state.vip")
+            let config = crate::base::config::validate_vip(vip.config.clone(), "state.vip")
                 .map_err(|e| RestoreError::Invalid(e.to_string()))?;
             if !lb.vip_ids.reserve(vip.id) {
                 return Err(RestoreError::Invalid(format!(

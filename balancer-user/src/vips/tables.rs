@@ -12,7 +12,7 @@ use balancer_common::maps::{
     VIP_F_COUNT, VIP_F_SCRAPE_DUE, VIP_F_SOURCE_PREFIX, VIP_F_TIERS, VipKey, VipMeta,
 };
 
-use crate::config::{Forwarding, VipConfig};
+use crate::base::config::{Forwarding, VipConfig};
 
 use super::{BackendState, BalancerError};
 

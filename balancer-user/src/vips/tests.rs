@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use super::tables::vip_key;
 use super::*;
-use crate::config::{BackendConfig, Config};
+use crate::base::config::{BackendConfig, Config};
 use crate::dataplane::memory::MemoryDataplane;
 use balancer_common::maps::{BACKEND_F_ACTIVE, ForwardMode};
 
@@ -343,7 +343,7 @@ fn unhealthy_backends_leave_the_table_and_are_deactivated_until_they_recover() {
 fn bounded_load_judges_backends_against_their_weights_averaged_over_the_mean_flow() {
     let mut lb = balancer();
     let mut cfg = two_vips();
-    cfg.vips[0].policy.kind = crate::policy::PolicyKind::LeastConn;
+    cfg.vips[0].policy.kind = crate::base::config::PolicyKind::LeastConn;
     cfg.vips[0].load_bound_pct = 25;
     lb.apply(&cfg.vips, &macs()).unwrap();
     let endpoint = cfg.vips[0].endpoint();
@@ -406,7 +406,7 @@ fn returning_clients_are_sent_elsewhere_only_under_session_persistence() {
     use balancer_common::maps::BACKEND_F_RETURNING_ELSEWHERE as ELSEWHERE;
     let mut lb = balancer();
     let mut cfg = two_vips();
-    cfg.vips[0].policy.kind = crate::policy::PolicyKind::Composite;
+    cfg.vips[0].policy.kind = crate::base::config::PolicyKind::Composite;
     lb.apply(&cfg.vips, &macs()).unwrap();
     let endpoint = cfg.vips[0].endpoint();
     let (a, b): (IpAddr, IpAddr) = ("10.0.0.11".parse().unwrap(), "10.0.0.12".parse().unwrap());
@@ -447,10 +447,10 @@ fn returning_clients_are_sent_elsewhere_only_under_session_persistence() {
     // A reload to a static policy (no more rounds to lift it), or without persistence: the
     // entry loses the flag.
     lb.set_returning_elsewhere(&endpoint, &[(a, true)]).unwrap();
-    cfg.vips[0].policy.kind = crate::policy::PolicyKind::Static;
+    cfg.vips[0].policy.kind = crate::base::config::PolicyKind::Static;
     lb.apply(&cfg.vips, &macs()).unwrap();
     assert_eq!(flags(&lb, a), BACKEND_F_ACTIVE);
-    cfg.vips[0].policy.kind = crate::policy::PolicyKind::Composite;
+    cfg.vips[0].policy.kind = crate::base::config::PolicyKind::Composite;
     lb.apply(&cfg.vips, &macs()).unwrap();
     lb.set_returning_elsewhere(&endpoint, &[(a, true)]).unwrap();
     cfg.vips[0].persistence = Duration::ZERO;
@@ -462,7 +462,7 @@ fn returning_clients_are_sent_elsewhere_only_under_session_persistence() {
 fn dynamic_weights_replace_configured_ones_until_the_policy_is_static() {
     let mut lb = balancer();
     let mut cfg = two_vips();
-    cfg.vips[0].policy.kind = crate::policy::PolicyKind::LeastConn;
+    cfg.vips[0].policy.kind = crate::base::config::PolicyKind::LeastConn;
     lb.apply(&cfg.vips, &macs()).unwrap();
     let endpoint = cfg.vips[0].endpoint();
     let (a, b): (IpAddr, IpAddr) = ("10.0.0.11".parse().unwrap(), "10.0.0.12".parse().unwrap());
@@ -485,7 +485,7 @@ fn dynamic_weights_replace_configured_ones_until_the_policy_is_static() {
         lb.vip("web").unwrap().backends[&a].dynamic_weight,
         Some(900)
     );
-    cfg.vips[0].policy.kind = crate::policy::PolicyKind::Static;
+    cfg.vips[0].policy.kind = crate::base::config::PolicyKind::Static;
     lb.apply(&cfg.vips, &macs()).unwrap();
     let shares = lb.vip("web").unwrap().slot_shares();
     assert!(
@@ -508,7 +508,7 @@ fn fleet_weights_give_every_balancer_the_leaders_table() {
     follower.apply(&cfg.vips, &macs()).unwrap();
     let fingerprint = |lb: &Balancer<MemoryDataplane>| lb.vip("web").unwrap().fingerprint();
     assert_ne!(fingerprint(&leader), fingerprint(&follower));
-    let published = crate::fleet::local_weights(&leader);
+    let published = crate::steering::fleet::local_weights(&leader);
     assert_eq!(published["web"][&b], 0);
     let report = follower.set_fleet_weights(Some(&published)).unwrap();
     assert!(report.tables_published >= 1);
@@ -636,7 +636,7 @@ fn a_snapshot_restores_the_same_bookkeeping_without_kernel_writes() {
     cfg.vips[1].backends.clear();
     // A returning-client verdict the kernel holds comes back with the bookkeeping (any
     // telemetry policy: the verdict itself is the composite's).
-    cfg.vips[0].policy.kind = crate::policy::PolicyKind::LeastConn;
+    cfg.vips[0].policy.kind = crate::base::config::PolicyKind::LeastConn;
     cfg.vips[0].persistence = Duration::from_secs(60);
     lb.apply(&cfg.vips, &macs()).unwrap();
     let sticky: IpAddr = "10.0.0.11".parse().unwrap();

@@ -51,7 +51,7 @@ impl<D: Dataplane> Balancer<D> {
 
     /// Sets which of a VIP's backends a telemetry policy expects to serve their returning
     /// clients more slowly than another would (see
-    /// [`crate::policy::Decision::returning_elsewhere`]) and writes the entries that change;
+    /// [`crate::steering::policy::Decision::returning_elsewhere`]) and writes the entries that change;
     /// backends not listed keep theirs. Only a VIP with session persistence writes the flag
     /// (others have no returning clients). Returns how many entries were written.
     pub fn set_returning_elsewhere(

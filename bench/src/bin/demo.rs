@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use balancer::config::AttachMode;
+use balancer::base::config::AttachMode;
 use balancer_tests::configs::to_toml;
 use balancer_tests::netns::{PREFIX, is_root, sweep};
 use balancer_tests::topology::*;
@@ -177,8 +177,8 @@ fn print_weights(topo: &Topology, started: std::time::Instant) -> Result<()> {
 /// Part two on real servers: two vLLM servers (CPU build, the tiny model) of two KV-cache
 /// sizes behind the balancer, weights from their real metrics.
 fn real_llm_demo() -> Result<()> {
-    use balancer::api::client::{Client, Endpoint};
-    use balancer::api::types::Status;
+    use balancer::serve::api::client::{Client, Endpoint};
+    use balancer::state::wire::Status;
     use balancer_bench::load::stats::percentile;
     use balancer_bench::load::workload::shipped_trace;
     use balancer_tests::openai::stream_completion;

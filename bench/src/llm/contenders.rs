@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use balancer::config::{RawPolicy, RawTelemetry, RawVip};
+use balancer::base::config::{RawPolicy, RawTelemetry, RawVip};
 
 use super::LLM_PORT;
 use balancer_tests::rack::Process;
@@ -159,10 +159,12 @@ impl VipSettings {
         vip.max_load_factor = self.max_load_factor;
         vip.affinity_prefix_v4 = self.affinity_prefix_v4.map(i64::from);
         vip.persistence_secs = self.persistence_secs.map(i64::from);
-        vip.admission = self.admission.then(|| balancer::config::RawAdmission {
-            admit: [(PREMIUM_TIER.to_string(), 0)].into_iter().collect(),
-            ..Default::default()
-        });
+        vip.admission = self
+            .admission
+            .then(|| balancer::base::config::RawAdmission {
+                admit: [(PREMIUM_TIER.to_string(), 0)].into_iter().collect(),
+                ..Default::default()
+            });
         if self.composite {
             // The reporter's page first: its TTFT is taken before a later page's.
             let (port, extra) = match self.passive_latency {
@@ -523,8 +525,8 @@ mod tests {
     use super::*;
 
     /// The telemetry settings `settings` give a VIP.
-    fn telemetry_of(settings: &VipSettings) -> balancer::config::RawTelemetry {
-        let mut vip = balancer::config::RawVip::default();
+    fn telemetry_of(settings: &VipSettings) -> balancer::base::config::RawTelemetry {
+        let mut vip = balancer::base::config::RawVip::default();
         settings.apply(&mut vip);
         vip.telemetry.expect("a telemetry policy's contender")
     }

@@ -27,7 +27,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use balancer::config::{AttachMode, RawVip};
+use balancer::base::config::{AttachMode, RawVip};
 
 use self::contenders::{Contender, ROUTER_PORT, VipSettings, start_router};
 use super::Figures;
@@ -388,7 +388,7 @@ impl LlmRack {
             });
         }
         let info = aya::programs::ProgramInfo::from_pin(
-            balancer::pinning::Pins::new(self.topo.pin_dir()).program(),
+            balancer::dataplane::pinning::Pins::new(self.topo.pin_dir()).program(),
         )
         .context("reading the XDP program's statistics")?;
         let mut bpf_ns = info.run_time().as_nanos() as u64;
@@ -409,7 +409,7 @@ impl LlmRack {
     /// render/tokenize answers did not reach it: the comparison would flatter the balancer).
     fn check_router_inputs(&self, c: &Contender) -> Result<()> {
         let page = self.metrics_page_in_lb(contenders::ROUTER_METRICS_PORT)?;
-        let samples = balancer::telemetry::page::parse(&page)?;
+        let samples = balancer::steering::telemetry::page::parse(&page)?;
         let missing: f64 = samples
             .iter()
             .filter(|s| {
@@ -463,9 +463,9 @@ impl LlmRack {
         })??;
         let mut total = (0.0, 0.0);
         for page in pages {
-            let samples = balancer::telemetry::page::parse(&page)?;
+            let samples = balancer::steering::telemetry::page::parse(&page)?;
             if let Some((h, q)) =
-                balancer::telemetry::signals::extract(&samples).prefix_cache_counts
+                balancer::steering::telemetry::signals::extract(&samples).prefix_cache_counts
             {
                 total.0 += h;
                 total.1 += q;
@@ -487,7 +487,7 @@ impl LlmRack {
             // The first scrapes and weight rounds (paced: the first two come 100 ms apart).
             let ms = settings
                 .scrape_ms
-                .unwrap_or(balancer::config::DEFAULT_SCRAPE_INTERVAL_MS);
+                .unwrap_or(balancer::base::config::DEFAULT_SCRAPE_INTERVAL_MS);
             std::thread::sleep(Duration::from_millis(3 * ms));
         }
         // Read before the CPU is counted and after: a page of the daemon's metrics costs it
@@ -581,7 +581,7 @@ struct DaemonCounts {
 impl DaemonCounts {
     /// The counts on a metrics page of the daemon.
     fn from_page(page: &str) -> Result<DaemonCounts> {
-        let samples = balancer::telemetry::page::parse(page)?;
+        let samples = balancer::steering::telemetry::page::parse(page)?;
         let table_rebuilds = samples
             .iter()
             .find(|s| s.name == "balancer_table_rebuilds_total" && s.label("vip") == Some(VIP_NAME))
@@ -650,8 +650,8 @@ fn tc_latency_runs() -> Result<(u64, u64)> {
     for info in aya::programs::loaded_programs() {
         let info = info.context("listing the loaded BPF programs")?;
         let name = info.name_as_str().unwrap_or_default();
-        if name == balancer::ebpf::LATENCY_INGRESS_PROGRAM
-            || name == balancer::ebpf::LATENCY_EGRESS_PROGRAM
+        if name == balancer::dataplane::ebpf::LATENCY_INGRESS_PROGRAM
+            || name == balancer::dataplane::ebpf::LATENCY_EGRESS_PROGRAM
         {
             total.0 += info.run_time().as_nanos() as u64;
             total.1 += info.run_count();
@@ -672,7 +672,7 @@ pub fn config_with(topo: &Topology, edit: impl FnOnce(&mut RawVip)) -> String {
     config.metrics.listen = Some(format!("127.0.0.1:{METRICS_PORT}"));
     // The premium clients, a tier for the contenders with admission control (the others
     // never look it up: their VIP dedicates no backends to it).
-    config.tier.push(balancer::config::RawTier {
+    config.tier.push(balancer::base::config::RawTier {
         name: Some(contenders::PREMIUM_TIER.into()),
         prefixes: vec![workload::PREMIUM_PREFIX.into()],
         ..Default::default()

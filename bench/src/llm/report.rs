@@ -208,9 +208,9 @@ fn options_line(o: &super::Options) -> String {
             Some(ms) => format!("scraped every {ms} ms"),
             None => format!(
                 "paced its scrapes by its requests (the daemon's default: {} requests per backend between scrapes, every {}-{} ms)",
-                balancer::config::DEFAULT_REQUESTS_PER_SCRAPE,
-                balancer::config::DEFAULT_SCRAPE_INTERVAL_MS,
-                balancer::config::DEFAULT_MAX_SCRAPE_INTERVAL_MS
+                balancer::base::config::DEFAULT_REQUESTS_PER_SCRAPE,
+                balancer::base::config::DEFAULT_SCRAPE_INTERVAL_MS,
+                balancer::base::config::DEFAULT_MAX_SCRAPE_INTERVAL_MS
             ),
         }
     )

@@ -19,7 +19,7 @@ use super::nat_expiry::NatSweeper;
 use super::scrape_due::ScrapeDue;
 use super::sys::MappedArray;
 use super::{AdmissionCounts, Dataplane, DataplaneError, FlowCounter, add_traffic, sys};
-use crate::net::{lpm_word_v4, lpm_words_v6};
+use crate::base::net::{lpm_word_v4, lpm_words_v6};
 
 mod nat;
 mod open;
