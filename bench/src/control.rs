@@ -392,7 +392,7 @@ fn telemetry(figures: &mut Figures) -> Result<()> {
         let after = {
             let mut backends = h.balancer.vip("v0").context("vip")?.backends.clone();
             for b in backends.values_mut() {
-                b.dynamic_weight = Some(if b.address == addresses[round] {
+                b.policy_weight = Some(if b.address == addresses[round] {
                     500
                 } else {
                     1000

@@ -5,7 +5,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use balancer::steering::fleet::FleetRole;
+use balancer::steering::fleet::{EtcdHealth, FleetRole};
 use balancer_tests::fleet::{EtcdSecurity, Fleet, HOLD, backend_addr, lb_addr};
 use balancer_tests::topology::{ECHO_PORT, HTTP_PORT, VIP4};
 use balancer_tests::traffic::http_get;
@@ -266,7 +266,7 @@ fn losing_etcd_leaves_every_balancer_forwarding_with_its_last_table() {
             |s| {
                 s.fleet
                     .as_ref()
-                    .is_some_and(|x| x.etcd != "ok" && x.role != FleetRole::Leader)
+                    .is_some_and(|x| !x.etcd.is_ok() && x.role != FleetRole::Leader)
             },
         )
         .unwrap();
@@ -289,7 +289,7 @@ fn losing_etcd_leaves_every_balancer_forwarding_with_its_last_table() {
     f.start_etcd().unwrap();
     let leader = f.wait_for_leader(Duration::from_secs(15)).unwrap();
     f.wait_for_status(&[0, 1], TIMEOUT, "etcd ok again", |s| {
-        s.fleet.as_ref().is_some_and(|x| x.etcd == "ok")
+        s.fleet.as_ref().is_some_and(|x| x.etcd.is_ok())
     })
     .unwrap();
     let took = set_weight_everywhere(&f, leader, 2, 250, &[0, 1], TIMEOUT);
@@ -339,9 +339,9 @@ fn a_wrong_ca_a_missing_client_certificate_and_a_wrong_password_are_named() {
     for (what, edit, want) in cases {
         f.start_balancer_with(other, edit).unwrap();
         f.wait_for_status(&[other], TIMEOUT, what, |s| {
-            s.fleet
-                .as_ref()
-                .is_some_and(|x| want.iter().all(|w| x.etcd.contains(w)))
+            s.fleet.as_ref().is_some_and(
+                |x| matches!(&x.etcd, EtcdHealth::Failing(e) if want.iter().all(|w| e.contains(w))),
+            )
         })
         .unwrap_or_else(|e| panic!("{what}: {e:#}"));
         let status = f.status(other).unwrap().fleet.unwrap();
@@ -360,7 +360,7 @@ fn a_wrong_ca_a_missing_client_certificate_and_a_wrong_password_are_named() {
     f.wait_for_status(&[other], TIMEOUT, "following again", |s| {
         s.fleet
             .as_ref()
-            .is_some_and(|x| x.etcd == "ok" && x.role == FleetRole::Follower)
+            .is_some_and(|x| x.etcd.is_ok() && x.role == FleetRole::Follower)
     })
     .unwrap();
 }

@@ -268,10 +268,7 @@ fn a_real_prometheus_finds_every_series_the_rules_and_the_dashboard_read() {
     let b1 = "vip=\"http4\",backend=\"10.111.0.11\"";
     for (query, want) in [
         (format!("balancer_backend_saturated{{{b1}}} == 1"), 1.0),
-        (
-            format!("balancer_backend_effective_weight{{{b1}}} == 0"),
-            1.0,
-        ),
+        (format!("balancer_backend_table_weight{{{b1}}} == 0"), 1.0),
         (
             format!("balancer_backend_kv_cache_usage{{{b1}}} > 0.9"),
             1.0,

@@ -435,7 +435,7 @@ fn weight_changes(topo: &Topology) -> Result<f64, String> {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     for name in [
-        "balancer_backend_effective_weight{vip=\"echo4\",backend=\"10.111.0.11\"}",
+        "balancer_backend_table_weight{vip=\"echo4\",backend=\"10.111.0.11\"}",
         "balancer_backend_kv_cache_usage{vip=\"echo4\",backend=\"10.111.0.11\"}",
         "balancer_backend_requests_waiting{vip=\"echo6\",backend=\"fd00:111::11\"}",
         "balancer_backend_report_age_seconds{vip=\"echo4\",backend=\"10.111.0.12\"}",

@@ -146,7 +146,7 @@ impl<D: Dataplane> Balancer<D> {
             weight: config.weight,
             drained: config.drained,
             healthy,
-            dynamic_weight: None,
+            policy_weight: None,
             fleet_weight: None,
             mac,
             generation: self.next_generation(),
@@ -251,7 +251,7 @@ impl<D: Dataplane> Balancer<D> {
                         weight: b.weight,
                         drained: b.drained,
                         healthy,
-                        dynamic_weight: old.dynamic_weight.filter(|_| dynamic),
+                        policy_weight: old.policy_weight.filter(|_| dynamic),
                         mac,
                         tier: self.tier_id(b.tier.as_deref()),
                         ..old.clone()

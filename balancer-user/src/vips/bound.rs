@@ -220,7 +220,7 @@ mod tests {
             weight,
             drained: false,
             healthy: true,
-            dynamic_weight: None,
+            policy_weight: None,
             fleet_weight: None,
             mac: crate::base::net::MacAddr([2, 0, 0, 0, 0, last]),
             generation: 1,

@@ -104,7 +104,7 @@ pub struct BackendState {
     /// Failing its health checks: out of the table and inactive (its flows are re-hashed).
     pub healthy: bool,
     /// The weight a telemetry policy computed, in place of `weight` (see [`crate::steering::policy`]).
-    pub dynamic_weight: Option<u32>,
+    pub policy_weight: Option<u32>,
     /// The weight the fleet's leader published for it (see [`crate::steering::fleet`]), in place of
     /// everything local: every balancer of a fleet builds its table from the same weights.
     pub fleet_weight: Option<u32>,
@@ -134,7 +134,7 @@ impl BackendState {
     /// policy): what a fleet's leader publishes.
     pub fn local_weight(&self) -> u32 {
         if self.healthy && !self.drained {
-            self.dynamic_weight.unwrap_or(self.weight)
+            self.policy_weight.unwrap_or(self.weight)
         } else {
             0
         }

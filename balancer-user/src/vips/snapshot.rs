@@ -39,8 +39,9 @@ pub struct BackendSnapshot {
     pub weight: u32,
     pub drained: bool,
     pub healthy: bool,
-    #[serde(default)]
-    pub dynamic_weight: Option<u32>,
+    /// Written as `dynamic_weight` by builds before the rename; read under either name.
+    #[serde(default, alias = "dynamic_weight")]
+    pub policy_weight: Option<u32>,
     #[serde(default)]
     pub fleet_weight: Option<u32>,
     pub mac: String,
@@ -84,7 +85,7 @@ impl<D: Dataplane> Balancer<D> {
             weight: b.weight,
             drained: b.drained,
             healthy: b.healthy,
-            dynamic_weight: b.dynamic_weight,
+            policy_weight: b.policy_weight,
             fleet_weight: b.fleet_weight,
             mac: b.mac.to_string(),
             generation: b.generation,
@@ -139,7 +140,7 @@ impl<D: Dataplane> Balancer<D> {
                 weight: b.weight,
                 drained: b.drained,
                 healthy: b.healthy,
-                dynamic_weight: b.dynamic_weight,
+                policy_weight: b.policy_weight,
                 fleet_weight: b.fleet_weight,
                 mac: b.mac.parse().map_err(RestoreError::Invalid)?,
                 generation: b.generation,

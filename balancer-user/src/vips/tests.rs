@@ -373,7 +373,7 @@ fn bounded_load_judges_backends_against_their_weights_averaged_over_the_mean_flo
         Duration::from_secs(8)
     );
     // The policy turns the weights to 3:1: placement follows at once, the bound does not.
-    lb.set_dynamic_weights(&endpoint, &[(a, 300), (b, 100)])
+    lb.set_policy_weights(&endpoint, &[(a, 300), (b, 100)])
         .unwrap();
     assert_eq!(entry(&lb, a).weight, 300);
     assert_eq!(u32::from(entry(&lb, a).bound_share), scale / 4);
@@ -435,7 +435,7 @@ fn returning_clients_are_sent_elsewhere_only_under_session_persistence() {
         0
     );
     // A weight change rewrites the entry with the flag kept.
-    lb.set_dynamic_weights(&endpoint, &[(a, 900), (b, 100)])
+    lb.set_policy_weights(&endpoint, &[(a, 900), (b, 100)])
         .unwrap();
     assert_eq!(flags(&lb, a), BACKEND_F_ACTIVE | ELSEWHERE);
     assert_eq!(
@@ -459,7 +459,7 @@ fn returning_clients_are_sent_elsewhere_only_under_session_persistence() {
 }
 
 #[test]
-fn dynamic_weights_replace_configured_ones_until_the_policy_is_static() {
+fn policy_weights_replace_configured_ones_until_the_policy_is_static() {
     let mut lb = balancer();
     let mut cfg = two_vips();
     cfg.vips[0].policy.kind = crate::base::config::PolicyKind::LeastConn;
@@ -467,24 +467,21 @@ fn dynamic_weights_replace_configured_ones_until_the_policy_is_static() {
     let endpoint = cfg.vips[0].endpoint();
     let (a, b): (IpAddr, IpAddr) = ("10.0.0.11".parse().unwrap(), "10.0.0.12".parse().unwrap());
     let report = lb
-        .set_dynamic_weights(&endpoint, &[(a, 900), (b, 100)])
+        .set_policy_weights(&endpoint, &[(a, 900), (b, 100)])
         .unwrap();
     assert_eq!(report.tables_published, 1);
     let shares = lb.vip("web").unwrap().slot_shares();
     assert!((shares[&a] as f64 / 65_537.0 - 0.9).abs() < 0.001);
     // Same weights again: nothing to publish.
     assert_eq!(
-        lb.set_dynamic_weights(&endpoint, &[(a, 900), (b, 100)])
+        lb.set_policy_weights(&endpoint, &[(a, 900), (b, 100)])
             .unwrap()
             .tables_published,
         0
     );
     // A config apply keeps them; a static policy drops them.
     lb.apply(&cfg.vips, &macs()).unwrap();
-    assert_eq!(
-        lb.vip("web").unwrap().backends[&a].dynamic_weight,
-        Some(900)
-    );
+    assert_eq!(lb.vip("web").unwrap().backends[&a].policy_weight, Some(900));
     cfg.vips[0].policy.kind = crate::base::config::PolicyKind::Static;
     lb.apply(&cfg.vips, &macs()).unwrap();
     let shares = lb.vip("web").unwrap().slot_shares();
@@ -503,7 +500,7 @@ fn fleet_weights_give_every_balancer_the_leaders_table() {
     let endpoint = cfg.vips[0].endpoint();
     let (a, b): (IpAddr, IpAddr) = ("10.0.0.11".parse().unwrap(), "10.0.0.12".parse().unwrap());
     leader.set_health(&endpoint, b, false).unwrap();
-    leader.set_dynamic_weights(&endpoint, &[(a, 700)]).unwrap();
+    leader.set_policy_weights(&endpoint, &[(a, 700)]).unwrap();
     let mut follower = balancer();
     follower.apply(&cfg.vips, &macs()).unwrap();
     let fingerprint = |lb: &Balancer<MemoryDataplane>| lb.vip("web").unwrap().fingerprint();

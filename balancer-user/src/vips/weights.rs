@@ -16,7 +16,7 @@ impl<D: Dataplane> Balancer<D> {
     /// Sets the weights a telemetry policy computed for a VIP's backends (in place of their
     /// configured weights) and republishes its table if they changed the table. Backends not
     /// listed keep theirs.
-    pub fn set_dynamic_weights(
+    pub fn set_policy_weights(
         &mut self,
         vip: &Endpoint,
         weights: &[(IpAddr, u32)],
@@ -30,10 +30,10 @@ impl<D: Dataplane> Balancer<D> {
         let mut changed = false;
         for (address, weight) in weights {
             if let Some(b) = state.backends.get_mut(address)
-                && b.dynamic_weight != Some(*weight)
+                && b.policy_weight != Some(*weight)
             {
                 let before = b.table_weight();
-                b.dynamic_weight = Some(*weight);
+                b.policy_weight = Some(*weight);
                 changed |= before != b.table_weight();
             }
         }

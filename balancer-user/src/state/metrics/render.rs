@@ -37,7 +37,7 @@ pub fn families(counters: Option<&Counters>, status: &Status, weights: &[VipWeig
             "balancer_fleet_etcd_up",
             "1 while the last exchange with etcd succeeded.",
             &instance,
-            if fleet.etcd == "ok" { 1.0 } else { 0.0 },
+            if fleet.etcd.is_ok() { 1.0 } else { 0.0 },
         );
         f.gauge(
             "balancer_fleet_epoch",
@@ -282,8 +282,8 @@ pub fn families(counters: Option<&Counters>, status: &Status, weights: &[VipWeig
             let addr = b.address.to_string();
             let l = [("vip", v.vip.as_str()), ("backend", addr.as_str())];
             f.gauge(
-                "balancer_backend_effective_weight",
-                "The weight in force: the policy's, or the configured one for static VIPs.",
+                "balancer_backend_table_weight",
+                "The weight its VIP's table is built with: the fleet leader's, else the policy's or the configured one; 0 while drained or unhealthy.",
                 &l,
                 f64::from(b.weight),
             );
@@ -466,7 +466,7 @@ mod tests {
             role: crate::steering::fleet::FleetRole::Leader,
             leader: Some("lb1".into()),
             epoch: 42,
-            etcd: "etcd unreachable".into(),
+            etcd: crate::steering::fleet::EtcdHealth::Failing("etcd unreachable".into()),
             applied_secs_ago: None,
         };
         let text = Metrics::new()
@@ -491,7 +491,7 @@ mod tests {
             role: crate::steering::fleet::FleetRole::Follower,
             leader: Some("lb2".into()),
             epoch: 1,
-            etcd: "ok".into(),
+            etcd: crate::steering::fleet::EtcdHealth::Ok,
             applied_secs_ago: Some(0.1),
         };
         let mut status = status(Some(fleet), true);

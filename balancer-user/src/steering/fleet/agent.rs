@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::store::{FleetStore, Held, StoreError, Watch, WatchBatch};
-use super::{FleetRole, FleetState, FleetStatus, FleetWeights, same_vips};
+use super::{EtcdHealth, FleetRole, FleetState, FleetStatus, FleetWeights, same_vips};
 use crate::base::config::{FleetConfig, RawVip};
 
 /// Longest a store call may take.
@@ -134,10 +134,10 @@ impl<P: FleetPort, S: FleetStore> Agent<P, S> {
                 }
             };
             self.status.etcd = match outcome {
-                Ok(()) => "ok".into(),
+                Ok(()) => EtcdHealth::Ok,
                 Err(e) => {
                     tracing::debug!("fleet: {e}");
-                    e.to_string()
+                    EtcdHealth::Failing(e.to_string())
                 }
             };
             self.status.epoch = self.applied_epoch.unwrap_or(0);

@@ -23,6 +23,7 @@ pub mod memory_store;
 pub mod store;
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
@@ -98,6 +99,35 @@ impl std::fmt::Display for FleetRole {
     }
 }
 
+/// How this balancer's last exchange with etcd went, for `status` and
+/// `balancer_fleet_etcd_up`. In JSON: `"unknown"`, `"ok"` or `{"failing": "<error>"}`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EtcdHealth {
+    /// No exchange yet.
+    #[default]
+    Unknown,
+    Ok,
+    /// The last exchange failed with this error.
+    Failing(String),
+}
+
+impl EtcdHealth {
+    pub fn is_ok(&self) -> bool {
+        *self == EtcdHealth::Ok
+    }
+}
+
+impl fmt::Display for EtcdHealth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EtcdHealth::Unknown => f.write_str("not reached yet"),
+            EtcdHealth::Ok => f.write_str("ok"),
+            EtcdHealth::Failing(e) => write!(f, "failing: {e}"),
+        }
+    }
+}
+
 /// This balancer's place in the fleet, for `status`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct FleetStatus {
@@ -107,8 +137,9 @@ pub struct FleetStatus {
     pub leader: Option<String>,
     /// The epoch of the state applied (or, on the leader, published) last.
     pub epoch: u64,
-    /// "ok", or the last etcd error (forwarding goes on with the last state applied).
-    pub etcd: String,
+    /// How the last exchange with etcd went (on an error, forwarding goes on with the last
+    /// state applied).
+    pub etcd: EtcdHealth,
     /// Seconds since the last state was applied or published.
     #[serde(default)]
     pub applied_secs_ago: Option<f64>,
@@ -117,6 +148,22 @@ pub struct FleetStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn etcd_health_reads_ok_or_the_error_in_status() {
+        for (health, json) in [
+            (EtcdHealth::Unknown, serde_json::json!("unknown")),
+            (EtcdHealth::Ok, serde_json::json!("ok")),
+            (
+                EtcdHealth::Failing("etcd unreachable".into()),
+                serde_json::json!({"failing": "etcd unreachable"}),
+            ),
+        ] {
+            assert_eq!(serde_json::to_value(&health).unwrap(), json);
+            assert_eq!(serde_json::from_value::<EtcdHealth>(json).unwrap(), health);
+        }
+        assert!(EtcdHealth::Ok.is_ok() && !EtcdHealth::Failing(String::new()).is_ok());
+    }
 
     #[test]
     fn the_role_reads_as_a_word_in_status() {

@@ -69,7 +69,7 @@ pub fn weight_round<D: Dataplane>(
         });
     }
     let weights: Vec<(IpAddr, u32)> = decisions.iter().map(|d| (d.address, d.weight)).collect();
-    let report = balancer.set_dynamic_weights(&endpoint, &weights)?;
+    let report = balancer.set_policy_weights(&endpoint, &weights)?;
     let returning: Vec<(IpAddr, bool)> = decisions
         .iter()
         .map(|d| (d.address, d.returning_elsewhere))
