@@ -46,7 +46,7 @@ mod score;
 
 pub use capacity::capacities;
 use capacity::{PoolCapacity, cap_shares, capacity_of};
-use delay::expected_delays;
+use delay::{Delays, expected_delays};
 use score::score;
 
 pub use crate::base::config::{
@@ -128,107 +128,177 @@ fn pct(v: f64) -> String {
 /// One round: the weight of every backend.
 pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> Vec<Decision> {
     if cfg.kind == PolicyKind::Static {
-        state.smoothed.clear();
-        state.published = inputs.iter().map(|i| (i.address, i.configured)).collect();
-        return inputs
-            .iter()
-            .map(|i| Decision {
-                address: i.address,
-                weight: i.configured,
-                reason: "static: configured weight".into(),
-                saturated: false,
-                returning_elsewhere: false,
-            })
-            .collect();
+        return static_weights(inputs, state);
     }
-    let fresh =
-        |i: &Input| !cfg.kind.needs_reports() || i.age.is_some_and(|a| a <= cfg.stale_after);
-    let signals = |i: &Input| i.signals.clone().unwrap_or_default();
-
-    // Pool-wide references.
-    let pool_capacity = PoolCapacity::of(inputs, cfg.max_ratio);
-    let max_flows = inputs.iter().map(|i| i.flows).max().unwrap_or(0).max(1) as f64;
-    let max_ttft = inputs
+    let pool = Pool::of(cfg, inputs);
+    let verdicts: Vec<Verdict> = inputs.iter().map(|i| verdict(cfg, &pool, i)).collect();
+    let (targets, capped) = targets(cfg, inputs, &verdicts);
+    let mut decisions: Vec<Decision> = inputs
         .iter()
-        .filter_map(|i| i.signals.as_ref()?.ttft_seconds)
-        .fold(0.0f64, f64::max);
-    let delays = expected_delays(cfg, inputs, &fresh);
-
-    let verdicts: Vec<Verdict> = inputs
-        .iter()
-        .map(|i| {
-            if i.configured == 0 {
-                return Verdict::Zero("configured weight 0".into());
-            }
-            if !fresh(i) {
-                let why = match i.age {
-                    Some(a) => format!("stale report ({} ms old)", a.as_millis()),
-                    None => "no report yet".into(),
-                };
-                return match cfg.stale {
-                    StaleMode::Saturated => Verdict::Zero(format!("{why}: treated as saturated")),
-                    StaleMode::Keep => Verdict::Keep(format!("{why}: keeping the last weight")),
-                };
-            }
-            let s = signals(i);
-            if let Some(kv) = s.kv_usage.filter(|kv| *kv >= cfg.kv_saturation) {
-                return Verdict::Saturated(format!(
-                    "saturated: KV cache {} >= {}",
-                    pct(kv),
-                    pct(cfg.kv_saturation)
-                ));
-            }
-            if cfg.queue_saturation > 0
-                && let Some(waiting) = s.waiting.filter(|w| *w >= f64::from(cfg.queue_saturation))
-            {
-                return Verdict::Saturated(format!(
-                    "saturated: {waiting:.0} requests waiting >= {}",
-                    cfg.queue_saturation
-                ));
-            }
-            if cfg.min_free_gpu_memory_bytes > 0.0
-                && let Some(free) = s
-                    .gpu_memory_free_bytes()
-                    .filter(|f| *f < cfg.min_free_gpu_memory_bytes)
-            {
-                return Verdict::Saturated(format!(
-                    "saturated: free GPU memory {:.0} MiB < {:.0} MiB",
-                    free / 1048576.0,
-                    cfg.min_free_gpu_memory_bytes / 1048576.0
-                ));
-            }
-            let (score, why) = score(cfg, i, &s, max_flows, max_ttft);
-            // Capacity: what the backend is measured to serve (its expected delay against the
-            // pool's best), else its KV capacity against the pool's mean.
-            let (capacity, why) = match (&delays, delays.as_ref().and_then(|d| d.of(i))) {
-                (Some(d), Some(delay)) => {
-                    let best = d.best.max(1e-3);
-                    let mut why = format!(
-                        "{why}; expected delay {:.0} ms, pool's best {:.0} ms",
-                        delay * 1e3,
-                        best * 1e3
-                    );
-                    if d.returning_elsewhere(i.address)
-                        && let Some((home, away)) = d.returning.get(&i.address)
-                    {
-                        why.push_str(&format!(
-                            "; a returning client sooner elsewhere ({:.0} ms here, {:.0} ms there with its whole prompt)",
-                            home * 1e3,
-                            away * 1e3
-                        ));
-                    }
-                    (
-                        f64::from(i.configured)
-                            * (cfg.factors.delay * (1.0 - delay.max(best) / best)).exp(),
-                        why,
-                    )
-                }
-                _ => (capacity_of(i, pool_capacity.as_ref()), why),
+        .zip(verdicts)
+        .enumerate()
+        .map(|(k, (i, verdict))| {
+            let target = Target {
+                weight: targets[k].unwrap_or(0.0),
+                capped: capped[k],
             };
-            Verdict::Score(capacity * score, why)
+            let (weight, reason, saturated) = weigh(cfg, state, i, verdict, target);
+            Decision {
+                address: i.address,
+                weight,
+                reason,
+                saturated,
+                returning_elsewhere: pool
+                    .delays
+                    .as_ref()
+                    .is_some_and(|d| d.returning_elsewhere(i.address)),
+            }
         })
         .collect();
+    if decisions.iter().all(|d| d.weight == 0) {
+        weigh_by_capacity(cfg, &pool, inputs, &mut decisions);
+    }
+    for d in &decisions {
+        state.published.insert(d.address, d.weight);
+    }
+    decisions
+}
 
+/// A static policy: the configured weights.
+fn static_weights(inputs: &[Input], state: &mut PolicyState) -> Vec<Decision> {
+    state.smoothed.clear();
+    state.published = inputs.iter().map(|i| (i.address, i.configured)).collect();
+    inputs
+        .iter()
+        .map(|i| Decision {
+            address: i.address,
+            weight: i.configured,
+            reason: "static: configured weight".into(),
+            saturated: false,
+            returning_elsewhere: false,
+        })
+        .collect()
+}
+
+/// Whether a backend's report is fresh enough to use (always, for a policy that reads none).
+fn fresh(cfg: &PolicyConfig, i: &Input) -> bool {
+    !cfg.kind.needs_reports() || i.age.is_some_and(|a| a <= cfg.stale_after)
+}
+
+/// The pool-wide references of a round.
+struct Pool {
+    capacity: Option<PoolCapacity>,
+    /// The most active flows of a backend (at least 1).
+    max_flows: f64,
+    /// The slowest time to first token reported.
+    max_ttft: f64,
+    delays: Option<Delays>,
+}
+
+impl Pool {
+    fn of(cfg: &PolicyConfig, inputs: &[Input]) -> Pool {
+        Pool {
+            capacity: PoolCapacity::of(inputs, cfg.max_ratio),
+            max_flows: inputs.iter().map(|i| i.flows).max().unwrap_or(0).max(1) as f64,
+            max_ttft: inputs
+                .iter()
+                .filter_map(|i| i.signals.as_ref()?.ttft_seconds)
+                .fold(0.0f64, f64::max),
+            delays: expected_delays(cfg, inputs, &|i: &Input| fresh(cfg, i)),
+        }
+    }
+}
+
+/// A backend's verdict: zero (configured 0, stale), saturated, kept, or scored times its
+/// capacity.
+fn verdict(cfg: &PolicyConfig, pool: &Pool, i: &Input) -> Verdict {
+    if i.configured == 0 {
+        return Verdict::Zero("configured weight 0".into());
+    }
+    if !fresh(cfg, i) {
+        let why = match i.age {
+            Some(a) => format!("stale report ({} ms old)", a.as_millis()),
+            None => "no report yet".into(),
+        };
+        return match cfg.stale {
+            StaleMode::Saturated => Verdict::Zero(format!("{why}: treated as saturated")),
+            StaleMode::Keep => Verdict::Keep(format!("{why}: keeping the last weight")),
+        };
+    }
+    let s = i.signals.clone().unwrap_or_default();
+    if let Some(why) = saturation(cfg, &s) {
+        return Verdict::Saturated(why);
+    }
+    let (score, why) = score(cfg, i, &s, pool.max_flows, pool.max_ttft);
+    let (capacity, why) = capacity(cfg, pool, i, why);
+    Verdict::Score(capacity * score, why)
+}
+
+/// Which saturation cut-off a backend's report is over, if any (KV cache, waiting requests,
+/// free GPU memory).
+fn saturation(cfg: &PolicyConfig, s: &Signals) -> Option<String> {
+    if let Some(kv) = s.kv_usage.filter(|kv| *kv >= cfg.kv_saturation) {
+        return Some(format!(
+            "saturated: KV cache {} >= {}",
+            pct(kv),
+            pct(cfg.kv_saturation)
+        ));
+    }
+    if cfg.queue_saturation > 0
+        && let Some(waiting) = s.waiting.filter(|w| *w >= f64::from(cfg.queue_saturation))
+    {
+        return Some(format!(
+            "saturated: {waiting:.0} requests waiting >= {}",
+            cfg.queue_saturation
+        ));
+    }
+    if cfg.min_free_gpu_memory_bytes > 0.0
+        && let Some(free) = s
+            .gpu_memory_free_bytes()
+            .filter(|f| *f < cfg.min_free_gpu_memory_bytes)
+    {
+        return Some(format!(
+            "saturated: free GPU memory {:.0} MiB < {:.0} MiB",
+            free / 1048576.0,
+            cfg.min_free_gpu_memory_bytes / 1048576.0
+        ));
+    }
+    None
+}
+
+/// A backend's capacity, what its score is multiplied by: what it is measured to serve (its
+/// expected delay against the pool's best), else its KV capacity against the pool's mean.
+fn capacity(cfg: &PolicyConfig, pool: &Pool, i: &Input, why: String) -> (f64, String) {
+    let Some((d, delay)) = pool.delays.as_ref().and_then(|d| Some((d, d.of(i)?))) else {
+        return (capacity_of(i, pool.capacity.as_ref()), why);
+    };
+    let best = d.best.max(1e-3);
+    let mut why = format!(
+        "{why}; expected delay {:.0} ms, pool's best {:.0} ms",
+        delay * 1e3,
+        best * 1e3
+    );
+    if d.returning_elsewhere(i.address)
+        && let Some((home, away)) = d.returning.get(&i.address)
+    {
+        why.push_str(&format!(
+            "; a returning client sooner elsewhere ({:.0} ms here, {:.0} ms there with its whole prompt)",
+            home * 1e3,
+            away * 1e3
+        ));
+    }
+    let capacity =
+        f64::from(i.configured) * (cfg.factors.delay * (1.0 - delay.max(best) / best)).exp();
+    (capacity, why)
+}
+
+/// Each scored backend's target weight (scaled to the top score, at least the floor), its
+/// share bounded by `max_share`; and whether the bound capped it.
+fn targets(
+    cfg: &PolicyConfig,
+    inputs: &[Input],
+    verdicts: &[Verdict],
+) -> (Vec<Option<f64>>, Vec<bool>) {
     let top = verdicts
         .iter()
         .filter_map(|v| match v {
@@ -236,92 +306,98 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
             _ => None,
         })
         .fold(0.0f64, f64::max);
-    // Each scored backend's target weight, its share bounded by `max_share`.
+    let floor = cfg.floor * f64::from(MAX_WEIGHT);
     let mut targets: Vec<Option<f64>> = verdicts
         .iter()
         .map(|v| match v {
             Verdict::Score(score, _) if top > 0.0 => {
-                Some((score / top * f64::from(MAX_WEIGHT)).max(cfg.floor * f64::from(MAX_WEIGHT)))
+                Some((score / top * f64::from(MAX_WEIGHT)).max(floor))
             }
-            Verdict::Score(..) => Some(cfg.floor * f64::from(MAX_WEIGHT)),
+            Verdict::Score(..) => Some(floor),
             _ => None,
         })
         .collect();
     let capped = cap_shares(&mut targets, inputs, cfg.max_share);
-    let mut decisions = Vec::with_capacity(inputs.len());
-    for (k, (i, verdict)) in inputs.iter().zip(verdicts).enumerate() {
-        let previous = state.published.get(&i.address).copied();
-        let mut saturated = false;
-        let (weight, reason) = match verdict {
-            Verdict::Zero(why) => {
-                state.smoothed.insert(i.address, 0.0);
-                (0, why)
+    (targets, capped)
+}
+
+/// A scored backend's target weight, and whether `max_share` capped it.
+struct Target {
+    weight: f64,
+    capped: bool,
+}
+
+/// A backend's weight from its verdict: 0, the last published, or its target smoothed, held
+/// within the hysteresis and rounded to the quantum. Also the reason, and whether it is
+/// saturated.
+fn weigh(
+    cfg: &PolicyConfig,
+    state: &mut PolicyState,
+    i: &Input,
+    verdict: Verdict,
+    target: Target,
+) -> (u32, String, bool) {
+    let previous = state.published.get(&i.address).copied();
+    match verdict {
+        Verdict::Zero(why) => {
+            state.smoothed.insert(i.address, 0.0);
+            (0, why, false)
+        }
+        Verdict::Saturated(why) => {
+            state.smoothed.insert(i.address, 0.0);
+            (0, why, true)
+        }
+        Verdict::Keep(why) => (previous.unwrap_or(i.configured.min(MAX_WEIGHT)), why, false),
+        Verdict::Score(_, mut why) => {
+            if target.capped {
+                why.push_str(&format!(
+                    "; share capped at {} its configured share (policy.max_share)",
+                    cfg.max_share
+                ));
             }
-            Verdict::Saturated(why) => {
-                saturated = true;
-                state.smoothed.insert(i.address, 0.0);
-                (0, why)
-            }
-            Verdict::Keep(why) => (previous.unwrap_or(i.configured.min(MAX_WEIGHT)), why),
-            Verdict::Score(_, mut why) => {
-                let target = targets[k].unwrap_or(0.0);
-                if capped[k] {
-                    why.push_str(&format!(
-                        "; share capped at {} its configured share (policy.max_share)",
-                        cfg.max_share
-                    ));
+            let smoothed = match state.smoothed.get(&i.address) {
+                // Coming back from 0 starts from the floor, not from nothing.
+                Some(s) if *s > 0.0 => cfg.ewma_alpha * target.weight + (1.0 - cfg.ewma_alpha) * s,
+                _ => target.weight,
+            };
+            state.smoothed.insert(i.address, smoothed);
+            let held = match previous {
+                Some(p)
+                    if p > 0
+                        && (smoothed - f64::from(p)).abs() <= cfg.hysteresis * f64::from(p) =>
+                {
+                    p
                 }
-                let smoothed = match state.smoothed.get(&i.address) {
-                    // Coming back from 0 starts from the floor, not from nothing.
-                    Some(s) if *s > 0.0 => cfg.ewma_alpha * target + (1.0 - cfg.ewma_alpha) * s,
-                    _ => target,
-                };
-                state.smoothed.insert(i.address, smoothed);
-                let held = match previous {
-                    Some(p)
-                        if p > 0
-                            && (smoothed - f64::from(p)).abs() <= cfg.hysteresis * f64::from(p) =>
-                    {
-                        p
-                    }
-                    _ => quantize(smoothed, cfg.quantum),
-                };
-                (held.max(cfg.quantum.min(MAX_WEIGHT)), why)
-            }
-        };
-        decisions.push(Decision {
-            address: i.address,
-            weight,
-            reason,
-            saturated,
-            returning_elsewhere: delays
-                .as_ref()
-                .is_some_and(|d| d.returning_elsewhere(i.address)),
-        });
-    }
-    if decisions.iter().all(|d| d.weight == 0) {
-        // Sending new flows nowhere is worse than queueing them: each backend with fresh
-        // reports takes a share by its capacity (configured weight x KV capacity against the
-        // pool's mean), so the bigger GPUs still take more.
-        let capacity = |i: &Input| capacity_of(i, pool_capacity.as_ref());
-        let usable = |i: &Input| i.configured > 0 && (fresh(i) || !cfg.kind.needs_reports());
-        let top = inputs
-            .iter()
-            .filter(|i| usable(i))
-            .map(capacity)
-            .fold(0.0f64, f64::max);
-        for (d, i) in decisions.iter_mut().zip(inputs) {
-            if usable(i) && top > 0.0 {
-                d.weight = quantize(capacity(i) / top * f64::from(MAX_WEIGHT), cfg.quantum)
-                    .max(cfg.quantum.min(MAX_WEIGHT));
-                d.reason = format!("every backend saturated: weight by capacity ({})", d.reason);
-            }
+                _ => quantize(smoothed, cfg.quantum),
+            };
+            (held.max(cfg.quantum.min(MAX_WEIGHT)), why, false)
         }
     }
-    for d in &decisions {
-        state.published.insert(d.address, d.weight);
+}
+
+/// When every backend would get 0: sending new flows nowhere is worse than queueing them, so
+/// each backend with fresh reports takes a share by its capacity (configured weight x KV
+/// capacity against the pool's mean), and the bigger GPUs still take more.
+fn weigh_by_capacity(
+    cfg: &PolicyConfig,
+    pool: &Pool,
+    inputs: &[Input],
+    decisions: &mut [Decision],
+) {
+    let capacity = |i: &Input| capacity_of(i, pool.capacity.as_ref());
+    let usable = |i: &Input| i.configured > 0 && (fresh(cfg, i) || !cfg.kind.needs_reports());
+    let top = inputs
+        .iter()
+        .filter(|i| usable(i))
+        .map(capacity)
+        .fold(0.0f64, f64::max);
+    for (d, i) in decisions.iter_mut().zip(inputs) {
+        if usable(i) && top > 0.0 {
+            d.weight = quantize(capacity(i) / top * f64::from(MAX_WEIGHT), cfg.quantum)
+                .max(cfg.quantum.min(MAX_WEIGHT));
+            d.reason = format!("every backend saturated: weight by capacity ({})", d.reason);
+        }
     }
-    decisions
 }
 
 fn quantize(weight: f64, quantum: u32) -> u32 {
