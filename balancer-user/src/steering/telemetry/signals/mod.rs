@@ -405,79 +405,101 @@ pub fn vllm_query() -> &'static str {
     })
 }
 
+/// Where each server kind reports a signal: the sample names, the first found wins (vLLM,
+/// SGLang, TensorRT-LLM, TGI, Triton, llama.cpp, in that order where several report it).
+mod names {
+    pub const RUNNING: &[&str] = &[
+        "vllm:num_requests_running",
+        "sglang:num_running_reqs",
+        "trtllm_num_requests_running",
+        "tgi_batch_current_size",
+        "llamacpp:requests_processing",
+    ];
+    pub const WAITING: &[&str] = &[
+        "vllm:num_requests_waiting",
+        "sglang:num_queue_reqs",
+        "trtllm_num_requests_waiting",
+        "tgi_queue_size",
+        "nv_inference_pending_request_count",
+        "llamacpp:requests_deferred",
+    ];
+    pub const KV_USAGE: &[&str] = &[
+        "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
+        "sglang:token_usage",
+        "trtllm_kv_cache_utilization",
+        "llamacpp:kv_cache_usage_ratio",
+    ];
+    pub const PREFIX_HIT_RATE: &[&str] =
+        &["sglang:cache_hit_rate", "vllm:gpu_prefix_cache_hit_rate"];
+    pub const PROMPT_TOKENS: &[&str] = &[
+        "vllm:prompt_tokens_total",
+        "sglang:prompt_tokens_total",
+        "llamacpp:prompt_tokens_total",
+    ];
+    pub const GENERATED_TOKENS: &[&str] = &[
+        "vllm:generation_tokens_total",
+        "sglang:generation_tokens_total",
+        "llamacpp:tokens_predicted_total",
+    ];
+    pub const PREFIX_HITS: &[&str] = &[
+        "vllm:prefix_cache_hits_total",
+        "vllm:gpu_prefix_cache_hits_total",
+    ];
+    pub const PREFIX_QUERIES: &[&str] = &[
+        "vllm:prefix_cache_queries_total",
+        "vllm:gpu_prefix_cache_queries_total",
+    ];
+    /// Time to first token: vLLM's histogram, else the one `balancer report
+    /// --passive-latency` measures on the backend's interface.
+    pub const TTFT: &[&str] = &[
+        "vllm:time_to_first_token_seconds",
+        "balancer_passive_time_to_first_token_seconds",
+    ];
+}
+
 /// Extracts the signals of every server kind the page contains.
 pub fn extract(samples: &[Sample]) -> Signals {
     let mut s = Signals {
-        running: first_of(
-            samples,
-            &[
-                "vllm:num_requests_running",
-                "sglang:num_running_reqs",
-                "trtllm_num_requests_running",
-                "tgi_batch_current_size",
-                "llamacpp:requests_processing",
-            ],
-            sum,
-        ),
-        waiting: first_of(
-            samples,
-            &[
-                "vllm:num_requests_waiting",
-                "sglang:num_queue_reqs",
-                "trtllm_num_requests_waiting",
-                "tgi_queue_size",
-                "nv_inference_pending_request_count",
-                "llamacpp:requests_deferred",
-            ],
-            sum,
-        ),
-        kv_usage: first_of(
-            samples,
-            &[
-                "vllm:kv_cache_usage_perc",
-                "vllm:gpu_cache_usage_perc",
-                "sglang:token_usage",
-                "trtllm_kv_cache_utilization",
-                "llamacpp:kv_cache_usage_ratio",
-            ],
-            mean,
-        )
-        .map(fraction),
+        running: first_of(samples, names::RUNNING, sum),
+        waiting: first_of(samples, names::WAITING, sum),
+        kv_usage: first_of(samples, names::KV_USAGE, mean).map(fraction),
         tokens_per_second: sum(samples, "sglang:gen_throughput"),
-        prefix_cache_hit_rate: first_of(
-            samples,
-            &["sglang:cache_hit_rate", "vllm:gpu_prefix_cache_hit_rate"],
-            mean,
-        )
-        .map(fraction),
+        prefix_cache_hit_rate: first_of(samples, names::PREFIX_HIT_RATE, mean).map(fraction),
         gpu_utilization: mean(samples, "DCGM_FI_DEV_GPU_UTIL").map(fraction),
+        tokens_total: tokens_total(samples),
+        ttft_sum_count: names::TTFT.iter().find_map(|n| sum_count(samples, n)),
+        prefill_sum_count: sum_count(samples, "vllm:request_prefill_time_seconds"),
+        prompt_sum_count: sum_count(samples, "vllm:request_prompt_tokens"),
+        computed_sum_count: sum_count(samples, "vllm:request_prefill_kv_computed_tokens"),
+        prefix_cache_counts: prefix_cache_counts(samples),
+        models: models(samples),
         ..Signals::default()
     };
+    kv_capacity(samples, &mut s);
+    gpu_memory(samples, &mut s);
+    s
+}
 
-    // Token counters (summed over engines) for a rate.
-    let prompt = first_of(
-        samples,
-        &[
-            "vllm:prompt_tokens_total",
-            "sglang:prompt_tokens_total",
-            "llamacpp:prompt_tokens_total",
-        ],
-        sum,
-    );
-    let generated = first_of(
-        samples,
-        &[
-            "vllm:generation_tokens_total",
-            "sglang:generation_tokens_total",
-            "llamacpp:tokens_predicted_total",
-        ],
-        sum,
-    );
-    if prompt.is_some() || generated.is_some() {
-        s.tokens_total = Some(prompt.unwrap_or(0.0) + generated.unwrap_or(0.0));
-    }
+/// Prompt and generated tokens (counters summed over engines), for a rate.
+fn tokens_total(samples: &[Sample]) -> Option<f64> {
+    let prompt = first_of(samples, names::PROMPT_TOKENS, sum);
+    let generated = first_of(samples, names::GENERATED_TOKENS, sum);
+    (prompt.is_some() || generated.is_some())
+        .then(|| prompt.unwrap_or(0.0) + generated.unwrap_or(0.0))
+}
 
-    // KV capacity in tokens: vLLM's cache config (per engine), or TGI's batch budget.
+/// A histogram's running sum and count.
+fn sum_count(samples: &[Sample], histogram: &str) -> Option<(f64, f64)> {
+    Some((
+        sum(samples, &format!("{histogram}_sum"))?,
+        sum(samples, &format!("{histogram}_count"))?,
+    ))
+}
+
+/// KV capacity in tokens (vLLM's cache config per engine, or TGI's batch budget) and the
+/// tokens in flight (TGI's and llama.cpp's own count, else capacity x use).
+fn kv_capacity(samples: &[Sample], s: &mut Signals) {
     let vllm_capacity: f64 = samples
         .iter()
         .filter(|x| x.name == "vllm:cache_config_info")
@@ -505,8 +527,10 @@ pub fn extract(samples: &[Sample]) -> Signals {
     {
         s.inflight_tokens = Some(cap * usage);
     }
+}
 
-    // GPU memory: Triton in bytes, DCGM in MiB (used + free).
+/// GPU memory: Triton's in bytes, else DCGM's in MiB (used + free).
+fn gpu_memory(samples: &[Sample], s: &mut Signals) {
     s.gpu_memory_used_bytes = sum(samples, "nv_gpu_memory_used_bytes");
     s.gpu_memory_total_bytes = sum(samples, "nv_gpu_memory_total_bytes");
     if s.gpu_memory_used_bytes.is_none()
@@ -518,69 +542,23 @@ pub fn extract(samples: &[Sample]) -> Signals {
         s.gpu_memory_used_bytes = Some(used * MIB);
         s.gpu_memory_total_bytes = Some((used + free) * MIB);
     }
+}
 
-    // Time to first token: vLLM's histogram, as a running sum and count; else the one
-    // `balancer report --passive-latency` measures on the backend's interface.
-    if let (Some(total), Some(count)) = (
-        sum(samples, "vllm:time_to_first_token_seconds_sum"),
-        sum(samples, "vllm:time_to_first_token_seconds_count"),
-    ) {
-        s.ttft_sum_count = Some((total, count));
-    } else if let (Some(total), Some(count)) = (
-        sum(samples, "balancer_passive_time_to_first_token_seconds_sum"),
-        sum(
-            samples,
-            "balancer_passive_time_to_first_token_seconds_count",
-        ),
-    ) {
-        s.ttft_sum_count = Some((total, count));
-    }
-    if let (Some(total), Some(count)) = (
-        sum(samples, "vllm:request_prefill_time_seconds_sum"),
-        sum(samples, "vllm:request_prefill_time_seconds_count"),
-    ) {
-        s.prefill_sum_count = Some((total, count));
-    }
-    if let (Some(total), Some(count)) = (
-        sum(samples, "vllm:request_prompt_tokens_sum"),
-        sum(samples, "vllm:request_prompt_tokens_count"),
-    ) {
-        s.prompt_sum_count = Some((total, count));
-    }
-    if let (Some(total), Some(count)) = (
-        sum(samples, "vllm:request_prefill_kv_computed_tokens_sum"),
-        sum(samples, "vllm:request_prefill_kv_computed_tokens_count"),
-    ) {
-        s.computed_sum_count = Some((total, count));
-    }
-
-    // Prefix caching: vLLM counts prompt tokens looked up and found, for an interval rate.
-    let hits = first_of(
-        samples,
-        &[
-            "vllm:prefix_cache_hits_total",
-            "vllm:gpu_prefix_cache_hits_total",
-        ],
-        sum,
-    );
-    let queries = first_of(
-        samples,
-        &[
-            "vllm:prefix_cache_queries_total",
-            "vllm:gpu_prefix_cache_queries_total",
-        ],
-        sum,
-    );
+/// Prompt tokens found in the prefix cache and looked up, for an interval rate: vLLM's
+/// counters, else llama.cpp's tokens reused and computed.
+fn prefix_cache_counts(samples: &[Sample]) -> Option<(f64, f64)> {
+    let hits = first_of(samples, names::PREFIX_HITS, sum);
+    let queries = first_of(samples, names::PREFIX_QUERIES, sum);
     if let (Some(hits), Some(queries)) = (hits, queries) {
-        s.prefix_cache_counts = Some((hits, queries));
-    } else if let (Some(cached), Some(computed)) = (
-        sum(samples, "llamacpp:prompt_tokens_cached_total"),
-        sum(samples, "llamacpp:prompt_tokens_total"),
-    ) {
-        // llama.cpp counts the prompt tokens it reused and those it computed.
-        s.prefix_cache_counts = Some((cached, cached + computed));
+        return Some((hits, queries));
     }
+    let cached = sum(samples, "llamacpp:prompt_tokens_cached_total")?;
+    let computed = sum(samples, "llamacpp:prompt_tokens_total")?;
+    Some((cached, cached + computed))
+}
 
+/// The models the page names (`model_name` labels), sorted, each once.
+fn models(samples: &[Sample]) -> Vec<String> {
     let mut models: Vec<String> = samples
         .iter()
         .filter_map(|x| x.label("model_name"))
@@ -588,8 +566,7 @@ pub fn extract(samples: &[Sample]) -> Signals {
         .collect();
     models.sort();
     models.dedup();
-    s.models = models;
-    s
+    models
 }
 
 #[cfg(test)]
