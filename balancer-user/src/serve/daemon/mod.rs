@@ -230,73 +230,25 @@ fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener> {
 pub async fn run(opts: RunOptions) -> Result<()> {
     // Handlers first: a signal that arrives while the daemon starts waits for the main loop
     // (SIGHUP's default action would end the process; SIGTERM's would skip the shutdown).
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut terminate = signal(SignalKind::terminate())?;
-    let mut hangup = signal(SignalKind::hangup())?;
+    let mut signals = Signals {
+        interrupt: signal(SignalKind::interrupt())?,
+        terminate: signal(SignalKind::terminate())?,
+        hangup: signal(SignalKind::hangup())?,
+    };
     let daemon = {
         let opts = opts.clone();
         tokio::task::spawn_blocking(move || start(&opts)).await??
     };
-    let api_socket = daemon.config.api.socket.clone();
-    let api_listen = daemon.config.api.listen;
-    let tokens = Tokens::read(&daemon.config.api)?;
-    let api_tls = daemon.config.api.tls.clone();
-    let metrics_listen = daemon.config.metrics.listen;
-    let interface = daemon.config.interface.clone();
-    let mode = daemon.config.attach_mode;
+    let config = daemon.config.clone();
     let daemon = Arc::new(Mutex::new(daemon));
     let (stop_tx, mut stop_rx) = watch::channel(None::<bool>);
     let api_state = ApiState {
         daemon: daemon.clone(),
         stop: stop_tx.clone(),
     };
-
-    let unix = bind_socket(&api_socket)?;
-    let app = router(api_state.clone());
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(unix, app).await {
-            tracing::error!("API socket server: {e}");
-        }
-    });
-    if let (Some(addr), Some(tokens)) = (api_listen, tokens) {
-        let tcp = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding the API listener {addr}"))?;
-        let app = router_with_tokens(api_state.clone(), tokens);
-        let tls = match api_tls {
-            Some(files) => Some(
-                crate::serve::api::listener::server_config(&files).map_err(anyhow::Error::msg)?,
-            ),
-            None => None,
-        };
-        tokio::spawn(listener::serve(tcp, tls, app, listener::API_LIMITS, "API"));
-    }
-    if let Some(addr) = metrics_listen {
-        let tcp = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding the metrics listener {addr}"))?;
-        let page = Arc::new(MetricsPage::default());
-        let d = daemon.clone();
-        let app = axum::Router::new().route(
-            "/metrics",
-            axum::routing::get(move || {
-                let (d, page) = (d.clone(), page.clone());
-                async move {
-                    let text = page.get(&d).await;
-                    (
-                        [("content-type", "text/plain; version=0.0.4")],
-                        text.to_string(),
-                    )
-                }
-            }),
-        );
-        tokio::spawn(listener::serve(
-            tcp,
-            None,
-            app,
-            listener::METRICS_LIMITS,
-            "metrics",
-        ));
+    serve_api(&config, api_state).await?;
+    if let Some(addr) = config.metrics.listen {
+        serve_metrics(addr, &daemon).await?;
     }
 
     let loops = Loops::start(&daemon);
@@ -316,51 +268,125 @@ pub async fn run(opts: RunOptions) -> Result<()> {
         .await;
     }
     tracing::info!(
-        %interface,
-        %mode,
-        socket = %api_socket.display(),
+        interface = %config.interface,
+        mode = %config.attach_mode,
+        socket = %config.api.socket.display(),
         "balancer ready: XDP program attached"
     );
 
     // The once-a-second work and the loops' upkeep run on a thread of their own.
     let mut ticker = Ticker::start(daemon.clone(), loops, tokio::runtime::Handle::current())?;
-    let mut detach = false;
-    loop {
+    let detach = loop {
         tokio::select! {
-            _ = interrupt.recv() => break,
-            _ = terminate.recv() => break,
+            _ = signals.interrupt.recv() => break false,
+            _ = signals.terminate.recv() => break false,
             changed = stop_rx.changed() => {
-                if changed.is_ok() {
-                    detach = stop_rx.borrow().unwrap_or(false);
-                }
-                break;
+                break changed.is_ok() && stop_rx.borrow().unwrap_or(false);
             }
-            _ = hangup.recv() => {
-                let d = daemon.clone();
-                let result = tokio::task::spawn_blocking(move || match d.lock() {
-                    Ok(mut d) => d.reload("sighup").map(|r| r.message).map_err(|e| e.to_string()),
-                    Err(_) => Err("daemon state poisoned".to_string()),
-                })
-                .await;
-                match result {
-                    Ok(Ok(_)) => tracing::info!("config reloaded"),
-                    Ok(Err(e)) => tracing::error!("reload refused, previous config stays in force: {e}"),
-                    Err(e) => tracing::error!("reload failed: {e}"),
-                }
+            _ = signals.hangup.recv() => {
+                reload(&daemon).await;
                 ticker.reconcile();
             }
             _ = ticker.ended() => {
                 tracing::error!("the once-a-second thread ended; stopping");
-                break;
+                break false;
             }
         }
-    }
+    };
     // A panic of the thread is the daemon's exit status once the shutdown below is done.
     let ticker_ended = ticker.stop();
     if let Some(fleet) = fleet {
         fleet.stop().await;
     }
+    shut_down(&daemon, &config.api.socket, detach)?;
+    ticker_ended
+}
 
+/// The signals the daemon answers.
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
+}
+
+/// Serves the API on its Unix socket, and on TCP (with tokens, TLS where configured) when
+/// `[api] listen` is set.
+async fn serve_api(config: &Config, api_state: ApiState) -> Result<()> {
+    let tokens = Tokens::read(&config.api)?;
+    let unix = bind_socket(&config.api.socket)?;
+    let app = router(api_state.clone());
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(unix, app).await {
+            tracing::error!("API socket server: {e}");
+        }
+    });
+    let (Some(addr), Some(tokens)) = (config.api.listen, tokens) else {
+        return Ok(());
+    };
+    let tcp = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the API listener {addr}"))?;
+    let app = router_with_tokens(api_state, tokens);
+    let tls = match &config.api.tls {
+        Some(files) => Some(listener::server_config(files).map_err(anyhow::Error::msg)?),
+        None => None,
+    };
+    tokio::spawn(listener::serve(tcp, tls, app, listener::API_LIMITS, "API"));
+    Ok(())
+}
+
+/// Serves `/metrics` on `addr`.
+async fn serve_metrics(addr: std::net::SocketAddr, daemon: &Arc<Mutex<Daemon>>) -> Result<()> {
+    let tcp = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the metrics listener {addr}"))?;
+    let page = Arc::new(MetricsPage::default());
+    let d = daemon.clone();
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let (d, page) = (d.clone(), page.clone());
+            async move {
+                let text = page.get(&d).await;
+                (
+                    [("content-type", "text/plain; version=0.0.4")],
+                    text.to_string(),
+                )
+            }
+        }),
+    );
+    tokio::spawn(listener::serve(
+        tcp,
+        None,
+        app,
+        listener::METRICS_LIMITS,
+        "metrics",
+    ));
+    Ok(())
+}
+
+/// Re-reads the config file (SIGHUP); a refused one leaves the one in force.
+async fn reload(daemon: &Arc<Mutex<Daemon>>) {
+    let d = daemon.clone();
+    let result = tokio::task::spawn_blocking(move || match d.lock() {
+        Ok(mut d) => d
+            .reload("sighup")
+            .map(|r| r.message)
+            .map_err(|e| e.to_string()),
+        Err(_) => Err("daemon state poisoned".to_string()),
+    })
+    .await;
+    match result {
+        Ok(Ok(_)) => tracing::info!("config reloaded"),
+        Ok(Err(e)) => tracing::error!("reload refused, previous config stays in force: {e}"),
+        Err(e) => tracing::error!("reload failed: {e}"),
+    }
+}
+
+/// Leaves the routers' ECMP set, logs the counters, saves the state and removes the API
+/// socket (the one bound at start); with `detach`, also detaches the program and removes the pinned state (else the
+/// pinned program keeps forwarding).
+fn shut_down(daemon: &Arc<Mutex<Daemon>>, api_socket: &Path, detach: bool) -> Result<()> {
     let mut d = daemon
         .lock()
         .map_err(|_| anyhow::anyhow!("daemon state poisoned"))?;
@@ -376,14 +402,14 @@ pub async fn run(opts: RunOptions) -> Result<()> {
         tracing::info!("counters at exit: {}", summary.join(" "));
     }
     d.persist_state();
-    let _ = std::fs::remove_file(&api_socket);
+    let _ = std::fs::remove_file(api_socket);
     if detach {
         detach_pinned(&d.pins, &d.config.state_file)?;
         tracing::info!("program detached and pinned state removed; exiting");
     } else {
         tracing::info!(pin_dir = %d.pins.dir().display(), "exiting; the pinned program keeps forwarding");
     }
-    ticker_ended
+    Ok(())
 }
 
 /// Raises the soft limit of open descriptors to the hard one (the unit's `LimitNOFILE`): the
