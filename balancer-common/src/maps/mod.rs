@@ -4,6 +4,12 @@
 
 use crate::addr::RawAddr;
 
+mod decap;
+mod nat;
+
+pub use decap::*;
+pub use nat::*;
+
 /// The VIP index: array of maps with one inner array of [`VipSlot`]s, an open-addressing hash
 /// table the daemon builds whole and swaps in (see [`crate::vip_index`]).
 pub const VIPS: &str = "VIPS";
@@ -388,72 +394,6 @@ pub struct AffinityKey {
 }
 const _: () = assert!(core::mem::size_of::<AffinityKey>() == 20);
 
-/// Key of [`NAT_REPLIES`]: a reply of a NAT flow as it leaves the backend (backend to client).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct NatReplyKey {
-    pub backend: RawAddr,
-    pub client: RawAddr,
-    /// Network byte order, as in the packet.
-    pub backend_port: u16,
-    pub client_port: u16,
-    pub proto: u8,
-    pub family: u8,
-    pub _pad: [u8; 2],
-}
-const _: () = assert!(core::mem::size_of::<NatReplyKey>() == 40);
-
-impl NatReplyKey {
-    /// Sets everything but the addresses (ports in network byte order).
-    #[inline(always)]
-    pub fn set_ports(&mut self, backend_port: u16, client_port: u16, proto: u8, family: u8) {
-        self.backend_port = backend_port;
-        self.client_port = client_port;
-        self.proto = proto;
-        self.family = family;
-        self._pad = [0; 2];
-    }
-}
-
-/// Value of [`NAT_REPLIES`]: the VIP the client addressed, and the Ethernet source of the
-/// client's packets (the client, or its router), where replies go.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NatReplyValue {
-    pub vip: RawAddr,
-    pub client_mac: [u8; 6],
-    pub _pad: [u8; 2],
-}
-const _: () = assert!(core::mem::size_of::<NatReplyValue>() == 24);
-
-/// Source NAT of one VIP: the address its flows leave from and the ports they take.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SnatSource {
-    pub addr: RawAddr,
-    /// First port of the range, host byte order.
-    pub port_min: u16,
-    /// Ports in the range (0: none).
-    pub port_count: u16,
-    /// The address's family; 0 = no source NAT for this VIP.
-    pub family: u8,
-    pub _pad: u8,
-    /// Most ports one client address may hold ([`SNAT_CLIENTS`]) before its new flows are
-    /// refused; 0: no limit.
-    pub client_ports: u16,
-}
-const _: () = assert!(core::mem::size_of::<SnatSource>() == 24);
-
-/// Key of [`SNAT_CLIENTS`]: a client's address.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct SnatClientKey {
-    pub addr: RawAddr,
-    pub family: u8,
-    pub _pad: [u8; 3],
-}
-const _: () = assert!(core::mem::size_of::<SnatClientKey>() == 20);
-
 /// The source prefix lengths a VIP's affinity keys on (its entry of [`SOURCE_PREFIXES`]): the
 /// first `v4` bits of an IPv4 client's address, the first `v6` of an IPv6 one's.
 #[repr(C)]
@@ -510,102 +450,6 @@ pub struct Admission {
     pub caps: [u32; ADMISSION_TIERS as usize],
 }
 const _: () = assert!(core::mem::size_of::<Admission>() == 36);
-
-/// The links of NAT forwarding (the single entry of [`NAT_LINKS`]): the program runs on both;
-/// a NAT VIP's packet leaves on the backends' link, a reply (or an ICMP error about a flow) on
-/// the clients', by `bpf_redirect` when it came in on the other one. `backend_ifindex` 0: one
-/// link for both.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NatLinks {
-    /// Interface index of the clients' link (the daemon's `interface`).
-    pub client_ifindex: u32,
-    /// Interface index of the backends' link (`[nat] interface`); 0: the clients' link.
-    pub backend_ifindex: u32,
-    /// The MAC frames leaving on the clients' link come from.
-    pub client_mac: [u8; 6],
-    /// The MAC frames leaving on the backends' link come from.
-    pub backend_mac: [u8; 6],
-}
-const _: () = assert!(core::mem::size_of::<NatLinks>() == 20);
-
-/// Key of [`SNAT_FLOWS`]: a client's flow to a VIP, as the client sends it.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct SnatFlowKey {
-    pub client: RawAddr,
-    pub vip: RawAddr,
-    /// Network byte order, as in the packet.
-    pub client_port: u16,
-    pub vip_port: u16,
-    pub proto: u8,
-    pub family: u8,
-    pub _pad: [u8; 2],
-}
-const _: () = assert!(core::mem::size_of::<SnatFlowKey>() == 40);
-
-impl SnatFlowKey {
-    /// Sets everything but the addresses (ports in network byte order).
-    #[inline(always)]
-    pub fn set_ports(&mut self, client_port: u16, vip_port: u16, proto: u8, family: u8) {
-        self.client_port = client_port;
-        self.vip_port = vip_port;
-        self.proto = proto;
-        self.family = family;
-        self._pad = [0; 2];
-    }
-}
-
-/// Value of [`SNAT_FLOWS`]: how the flow leaves for its backend.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SnatFlowValue {
-    pub backend: RawAddr,
-    /// The source address written in the flow's packets.
-    pub source: RawAddr,
-    /// Flow-clock tick of the client's last packet.
-    pub last_seen: u64,
-    /// The source port written, network byte order.
-    pub nat_port: u16,
-    /// [`SNAT_CLOSING`] once the client sent FIN or RST; [`SNAT_EMBRYONIC`] from its SYN
-    /// until its first ACK; 0 in between. Either way the flow times out as a closed one.
-    pub closing: u8,
-    pub _pad: [u8; 5],
-}
-const _: () = assert!(core::mem::size_of::<SnatFlowValue>() == 48);
-
-/// Value of [`SNAT_PORTS`]: the client's flow a reply belongs to.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SnatPortValue {
-    pub client: RawAddr,
-    pub vip: RawAddr,
-    /// The Ethernet source of the client's packets (the client, or its router).
-    pub client_mac: [u8; 6],
-    /// Network byte order.
-    pub client_port: u16,
-    /// Flow-clock tick of the backend's last reply (or of the flow's first packet).
-    pub last_seen: u64,
-    /// 1 once the backend sent FIN or RST.
-    pub closing: u8,
-    pub _pad: [u8; 7],
-}
-const _: () = assert!(core::mem::size_of::<SnatPortValue>() == 56);
-
-/// [`SnatFlowValue::closing`]: the client sent FIN or RST.
-pub const SNAT_CLOSING: u8 = 1;
-/// [`SnatFlowValue::closing`]: the client sent a SYN and no ACK yet (the handshake is not
-/// complete: a spoofed SYN's port comes back at the closed flows' timeout).
-pub const SNAT_EMBRYONIC: u8 = 2;
-
-/// Free ports tried at random before a new source-NAT flow counts as "no port".
-pub const SNAT_PROBES: u32 = 32;
-
-/// [`GlobalConfig::nat`] bit: a VIP forwards by NAT with replies through this host as the
-/// backends' gateway ([`NAT_REPLIES`]).
-pub const NAT_GATEWAY: u32 = 1;
-/// [`GlobalConfig::nat`] bit: a VIP translates sources too ([`SNAT_PORTS`]).
-pub const NAT_SNAT: u32 = 2;
 
 /// Value of the session-persistence map: the client's backend and when it was last chosen.
 #[repr(C)]
@@ -686,45 +530,6 @@ pub struct GlobalConfig {
     pub nat: u32,
 }
 const _: () = assert!(core::mem::size_of::<GlobalConfig>() == 56);
-
-/// Decapsulator settings: array of one [`DecapConfig`].
-pub const DECAP_CONFIG: &str = "DECAP_CONFIG";
-/// Decapsulator: outer destination addresses it accepts ([`DecapAddrKey`] -> `u8`, unused).
-pub const DECAP_ADDRS: &str = "DECAP_ADDRS";
-/// Decapsulator counters: per-CPU array of one [`crate::stats::DecapStats`].
-pub const DECAP_STATS: &str = "DECAP_STATS";
-/// Most local addresses the decapsulator accepts as outer destinations.
-pub const MAX_DECAP_ADDRS: u32 = 64;
-/// Decapsulator: the IPv4 outer sources it accepts (LPM trie, network-order word -> `u8`,
-/// unused), when [`DecapConfig::restrict_sources`] is set.
-pub const DECAP_SOURCES_V4: &str = "DECAP_SOURCES_V4";
-/// Decapsulator: the IPv6 outer sources it accepts (LPM trie of four network-order words).
-pub const DECAP_SOURCES_V6: &str = "DECAP_SOURCES_V6";
-/// Most prefixes of outer sources the decapsulator accepts, per family.
-pub const MAX_DECAP_SOURCES: u32 = 64;
-
-/// Settings of the backend-side decapsulator.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct DecapConfig {
-    /// UDP destination port of GUE packets, network byte order; 0 = no GUE.
-    pub gue_port: u16,
-    /// 1: only tunnelled packets whose outer source lies in `DECAP_SOURCES_V4`/`_V6` are
-    /// stripped, the others dropped; 0: any outer source.
-    pub restrict_sources: u8,
-    pub _pad: u8,
-}
-const _: () = assert!(core::mem::size_of::<DecapConfig>() == 4);
-
-/// A local address the decapsulator accepts as an outer destination.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct DecapAddrKey {
-    pub addr: RawAddr,
-    pub family: u8,
-    pub _pad: [u8; 3],
-}
-const _: () = assert!(core::mem::size_of::<DecapAddrKey>() == 20);
 
 /// Identifies the layout of the pinned maps: a daemon adopts pinned maps only when their
 /// layout is its own. The top byte is bumped by hand when a meaning changes without a size.
