@@ -1,0 +1,181 @@
+//! Tests of `workload`.
+
+use super::*;
+
+fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[((p / 100.0) * v.len() as f64).ceil().max(1.0) as usize - 1]
+}
+
+fn opts(shape: Shape, requests: usize, rate: f64, seed: u64) -> WorkloadOptions {
+    WorkloadOptions {
+        shape,
+        requests,
+        rate,
+        seed,
+    }
+}
+
+#[test]
+fn the_shipped_trace_parses_and_workloads_repeat() {
+    let trace = shipped_trace().unwrap();
+    assert_eq!(trace.len(), 2400);
+    for shape in Shape::ALL {
+        let a = build(&opts(shape, 200, 4.0, 7), &trace).unwrap();
+        assert_eq!(
+            a,
+            build(&opts(shape, 200, 4.0, 7), &trace).unwrap(),
+            "{shape:?}"
+        );
+        assert_ne!(
+            a,
+            build(&opts(shape, 200, 4.0, 8), &trace).unwrap(),
+            "{shape:?}"
+        );
+        assert_eq!(request_count(&a), 200, "{shape:?}");
+    }
+}
+
+#[test]
+fn shapes_have_their_sizes_and_rates() {
+    let trace = shipped_trace().unwrap();
+    let sizes = |w: &[Conversation]| -> (f64, f64) {
+        let turns: Vec<&Turn> = w.iter().flat_map(|c| &c.turns).collect();
+        let n = turns.len() as f64;
+        (
+            turns
+                .iter()
+                .map(|t| t.message.split_whitespace().count() as f64)
+                .sum::<f64>()
+                / n,
+            turns
+                .iter()
+                .map(|t| f64::from(t.output_tokens))
+                .sum::<f64>()
+                / n,
+        )
+    };
+    let rate = |w: &[Conversation]| (w.len() - 1) as f64 / (w.last().unwrap().start - w[0].start);
+    let p = build(&opts(Shape::PrefillHeavy, 3000, 5.0, 1), &trace).unwrap();
+    let (prompt, output) = sizes(&p);
+    assert!((1900.0..2300.0).contains(&prompt), "{prompt}");
+    assert!((20.0..28.0).contains(&output), "{output}");
+    assert!((4.6..5.4).contains(&rate(&p)), "{}", rate(&p));
+    for seed in [0, 1, 2] {
+        let c = build(&opts(Shape::Conversation, 600, 3.0, seed), &trace).unwrap();
+        assert!((2.99..3.01).contains(&rate(&c)), "{}", rate(&c));
+        assert_eq!(c[0].start, 0.0);
+    }
+    let c = build(&opts(Shape::Conversation, 1000, 3.0, 0), &trace).unwrap();
+    assert!(sizes(&c).1 > 200.0, "decode-heavy: {:?}", sizes(&c));
+    // Bursty: the same mean rate, but gaps far more variable than Poisson's (CV 1).
+    let m = build(&opts(Shape::Mixed, 3000, 5.0, 1), &trace).unwrap();
+    assert!((4.0..6.0).contains(&rate(&m)), "{}", rate(&m));
+    let gaps: Vec<f64> = m.windows(2).map(|w| w[1].start - w[0].start).collect();
+    let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
+    let sd = (gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64).sqrt();
+    assert!(sd / mean > 1.3, "CV {}", sd / mean);
+    // Multi-turn: about 4 turns each, later turns wait for their think time.
+    let t = build(&opts(Shape::MultiTurn, 2000, 4.0, 1), &trace).unwrap();
+    let mean_turns = 2000.0 / t.len() as f64;
+    assert!((3.2..4.8).contains(&mean_turns), "{mean_turns}");
+    assert!(t.iter().flat_map(|c| &c.turns[1..]).all(|x| x.think > 0.0));
+    assert!(percentile(t.iter().map(|c| c.turns.len() as f64).collect(), 99.0) >= 8.0);
+}
+
+#[test]
+fn conversations_come_from_their_own_addresses_or_a_nat() {
+    let trace = shipped_trace().unwrap();
+    let distinct = |w: &[Conversation]| {
+        let mut a: Vec<IpAddr> = w.iter().map(|c| c.source).collect();
+        a.sort();
+        a.dedup();
+        a.len()
+    };
+    let own = build(&opts(Shape::MultiTurn, 400, 4.0, 1), &trace).unwrap();
+    assert_eq!(distinct(&own), 100.min(own.len()));
+    let nat = build(&opts(Shape::MultiTurnNat, 400, 4.0, 1), &trace).unwrap();
+    assert_eq!(distinct(&nat), 4);
+    // Texts differ per conversation.
+    assert_ne!(own[0].turns[0].message, own[1].turns[0].message);
+}
+
+#[test]
+fn tenants_share_a_network_and_a_system_prompt() {
+    for shape in [Shape::Tenants, Shape::TenantsMany] {
+        tenants_of(shape);
+    }
+}
+
+fn tenants_of(shape: Shape) {
+    let trace = shipped_trace().unwrap();
+    let layout = shape.tenants().unwrap();
+    let w = build(&opts(shape, 4000, 4.0, 3), &trace).unwrap();
+    let network = |c: &Conversation| match c.source {
+        IpAddr::V4(a) => u32::from(a) >> (32 - layout.prefix_v4),
+        IpAddr::V6(_) => unreachable!(),
+    };
+    let mut by_network: std::collections::BTreeMap<u32, Vec<&Conversation>> =
+        std::collections::BTreeMap::new();
+    for c in &w {
+        by_network.entry(network(c)).or_default().push(c);
+    }
+    assert_eq!(by_network.len(), layout.tenants, "a network per tenant");
+    let mut sizes = Vec::new();
+    for convs in by_network.values() {
+        // The tenant's conversations open with one prompt of 300-3,000 words...
+        let first: Vec<Vec<&str>> = convs
+            .iter()
+            .map(|c| c.turns[0].message.split_whitespace().collect())
+            .collect();
+        let shared = (0..first[0].len())
+            .take_while(|&i| first.iter().all(|f| f.get(i) == first[0].get(i)))
+            .count();
+        let m = layout.prompt_median;
+        assert!(
+            convs.len() < 2 || (0.3 * m..=3.0 * m).contains(&(shared as f64)),
+            "{shared}"
+        );
+        // ...from several addresses of its network, and later turns carry no prompt.
+        let mut addrs: Vec<IpAddr> = convs.iter().map(|c| c.source).collect();
+        addrs.sort();
+        addrs.dedup();
+        assert!(
+            convs.len() < 40 || addrs.len() > layout.addresses() / 2,
+            "{}",
+            addrs.len()
+        );
+        sizes.push(convs.len());
+    }
+    // Popularity falls with rank (Zipf): the top tenant has several times the last's.
+    sizes.sort_unstable();
+    assert!(sizes[layout.tenants - 1] > 3 * sizes[0], "{sizes:?}");
+    // Other shapes are unchanged by the tenants' prompts.
+    let own = build(&opts(Shape::MultiTurn, 400, 4.0, 1), &trace).unwrap();
+    assert!(own[0].turns[0].message.split_whitespace().count() <= 1000);
+}
+
+#[test]
+fn traces_parse_and_bad_rows_are_errors() {
+    let dir = std::env::temp_dir().join("balancer-trace-test.csv");
+    std::fs::write(
+        &dir,
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,396,109\n",
+    )
+    .unwrap();
+    let t = read_trace(&dir).unwrap();
+    assert!((t[1].at - 4.314579).abs() < 1e-6);
+    assert_eq!((t[0].prompt_tokens, t[0].output_tokens), (374, 44));
+    std::fs::write(
+        &dir,
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6,x,1\n",
+    )
+    .unwrap();
+    assert!(
+        read_trace(&dir)
+            .unwrap_err()
+            .to_string()
+            .contains("context tokens")
+    );
+    let _ = std::fs::remove_file(dir);
+}
