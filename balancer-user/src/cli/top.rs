@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use balancer::serve::api::client::Client;
-use balancer::state::wire::{Status, VipWeights, WeightRow};
+use balancer::state::wire::{BackendStatus, Status, VipStatus, VipWeights, WeightRow};
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 use ratatui::layout::{Constraint, Layout};
 use ratatui::style::{Modifier, Style};
@@ -110,6 +110,74 @@ fn time_of_day() -> String {
     )
 }
 
+/// A VIP's box: its backends' weight, table share, load and health.
+fn vip_table<'a>(view: &View, v: &'a VipStatus) -> Table<'a> {
+    let bold = Style::default().add_modifier(Modifier::BOLD);
+    let rows = v.backends.iter().map(|b| backend_row(view, v, b));
+    let title = format!(
+        " {} {}/{} {} · {} · {}pps · {} flows{} ",
+        v.name,
+        std::net::SocketAddr::new(v.address, v.port),
+        v.protocol,
+        v.forwarding,
+        v.scheduler,
+        si(v.pps),
+        v.flows,
+        if v.announced { " · announced" } else { "" }
+    );
+    Table::new(
+        rows,
+        [
+            Constraint::Length(40),
+            Constraint::Length(7),
+            Constraint::Length(7),
+            Constraint::Length(6),
+            Constraint::Length(8),
+            Constraint::Length(8),
+            Constraint::Length(8),
+            Constraint::Length(8),
+            Constraint::Length(10),
+        ],
+    )
+    .header(
+        Row::new(vec![
+            "BACKEND", "WEIGHT", "SHARE", "KV", "RUNNING", "WAITING", "FLOWS", "PPS", "HEALTH",
+        ])
+        .style(bold),
+    )
+    .block(Block::bordered().title(title))
+}
+
+/// A backend's line in its VIP's box.
+fn backend_row(view: &View, v: &VipStatus, b: &BackendStatus) -> Row<'static> {
+    let percent = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.0}%", v * 100.0));
+    let count = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
+    let report = view
+        .reports
+        .get(&(v.name.clone(), b.address))
+        .and_then(|r| r.signals.as_ref());
+    let state = if b.retiring {
+        "retiring"
+    } else if b.drained {
+        "drained"
+    } else if !b.healthy {
+        "DOWN"
+    } else {
+        b.health.as_str()
+    };
+    Row::new(vec![
+        b.address.to_string(),
+        b.weight.to_string(),
+        format!("{:.1}%", b.table_share * 100.0),
+        percent(report.and_then(|r| r.kv_usage)),
+        count(report.and_then(|r| r.running)),
+        count(report.and_then(|r| r.waiting)),
+        b.flows.to_string(),
+        si(b.pps),
+        state.to_string(),
+    ])
+}
+
 fn draw(
     frame: &mut ratatui::Frame,
     view: &Result<View, String>,
@@ -154,67 +222,7 @@ fn draw(
         frame.render_widget(Paragraph::new("no VIPs"), areas[1]);
         return;
     }
-    let percent = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.0}%", v * 100.0));
-    let count = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
     for (i, v) in s.vips.iter().enumerate() {
-        let rows = v.backends.iter().map(|b| {
-            let report = view
-                .reports
-                .get(&(v.name.clone(), b.address))
-                .and_then(|r| r.signals.as_ref());
-            let state = if b.retiring {
-                "retiring"
-            } else if b.drained {
-                "drained"
-            } else if !b.healthy {
-                "DOWN"
-            } else {
-                b.health.as_str()
-            };
-            Row::new(vec![
-                b.address.to_string(),
-                b.weight.to_string(),
-                format!("{:.1}%", b.table_share * 100.0),
-                percent(report.and_then(|r| r.kv_usage)),
-                count(report.and_then(|r| r.running)),
-                count(report.and_then(|r| r.waiting)),
-                b.flows.to_string(),
-                si(b.pps),
-                state.to_string(),
-            ])
-        });
-        let title = format!(
-            " {} {}/{} {} · {} · {}pps · {} flows{} ",
-            v.name,
-            std::net::SocketAddr::new(v.address, v.port),
-            v.protocol,
-            v.forwarding,
-            v.scheduler,
-            si(v.pps),
-            v.flows,
-            if v.announced { " · announced" } else { "" }
-        );
-        let table = Table::new(
-            rows,
-            [
-                Constraint::Length(40),
-                Constraint::Length(7),
-                Constraint::Length(7),
-                Constraint::Length(6),
-                Constraint::Length(8),
-                Constraint::Length(8),
-                Constraint::Length(8),
-                Constraint::Length(8),
-                Constraint::Length(10),
-            ],
-        )
-        .header(
-            Row::new(vec![
-                "BACKEND", "WEIGHT", "SHARE", "KV", "RUNNING", "WAITING", "FLOWS", "PPS", "HEALTH",
-            ])
-            .style(bold),
-        )
-        .block(Block::bordered().title(title));
-        frame.render_widget(table, areas[i + 1]);
+        frame.render_widget(vip_table(view, v), areas[i + 1]);
     }
 }

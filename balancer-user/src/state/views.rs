@@ -5,12 +5,13 @@ use std::time::Instant;
 use balancer_common::maps::BOUND_SHARE_SCALE;
 use balancer_common::stats::Counter;
 
-use crate::base::config::{HealthCheckKind, TelemetrySource};
+use crate::base::config::{HealthCheckKind, TelemetrySource, VipConfig};
 use crate::state::wire::{
     AdmissionStatus, BackendStatus, Stats, Status, Table, TableShare, TierAdmissionStatus,
     VipStatus, VipWeights, WeightRow,
 };
 use crate::steering::policy::PolicyKind;
+use crate::vips::{BackendState, VipState};
 
 use super::{ChangeError, Daemon};
 
@@ -88,135 +89,111 @@ impl Daemon {
     }
 
     pub(super) fn vip_statuses(&self) -> Vec<VipStatus> {
-        let mut out = Vec::new();
-        for vip in self.balancer.vips() {
-            let endpoint = vip.config.endpoint();
-            let shares = vip.slot_shares();
-            let table_len = vip.table.len().max(1) as f64;
-            let homes = self.balancer.homes(&endpoint).unwrap_or_else(|e| {
-                tracing::warn!(vip = %vip.config.name, "reading session persistence's homes: {e}");
-                Default::default()
-            });
-            let mut backends: Vec<BackendStatus> = vip
-                .backends
-                .values()
-                .map(|b| {
-                    let t = self.backend_traffic.get(&b.id).copied().unwrap_or_default();
-                    let flows = self.flows.get(&b.id).copied().unwrap_or(0);
-                    BackendStatus {
-                        address: b.address,
-                        weight: b.weight,
-                        drained: b.drained,
-                        healthy: b.healthy,
-                        health: self.health_label(&endpoint, b.address, &vip.config.health.kind),
-                        table_share: shares.get(&b.address).copied().unwrap_or(0) as f64
-                            / table_len,
-                        flows,
-                        packets: t.totals.packets,
-                        bytes: t.totals.bytes,
-                        new_flows: t.totals.new_flows,
-                        pps: t.pps,
-                        bps: t.bps,
-                        retiring: false,
-                        bound_share: (vip.config.load_bound_pct > 0)
-                            .then(|| f64::from(b.bound_share) / f64::from(BOUND_SHARE_SCALE)),
-                        homed_clients: homes.get(&b.address).map(|h| h.clients),
-                        home_capacity: homes.get(&b.address).and_then(|h| h.capacity),
-                    }
-                })
-                .collect();
-            for r in self
-                .balancer
-                .retiring()
-                .iter()
-                .filter(|r| r.vip == endpoint)
-            {
-                let t = self
-                    .backend_traffic
-                    .get(&r.state.id)
-                    .copied()
-                    .unwrap_or_default();
-                backends.push(BackendStatus {
-                    address: r.state.address,
-                    weight: r.state.weight,
-                    drained: true,
-                    healthy: r.state.healthy,
-                    health: "removed".into(),
-                    table_share: 0.0,
-                    flows: self.flows.get(&r.state.id).copied().unwrap_or(0),
+        self.balancer
+            .vips()
+            .map(|vip| self.vip_status(vip))
+            .collect()
+    }
+
+    /// One VIP's status: its settings, traffic and backends (those retiring last).
+    fn vip_status(&self, vip: &VipState) -> VipStatus {
+        let endpoint = vip.config.endpoint();
+        let mut backends = self.backend_statuses(vip);
+        for r in self
+            .balancer
+            .retiring()
+            .iter()
+            .filter(|r| r.vip == endpoint)
+        {
+            backends.push(self.retiring_status(&r.state));
+        }
+        let t = self.vip_traffic.get(&vip.id).copied().unwrap_or_default();
+        let c = &vip.config;
+        VipStatus {
+            name: c.name.clone(),
+            address: c.address,
+            port: c.port,
+            protocol: c.protocol.to_string(),
+            forwarding: c.forwarding.to_string(),
+            scheduler: scheduler_label(vip),
+            table_size: c.table_size,
+            table_fingerprint: format!("{:016x}", vip.fingerprint()),
+            health_check: health_check_label(c),
+            packets: t.totals.packets,
+            bytes: t.totals.bytes,
+            new_flows: t.totals.new_flows,
+            pps: t.pps,
+            bps: t.bps,
+            flows: backends.iter().map(|b| b.flows).sum(),
+            backends,
+            announced: self.config.bgp.is_some()
+                && self.announcer.announced().contains(&c.address)
+                && !self.drained_vips.contains(&c.name),
+            admission: self.admission_status(vip),
+        }
+    }
+
+    /// The status of each backend in a VIP's table.
+    fn backend_statuses(&self, vip: &VipState) -> Vec<BackendStatus> {
+        let endpoint = vip.config.endpoint();
+        let shares = vip.slot_shares();
+        let table_len = vip.table.len().max(1) as f64;
+        let homes = self.balancer.homes(&endpoint).unwrap_or_else(|e| {
+            tracing::warn!(vip = %vip.config.name, "reading session persistence's homes: {e}");
+            Default::default()
+        });
+        vip.backends
+            .values()
+            .map(|b| {
+                let t = self.backend_traffic.get(&b.id).copied().unwrap_or_default();
+                BackendStatus {
+                    address: b.address,
+                    weight: b.weight,
+                    drained: b.drained,
+                    healthy: b.healthy,
+                    health: self.health_label(&endpoint, b.address, &vip.config.health.kind),
+                    table_share: shares.get(&b.address).copied().unwrap_or(0) as f64 / table_len,
+                    flows: self.flows.get(&b.id).copied().unwrap_or(0),
                     packets: t.totals.packets,
                     bytes: t.totals.bytes,
                     new_flows: t.totals.new_flows,
                     pps: t.pps,
                     bps: t.bps,
-                    retiring: true,
-                    bound_share: None,
-                    homed_clients: None,
-                    home_capacity: None,
-                });
-            }
-            let t = self.vip_traffic.get(&vip.id).copied().unwrap_or_default();
-            let c = &vip.config;
-            out.push(VipStatus {
-                name: c.name.clone(),
-                address: c.address,
-                port: c.port,
-                protocol: c.protocol.to_string(),
-                forwarding: c.forwarding.to_string(),
-                scheduler: {
-                    let mut s = c.scheduler.name().to_string();
-                    if !c.persistence.is_zero() {
-                        s.push_str(&format!(", persistence {}s", c.persistence.as_secs()));
-                    }
-                    if c.load_bound_pct > 0 {
-                        s.push_str(&format!(
-                            ", max load {:.2}x",
-                            1.0 + f64::from(c.load_bound_pct) / 100.0
-                        ));
-                        let mean_flow = vip.bound.mean_flow();
-                        if !mean_flow.is_zero() {
-                            s.push_str(&format!(
-                                " of weights averaged over {:.1}s",
-                                mean_flow.as_secs_f64()
-                            ));
-                        }
-                    }
-                    if c.affinity_prefix.is_prefix() {
-                        s.push_str(&format!(
-                            ", by /{} and /{}",
-                            c.affinity_prefix.v4, c.affinity_prefix.v6
-                        ));
-                    }
-                    s
-                },
-                table_size: c.table_size,
-                table_fingerprint: format!("{:016x}", vip.fingerprint()),
-                health_check: match &c.health.kind {
-                    HealthCheckKind::None => "none".into(),
-                    HealthCheckKind::Tcp => format!("tcp:{}", c.health.port),
-                    HealthCheckKind::Http {
-                        path,
-                        expect_status,
-                        tls,
-                    } => {
-                        let scheme = if tls.is_some() { "https" } else { "http" };
-                        format!("{scheme}:{}{} -> {expect_status}", c.health.port, path)
-                    }
-                },
-                packets: t.totals.packets,
-                bytes: t.totals.bytes,
-                new_flows: t.totals.new_flows,
-                pps: t.pps,
-                bps: t.bps,
-                flows: backends.iter().map(|b| b.flows).sum(),
-                backends,
-                announced: self.config.bgp.is_some()
-                    && self.announcer.announced().contains(&c.address)
-                    && !self.drained_vips.contains(&c.name),
-                admission: self.admission_status(vip),
-            });
+                    retiring: false,
+                    bound_share: (vip.config.load_bound_pct > 0)
+                        .then(|| f64::from(b.bound_share) / f64::from(BOUND_SHARE_SCALE)),
+                    homed_clients: homes.get(&b.address).map(|h| h.clients),
+                    home_capacity: homes.get(&b.address).and_then(|h| h.capacity),
+                }
+            })
+            .collect()
+    }
+
+    /// The status of a removed backend in its grace period.
+    fn retiring_status(&self, state: &BackendState) -> BackendStatus {
+        let t = self
+            .backend_traffic
+            .get(&state.id)
+            .copied()
+            .unwrap_or_default();
+        BackendStatus {
+            address: state.address,
+            weight: state.weight,
+            drained: true,
+            healthy: state.healthy,
+            health: "removed".into(),
+            table_share: 0.0,
+            flows: self.flows.get(&state.id).copied().unwrap_or(0),
+            packets: t.totals.packets,
+            bytes: t.totals.bytes,
+            new_flows: t.totals.new_flows,
+            pps: t.pps,
+            bps: t.bps,
+            retiring: true,
+            bound_share: None,
+            homed_clients: None,
+            home_capacity: None,
         }
-        out
     }
 
     /// A VIP's admission control with its counters per client tier (`None` without it).
@@ -353,5 +330,50 @@ impl Daemon {
             &self.status(),
             &self.weights(),
         ))
+    }
+}
+
+/// A VIP's scheduler and what modifies it: persistence, the load bound, the affinity prefix.
+fn scheduler_label(vip: &VipState) -> String {
+    let c = &vip.config;
+    let mut s = c.scheduler.name().to_string();
+    if !c.persistence.is_zero() {
+        s.push_str(&format!(", persistence {}s", c.persistence.as_secs()));
+    }
+    if c.load_bound_pct > 0 {
+        s.push_str(&format!(
+            ", max load {:.2}x",
+            1.0 + f64::from(c.load_bound_pct) / 100.0
+        ));
+        let mean_flow = vip.bound.mean_flow();
+        if !mean_flow.is_zero() {
+            s.push_str(&format!(
+                " of weights averaged over {:.1}s",
+                mean_flow.as_secs_f64()
+            ));
+        }
+    }
+    if c.affinity_prefix.is_prefix() {
+        s.push_str(&format!(
+            ", by /{} and /{}",
+            c.affinity_prefix.v4, c.affinity_prefix.v6
+        ));
+    }
+    s
+}
+
+/// A VIP's health check as one label (`tcp:80`, `https:443/health -> 200`).
+fn health_check_label(c: &VipConfig) -> String {
+    match &c.health.kind {
+        HealthCheckKind::None => "none".into(),
+        HealthCheckKind::Tcp => format!("tcp:{}", c.health.port),
+        HealthCheckKind::Http {
+            path,
+            expect_status,
+            tls,
+        } => {
+            let scheme = if tls.is_some() { "https" } else { "http" };
+            format!("{scheme}:{}{} -> {expect_status}", c.health.port, path)
+        }
     }
 }

@@ -145,9 +145,48 @@ pub fn validate_fleet(raw: RawFleet) -> Result<Option<FleetConfig>, ConfigError>
         }
         return Ok(None);
     }
-    let etcd = raw
-        .etcd
-        .iter()
+    let etcd = validate_endpoints(&raw.etcd)?;
+    let prefix = validate_prefix(raw.prefix)?;
+    let instance = validate_instance(raw.instance)?;
+    let lease_secs = raw.lease_secs.unwrap_or(3);
+    if !(2..=60).contains(&lease_secs) {
+        return Err(invalid(
+            "fleet.lease_secs",
+            lease_secs,
+            "must be 2-60 seconds",
+        ));
+    }
+    let poll_ms = raw.poll_ms.unwrap_or(200);
+    if !(50..=10_000).contains(&poll_ms) || poll_ms >= lease_secs * 1000 / 2 {
+        return Err(invalid(
+            "fleet.poll_ms",
+            poll_ms,
+            "must be 50-10000 ms and under half the lease",
+        ));
+    }
+    let tls = validate_tls(raw.ca, raw.cert, raw.key, raw.server_name)?;
+    let auth = validate_auth(raw.username, raw.password_file)?;
+    if auth.is_some() && tls.is_none() {
+        return Err(invalid(
+            "fleet.username",
+            "(set)",
+            "etcd credentials need TLS (fleet.ca): without it the password crosses the network in the clear",
+        ));
+    }
+    Ok(Some(FleetConfig {
+        etcd,
+        prefix,
+        instance,
+        lease: Duration::from_secs(lease_secs as u64),
+        poll: Duration::from_millis(poll_ms as u64),
+        tls,
+        auth,
+    }))
+}
+
+/// The etcd client endpoints, each an address and port.
+fn validate_endpoints(raw: &[String]) -> Result<Vec<SocketAddr>, ConfigError> {
+    raw.iter()
         .enumerate()
         .map(|(i, e)| {
             e.parse::<SocketAddr>().map_err(|_| {
@@ -158,8 +197,12 @@ pub fn validate_fleet(raw: RawFleet) -> Result<Option<FleetConfig>, ConfigError>
                 )
             })
         })
-        .collect::<Result<Vec<_>, _>>()?;
-    let prefix = raw.prefix.unwrap_or_else(|| "/balancer".to_string());
+        .collect()
+}
+
+/// The key prefix of the fleet's state in etcd.
+fn validate_prefix(raw: Option<String>) -> Result<String, ConfigError> {
+    let prefix = raw.unwrap_or_else(|| "/balancer".to_string());
     if !prefix.starts_with('/')
         || prefix.ends_with('/')
         || prefix.len() > 200
@@ -171,7 +214,12 @@ pub fn validate_fleet(raw: RawFleet) -> Result<Option<FleetConfig>, ConfigError>
             "must start with '/', not end with one, have no spaces and be at most 200 characters",
         ));
     }
-    let instance = match raw.instance {
+    Ok(prefix)
+}
+
+/// This balancer's name in the fleet (the host name by default).
+fn validate_instance(raw: Option<String>) -> Result<String, ConfigError> {
+    let instance = match raw {
         Some(i) => i,
         None => host_name().ok_or_else(|| {
             invalid(
@@ -193,24 +241,15 @@ pub fn validate_fleet(raw: RawFleet) -> Result<Option<FleetConfig>, ConfigError>
             "1-64 characters of letters, digits, '-', '_' and '.'",
         ));
     }
-    let lease_secs = raw.lease_secs.unwrap_or(3);
-    if !(2..=60).contains(&lease_secs) {
-        return Err(invalid(
-            "fleet.lease_secs",
-            lease_secs,
-            "must be 2-60 seconds",
-        ));
-    }
-    let poll_ms = raw.poll_ms.unwrap_or(200);
-    if !(50..=10_000).contains(&poll_ms) || poll_ms >= lease_secs * 1000 / 2 {
-        return Err(invalid(
-            "fleet.poll_ms",
-            poll_ms,
-            "must be 50-10000 ms and under half the lease",
-        ));
-    }
-    let tls = validate_tls(raw.ca, raw.cert, raw.key, raw.server_name)?;
-    let auth = match (raw.username, raw.password_file) {
+    Ok(instance)
+}
+
+/// etcd credentials: a user and the file holding its password, both or neither.
+fn validate_auth(
+    username: Option<String>,
+    password_file: Option<String>,
+) -> Result<Option<EtcdAuth>, ConfigError> {
+    let auth = match (username, password_file) {
         (None, None) => None,
         (Some(username), Some(file)) => {
             if username.is_empty() || username.len() > 128 || username.contains(char::is_whitespace)
@@ -241,22 +280,7 @@ pub fn validate_fleet(raw: RawFleet) -> Result<Option<FleetConfig>, ConfigError>
             ));
         }
     };
-    if auth.is_some() && tls.is_none() {
-        return Err(invalid(
-            "fleet.username",
-            "(set)",
-            "etcd credentials need TLS (fleet.ca): without it the password crosses the network in the clear",
-        ));
-    }
-    Ok(Some(FleetConfig {
-        etcd,
-        prefix,
-        instance,
-        lease: Duration::from_secs(lease_secs as u64),
-        poll: Duration::from_millis(poll_ms as u64),
-        tls,
-        auth,
-    }))
+    Ok(auth)
 }
 
 fn validate_tls(

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::error::{ConfigError, invalid};
 use super::fields::{int_in, required};
-use super::raw::RawPool;
+use super::raw::{RawBackend, RawPool};
 use super::telemetry::{RawAccess, ScrapeAccess, validate_access};
 use super::vip::{BackendConfig, Discovery, valid_name, validate_backend};
 
@@ -26,7 +26,7 @@ pub(super) fn validate_pools(raw: Vec<RawPool>) -> Result<Vec<PoolConfig>, Confi
     let mut pools: Vec<PoolConfig> = Vec::new();
     for (i, p) in raw.into_iter().enumerate() {
         let key = |k: &str| format!("pool[{i}].{k}");
-        let name = required(p.name, &key("name"))?;
+        let name = required(p.name.clone(), &key("name"))?;
         if !valid_name(&name) || pools.iter().any(|x| x.name == name) {
             return Err(invalid(
                 key("name"),
@@ -34,39 +34,7 @@ pub(super) fn validate_pools(raw: Vec<RawPool>) -> Result<Vec<PoolConfig>, Confi
                 "a unique name of 1-64 letters, digits, '-', '_' or '.'",
             ));
         }
-        let port = |default: u16| -> Result<u16, ConfigError> {
-            p.port
-                .map_or(Ok(default), |v| int_in(v, 1, 65_535, &key("port")))
-        };
-        let path = |default: &str| -> Result<String, ConfigError> {
-            let path = p.path.clone().unwrap_or_else(|| default.to_string());
-            if !path.starts_with('/') || path.contains(char::is_whitespace) {
-                return Err(invalid(
-                    key("path"),
-                    format!("{path:?}"),
-                    "an HTTP path starts with '/' and has no spaces",
-                ));
-            }
-            Ok(path)
-        };
-        let discovery = match p.discover.as_deref().unwrap_or("none") {
-            "none" => Discovery::None,
-            "models" => Discovery::Models {
-                port: port(8000)?,
-                path: path("/v1/models")?,
-            },
-            "metrics" => Discovery::Metrics {
-                port: port(8000)?,
-                path: path("/metrics")?,
-            },
-            other => {
-                return Err(invalid(
-                    key("discover"),
-                    format!("{other:?}"),
-                    "expected \"none\", \"models\" or \"metrics\"",
-                ));
-            }
-        };
+        let discovery = validate_discovery(&p, &key)?;
         let access = validate_access(
             RawAccess {
                 scheme: p.scheme.clone(),
@@ -90,26 +58,7 @@ pub(super) fn validate_pools(raw: Vec<RawPool>) -> Result<Vec<PoolConfig>, Confi
             Some(v) => int_in(v, 100, 3_600_000, &key("interval_ms"))?,
             None => 2000,
         });
-        let mut backends: Vec<BackendConfig> = Vec::new();
-        for (j, b) in p.backend.into_iter().enumerate() {
-            let label = format!("pool[{i}].backend[{j}]");
-            let b = validate_backend(b, &label)?;
-            if b.tier.is_some() {
-                return Err(invalid(
-                    format!("{label}.tier"),
-                    "(set)",
-                    "tiers are set on a VIP's own backends, not in pools",
-                ));
-            }
-            if backends.iter().any(|x| x.address == b.address) {
-                return Err(invalid(
-                    format!("{label}.address"),
-                    format!("{:?}", b.address.to_string()),
-                    "listed twice in the pool",
-                ));
-            }
-            backends.push(b);
-        }
+        let backends = validate_pool_backends(p.backend, i)?;
         pools.push(PoolConfig {
             name,
             discovery,
@@ -119,6 +68,72 @@ pub(super) fn validate_pools(raw: Vec<RawPool>) -> Result<Vec<PoolConfig>, Confi
         });
     }
     Ok(pools)
+}
+
+/// How a pool's models are discovered: from a backend's `/v1/models`, from its metrics
+/// page, or not at all.
+fn validate_discovery(p: &RawPool, key: &dyn Fn(&str) -> String) -> Result<Discovery, ConfigError> {
+    let port = |default: u16| -> Result<u16, ConfigError> {
+        p.port
+            .map_or(Ok(default), |v| int_in(v, 1, 65_535, &key("port")))
+    };
+    let path = |default: &str| -> Result<String, ConfigError> {
+        let path = p.path.clone().unwrap_or_else(|| default.to_string());
+        if !path.starts_with('/') || path.contains(char::is_whitespace) {
+            return Err(invalid(
+                key("path"),
+                format!("{path:?}"),
+                "an HTTP path starts with '/' and has no spaces",
+            ));
+        }
+        Ok(path)
+    };
+    Ok(match p.discover.as_deref().unwrap_or("none") {
+        "none" => Discovery::None,
+        "models" => Discovery::Models {
+            port: port(8000)?,
+            path: path("/v1/models")?,
+        },
+        "metrics" => Discovery::Metrics {
+            port: port(8000)?,
+            path: path("/metrics")?,
+        },
+        other => {
+            return Err(invalid(
+                key("discover"),
+                format!("{other:?}"),
+                "expected \"none\", \"models\" or \"metrics\"",
+            ));
+        }
+    })
+}
+
+/// A pool's backends: each valid, each once, none with a tier.
+fn validate_pool_backends(
+    raw: Vec<RawBackend>,
+    i: usize,
+) -> Result<Vec<BackendConfig>, ConfigError> {
+    let mut backends: Vec<BackendConfig> = Vec::new();
+    for (j, b) in raw.into_iter().enumerate() {
+        let label = format!("pool[{i}].backend[{j}]");
+        let b = validate_backend(b, &label)?;
+        if b.tier.is_some() {
+            return Err(invalid(
+                format!("{label}.tier"),
+                "(set)",
+                "tiers are set on a VIP's own backends, not in pools",
+            ));
+        }
+        if backends.iter().any(|x| x.address == b.address) {
+            return Err(invalid(
+                format!("{label}.address"),
+                format!("{:?}", b.address.to_string()),
+                "listed twice in the pool",
+            ));
+        }
+        backends.push(b);
+    }
+    Ok(backends)
 }
 
 impl PoolConfig {

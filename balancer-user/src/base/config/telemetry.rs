@@ -167,6 +167,74 @@ pub(super) fn validate_telemetry(
 ) -> Result<TelemetryConfig, ConfigError> {
     let raw = raw.unwrap_or_default();
     let key = |k: &str| format!("{label}.telemetry.{k}");
+    let Intervals {
+        interval,
+        max_interval,
+        requests_per_scrape,
+        timeout,
+    } = validate_intervals(&raw, &key)?;
+    let max_body = match raw.max_body_kib {
+        Some(v) => int_in::<usize>(v, 1, 64 * 1024, &key("max_body_kib"))? * 1024,
+        None => 4 * 1024 * 1024,
+    };
+    let derived_half_life: u64 = match raw.derived_half_life_ms {
+        Some(v) => int_in(v, 10, 3_600_000, &key("derived_half_life_ms"))?,
+        None => RECENT_HALF_LIFE.as_millis() as u64,
+    };
+    let source = validate_source(&raw, &key)?;
+    if !matches!(source, TelemetrySource::Scrape(_))
+        && (raw.port.is_some() || !raw.extra.is_empty())
+    {
+        return Err(invalid(
+            key("port"),
+            format!("{:?}", raw.port),
+            "port and extra apply to source = \"scrape\" only",
+        ));
+    }
+    let access = validate_access(
+        RawAccess {
+            scheme: raw.scheme.clone(),
+            ca: raw.ca.clone(),
+            cert: raw.cert.clone(),
+            key: raw.key.clone(),
+            bearer_token_file: raw.bearer_token_file.clone(),
+        },
+        &format!("{label}.telemetry"),
+    )?;
+    if let Some(set) = access.first_set()
+        && !matches!(source, TelemetrySource::Scrape(_))
+    {
+        return Err(invalid(
+            key(set),
+            "(set)",
+            "scheme, ca, cert, key and bearer_token_file apply to source = \"scrape\" only",
+        ));
+    }
+    Ok(TelemetryConfig {
+        source,
+        interval: Duration::from_millis(interval),
+        max_interval: Duration::from_millis(max_interval),
+        requests_per_scrape,
+        timeout: Duration::from_millis(timeout),
+        max_body,
+        derived_half_life: Duration::from_millis(derived_half_life),
+        access,
+    })
+}
+
+/// A VIP's scrape intervals (ms): fixed or paced by its requests, and the timeout of one
+/// scrape.
+struct Intervals {
+    interval: u64,
+    max_interval: u64,
+    requests_per_scrape: u32,
+    timeout: u64,
+}
+
+fn validate_intervals(
+    raw: &RawTelemetry,
+    key: &dyn Fn(&str) -> String,
+) -> Result<Intervals, ConfigError> {
     let interval: u64 = match raw.interval_ms {
         Some(v) => int_in(v, 10, 60_000, &key("interval_ms"))?,
         None => DEFAULT_SCRAPE_INTERVAL_MS,
@@ -197,14 +265,19 @@ pub(super) fn validate_telemetry(
             format!("must not exceed interval_ms ({interval})"),
         ));
     }
-    let max_body = match raw.max_body_kib {
-        Some(v) => int_in::<usize>(v, 1, 64 * 1024, &key("max_body_kib"))? * 1024,
-        None => 4 * 1024 * 1024,
-    };
-    let derived_half_life: u64 = match raw.derived_half_life_ms {
-        Some(v) => int_in(v, 10, 3_600_000, &key("derived_half_life_ms"))?,
-        None => RECENT_HALF_LIFE.as_millis() as u64,
-    };
+    Ok(Intervals {
+        interval,
+        max_interval,
+        requests_per_scrape,
+        timeout,
+    })
+}
+
+/// Where a VIP's reports come from; a scrape's pages (`port`/`path`, then each `extra`).
+fn validate_source(
+    raw: &RawTelemetry,
+    key: &dyn Fn(&str) -> String,
+) -> Result<TelemetrySource, ConfigError> {
     let source = match raw.source.as_deref().unwrap_or("none") {
         "none" => TelemetrySource::None,
         "push" => TelemetrySource::Push,
@@ -245,44 +318,7 @@ pub(super) fn validate_telemetry(
             ));
         }
     };
-    if !matches!(source, TelemetrySource::Scrape(_))
-        && (raw.port.is_some() || !raw.extra.is_empty())
-    {
-        return Err(invalid(
-            key("port"),
-            format!("{:?}", raw.port),
-            "port and extra apply to source = \"scrape\" only",
-        ));
-    }
-    let access = validate_access(
-        RawAccess {
-            scheme: raw.scheme.clone(),
-            ca: raw.ca.clone(),
-            cert: raw.cert.clone(),
-            key: raw.key.clone(),
-            bearer_token_file: raw.bearer_token_file.clone(),
-        },
-        &format!("{label}.telemetry"),
-    )?;
-    if let Some(set) = access.first_set()
-        && !matches!(source, TelemetrySource::Scrape(_))
-    {
-        return Err(invalid(
-            key(set),
-            "(set)",
-            "scheme, ca, cert, key and bearer_token_file apply to source = \"scrape\" only",
-        ));
-    }
-    Ok(TelemetryConfig {
-        source,
-        interval: Duration::from_millis(interval),
-        max_interval: Duration::from_millis(max_interval),
-        requests_per_scrape,
-        timeout: Duration::from_millis(timeout),
-        max_body,
-        derived_half_life: Duration::from_millis(derived_half_life),
-        access,
-    })
+    Ok(source)
 }
 
 pub(super) fn telemetry_to_raw(t: &TelemetryConfig) -> RawTelemetry {
@@ -341,28 +377,7 @@ pub(super) fn validate_policy(
             )
         })?,
     };
-    let factor = |v: Option<f64>, default: f64, k: &str| -> Result<f64, ConfigError> {
-        v.map(|v| float_in(v, 0.0, 1000.0, &key(k)))
-            .transpose()
-            .map(|v| v.unwrap_or(default))
-    };
-    let factors = Factors {
-        delay: factor(raw.delay_factor, d.factors.delay, "delay_factor")?,
-        kv: factor(raw.kv_factor, d.factors.kv, "kv_factor")?,
-        gpu_memory: factor(
-            raw.gpu_memory_factor,
-            d.factors.gpu_memory,
-            "gpu_memory_factor",
-        )?,
-        queue: factor(raw.queue_factor, d.factors.queue, "queue_factor")?,
-        tokens: factor(raw.tokens_factor, d.factors.tokens, "tokens_factor")?,
-        connections: factor(
-            raw.connections_factor,
-            d.factors.connections,
-            "connections_factor",
-        )?,
-        ttft: factor(raw.ttft_factor, d.factors.ttft, "ttft_factor")?,
-    };
+    let factors = validate_factors(&raw, &key)?;
     let unit = |v: Option<f64>, default: f64, min: f64, k: &str| -> Result<f64, ConfigError> {
         v.map(|v| float_in(v, min, 1.0, &key(k)))
             .transpose()
@@ -392,33 +407,7 @@ pub(super) fn validate_policy(
             }
             None => d.min_free_gpu_memory_bytes,
         },
-        stale_after: match raw.stale_after_ms {
-            Some(v) => {
-                let ms: u64 = int_in(v, 1, 3_600_000, &key("stale_after_ms"))?;
-                let slowest = telemetry.slowest().as_millis() as u64;
-                if matches!(telemetry.source, TelemetrySource::Scrape(_)) && ms < slowest {
-                    let which = if telemetry.requests_per_scrape == 0 {
-                        "interval_ms"
-                    } else {
-                        "max_interval_ms"
-                    };
-                    return Err(invalid(
-                        key("stale_after_ms"),
-                        ms,
-                        format!(
-                            "must be at least the slowest scrape interval ({slowest} ms, \
-                             telemetry.{which}): a quiet VIP's reports would go stale between \
-                             two scrapes"
-                        ),
-                    ));
-                }
-                Duration::from_millis(ms)
-            }
-            None => match telemetry.source {
-                TelemetrySource::Scrape(_) => d.stale_after.max(3 * telemetry.slowest()),
-                TelemetrySource::None | TelemetrySource::Push => d.stale_after,
-            },
-        },
+        stale_after: validate_stale_after(raw.stale_after_ms, telemetry, &key("stale_after_ms"))?,
         stale: match raw.stale.as_deref() {
             None | Some("saturated") => StaleMode::Saturated,
             Some("keep") => StaleMode::Keep,
@@ -443,6 +432,60 @@ pub(super) fn validate_policy(
             None => d.max_share,
         },
     })
+}
+
+/// The composite policy's factors, each 0..=1000.
+fn validate_factors(raw: &RawPolicy, key: &dyn Fn(&str) -> String) -> Result<Factors, ConfigError> {
+    let d = Factors::default();
+    let factor = |v: Option<f64>, default: f64, k: &str| -> Result<f64, ConfigError> {
+        v.map(|v| float_in(v, 0.0, 1000.0, &key(k)))
+            .transpose()
+            .map(|v| v.unwrap_or(default))
+    };
+    Ok(Factors {
+        delay: factor(raw.delay_factor, d.delay, "delay_factor")?,
+        kv: factor(raw.kv_factor, d.kv, "kv_factor")?,
+        gpu_memory: factor(raw.gpu_memory_factor, d.gpu_memory, "gpu_memory_factor")?,
+        queue: factor(raw.queue_factor, d.queue, "queue_factor")?,
+        tokens: factor(raw.tokens_factor, d.tokens, "tokens_factor")?,
+        connections: factor(raw.connections_factor, d.connections, "connections_factor")?,
+        ttft: factor(raw.ttft_factor, d.ttft, "ttft_factor")?,
+    })
+}
+
+/// How old a report may be before it counts as stale: at least the slowest scrape interval
+/// when set; by default three of them, at least [`PolicyConfig`]'s default.
+fn validate_stale_after(
+    raw: Option<i64>,
+    telemetry: &TelemetryConfig,
+    key: &str,
+) -> Result<Duration, ConfigError> {
+    let default = PolicyConfig::default().stale_after;
+    let Some(v) = raw else {
+        return Ok(match telemetry.source {
+            TelemetrySource::Scrape(_) => default.max(3 * telemetry.slowest()),
+            TelemetrySource::None | TelemetrySource::Push => default,
+        });
+    };
+    let ms: u64 = int_in(v, 1, 3_600_000, key)?;
+    let slowest = telemetry.slowest().as_millis() as u64;
+    if matches!(telemetry.source, TelemetrySource::Scrape(_)) && ms < slowest {
+        let which = if telemetry.requests_per_scrape == 0 {
+            "interval_ms"
+        } else {
+            "max_interval_ms"
+        };
+        return Err(invalid(
+            key,
+            ms,
+            format!(
+                "must be at least the slowest scrape interval ({slowest} ms, \
+                 telemetry.{which}): a quiet VIP's reports would go stale between \
+                 two scrapes"
+            ),
+        ));
+    }
+    Ok(Duration::from_millis(ms))
 }
 
 pub(super) fn policy_to_raw(p: &PolicyConfig) -> RawPolicy {

@@ -323,15 +323,7 @@ pub fn validate_vip(raw: RawVip, label: &str) -> Result<VipConfig, ConfigError> 
             "lists several addresses, ports or protocols: expand the service first",
         ));
     }
-    let address_text = required(raw.address, &key("address"))?;
-    let address = parse_ip(&address_text, &key("address"))?;
-    if address.is_unspecified() || address.is_multicast() || address.is_loopback() {
-        return Err(invalid(
-            key("address"),
-            format!("{address_text:?}"),
-            "a VIP must be a unicast, non-loopback address",
-        ));
-    }
+    let address = validate_address(raw.address, &key("address"))?;
     let port: u16 = int_in(required(raw.port, &key("port"))?, 1, 65_535, &key("port"))?;
     let protocol = match raw.protocol {
         Some(p) => parse_field(&p, &key("protocol"))?,
@@ -346,17 +338,7 @@ pub fn validate_vip(raw: RawVip, label: &str) -> Result<VipConfig, ConfigError> 
         None => DEFAULT_GUE_PORT,
     };
     let nat_source = validate_nat_source(raw.nat_source, forwarding, address, label)?;
-    let table_size: u32 = match raw.table_size {
-        Some(v) => int_in(v, 2, MAX_TABLE_SIZE.into(), &key("table_size"))?,
-        None => DEFAULT_TABLE_SIZE,
-    };
-    if !is_prime(table_size) {
-        return Err(invalid(
-            key("table_size"),
-            table_size,
-            "must be a prime number (e.g. 65537 or 655373)",
-        ));
-    }
+    let table_size = validate_table_size(raw.table_size, &key("table_size"))?;
     let name = match raw.name {
         Some(n) if !valid_name(&n) => {
             return Err(invalid(
@@ -378,39 +360,17 @@ pub fn validate_vip(raw: RawVip, label: &str) -> Result<VipConfig, ConfigError> 
             "this policy needs backend reports: set telemetry.source to \"scrape\" or \"push\"",
         ));
     }
-    let scheduler = match raw.scheduler.as_deref() {
-        None => Scheduler::Maglev,
-        Some(name) => Scheduler::ALL
-            .into_iter()
-            .find(|s| s.name() == name)
-            .ok_or_else(|| {
-                let names: Vec<&str> = Scheduler::ALL.iter().map(|s| s.name()).collect();
-                invalid(
-                    key("scheduler"),
-                    format!("{name:?}"),
-                    format!("expected one of {}", names.join(", ")),
-                )
-            })?,
-    };
+    let scheduler = validate_scheduler(raw.scheduler.as_deref(), &key("scheduler"))?;
     let persistence = match raw.persistence_secs {
         Some(v) => Duration::from_secs(int_in(v, 0, 65_535, &key("persistence_secs"))?),
         None => Duration::ZERO,
     };
-    let load_bound_pct = match raw.max_load_factor {
-        Some(f) => {
-            let f = float_in(f, 1.01, 3.55, &key("max_load_factor"))?;
-            let hashed = matches!(scheduler, Scheduler::Maglev | Scheduler::SourceHash);
-            if !hashed && persistence.is_zero() {
-                return Err(invalid(
-                    key("max_load_factor"),
-                    f,
-                    "bounds the load of the hashing schedulers (maglev, source-hash) and of session persistence",
-                ));
-            }
-            ((f - 1.0) * 100.0).round().clamp(1.0, 255.0) as u8
-        }
-        None => 0,
-    };
+    let load_bound_pct = validate_load_bound(
+        raw.max_load_factor,
+        scheduler,
+        persistence,
+        &key("max_load_factor"),
+    )?;
     let affinity_prefix = validate_affinity_prefix(
         [raw.affinity_prefix_v4, raw.affinity_prefix_v6],
         scheduler,
@@ -431,27 +391,7 @@ pub fn validate_vip(raw: RawVip, label: &str) -> Result<VipConfig, ConfigError> 
             ),
         ));
     }
-    let mut backends = Vec::with_capacity(raw.backend.len());
-    let mut seen = HashSet::new();
-    for (j, b) in raw.backend.into_iter().enumerate() {
-        let blabel = format!("{label}.backend[{j}]");
-        let backend = validate_backend(b, &blabel)?;
-        if forwarding == Forwarding::Nat && backend.address.is_ipv4() != address.is_ipv4() {
-            return Err(invalid(
-                format!("{blabel}.address"),
-                format!("{:?}", backend.address.to_string()),
-                "a nat VIP's backends are of its address family (the backend's address replaces the VIP's)",
-            ));
-        }
-        if !seen.insert(backend.address) {
-            return Err(invalid(
-                format!("{blabel}.address"),
-                format!("{:?}", backend.address.to_string()),
-                "this backend is listed twice for the VIP",
-            ));
-        }
-        backends.push(backend);
-    }
+    let backends = validate_backends(raw.backend, forwarding, address, label)?;
     if backends.len() >= table_size as usize {
         return Err(invalid(
             key("table_size"),
@@ -481,6 +421,106 @@ pub fn validate_vip(raw: RawVip, label: &str) -> Result<VipConfig, ConfigError> 
         backends,
         service: raw.service,
     })
+}
+
+/// A VIP's address: unicast, not loopback.
+fn validate_address(raw: Option<String>, key: &str) -> Result<IpAddr, ConfigError> {
+    let text = required(raw, key)?;
+    let address = parse_ip(&text, key)?;
+    if address.is_unspecified() || address.is_multicast() || address.is_loopback() {
+        return Err(invalid(
+            key,
+            format!("{text:?}"),
+            "a VIP must be a unicast, non-loopback address",
+        ));
+    }
+    Ok(address)
+}
+
+/// A Maglev table's size: a prime of 2..=`MAX_TABLE_SIZE`.
+fn validate_table_size(raw: Option<i64>, key: &str) -> Result<u32, ConfigError> {
+    let size: u32 = match raw {
+        Some(v) => int_in(v, 2, MAX_TABLE_SIZE.into(), key)?,
+        None => DEFAULT_TABLE_SIZE,
+    };
+    if !is_prime(size) {
+        return Err(invalid(
+            key,
+            size,
+            "must be a prime number (e.g. 65537 or 655373)",
+        ));
+    }
+    Ok(size)
+}
+
+/// A scheduler by name (Maglev when unset).
+fn validate_scheduler(raw: Option<&str>, key: &str) -> Result<Scheduler, ConfigError> {
+    let Some(name) = raw else {
+        return Ok(Scheduler::Maglev);
+    };
+    Scheduler::ALL
+        .into_iter()
+        .find(|s| s.name() == name)
+        .ok_or_else(|| {
+            let names: Vec<&str> = Scheduler::ALL.iter().map(|s| s.name()).collect();
+            invalid(
+                key,
+                format!("{name:?}"),
+                format!("expected one of {}", names.join(", ")),
+            )
+        })
+}
+
+/// `max_load_factor` as the percentage over 1 the data plane reads (0: no bound); only for
+/// the hashing schedulers and session persistence.
+fn validate_load_bound(
+    raw: Option<f64>,
+    scheduler: Scheduler,
+    persistence: Duration,
+    key: &str,
+) -> Result<u8, ConfigError> {
+    let Some(f) = raw else { return Ok(0) };
+    let f = float_in(f, 1.01, 3.55, key)?;
+    let hashed = matches!(scheduler, Scheduler::Maglev | Scheduler::SourceHash);
+    if !hashed && persistence.is_zero() {
+        return Err(invalid(
+            key,
+            f,
+            "bounds the load of the hashing schedulers (maglev, source-hash) and of session persistence",
+        ));
+    }
+    Ok(((f - 1.0) * 100.0).round().clamp(1.0, 255.0) as u8)
+}
+
+/// A VIP's backends: each valid, each once, a `nat` VIP's of its address family.
+fn validate_backends(
+    raw: Vec<RawBackend>,
+    forwarding: Forwarding,
+    address: IpAddr,
+    label: &str,
+) -> Result<Vec<BackendConfig>, ConfigError> {
+    let mut backends = Vec::with_capacity(raw.len());
+    let mut seen = HashSet::new();
+    for (j, b) in raw.into_iter().enumerate() {
+        let blabel = format!("{label}.backend[{j}]");
+        let backend = validate_backend(b, &blabel)?;
+        if forwarding == Forwarding::Nat && backend.address.is_ipv4() != address.is_ipv4() {
+            return Err(invalid(
+                format!("{blabel}.address"),
+                format!("{:?}", backend.address.to_string()),
+                "a nat VIP's backends are of its address family (the backend's address replaces the VIP's)",
+            ));
+        }
+        if !seen.insert(backend.address) {
+            return Err(invalid(
+                format!("{blabel}.address"),
+                format!("{:?}", backend.address.to_string()),
+                "this backend is listed twice for the VIP",
+            ));
+        }
+        backends.push(backend);
+    }
+    Ok(backends)
 }
 
 /// The source prefix lengths of tenant affinity: each within its family's address length, and

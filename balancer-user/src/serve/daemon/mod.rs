@@ -70,23 +70,7 @@ fn read_snapshot(path: &Path) -> Result<Snapshot> {
 fn start(opts: &RunOptions) -> Result<Daemon> {
     // Everything that can be checked is checked before the kernel is touched.
     let config = Config::load(&opts.config_path)?;
-    let iface = Interface::by_name(&config.interface).with_context(|| {
-        format!(
-            "interface {:?} from {}",
-            config.interface,
-            opts.config_path.display()
-        )
-    })?;
-    let nat_backends = match &config.nat.interface {
-        Some(name) => Some(Interface::by_name(name).with_context(|| {
-            format!("nat.interface {name:?} from {}", opts.config_path.display())
-        })?),
-        None => None,
-    };
-    let links = Links {
-        clients: iface,
-        nat_backends,
-    };
+    let links = links_of(&config, &opts.config_path)?;
     let macs = backend_macs(&config, &links, opts.neighbour_timeout)?;
     Tokens::read(&config.api)?;
     // Checked before the program is attached (the listener reads the files again later).
@@ -117,24 +101,7 @@ fn start(opts: &RunOptions) -> Result<Daemon> {
 
     let mut object = ebpf::load_balancer_pinned(config.conntrack.max_flows, &pins)
         .context("loading the XDP program")?;
-    let (mut balancer, buckets, seed): (Balancer<DynDataplane>, u32, u64) = match &snapshot {
-        Some(snap) => {
-            let dataplane = KernelDataplane::adopt(&mut object)?;
-            let buckets = dataplane.flow_buckets();
-            let dataplane: DynDataplane = Box::new(dataplane);
-            (Balancer::restore(dataplane, snap)?, buckets, snap.flow_seed)
-        }
-        None => {
-            let dataplane = KernelDataplane::from_ebpf(&mut object)?;
-            let buckets = dataplane.flow_buckets();
-            let dataplane: DynDataplane = Box::new(dataplane);
-            (
-                Balancer::new(dataplane),
-                buckets,
-                crate::dataplane::sys::random_u64(),
-            )
-        }
-    };
+    let (mut balancer, buckets, seed) = open_dataplane(&mut object, snapshot.as_ref())?;
     if buckets != ebpf::flow_buckets(config.conntrack.max_flows) {
         tracing::warn!(
             pinned_buckets = buckets,
@@ -150,12 +117,91 @@ fn start(opts: &RunOptions) -> Result<Daemon> {
         "tables published"
     );
 
-    let how = match (adopting, opts.replace) {
+    attach(&mut object, &pins, &config, adopting, opts.replace)?;
+    let host = Host {
+        links,
+        pins,
+        next_hops: Box::new(KernelNextHops),
+        neighbour_timeout: opts.neighbour_timeout,
+        routes: Box::new(crate::steering::fleet::bgp::Bird),
+    };
+    let daemon = Daemon::new(
+        config,
+        opts.config_path.clone(),
+        host,
+        balancer,
+        Metrics::new()?,
+    );
+    daemon.record(&report);
+    daemon.persist_state();
+    Ok(daemon)
+}
+
+/// The links the daemon runs on: the clients' interface, and NAT's backends' one when set.
+fn links_of(config: &Config, config_path: &Path) -> Result<Links> {
+    let iface = Interface::by_name(&config.interface).with_context(|| {
+        format!(
+            "interface {:?} from {}",
+            config.interface,
+            config_path.display()
+        )
+    })?;
+    let nat_backends =
+        match &config.nat.interface {
+            Some(name) => Some(Interface::by_name(name).with_context(|| {
+                format!("nat.interface {name:?} from {}", config_path.display())
+            })?),
+            None => None,
+        };
+    let links = Links {
+        clients: iface,
+        nat_backends,
+    };
+    Ok(links)
+}
+
+/// The data plane over the loaded program's maps: adopted with the saved bookkeeping when a
+/// snapshot is given, else fresh (a new flow-hash seed). Also the connection table's buckets
+/// and the seed.
+fn open_dataplane(
+    object: &mut aya::Ebpf,
+    snapshot: Option<&Snapshot>,
+) -> Result<(Balancer<DynDataplane>, u32, u64)> {
+    Ok(match snapshot {
+        Some(snap) => {
+            let dataplane = KernelDataplane::adopt(object)?;
+            let buckets = dataplane.flow_buckets();
+            let dataplane: DynDataplane = Box::new(dataplane);
+            (Balancer::restore(dataplane, snap)?, buckets, snap.flow_seed)
+        }
+        None => {
+            let dataplane = KernelDataplane::from_ebpf(object)?;
+            let buckets = dataplane.flow_buckets();
+            let dataplane: DynDataplane = Box::new(dataplane);
+            (
+                Balancer::new(dataplane),
+                buckets,
+                crate::dataplane::sys::random_u64(),
+            )
+        }
+    })
+}
+
+/// Attaches the program (fresh, adopting the pinned links, or replacing the pinned program),
+/// and starts reading its log.
+fn attach(
+    object: &mut aya::Ebpf,
+    pins: &Pins,
+    config: &Config,
+    adopting: bool,
+    replace: bool,
+) -> Result<()> {
+    let how = match (adopting, replace) {
         (false, _) => attach::Start::Fresh,
         (true, false) => attach::Start::Adopt,
         (true, true) => attach::Start::Replace,
     };
-    attach::attach_links(&mut object, &pins, &config, how)?;
+    attach::attach_links(object, pins, config, how)?;
     match how {
         attach::Start::Replace => {
             tracing::info!("program replaced atomically; maps and connection table kept")
@@ -175,28 +221,12 @@ fn start(opts: &RunOptions) -> Result<Daemon> {
             _ => tracing::debug!("no eBPF log channel for the adopted program"),
         }
     } else {
-        match aya_log::EbpfLogger::init(&mut object) {
+        match aya_log::EbpfLogger::init(object) {
             Ok(logger) => spawn_ebpf_logger(logger),
             Err(e) => tracing::debug!("no eBPF log channel: {e}"),
         }
     }
-    let host = Host {
-        links,
-        pins,
-        next_hops: Box::new(KernelNextHops),
-        neighbour_timeout: opts.neighbour_timeout,
-        routes: Box::new(crate::steering::fleet::bgp::Bird),
-    };
-    let daemon = Daemon::new(
-        config,
-        opts.config_path.clone(),
-        host,
-        balancer,
-        Metrics::new()?,
-    );
-    daemon.record(&report);
-    daemon.persist_state();
-    Ok(daemon)
+    Ok(())
 }
 
 /// Binds the API's Unix socket: a fresh socket file, mode 0600. A missing directory is created

@@ -52,114 +52,175 @@ pub struct Metrics {
     pub nat_reset: IntCounter,
 }
 
+/// A registered metric's name, help and labels (none for a single series).
+struct Def {
+    name: &'static str,
+    help: &'static str,
+    labels: &'static [&'static str],
+    /// Histogram buckets (seconds); empty for the others.
+    buckets: &'static [f64],
+}
+
+const TABLE_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0,
+];
+
+const TABLE_REBUILDS: Def = Def {
+    name: "balancer_table_rebuilds_total",
+    help: "Maglev tables built and published.",
+    labels: &["vip"],
+    buckets: &[],
+};
+const TABLE_BUILD_SECONDS: Def = Def {
+    name: "balancer_table_build_seconds",
+    help: "Time to build the Maglev tables of one change.",
+    labels: &[],
+    buckets: TABLE_BUCKETS,
+};
+const TABLE_PUBLISH_SECONDS: Def = Def {
+    name: "balancer_table_publish_seconds",
+    help: "Time to publish (swap in) the Maglev tables of one change, including the kernel's wait for readers of the old tables.",
+    labels: &[],
+    buckets: TABLE_BUCKETS,
+};
+const HEALTH_CHECKS: Def = Def {
+    name: "balancer_health_checks_total",
+    help: "Backend health checks by result.",
+    labels: &["vip", "backend", "result"],
+    buckets: &[],
+};
+const HEALTH_TRANSITIONS: Def = Def {
+    name: "balancer_health_transitions_total",
+    help: "Backends changing health state.",
+    labels: &["vip", "backend", "to"],
+    buckets: &[],
+};
+const CHANGE_ERRORS: Def = Def {
+    name: "balancer_change_errors_total",
+    help: "Configuration changes refused or failed.",
+    labels: &["origin"],
+    buckets: &[],
+};
+const PUBLISH_ERRORS: Def = Def {
+    name: "balancer_table_publish_errors_total",
+    help: "Valid changes and weight rounds whose tables the data plane did not take (the last ones stay in force).",
+    labels: &["origin"],
+    buckets: &[],
+};
+const REPORTS: Def = Def {
+    name: "balancer_backend_reports_total",
+    help: "Backend metrics scraped or pushed, by result.",
+    labels: &["vip", "backend", "result"],
+    buckets: &[],
+};
+const WEIGHT_CHANGES: Def = Def {
+    name: "balancer_weight_changes_total",
+    help: "Telemetry weight rounds that republished a VIP's table.",
+    labels: &["vip"],
+    buckets: &[],
+};
+const WEIGHT_PUBLISH_SECONDS: Def = Def {
+    name: "balancer_weight_publish_seconds",
+    help: "Seconds from a round's backend reports to the new table being live (policy, table build, swap).",
+    labels: &[],
+    buckets: &[0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1],
+};
+const ROUND_SECONDS: Def = Def {
+    name: "balancer_telemetry_round_seconds",
+    help: "Seconds a VIP's telemetry round held the daemon: its backends' reports recorded and its weight round.",
+    labels: &["vip"],
+    buckets: &[
+        0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5,
+    ],
+};
+const NAT_FLOWS: Def = Def {
+    name: "balancer_nat_source_flows",
+    help: "Source-NAT flows holding a source port (as of the last expiry sweep, each second).",
+    labels: &[],
+    buckets: &[],
+};
+const NAT_EXPIRED: Def = Def {
+    name: "balancer_nat_source_flows_expired_total",
+    help: "Source-NAT flows removed after their idle or closed timeout ([nat]).",
+    labels: &[],
+    buckets: &[],
+};
+const NAT_DROPPED: Def = Def {
+    name: "balancer_nat_source_dropped_total",
+    help: "New source-NAT flows dropped: no free source port for their backend (no_port: widen [nat] ports or add a nat_source), the source-NAT tables full (table_full: raise conntrack.max_flows), or their client address holding nat.client_ports ports (client_quota).",
+    labels: &["reason"],
+    buckets: &[],
+};
+const NAT_RESET: Def = Def {
+    name: "balancer_nat_source_reset_total",
+    help: "TCP segments of no source-NAT flow and without SYN (spoofed, or of a connection another balancer translated), answered with a RST; no port taken.",
+    labels: &[],
+    buckets: &[],
+};
+
+/// Registers `metric` with `registry`, and returns it.
+fn registered<M: prometheus::core::Collector + Clone + 'static>(
+    registry: &Registry,
+    metric: M,
+) -> prometheus::Result<M> {
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
+}
+
+impl Def {
+    fn counter(&self, r: &Registry) -> prometheus::Result<IntCounter> {
+        registered(r, IntCounter::new(self.name, self.help)?)
+    }
+
+    fn counter_vec(&self, r: &Registry) -> prometheus::Result<IntCounterVec> {
+        registered(
+            r,
+            IntCounterVec::new(Opts::new(self.name, self.help), self.labels)?,
+        )
+    }
+
+    fn gauge(&self, r: &Registry) -> prometheus::Result<IntGauge> {
+        registered(r, IntGauge::new(self.name, self.help)?)
+    }
+
+    fn histogram_opts(&self) -> HistogramOpts {
+        HistogramOpts::new(self.name, self.help).buckets(self.buckets.to_vec())
+    }
+
+    fn histogram(&self, r: &Registry) -> prometheus::Result<Histogram> {
+        registered(r, Histogram::with_opts(self.histogram_opts())?)
+    }
+
+    fn histogram_vec(&self, r: &Registry) -> prometheus::Result<HistogramVec> {
+        registered(r, HistogramVec::new(self.histogram_opts(), self.labels)?)
+    }
+}
+
 impl Metrics {
     pub fn new() -> prometheus::Result<Metrics> {
-        let registry = Registry::new();
-        let buckets = vec![
-            0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0,
-        ];
+        let r = Registry::new();
         let m = Metrics {
-            table_rebuilds: IntCounterVec::new(
-                Opts::new("balancer_table_rebuilds_total", "Maglev tables built and published."),
-                &["vip"],
-            )?,
-            table_build_seconds: Histogram::with_opts(
-                HistogramOpts::new("balancer_table_build_seconds", "Time to build the Maglev tables of one change.")
-                    .buckets(buckets.clone()),
-            )?,
-            table_publish_seconds: Histogram::with_opts(
-                HistogramOpts::new(
-                    "balancer_table_publish_seconds",
-                    "Time to publish (swap in) the Maglev tables of one change, including the kernel's wait for readers of the old tables.",
-                )
-                .buckets(buckets),
-            )?,
-            health_checks: IntCounterVec::new(
-                Opts::new("balancer_health_checks_total", "Backend health checks by result."),
-                &["vip", "backend", "result"],
-            )?,
-            health_transitions: IntCounterVec::new(
-                Opts::new("balancer_health_transitions_total", "Backends changing health state."),
-                &["vip", "backend", "to"],
-            )?,
-            change_errors: IntCounterVec::new(
-                Opts::new("balancer_change_errors_total", "Configuration changes refused or failed."),
-                &["origin"],
-            )?,
-            publish_errors: IntCounterVec::new(
-                Opts::new(
-                    "balancer_table_publish_errors_total",
-                    "Valid changes and weight rounds whose tables the data plane did not take (the last ones stay in force).",
-                ),
-                &["origin"],
-            )?,
-            reports: IntCounterVec::new(
-                Opts::new("balancer_backend_reports_total", "Backend metrics scraped or pushed, by result."),
-                &["vip", "backend", "result"],
-            )?,
-            weight_changes: IntCounterVec::new(
-                Opts::new("balancer_weight_changes_total", "Telemetry weight rounds that republished a VIP's table."),
-                &["vip"],
-            )?,
-            weight_publish_seconds: Histogram::with_opts(
-                HistogramOpts::new(
-                    "balancer_weight_publish_seconds",
-                    "Seconds from a round's backend reports to the new table being live (policy, table build, swap).",
-                )
-                .buckets(vec![0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1]),
-            )?,
-            round_seconds: HistogramVec::new(
-                HistogramOpts::new(
-                    "balancer_telemetry_round_seconds",
-                    "Seconds a VIP's telemetry round held the daemon: its backends' reports recorded and its weight round.",
-                )
-                .buckets(vec![0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5]),
-                &["vip"],
-            )?,
-            nat_flows: IntGauge::new(
-                "balancer_nat_source_flows",
-                "Source-NAT flows holding a source port (as of the last expiry sweep, each second).",
-            )?,
-            nat_expired: IntCounter::new(
-                "balancer_nat_source_flows_expired_total",
-                "Source-NAT flows removed after their idle or closed timeout ([nat]).",
-            )?,
-            nat_dropped: IntCounterVec::new(
-                Opts::new(
-                    "balancer_nat_source_dropped_total",
-                    "New source-NAT flows dropped: no free source port for their backend (no_port: widen [nat] ports or add a nat_source), the source-NAT tables full (table_full: raise conntrack.max_flows), or their client address holding nat.client_ports ports (client_quota).",
-                ),
-                &["reason"],
-            )?,
-            nat_reset: IntCounter::new(
-                "balancer_nat_source_reset_total",
-                "TCP segments of no source-NAT flow and without SYN (spoofed, or of a connection another balancer translated), answered with a RST; no port taken.",
-            )?,
-            registry,
+            table_rebuilds: TABLE_REBUILDS.counter_vec(&r)?,
+            table_build_seconds: TABLE_BUILD_SECONDS.histogram(&r)?,
+            table_publish_seconds: TABLE_PUBLISH_SECONDS.histogram(&r)?,
+            health_checks: HEALTH_CHECKS.counter_vec(&r)?,
+            health_transitions: HEALTH_TRANSITIONS.counter_vec(&r)?,
+            change_errors: CHANGE_ERRORS.counter_vec(&r)?,
+            publish_errors: PUBLISH_ERRORS.counter_vec(&r)?,
+            reports: REPORTS.counter_vec(&r)?,
+            weight_changes: WEIGHT_CHANGES.counter_vec(&r)?,
+            weight_publish_seconds: WEIGHT_PUBLISH_SECONDS.histogram(&r)?,
+            round_seconds: ROUND_SECONDS.histogram_vec(&r)?,
+            nat_flows: NAT_FLOWS.gauge(&r)?,
+            nat_expired: NAT_EXPIRED.counter(&r)?,
+            nat_dropped: NAT_DROPPED.counter_vec(&r)?,
+            nat_reset: NAT_RESET.counter(&r)?,
+            registry: r,
         };
-        m.registry.register(Box::new(m.table_rebuilds.clone()))?;
-        m.registry
-            .register(Box::new(m.table_build_seconds.clone()))?;
-        m.registry
-            .register(Box::new(m.table_publish_seconds.clone()))?;
-        m.registry.register(Box::new(m.health_checks.clone()))?;
-        m.registry
-            .register(Box::new(m.health_transitions.clone()))?;
-        m.registry.register(Box::new(m.change_errors.clone()))?;
-        m.registry.register(Box::new(m.round_seconds.clone()))?;
-        m.registry.register(Box::new(m.publish_errors.clone()))?;
-        // Every origin from 0, so that an alert on its increase sees the first failure.
+        // Every origin and reason from 0, so that an alert on its increase sees the first.
         for origin in PUBLISH_ORIGINS {
             m.publish_errors.with_label_values(&[origin]);
         }
-        m.registry.register(Box::new(m.reports.clone()))?;
-        m.registry.register(Box::new(m.weight_changes.clone()))?;
-        m.registry
-            .register(Box::new(m.weight_publish_seconds.clone()))?;
-        m.registry.register(Box::new(m.nat_flows.clone()))?;
-        m.registry.register(Box::new(m.nat_expired.clone()))?;
-        m.registry.register(Box::new(m.nat_dropped.clone()))?;
-        m.registry.register(Box::new(m.nat_reset.clone()))?;
         for reason in ["no_port", "table_full", "client_quota"] {
             m.nat_dropped.with_label_values(&[reason]);
         }

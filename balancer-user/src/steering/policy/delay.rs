@@ -69,89 +69,134 @@ pub(super) fn expected_delays(
         .iter()
         .filter(|i| i.configured > 0 && fresh(i))
         .collect();
-    let pool_prompt = median(
-        usable
-            .iter()
-            .filter_map(|i| positive(i.signals.as_ref()?.prompt_tokens_mean))
-            .collect(),
-    );
-    // Prefill seconds of one prompt of the pool's mean size, per backend that was measured,
-    // and whether that is a whole prompt's (its speed measured over the tokens it computed) or
-    // already net of its prefix-cache hits (a speed over prompt tokens, a mean prefill time).
-    // Where a backend says which requests have no first token yet, its own speed (the fastest
-    // measured) times them: its mean prefill time under a burst already counts the requests
-    // it prefilled together, which `prefilling` counts again.
-    let reported = |i: &Input| -> Option<(f64, bool)> {
+    let prefill = Prefill::of(cfg, &usable);
+    let median_of =
+        |f: &dyn Fn(&Input) -> Option<f64>| median(usable.iter().filter_map(|i| f(i)).collect());
+    let median_request = median_of(&|i| prefill.per_request(i))?;
+    let median_prompt = median_of(&|i| prefill.service(i).map(|(seconds, _)| seconds))?;
+    let by_address: BTreeMap<IpAddr, f64> = usable
+        .iter()
+        .map(|i| {
+            (
+                i.address,
+                prefill.per_request(i).unwrap_or(median_request) * (1.0 + ahead(i)),
+            )
+        })
+        .collect();
+    let best = by_address.values().copied().fold(f64::INFINITY, f64::min);
+    Some(Delays {
+        by_address,
+        best,
+        returning: returning(&prefill, &usable, median_prompt),
+    })
+}
+
+/// The requests ahead of a new one at a backend: those with no first token yet, else those
+/// waiting.
+fn ahead(i: &Input) -> f64 {
+    i.signals
+        .as_ref()
+        .and_then(|s| s.prefilling.or(s.waiting))
+        .unwrap_or(0.0)
+        .max(0.0)
+}
+
+/// The share of a prompt a backend computes: 1 - its prefix-cache hit rate, where known.
+fn computed(i: &Input) -> Option<f64> {
+    i.signals
+        .as_ref()
+        .and_then(|s| s.prefix_cache_hit_rate)
+        .filter(|h| h.is_finite())
+        .map(|h| 1.0 - h.clamp(0.0, 1.0))
+}
+
+/// The pool's references for prefill times: its mean prompt size, the median backend's
+/// prefill time and the bound around it.
+struct Prefill {
+    pool_prompt: Option<f64>,
+    median_service: Option<f64>,
+    max_ratio: f64,
+}
+
+impl Prefill {
+    fn of(cfg: &PolicyConfig, usable: &[&Input]) -> Prefill {
+        let pool_prompt = median(
+            usable
+                .iter()
+                .filter_map(|i| positive(i.signals.as_ref()?.prompt_tokens_mean))
+                .collect(),
+        );
+        let mut prefill = Prefill {
+            pool_prompt,
+            median_service: None,
+            max_ratio: cfg.max_ratio.max(1.0),
+        };
+        // Each backend's prefill time counts within `max_ratio` of the pool's median.
+        prefill.median_service = median(
+            usable
+                .iter()
+                .filter_map(|i| prefill.reported(i).map(|(seconds, _)| seconds))
+                .collect(),
+        );
+        prefill
+    }
+
+    /// Prefill seconds of one prompt of the pool's mean size, for a backend that was
+    /// measured, and whether that is a whole prompt's (its speed measured over the tokens it
+    /// computed) or already net of its prefix-cache hits (a speed over prompt tokens, a mean
+    /// prefill time). Where a backend says which requests have no first token yet, its own
+    /// speed (the fastest measured) times them: its mean prefill time under a burst already
+    /// counts the requests it prefilled together, which `prefilling` counts again.
+    fn reported(&self, i: &Input) -> Option<(f64, bool)> {
         let s = i.signals.as_ref()?;
         let fastest = s
             .prefilling
             .and(positive(s.prefill_seconds_per_token_fastest));
         fastest
             .or(positive(s.prefill_seconds_per_token))
-            .zip(pool_prompt)
+            .zip(self.pool_prompt)
             .map(|(per_token, tokens)| (per_token * tokens, s.computed_sum_count.is_some()))
             .or_else(|| positive(s.prefill_seconds).map(|seconds| (seconds, false)))
-    };
-    // Each backend's prefill time counts within `max_ratio` of the pool's median.
-    let median_service = median(
-        usable
-            .iter()
-            .filter_map(|i| reported(i).map(|(seconds, _)| seconds))
-            .collect(),
-    );
-    let max_ratio = cfg.max_ratio.max(1.0);
-    let service = |i: &Input| -> Option<(f64, bool)> {
-        let (seconds, whole) = reported(i)?;
-        Some((bounded_by(seconds, median_service?, max_ratio), whole))
-    };
-    // The share of a prompt a backend computes: 1 - its prefix-cache hit rate, where known.
-    let computed = |i: &Input| -> Option<f64> {
-        i.signals
-            .as_ref()
-            .and_then(|s| s.prefix_cache_hit_rate)
-            .filter(|h| h.is_finite())
-            .map(|h| 1.0 - h.clamp(0.0, 1.0))
-    };
-    // A request's prefill as requests come to a backend: a whole prompt's times the share it
-    // computes (at least a token of the pool's prompt: vLLM computes one even when the whole
-    // prompt is cached).
-    let per_request = |i: &Input| -> Option<f64> {
-        let (seconds, whole) = service(i)?;
-        let share = match (whole, computed(i), pool_prompt) {
+    }
+
+    /// [`Prefill::reported`] within `max_ratio` of the pool's median.
+    fn service(&self, i: &Input) -> Option<(f64, bool)> {
+        let (seconds, whole) = self.reported(i)?;
+        Some((
+            bounded_by(seconds, self.median_service?, self.max_ratio),
+            whole,
+        ))
+    }
+
+    /// A request's prefill as requests come to a backend: a whole prompt's times the share it
+    /// computes (at least a token of the pool's prompt: vLLM computes one even when the whole
+    /// prompt is cached).
+    fn per_request(&self, i: &Input) -> Option<f64> {
+        let (seconds, whole) = self.service(i)?;
+        let share = match (whole, computed(i), self.pool_prompt) {
             (true, Some(c), Some(tokens)) => c.max(1.0 / tokens.max(1.0)),
             _ => 1.0,
         };
         Some(seconds * share)
-    };
-    let median_of =
-        |f: &dyn Fn(&Input) -> Option<f64>| median(usable.iter().filter_map(|i| f(i)).collect());
-    let median_request = median_of(&per_request)?;
-    let median_prompt = median_of(&|i| service(i).map(|(seconds, _)| seconds))?;
-    let ahead = |i: &Input| {
-        i.signals
-            .as_ref()
-            .and_then(|s| s.prefilling.or(s.waiting))
-            .unwrap_or(0.0)
-            .max(0.0)
-    };
-    let by_address: BTreeMap<IpAddr, f64> = usable
-        .iter()
-        .map(|i| {
-            (
-                i.address,
-                per_request(i).unwrap_or(median_request) * (1.0 + ahead(i)),
-            )
-        })
-        .collect();
-    let best = by_address.values().copied().fold(f64::INFINITY, f64::min);
-    // A returning client: at home the queue's share c of each prompt ahead (its own cached
-    // but for a new message), elsewhere the queue's and its whole prompt.
+    }
+}
+
+/// A returning client's expected delay at home and the least elsewhere, per backend that
+/// reports its prefix-cache hits: at home the queue's share c of each prompt ahead (its own
+/// cached but for a new message), elsewhere the queue's and its whole prompt.
+fn returning(
+    prefill: &Prefill,
+    usable: &[&Input],
+    median_prompt: f64,
+) -> BTreeMap<IpAddr, (f64, f64)> {
     let parts: Vec<(IpAddr, f64, Option<f64>, f64)> = usable
         .iter()
         .map(|i| {
             (
                 i.address,
-                service(i).map_or(median_prompt, |(seconds, _)| seconds),
+                prefill
+                    .service(i)
+                    .map_or(median_prompt, |(seconds, _)| seconds),
                 computed(i),
                 ahead(i),
             )
@@ -173,7 +218,7 @@ pub(super) fn expected_delays(
             second = *a;
         }
     }
-    let returning = parts
+    parts
         .iter()
         .enumerate()
         .filter_map(|(k, (address, prompt, computed, ahead))| {
@@ -181,10 +226,5 @@ pub(super) fn expected_delays(
             let away = if k == least.0 { second } else { least.1 };
             away.is_finite().then_some((*address, (home, away)))
         })
-        .collect();
-    Some(Delays {
-        by_address,
-        best,
-        returning,
-    })
+        .collect()
 }

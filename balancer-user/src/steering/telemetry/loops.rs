@@ -14,6 +14,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use super::due::{DueWatch, relay};
@@ -170,19 +171,11 @@ async fn run<P: TelemetryPort>(daemon: Arc<P>, target: ScrapeTarget, due: Option
         backends,
         telemetry: cfg,
     } = target;
-    let mut pace = ScrapePace::new(&cfg);
+    let pace = ScrapePace::new(&cfg);
     let paced = pace.varies() && matches!(cfg.source, TelemetrySource::Scrape(_));
+    let mut pacing = paced.then(|| Pacing::new(pace, due.as_ref().zip(vip_id)));
     let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_scrape = Instant::now();
-    let mut wait = Duration::ZERO;
-    // The data plane's word that the flows a scrape is for came: heard on `told` once the
-    // count is set after a scrape (`counting`).
-    let mut told = match (&due, vip_id) {
-        (Some(watch), Some(id)) if paced => Some((watch.clone(), id, watch.listen(id))),
-        _ => None,
-    };
-    let mut counting = false;
     // One pooled client for this VIP's pages (its scheme, CA, certificate and token); a
     // setting that cannot be used fails every scrape with its reason, which status shows.
     let client = HttpClient::with_access(&cfg.access, &AccessNames::TELEMETRY);
@@ -191,87 +184,148 @@ async fn run<P: TelemetryPort>(daemon: Arc<P>, target: ScrapeTarget, due: Option
     }
     let vllm = Arc::new(VllmPages::default());
     loop {
-        if paced {
-            // The first scrape at once, then each after the wait its last interval's
-            // requests set (from the start of the scrape before, as a tick would) — or, when
-            // the VIP's new flows reach a scrape's requests first (a burst), at once (though
-            // not sooner than the fastest scrapes follow each other): as the data plane tells,
-            // else as read every COUNT_CHECK of a longer wait.
-            let due_at = last_scrape + wait;
-            match told.as_mut().filter(|_| counting) {
-                Some((_, _, heard)) => {
-                    let word = tokio::select! {
-                        _ = tokio::time::sleep_until(due_at.into()) => None,
-                        word = heard.recv() => Some(word),
-                    };
-                    if let Some(word) = word {
-                        if word.is_none() {
-                            // Another loop took this VIP's events (not expected while this
-                            // one runs): read the counter from here on.
-                            told = None;
-                        }
-                        tokio::time::sleep_until((last_scrape + cfg.interval).into()).await;
-                    }
-                }
-                None => loop {
-                    let left = due_at.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        break;
-                    }
-                    tokio::time::sleep(left.min(COUNT_CHECK)).await;
-                    if left > COUNT_CHECK
-                        && pace.due_by_flows(daemon.new_flows(&name), backends.len())
-                    {
-                        break;
-                    }
-                },
+        match &mut pacing {
+            Some(p) => {
+                p.until_due(|| daemon.new_flows(&name), backends.len(), cfg.interval)
+                    .await
             }
-        } else {
-            tick.tick().await;
+            None => {
+                tick.tick().await;
+            }
         }
         let started = Instant::now();
-        let mut results = Vec::new();
-        if let TelemetrySource::Scrape(pages) = &cfg.source {
-            let mut set = JoinSet::new();
-            for backend in &backends {
-                let (backend, pages, timeout, max_body) =
-                    (*backend, pages.clone(), cfg.timeout, cfg.max_body);
-                let client = client.clone();
-                let vllm = vllm.clone();
-                set.spawn(async move {
-                    let result = match &client {
-                        Ok(c) => scrape(c, backend, &pages, &vllm, timeout, max_body).await,
-                        Err(e) => Err(e.clone()),
-                    };
-                    (backend, result)
-                });
+        let results = match &cfg.source {
+            TelemetrySource::Scrape(pages) => {
+                scrape_all(&backends, pages, &cfg, &client, &vllm).await
             }
-            while let Some(done) = set.join_next().await {
-                if let Ok(result) = done {
-                    results.push(result);
-                }
-            }
-        }
-        let next_scrape = if paced {
-            let requests = pace.requests_since(daemon.new_flows(&name), &results);
-            wait = pace.next_wait(requests, started - last_scrape, backends.len());
-            last_scrape = started;
-            // The next scrape's flows counted from the reading just taken: a word left from
-            // the count before is stale.
-            if let Some((watch, id, heard)) = told.as_mut() {
-                while heard.try_recv().is_ok() {}
-                counting = watch.expect(*id, pace.flows_per_scrape(backends.len()));
-            }
-            Some(wait)
-        } else if matches!(cfg.source, TelemetrySource::Scrape(_)) {
-            Some(cfg.interval)
-        } else {
-            None
+            _ => Vec::new(),
+        };
+        let next_scrape = match &mut pacing {
+            Some(p) => Some(p.scraped(started, daemon.new_flows(&name), &results, backends.len())),
+            None if matches!(cfg.source, TelemetrySource::Scrape(_)) => Some(cfg.interval),
+            None => None,
         };
         // Blocking, here: on the loops' own thread this only delays the other VIPs' scrapes
         // by a round's few milliseconds, and a hop to a blocking pool and back cost two
         // more wake-ups a round.
         daemon.record_round(&vip, &name, results, next_scrape);
+    }
+}
+
+/// Scrapes every backend's pages at once.
+async fn scrape_all(
+    backends: &[IpAddr],
+    pages: &[(u16, String)],
+    cfg: &TelemetryConfig,
+    client: &Result<HttpClient, String>,
+    vllm: &Arc<VllmPages>,
+) -> Vec<(IpAddr, Result<Valid, String>)> {
+    let mut set = JoinSet::new();
+    for backend in backends {
+        let (backend, pages, timeout, max_body) =
+            (*backend, pages.to_vec(), cfg.timeout, cfg.max_body);
+        let client = client.clone();
+        let vllm = vllm.clone();
+        set.spawn(async move {
+            let result = match &client {
+                Ok(c) => scrape(c, backend, &pages, &vllm, timeout, max_body).await,
+                Err(e) => Err(e.clone()),
+            };
+            (backend, result)
+        });
+    }
+    let mut results = Vec::new();
+    while let Some(done) = set.join_next().await {
+        if let Ok(result) = done {
+            results.push(result);
+        }
+    }
+    results
+}
+
+/// A paced VIP's clock: its next scrape comes after the wait its last interval's requests
+/// set, or at once when its new flows reach a scrape's first (a burst).
+struct Pacing {
+    pace: ScrapePace,
+    /// The data plane's word that the flows a scrape is for came: heard once the count is set
+    /// after a scrape (`counting`).
+    told: Option<(Arc<DueWatch>, u32, mpsc::Receiver<()>)>,
+    counting: bool,
+    last_scrape: Instant,
+    wait: Duration,
+}
+
+impl Pacing {
+    fn new(pace: ScrapePace, due: Option<(&Arc<DueWatch>, u32)>) -> Pacing {
+        Pacing {
+            pace,
+            told: due.map(|(watch, id)| (watch.clone(), id, watch.listen(id))),
+            counting: false,
+            last_scrape: Instant::now(),
+            wait: Duration::ZERO,
+        }
+    }
+
+    /// Waits until the next scrape is due: the first at once, then each after the wait its
+    /// last interval's requests set (from the start of the scrape before, as a tick would) —
+    /// or, when the VIP's new flows reach a scrape's requests first, at once (though not
+    /// sooner than the fastest scrapes follow each other): as the data plane tells, else as
+    /// read (`new_flows`) every COUNT_CHECK of a longer wait.
+    async fn until_due(
+        &mut self,
+        new_flows: impl Fn() -> Option<u64>,
+        backends: usize,
+        interval: Duration,
+    ) {
+        let due_at = self.last_scrape + self.wait;
+        match self.told.as_mut().filter(|_| self.counting) {
+            Some((_, _, heard)) => {
+                let word = tokio::select! {
+                    _ = tokio::time::sleep_until(due_at.into()) => None,
+                    word = heard.recv() => Some(word),
+                };
+                if let Some(word) = word {
+                    if word.is_none() {
+                        // Another loop took this VIP's events (not expected while this one
+                        // runs): read the counter from here on.
+                        self.told = None;
+                    }
+                    tokio::time::sleep_until((self.last_scrape + interval).into()).await;
+                }
+            }
+            None => loop {
+                let left = due_at.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                tokio::time::sleep(left.min(COUNT_CHECK)).await;
+                if left > COUNT_CHECK && self.pace.due_by_flows(new_flows(), backends) {
+                    break;
+                }
+            },
+        }
+    }
+
+    /// After the scrape that started at `started`: the wait until the next.
+    fn scraped(
+        &mut self,
+        started: Instant,
+        new_flows: Option<u64>,
+        results: &[(IpAddr, Result<Valid, String>)],
+        backends: usize,
+    ) -> Duration {
+        let requests = self.pace.requests_since(new_flows, results);
+        self.wait = self
+            .pace
+            .next_wait(requests, started - self.last_scrape, backends);
+        self.last_scrape = started;
+        // The next scrape's flows counted from the reading just taken: a word left from the
+        // count before is stale.
+        if let Some((watch, id, heard)) = self.told.as_mut() {
+            while heard.try_recv().is_ok() {}
+            self.counting = watch.expect(*id, self.pace.flows_per_scrape(backends));
+        }
+        self.wait
     }
 }
 

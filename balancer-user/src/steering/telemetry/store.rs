@@ -209,45 +209,77 @@ impl BackendTelemetry {
             .as_ref()
             .map(|(_, at)| now.saturating_duration_since(*at))
             .unwrap_or_default();
-        if let Some(total) = signals.tokens_total {
-            if let Some((before, at)) = self.previous_tokens {
-                let secs = now.duration_since(at).as_secs_f64();
-                if secs > 0.0 && total >= before && signals.tokens_per_second.is_none() {
-                    signals.tokens_per_second = Some((total - before) / secs);
-                }
-            }
-            self.previous_tokens = Some((total, now));
-        }
-        let derive =
-            |ratio: &mut DecayedRatio, reading: Option<(f64, f64)>, own: &mut Option<f64>| {
-                if let Some(reading) = reading {
-                    let derived = ratio.update(reading, elapsed, recent);
-                    if own.is_none() {
-                        *own = derived;
-                    }
-                }
-            };
+        self.token_rate(&mut signals, now);
         // Mean TTFT of recent first tokens.
         derive(
             &mut self.ttft,
             signals.ttft_sum_count,
             &mut signals.ttft_seconds,
+            elapsed,
+            recent,
         );
         // Mean prefill time of recently finished requests.
         derive(
             &mut self.prefill,
             signals.prefill_sum_count,
             &mut signals.prefill_seconds,
+            elapsed,
+            recent,
         );
         derive(
             &mut self.prompt,
             signals.prompt_sum_count,
             &mut signals.prompt_tokens_mean,
+            elapsed,
+            recent,
         );
-        // Per prompt token: the same requests' prefill seconds over the prompt tokens they
-        // computed where the page says (else over their prompt tokens): prefix-cache hits
-        // cost no prefill, and counted they would make a server that happened to get them
-        // look faster than it is. All these histograms are observed as a request finishes.
+        self.derive_per_token(&mut signals, elapsed, recent);
+        // Share of recent prompt tokens found in the cache.
+        derive(
+            &mut self.prefix,
+            signals.prefix_cache_counts,
+            &mut signals.prefix_cache_hit_rate,
+            elapsed,
+            recent,
+        );
+        if let Some(rate) = signals.prefix_cache_hit_rate.as_mut() {
+            *rate = rate.clamp(0.0, 1.0);
+        }
+        // Requests without a first token: in flight less those past it.
+        if signals.prefilling.is_none()
+            && let (Some((_, first)), Some((_, finished)), Some(running), Some(waiting)) = (
+                signals.ttft_sum_count,
+                signals.prompt_sum_count,
+                signals.running,
+                signals.waiting,
+            )
+        {
+            signals.prefilling = Some(self.prefill_queue.update(first, finished, running, waiting));
+        }
+        self.latest = Some((Valid::keeping_in_range(signals).into_inner(), now));
+        self.reports += 1;
+    }
+
+    /// Tokens per second from the token counters, unless the server says its own.
+    fn token_rate(&mut self, signals: &mut Signals, now: Instant) {
+        let Some(total) = signals.tokens_total else {
+            return;
+        };
+        if let Some((before, at)) = self.previous_tokens {
+            let secs = now.duration_since(at).as_secs_f64();
+            if secs > 0.0 && total >= before && signals.tokens_per_second.is_none() {
+                signals.tokens_per_second = Some((total - before) / secs);
+            }
+        }
+        self.previous_tokens = Some((total, now));
+    }
+
+    /// Prefill seconds per prompt token, recent and fastest: the same requests' prefill
+    /// seconds over the prompt tokens they computed where the page says (else over their
+    /// prompt tokens): prefix-cache hits cost no prefill, and counted they would make a server
+    /// that happened to get them look faster than it is. All these histograms are observed as
+    /// a request finishes.
+    fn derive_per_token(&mut self, signals: &mut Signals, elapsed: Duration, recent: Duration) {
         let per_token = signals
             .prefill_sum_count
             .zip(signals.computed_sum_count.or(signals.prompt_sum_count))
@@ -271,6 +303,8 @@ impl BackendTelemetry {
             &mut self.prefill_per_token,
             per_token,
             &mut signals.prefill_seconds_per_token,
+            elapsed,
+            recent,
         );
         if let Some(reading) = per_token
             && signals.prefill_seconds_per_token_fastest.is_none()
@@ -278,28 +312,6 @@ impl BackendTelemetry {
             signals.prefill_seconds_per_token_fastest =
                 self.fastest_prefill.update(reading, elapsed);
         }
-        // Share of recent prompt tokens found in the cache.
-        derive(
-            &mut self.prefix,
-            signals.prefix_cache_counts,
-            &mut signals.prefix_cache_hit_rate,
-        );
-        if let Some(rate) = signals.prefix_cache_hit_rate.as_mut() {
-            *rate = rate.clamp(0.0, 1.0);
-        }
-        // Requests without a first token: in flight less those past it.
-        if signals.prefilling.is_none()
-            && let (Some((_, first)), Some((_, finished)), Some(running), Some(waiting)) = (
-                signals.ttft_sum_count,
-                signals.prompt_sum_count,
-                signals.running,
-                signals.waiting,
-            )
-        {
-            signals.prefilling = Some(self.prefill_queue.update(first, finished, running, waiting));
-        }
-        self.latest = Some((Valid::keeping_in_range(signals).into_inner(), now));
-        self.reports += 1;
     }
 
     /// Records a failed scrape or a refused report.
@@ -332,6 +344,23 @@ impl TelemetryStore {
     /// Forgets backends no longer in `keep`.
     pub fn retain(&mut self, keep: impl Fn(&Endpoint, IpAddr) -> bool) {
         self.backends.retain(|(vip, b), _| keep(vip, *b));
+    }
+}
+
+/// Updates `ratio` with a reading (a running sum and count), and sets `own` to the ratio
+/// over the recent window unless the server reported it itself.
+fn derive(
+    ratio: &mut DecayedRatio,
+    reading: Option<(f64, f64)>,
+    own: &mut Option<f64>,
+    elapsed: Duration,
+    recent: Duration,
+) {
+    if let Some(reading) = reading {
+        let derived = ratio.update(reading, elapsed, recent);
+        if own.is_none() {
+            *own = derived;
+        }
     }
 }
 

@@ -257,51 +257,58 @@ impl<D: Dataplane> Balancer<D> {
         if !upserts.is_empty() {
             self.dataplane.set_vips(&upserts, &[])?;
         }
-        let until = Instant::now() + self.removal_grace;
         for s in staged {
-            report.tables_published += usize::from(s.table_changed);
-            report.slots_changed += s.slots_changed;
-            if s.table_changed {
-                report.rebuilt.push(s.state.config.name.clone());
-            }
-            for b in s.deactivate.iter().chain(&s.reweighted) {
-                self.dataplane
-                    .set_backend(b.id, &backend_entry(s.state.id, &s.state.config, b))?;
-            }
-            for b in &s.retired {
-                if self.removal_grace.is_zero() {
-                    self.retire_backend(b)?;
-                } else {
-                    self.retiring.push(RetiringBackend {
-                        vip: s.endpoint,
-                        state: b.clone(),
-                        until,
-                    });
-                }
-            }
-            let c = &s.state.config;
-            if s.is_new {
-                tracing::info!(
-                    vip = %c.name,
-                    endpoint = %format!("{}/{}", std::net::SocketAddr::new(c.address, c.port), c.protocol),
-                    backends = s.state.backends.len(),
-                    forwarding = %c.forwarding,
-                    "VIP added"
-                );
-            } else {
-                tracing::info!(
-                    vip = %c.name,
-                    backends = s.state.backends.len(),
-                    added = s.added,
-                    removed = s.retired.len(),
-                    slots_changed = s.slots_changed,
-                    "VIP updated"
-                );
-            }
-            self.vips.insert(s.endpoint, s.state);
-            // Shares of new or reweighted backends, and of the rest of their pool.
-            self.publish_bound_shares(&s.endpoint, Instant::now())?;
+            self.finish_vip(s, report)?;
         }
+        Ok(())
+    }
+
+    /// After the swaps: a staged VIP's deactivated and reweighted backends written, its removed
+    /// ones retired (now, or after the removal grace), and its state kept.
+    fn finish_vip(&mut self, s: StagedVip, report: &mut ApplyReport) -> Result<(), BalancerError> {
+        let until = Instant::now() + self.removal_grace;
+        report.tables_published += usize::from(s.table_changed);
+        report.slots_changed += s.slots_changed;
+        if s.table_changed {
+            report.rebuilt.push(s.state.config.name.clone());
+        }
+        for b in s.deactivate.iter().chain(&s.reweighted) {
+            self.dataplane
+                .set_backend(b.id, &backend_entry(s.state.id, &s.state.config, b))?;
+        }
+        for b in &s.retired {
+            if self.removal_grace.is_zero() {
+                self.retire_backend(b)?;
+            } else {
+                self.retiring.push(RetiringBackend {
+                    vip: s.endpoint,
+                    state: b.clone(),
+                    until,
+                });
+            }
+        }
+        let c = &s.state.config;
+        if s.is_new {
+            tracing::info!(
+                vip = %c.name,
+                endpoint = %format!("{}/{}", std::net::SocketAddr::new(c.address, c.port), c.protocol),
+                backends = s.state.backends.len(),
+                forwarding = %c.forwarding,
+                "VIP added"
+            );
+        } else {
+            tracing::info!(
+                vip = %c.name,
+                backends = s.state.backends.len(),
+                added = s.added,
+                removed = s.retired.len(),
+                slots_changed = s.slots_changed,
+                "VIP updated"
+            );
+        }
+        self.vips.insert(s.endpoint, s.state);
+        // Shares of new or reweighted backends, and of the rest of their pool.
+        self.publish_bound_shares(&s.endpoint, Instant::now())?;
         Ok(())
     }
 
