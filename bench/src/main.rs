@@ -35,349 +35,182 @@ fn publish(
     Ok(())
 }
 
+#[derive(clap::Args)]
+struct DataplaneArgs {
+    /// Interleaved rounds (the median is reported; with --baseline, more rounds narrow
+    /// each ratio's 95% interval).
+    #[arg(long, default_value_t = 9)]
+    rounds: usize,
+    /// Runs per syscall for the paths timed with the kernel's repeat.
+    #[arg(long, default_value_t = 1_000_000)]
+    repeat: u32,
+    /// Single-run syscalls per round for the encapsulating paths.
+    #[arg(long, default_value_t = 20_000)]
+    singles: u32,
+    /// Another build of the balancer object (e.g. an earlier commit's `xdp-balancer`, from
+    /// its `target/*/build/balancer-user-*/out/`), timed beside this one in the same rounds:
+    /// each path's new / baseline ratio.
+    #[arg(long, value_name = "OBJECT")]
+    baseline: Option<std::path::PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct E2eArgs {
+    /// Rounds (peers interleaved, a fresh rack each; median and spread reported).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Seconds per phase.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Concurrent TCP connections (one generator thread each).
+    #[arg(long, default_value_t = 8)]
+    connections: usize,
+    /// UDP sockets of the generator.
+    #[arg(long, default_value_t = 4)]
+    udp_sockets: usize,
+    /// UDP datagrams in flight per socket.
+    #[arg(long, default_value_t = 16)]
+    udp_window: usize,
+    /// Pin the generator to the last CPU and everything else to the others.
+    #[arg(long)]
+    pin: bool,
+    /// Peers measured, in order: baseline, router (a plain forwarding hop), balancer,
+    /// balancer_skb, balancer_nat (NAT to unmodified backends), balancer_snat (NAT with
+    /// source NAT), nftables, nftables_snat (DNAT + masquerade), haproxy.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "baseline,router,balancer,balancer_skb,balancer_nat,balancer_snat,nftables,nftables_snat,haproxy"
+    )]
+    peers: Vec<String>,
+}
+
+#[derive(clap::Args)]
+struct FleetArgs {
+    /// Weight changes made on the leader.
+    #[arg(long, default_value_t = 100)]
+    changes: usize,
+    /// Balancers in the fleet (one leads).
+    #[arg(long, default_value_t = 3)]
+    balancers: usize,
+    /// Only the secured etcd (no plain run).
+    #[arg(long)]
+    tls_only: bool,
+}
+
+#[derive(clap::Args)]
+struct LlmArgs {
+    /// One shape at 3 req/s, 60 requests, once: round robin, composite, vllm:power_of_two
+    /// (a check that everything runs; `cargo xtask test` runs it).
+    #[arg(long)]
+    quick: bool,
+    /// Workload shapes: conversation, prefill-heavy, mixed, multi-turn, multi-turn-nat,
+    /// tenants.
+    #[arg(long, value_delimiter = ',')]
+    shapes: Option<Vec<String>>,
+    /// Requests per run (default: those of --duration seconds at the run's load).
+    #[arg(long)]
+    requests: Option<usize>,
+    /// Seconds of arrivals per run.
+    #[arg(long, default_value_t = 30.0)]
+    duration: f64,
+    /// Repetitions of each point (different seeds).
+    #[arg(long)]
+    reps: Option<usize>,
+    /// Seed of the first repetition (repetition r plays seed FIRST_SEED + r): runs split
+    /// over several commands, e.g. two builds interleaved seed by seed, replay the same
+    /// workloads.
+    #[arg(long, default_value_t = 1)]
+    first_seed: u64,
+    /// Loads of the sweep, as fractions of the knee.
+    #[arg(long, value_delimiter = ',')]
+    loads: Option<Vec<f64>>,
+    /// A shape's knee instead of searching it, e.g. conversation=4.5 (repeatable).
+    #[arg(long = "knee", value_name = "SHAPE=RATE")]
+    knees: Vec<String>,
+    /// The p99 TTFT (s) the knee keeps.
+    #[arg(long, default_value_t = 5.0)]
+    knee_ttft: f64,
+    /// Contenders of the sweep (default per shape: round-robin, least-conn, composite,
+    /// affinity, persistence and persistence-unbounded for the multi-turn shapes,
+    /// tenant-affinity for tenants,
+    /// vllm:cache_aware, sglang:cache_aware; none for multi-turn-nat, which runs at the
+    /// knee only). A balancer's contender may name its own scrape interval, e.g.
+    /// composite@4000.
+    #[arg(long, value_delimiter = ',')]
+    sweep: Option<Vec<String>>,
+    /// Contenders at the knee (default: every policy and router policy).
+    #[arg(long, value_delimiter = ',')]
+    at_knee: Option<Vec<String>>,
+    /// GPU profiles of the backends.
+    #[arg(long, value_delimiter = ',', default_value = "large,large,small,small")]
+    gpus: Vec<String>,
+    /// SLO: time to first token, seconds.
+    #[arg(long, default_value_t = 2.0)]
+    slo_ttft: f64,
+    /// SLO: mean inter-token latency, ms.
+    #[arg(long, default_value_t = 100.0)]
+    slo_itl_ms: f64,
+    /// A fixed scrape interval for the balancer's telemetry policies, ms (default: the
+    /// daemon's, paced by the VIP's requests: 8 per backend between scrapes, every
+    /// 100-4000 ms)
+    #[arg(long)]
+    scrape_ms: Option<u64>,
+    /// Where the report and plots go (default docs/results/llm, or
+    /// target/bench/llm-quick with --quick).
+    #[arg(long)]
+    out_dir: Option<std::path::PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct ClientArgs {
+    /// Requests per second (Poisson).
+    #[arg(long, default_value_t = 3.0)]
+    rate: f64,
+    /// Seconds of load.
+    #[arg(long, default_value_t = 30)]
+    seconds: u32,
+}
+
 #[derive(Subcommand)]
 enum Bench {
     /// ns/packet of the XDP program per path (BPF_PROG_TEST_RUN), vs a bare XDP_PASS.
-    Dataplane {
-        /// Interleaved rounds (the median is reported; with --baseline, more rounds narrow
-        /// each ratio's 95% interval).
-        #[arg(long, default_value_t = 9)]
-        rounds: usize,
-        /// Runs per syscall for the paths timed with the kernel's repeat.
-        #[arg(long, default_value_t = 1_000_000)]
-        repeat: u32,
-        /// Single-run syscalls per round for the encapsulating paths.
-        #[arg(long, default_value_t = 20_000)]
-        singles: u32,
-        /// Another build of the balancer object (e.g. an earlier commit's `xdp-balancer`, from
-        /// its `target/*/build/balancer-user-*/out/`), timed beside this one in the same rounds:
-        /// each path's new / baseline ratio.
-        #[arg(long, value_name = "OBJECT")]
-        baseline: Option<std::path::PathBuf>,
-    },
+    Dataplane(DataplaneArgs),
     /// The balancer against nftables DNAT, HAProxy (TCP mode) and no balancer, in the same
     /// rack: new connections/s, keep-alive requests/s, UDP packets/s, p50/p99 latency, CPU per
     /// packet.
-    E2e {
-        /// Rounds (peers interleaved, a fresh rack each; median and spread reported).
-        #[arg(long, default_value_t = 3)]
-        rounds: usize,
-        /// Seconds per phase.
-        #[arg(long, default_value_t = 3.0)]
-        seconds: f64,
-        /// Concurrent TCP connections (one generator thread each).
-        #[arg(long, default_value_t = 8)]
-        connections: usize,
-        /// UDP sockets of the generator.
-        #[arg(long, default_value_t = 4)]
-        udp_sockets: usize,
-        /// UDP datagrams in flight per socket.
-        #[arg(long, default_value_t = 16)]
-        udp_window: usize,
-        /// Pin the generator to the last CPU and everything else to the others.
-        #[arg(long)]
-        pin: bool,
-        /// Peers measured, in order: baseline, router (a plain forwarding hop), balancer,
-        /// balancer_skb, balancer_nat (NAT to unmodified backends), balancer_snat (NAT with
-        /// source NAT), nftables, nftables_snat (DNAT + masquerade), haproxy.
-        #[arg(
-            long,
-            value_delimiter = ',',
-            default_value = "baseline,router,balancer,balancer_skb,balancer_nat,balancer_snat,nftables,nftables_snat,haproxy"
-        )]
-        peers: Vec<String>,
-    },
+    E2e(E2eArgs),
     /// Maglev build time, slots moved, balance, publish latency, daemon memory.
     Control,
     /// A fleet of balancers on etcd, with TLS, client certificates and a password, then plain:
     /// time from a weight change on the leader to its table being live on every follower,
     /// p50/p99/max.
-    Fleet {
-        /// Weight changes made on the leader.
-        #[arg(long, default_value_t = 100)]
-        changes: usize,
-        /// Balancers in the fleet (one leads).
-        #[arg(long, default_value_t = 3)]
-        balancers: usize,
-        /// Only the secured etcd (no plain run).
-        #[arg(long)]
-        tls_only: bool,
-    },
+    Fleet(FleetArgs),
     /// Routing quality on LLM traffic: simulated GPUs of two sizes behind the balancer and
     /// behind two L7 routers (vllm-router, sglang-router), per workload shape: the knee, then
     /// a load sweep with repetitions; report, JSON and plots under docs/results/llm/ (default)
     /// and target/bench/llm.json.
-    Llm {
-        /// One shape at 3 req/s, 60 requests, once: round robin, composite, vllm:power_of_two
-        /// (a check that everything runs; `cargo xtask test` runs it).
-        #[arg(long)]
-        quick: bool,
-        /// Workload shapes: conversation, prefill-heavy, mixed, multi-turn, multi-turn-nat,
-        /// tenants.
-        #[arg(long, value_delimiter = ',')]
-        shapes: Option<Vec<String>>,
-        /// Requests per run (default: those of --duration seconds at the run's load).
-        #[arg(long)]
-        requests: Option<usize>,
-        /// Seconds of arrivals per run.
-        #[arg(long, default_value_t = 30.0)]
-        duration: f64,
-        /// Repetitions of each point (different seeds).
-        #[arg(long)]
-        reps: Option<usize>,
-        /// Seed of the first repetition (repetition r plays seed FIRST_SEED + r): runs split
-        /// over several commands, e.g. two builds interleaved seed by seed, replay the same
-        /// workloads.
-        #[arg(long, default_value_t = 1)]
-        first_seed: u64,
-        /// Loads of the sweep, as fractions of the knee.
-        #[arg(long, value_delimiter = ',')]
-        loads: Option<Vec<f64>>,
-        /// A shape's knee instead of searching it, e.g. conversation=4.5 (repeatable).
-        #[arg(long = "knee", value_name = "SHAPE=RATE")]
-        knees: Vec<String>,
-        /// The p99 TTFT (s) the knee keeps.
-        #[arg(long, default_value_t = 5.0)]
-        knee_ttft: f64,
-        /// Contenders of the sweep (default per shape: round-robin, least-conn, composite,
-        /// affinity, persistence and persistence-unbounded for the multi-turn shapes,
-        /// tenant-affinity for tenants,
-        /// vllm:cache_aware, sglang:cache_aware; none for multi-turn-nat, which runs at the
-        /// knee only). A balancer's contender may name its own scrape interval, e.g.
-        /// composite@4000.
-        #[arg(long, value_delimiter = ',')]
-        sweep: Option<Vec<String>>,
-        /// Contenders at the knee (default: every policy and router policy).
-        #[arg(long, value_delimiter = ',')]
-        at_knee: Option<Vec<String>>,
-        /// GPU profiles of the backends.
-        #[arg(long, value_delimiter = ',', default_value = "large,large,small,small")]
-        gpus: Vec<String>,
-        /// SLO: time to first token, seconds.
-        #[arg(long, default_value_t = 2.0)]
-        slo_ttft: f64,
-        /// SLO: mean inter-token latency, ms.
-        #[arg(long, default_value_t = 100.0)]
-        slo_itl_ms: f64,
-        /// A fixed scrape interval for the balancer's telemetry policies, ms (default: the
-        /// daemon's, paced by the VIP's requests: 8 per backend between scrapes, every
-        /// 100-4000 ms)
-        #[arg(long)]
-        scrape_ms: Option<u64>,
-        /// Where the report and plots go (default docs/results/llm, or
-        /// target/bench/llm-quick with --quick).
-        #[arg(long)]
-        out_dir: Option<std::path::PathBuf>,
-    },
+    Llm(LlmArgs),
     /// The simulator against the real vLLM (CPU build) under the same burst: timelines of
     /// running, waiting, KV use and counters; docs/results/llm/calibration.md.
     Calibrate,
     /// A maintained load generator from PyPI (inference-perf) against the simulated GPU rack
     /// through the balancer (installs it into target/pyenv-inference-perf on first use).
-    Client {
-        /// Requests per second (Poisson).
-        #[arg(long, default_value_t = 3.0)]
-        rate: f64,
-        /// Seconds of load.
-        #[arg(long, default_value_t = 30)]
-        seconds: u32,
-    },
+    Client(ClientArgs),
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
     let page = args.page.as_deref();
     match args.bench {
-        Bench::Dataplane {
-            rounds,
-            repeat,
-            singles,
-            baseline,
-        } => {
-            let baseline = baseline
-                .map(|p| {
-                    std::fs::read(&p)
-                        .with_context(|| format!("reading the baseline object {}", p.display()))
-                })
-                .transpose()?;
-            if baseline.is_some() && page.is_some() {
-                anyhow::bail!("--page shows one build's figures: leave out --baseline");
-            }
-            let figures = dataplane::run(rounds, repeat, singles, baseline.as_deref())?;
-            publish("dataplane", &figures, Some(&dataplane::PAGE), page)?;
-        }
-        Bench::E2e {
-            rounds,
-            seconds,
-            connections,
-            udp_sockets,
-            udp_window,
-            pin,
-            peers,
-        } => {
-            if !(0.1..=600.0).contains(&seconds) || !(1..=100).contains(&rounds) {
-                anyhow::bail!("--seconds must be in [0.1, 600] and --rounds in 1..=100");
-            }
-            if !(1..=1024).contains(&connections)
-                || !(1..=256).contains(&udp_sockets)
-                || !(1..=4096).contains(&udp_window)
-            {
-                anyhow::bail!(
-                    "--connections must be in 1..=1024, --udp-sockets in 1..=256, --udp-window in 1..=4096"
-                );
-            }
-            let peers = peers
-                .iter()
-                .map(|p| {
-                    e2e::Peer::by_key(p).ok_or_else(|| {
-                        anyhow::anyhow!("--peers: unknown peer {p:?} (baseline, router, balancer, balancer_skb, balancer_nat, balancer_snat, nftables, nftables_snat, haproxy)")
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let opts = e2e::Options {
-                rounds,
-                seconds,
-                connections,
-                udp_sockets,
-                udp_window,
-                pin,
-                peers,
-            };
-            let figures = e2e::run(&opts)?;
-            publish("e2e", &figures, Some(&e2e::PAGE), page)?;
-        }
+        Bench::Dataplane(a) => dataplane_bench(a, page)?,
+        Bench::E2e(a) => e2e_bench(a, page)?,
         Bench::Control => {
             let figures = control::run()?;
             publish("control", &figures, Some(&control::PAGE), page)?;
         }
-        Bench::Fleet {
-            changes,
-            balancers,
-            tls_only,
-        } => {
-            if !(1..=10_000).contains(&changes) || !(2..=3).contains(&balancers) {
-                anyhow::bail!("--changes must be in 1..=10000 and --balancers 2 or 3");
-            }
-            let opts = fleet::Options {
-                changes,
-                balancers,
-                security: {
-                    use balancer_tests::fleet::EtcdSecurity;
-                    let mut s = vec![EtcdSecurity::MutualTlsAndPassword];
-                    if !tls_only {
-                        s.push(EtcdSecurity::Plain);
-                    }
-                    s
-                },
-            };
-            let figures = fleet::run(&opts)?;
-            publish("fleet", &figures, Some(&fleet::PAGE), page)?;
-        }
-        Bench::Llm {
-            quick,
-            shapes,
-            requests,
-            duration,
-            reps,
-            first_seed,
-            loads,
-            knees,
-            knee_ttft,
-            sweep,
-            at_knee,
-            gpus,
-            slo_ttft,
-            slo_itl_ms,
-            scrape_ms,
-            out_dir,
-        } => {
-            let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .parent()
-                .unwrap_or(std::path::Path::new("."))
-                .to_path_buf();
-            let mut opts = if quick {
-                llm::Options::quick(bench::results_dir().join("llm-quick"))
-            } else {
-                llm::Options::full(root.join("docs/results/llm"))
-            };
-            if let Some(d) = out_dir {
-                opts.out_dir = d;
-            }
-            if let Some(s) = shapes {
-                opts.shapes = s
-                    .iter()
-                    .map(|n| {
-                        Shape::parse(n).ok_or_else(|| {
-                            anyhow::anyhow!(
-                                "--shapes: unknown shape {n:?} (conversation, prefill-heavy, mixed, multi-turn, multi-turn-nat, tenants)"
-                            )
-                        })
-                    })
-                    .collect::<Result<_>>()?;
-            }
-            if requests.is_some() {
-                opts.requests = requests;
-            }
-            if !quick {
-                opts.duration = duration;
-            }
-            if let Some(r) = reps {
-                opts.reps = r;
-            }
-            opts.first_seed = first_seed;
-            if let Some(l) = loads {
-                opts.loads = l;
-            }
-            for k in knees {
-                let (shape, rate) = k
-                    .split_once('=')
-                    .and_then(|(s, r)| Some((Shape::parse(s)?, r.parse::<f64>().ok()?)))
-                    .filter(|(_, r)| *r > 0.0 && *r <= 1000.0)
-                    .ok_or_else(|| {
-                        anyhow::anyhow!("--knee {k:?}: expected SHAPE=RATE, e.g. conversation=4.5")
-                    })?;
-                opts.knees.insert(shape.name().to_string(), rate);
-            }
-            if sweep.is_some() {
-                opts.sweep = sweep;
-            }
-            if at_knee.is_some() {
-                opts.at_knee = at_knee;
-            }
-            if opts.requests.is_some_and(|r| !(1..=100_000).contains(&r))
-                || !(1.0..=3600.0).contains(&opts.duration)
-                || !(1..=20).contains(&opts.reps)
-                || !(1..=1_000_000).contains(&opts.first_seed)
-                || opts.loads.is_empty()
-                || opts.loads.iter().any(|l| !(*l > 0.0 && *l <= 5.0))
-                || !(knee_ttft > 0.0 && slo_ttft > 0.0 && slo_itl_ms > 0.0)
-                || scrape_ms.is_some_and(|ms| !(10..=60_000).contains(&ms))
-            {
-                anyhow::bail!(
-                    "--requests must be in 1..=100000, --duration in [1, 3600], --reps in 1..=20, --first-seed in 1..=1000000, --loads in (0, 5], the SLOs and --knee-ttft positive, --scrape-ms in 10..=60000"
-                );
-            }
-            if let Some(g) = gpus
-                .iter()
-                .find(|g| balancer_sim::engine::Profile::by_name(g).is_none())
-            {
-                anyhow::bail!("--gpus: unknown profile {g:?} (large or small)");
-            }
-            opts.gpus = gpus;
-            opts.knee_ttft = knee_ttft;
-            opts.slo = Slo {
-                ttft: slo_ttft,
-                itl: slo_itl_ms / 1e3,
-            };
-            opts.scrape_ms = scrape_ms;
-            let (_, figures) = llm::run(&opts)?;
-            publish(
-                if quick { "llm-quick" } else { "llm" },
-                &figures,
-                None,
-                page,
-            )?;
-        }
+        Bench::Fleet(a) => fleet_bench(a, page)?,
+        Bench::Llm(a) => llm_bench(a, page)?,
         Bench::Calibrate => {
             let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .parent()
@@ -386,15 +219,239 @@ fn main() -> Result<()> {
             let figures = bench::calibrate::run(&root.join("docs/results/llm"))?;
             publish("calibrate", &figures, None, page)?;
         }
-        Bench::Client { rate, seconds } => {
-            if !(rate > 0.0 && rate <= 100.0 && (1..=3600).contains(&seconds)) {
-                anyhow::bail!("--rate must be in (0, 100] and --seconds in 1..=3600");
-            }
-            let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .parent()
-                .unwrap_or(std::path::Path::new("."));
-            client::run(root, rate, seconds)?;
-        }
+        Bench::Client(a) => client_bench(a)?,
     }
+    Ok(())
+}
+
+/// `balancer-bench dataplane`.
+fn dataplane_bench(a: DataplaneArgs, page: Option<&std::path::Path>) -> Result<()> {
+    let DataplaneArgs {
+        rounds,
+        repeat,
+        singles,
+        baseline,
+    } = a;
+    let baseline = baseline
+        .map(|p| {
+            std::fs::read(&p)
+                .with_context(|| format!("reading the baseline object {}", p.display()))
+        })
+        .transpose()?;
+    if baseline.is_some() && page.is_some() {
+        anyhow::bail!("--page shows one build's figures: leave out --baseline");
+    }
+    let figures = dataplane::run(rounds, repeat, singles, baseline.as_deref())?;
+    publish("dataplane", &figures, Some(&dataplane::PAGE), page)?;
+    Ok(())
+}
+
+/// `balancer-bench e2e`.
+fn e2e_bench(a: E2eArgs, page: Option<&std::path::Path>) -> Result<()> {
+    let E2eArgs {
+        rounds,
+        seconds,
+        connections,
+        udp_sockets,
+        udp_window,
+        pin,
+        peers,
+    } = a;
+    if !(0.1..=600.0).contains(&seconds) || !(1..=100).contains(&rounds) {
+        anyhow::bail!("--seconds must be in [0.1, 600] and --rounds in 1..=100");
+    }
+    if !(1..=1024).contains(&connections)
+        || !(1..=256).contains(&udp_sockets)
+        || !(1..=4096).contains(&udp_window)
+    {
+        anyhow::bail!(
+            "--connections must be in 1..=1024, --udp-sockets in 1..=256, --udp-window in 1..=4096"
+        );
+    }
+    let peers = peers
+        .iter()
+        .map(|p| {
+            e2e::Peer::by_key(p).ok_or_else(|| {
+                anyhow::anyhow!("--peers: unknown peer {p:?} (baseline, router, balancer, balancer_skb, balancer_nat, balancer_snat, nftables, nftables_snat, haproxy)")
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let opts = e2e::Options {
+        rounds,
+        seconds,
+        connections,
+        udp_sockets,
+        udp_window,
+        pin,
+        peers,
+    };
+    let figures = e2e::run(&opts)?;
+    publish("e2e", &figures, Some(&e2e::PAGE), page)?;
+    Ok(())
+}
+
+/// `balancer-bench fleet`.
+fn fleet_bench(a: FleetArgs, page: Option<&std::path::Path>) -> Result<()> {
+    let FleetArgs {
+        changes,
+        balancers,
+        tls_only,
+    } = a;
+    if !(1..=10_000).contains(&changes) || !(2..=3).contains(&balancers) {
+        anyhow::bail!("--changes must be in 1..=10000 and --balancers 2 or 3");
+    }
+    let opts = fleet::Options {
+        changes,
+        balancers,
+        security: {
+            use balancer_tests::fleet::EtcdSecurity;
+            let mut s = vec![EtcdSecurity::MutualTlsAndPassword];
+            if !tls_only {
+                s.push(EtcdSecurity::Plain);
+            }
+            s
+        },
+    };
+    let figures = fleet::run(&opts)?;
+    publish("fleet", &figures, Some(&fleet::PAGE), page)?;
+    Ok(())
+}
+
+/// `balancer-bench llm`.
+fn llm_bench(a: LlmArgs, page: Option<&std::path::Path>) -> Result<()> {
+    let quick = a.quick;
+    let opts = llm_options(a)?;
+    let (_, figures) = llm::run(&opts)?;
+    publish(
+        if quick { "llm-quick" } else { "llm" },
+        &figures,
+        None,
+        page,
+    )?;
+    Ok(())
+}
+
+/// The routing benchmark's options from its arguments: `--quick`'s or the full run's, then
+/// what the arguments change, each checked.
+fn llm_options(a: LlmArgs) -> Result<llm::Options> {
+    let LlmArgs {
+        quick,
+        shapes,
+        requests,
+        duration,
+        reps,
+        first_seed,
+        loads,
+        knees,
+        knee_ttft,
+        sweep,
+        at_knee,
+        gpus,
+        slo_ttft,
+        slo_itl_ms,
+        scrape_ms,
+        out_dir,
+    } = a;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap_or(std::path::Path::new("."))
+        .to_path_buf();
+    let mut opts = if quick {
+        llm::Options::quick(bench::results_dir().join("llm-quick"))
+    } else {
+        llm::Options::full(root.join("docs/results/llm"))
+    };
+    if let Some(d) = out_dir {
+        opts.out_dir = d;
+    }
+    if let Some(s) = shapes {
+        opts.shapes = s
+            .iter()
+            .map(|n| {
+                Shape::parse(n).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--shapes: unknown shape {n:?} (conversation, prefill-heavy, mixed, multi-turn, multi-turn-nat, tenants)"
+                    )
+                })
+            })
+            .collect::<Result<_>>()?;
+    }
+    if requests.is_some() {
+        opts.requests = requests;
+    }
+    if !quick {
+        opts.duration = duration;
+    }
+    if let Some(r) = reps {
+        opts.reps = r;
+    }
+    opts.first_seed = first_seed;
+    if let Some(l) = loads {
+        opts.loads = l;
+    }
+    for k in knees {
+        let (shape, rate) = k
+            .split_once('=')
+            .and_then(|(s, r)| Some((Shape::parse(s)?, r.parse::<f64>().ok()?)))
+            .filter(|(_, r)| *r > 0.0 && *r <= 1000.0)
+            .ok_or_else(|| {
+                anyhow::anyhow!("--knee {k:?}: expected SHAPE=RATE, e.g. conversation=4.5")
+            })?;
+        opts.knees.insert(shape.name().to_string(), rate);
+    }
+    if sweep.is_some() {
+        opts.sweep = sweep;
+    }
+    if at_knee.is_some() {
+        opts.at_knee = at_knee;
+    }
+    opts.gpus = gpus;
+    opts.knee_ttft = knee_ttft;
+    opts.slo = Slo {
+        ttft: slo_ttft,
+        itl: slo_itl_ms / 1e3,
+    };
+    opts.scrape_ms = scrape_ms;
+    check_llm_options(&opts)?;
+    Ok(opts)
+}
+
+/// Each option of the routing benchmark within its range.
+fn check_llm_options(opts: &llm::Options) -> Result<()> {
+    if opts.requests.is_some_and(|r| !(1..=100_000).contains(&r))
+        || !(1.0..=3600.0).contains(&opts.duration)
+        || !(1..=20).contains(&opts.reps)
+        || !(1..=1_000_000).contains(&opts.first_seed)
+        || opts.loads.is_empty()
+        || opts.loads.iter().any(|l| !(*l > 0.0 && *l <= 5.0))
+        || !(opts.knee_ttft > 0.0 && opts.slo.ttft > 0.0 && opts.slo.itl > 0.0)
+        || opts
+            .scrape_ms
+            .is_some_and(|ms| !(10..=60_000).contains(&ms))
+    {
+        anyhow::bail!(
+            "--requests must be in 1..=100000, --duration in [1, 3600], --reps in 1..=20, --first-seed in 1..=1000000, --loads in (0, 5], the SLOs and --knee-ttft positive, --scrape-ms in 10..=60000"
+        );
+    }
+    if let Some(g) = opts
+        .gpus
+        .iter()
+        .find(|g| balancer_sim::engine::Profile::by_name(g).is_none())
+    {
+        anyhow::bail!("--gpus: unknown profile {g:?} (large or small)");
+    }
+    Ok(())
+}
+
+/// `balancer-bench client`.
+fn client_bench(a: ClientArgs) -> Result<()> {
+    let ClientArgs { rate, seconds } = a;
+    if !(rate > 0.0 && rate <= 100.0 && (1..=3600).contains(&seconds)) {
+        anyhow::bail!("--rate must be in (0, 100] and --seconds in 1..=3600");
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap_or(std::path::Path::new("."));
+    client::run(root, rate, seconds)?;
     Ok(())
 }

@@ -11,17 +11,6 @@ pub(super) fn report(
     real: &Timeline,
     sim: &Timeline,
 ) -> Result<Figures> {
-    let mut f = Figures::new();
-    let mut rows: Vec<(String, String, String)> = Vec::new();
-    let mut row = |what: &str, key: &str, a: f64, b: f64, digits: usize| {
-        f.insert(format!("real_{key}"), a);
-        f.insert(format!("sim_{key}"), b);
-        rows.push((
-            what.to_string(),
-            format!("{a:.digits$}"),
-            format!("{b:.digits$}"),
-        ));
-    };
     for (t, name) in [(real, "real"), (sim, "sim")] {
         if t.readings.len() < 10 {
             bail!(
@@ -30,125 +19,15 @@ pub(super) fn report(
             );
         }
     }
-    let r = |t: &Timeline| t.readings.clone();
-    row(
-        "burst: first request to last token, s",
-        "burst_s",
-        real.burst,
-        sim.burst,
-        1,
-    );
-    row(
-        "peak requests running",
-        "peak_running",
-        peak(&r(real), |x| x.running),
-        peak(&r(sim), |x| x.running),
-        0,
-    );
-    row(
-        "peak requests waiting",
-        "peak_waiting",
-        peak(&r(real), |x| x.waiting),
-        peak(&r(sim), |x| x.waiting),
-        0,
-    );
-    row(
-        "peak KV use",
-        "peak_kv",
-        peak(&r(real), |x| x.kv),
-        peak(&r(sim), |x| x.kv),
-        3,
-    );
-    row(
-        "pages read while requests ran",
-        "busy_readings",
-        busy(&r(real)).len() as f64,
-        busy(&r(sim)).len() as f64,
-        0,
-    );
-    row(
-        "share of them after which generation_tokens_total had moved",
-        "gen_moved_share",
-        moved_share(&r(real), |x| x.generation_tokens),
-        moved_share(&r(sim), |x| x.generation_tokens),
-        2,
-    );
-    row(
-        "share after which prompt_tokens_total had moved",
-        "prompt_moved_share",
-        moved_share(&r(real), |x| x.prompt_tokens),
-        moved_share(&r(sim), |x| x.prompt_tokens),
-        2,
-    );
-    row(
-        "share after which KV use had changed",
-        "kv_moved_share",
-        moved_share(&r(real), |x| x.kv),
-        moved_share(&r(sim), |x| x.kv),
-        2,
-    );
-    row(
-        "s until generation_tokens_total first moved",
-        "gen_first_s",
-        first_move(&r(real), |x| x.generation_tokens).unwrap_or(f64::NAN),
-        first_move(&r(sim), |x| x.generation_tokens).unwrap_or(f64::NAN),
-        2,
-    );
-    row(
-        "preemptions",
-        "preemptions",
-        growth(&r(real), |x| x.preemptions),
-        growth(&r(sim), |x| x.preemptions),
-        0,
-    );
-    row(
-        "prompt tokens counted over the bursts and the repeats",
-        "prompt_tokens",
-        growth(&r(real), |x| x.prompt_tokens),
-        growth(&r(sim), |x| x.prompt_tokens),
-        0,
-    );
-    row(
-        "generation tokens counted",
-        "generation_tokens",
-        growth(&r(real), |x| x.generation_tokens),
-        growth(&r(sim), |x| x.generation_tokens),
-        0,
-    );
-    for (long, during) in [(false, "all readings"), (true, "the long prompts' burst")] {
-        let key = if long { "long" } else { "all" };
-        let span = |t: &Timeline| long.then_some(t.long_burst);
-        row(
-            &format!("requests without a first token, by the client, mean over {during} in flight"),
-            &format!("unanswered_{key}"),
-            busy_mean(real, span(real), |x| x.unanswered),
-            busy_mean(sim, span(sim), |x| x.unanswered),
-            2,
-        );
-        row(
-            &format!(
-                "  mean error of the balancer's count from the page (running + waiting - first tokens + finished), {during}"
-            ),
-            &format!("prefilling_error_{key}"),
-            busy_mean(real, span(real), |x| (x.prefilling - x.unanswered).abs()),
-            busy_mean(sim, span(sim), |x| (x.prefilling - x.unanswered).abs()),
-            2,
-        );
-        row(
-            &format!("  mean error of `waiting` alone, {during}"),
-            &format!("waiting_error_{key}"),
-            busy_mean(real, span(real), |x| (x.waiting - x.unanswered).abs()),
-            busy_mean(sim, span(sim), |x| (x.waiting - x.unanswered).abs()),
-            2,
-        );
+    let mut f = Figures::new();
+    let mut rows: Vec<(String, String, String)> = Vec::new();
+    for row in comparison() {
+        let (a, b) = ((row.of)(real), (row.of)(sim));
+        f.insert(format!("real_{}", row.key), a);
+        f.insert(format!("sim_{}", row.key), b);
+        let digits = row.digits;
+        rows.push((row.what, format!("{a:.digits$}"), format!("{b:.digits$}")));
     }
-    row(
-        "cached tokens of the repeated prompt",
-        "repeat_hits",
-        real.repeat_hits,
-        sim.repeat_hits,
-        0,
-    );
     std::fs::create_dir_all(out_dir)?;
     let svg = out_dir.join("calibration.svg");
     plot(&svg, real, sim)?;
@@ -178,6 +57,114 @@ pub(super) fn report(
     std::fs::write(&path, &md)?;
     println!("{md}\nwrote {}", path.display());
     Ok(f)
+}
+
+/// One figure of the comparison, read from each server's timeline.
+struct Compared {
+    what: String,
+    key: String,
+    of: Box<dyn Fn(&Timeline) -> f64>,
+    digits: usize,
+}
+
+fn compared(
+    what: &str,
+    key: &str,
+    digits: usize,
+    of: impl Fn(&Timeline) -> f64 + 'static,
+) -> Compared {
+    Compared {
+        what: what.to_string(),
+        key: key.to_string(),
+        of: Box::new(of),
+        digits,
+    }
+}
+
+/// The figures the report compares, in its order.
+fn comparison() -> Vec<Compared> {
+    let mut rows = vec![
+        compared("burst: first request to last token, s", "burst_s", 1, |t| {
+            t.burst
+        }),
+        compared("peak requests running", "peak_running", 0, |t| {
+            peak(&t.readings, |x| x.running)
+        }),
+        compared("peak requests waiting", "peak_waiting", 0, |t| {
+            peak(&t.readings, |x| x.waiting)
+        }),
+        compared("peak KV use", "peak_kv", 3, |t| peak(&t.readings, |x| x.kv)),
+        compared("pages read while requests ran", "busy_readings", 0, |t| {
+            busy(&t.readings).len() as f64
+        }),
+        compared(
+            "share of them after which generation_tokens_total had moved",
+            "gen_moved_share",
+            2,
+            |t| moved_share(&t.readings, |x| x.generation_tokens),
+        ),
+        compared(
+            "share after which prompt_tokens_total had moved",
+            "prompt_moved_share",
+            2,
+            |t| moved_share(&t.readings, |x| x.prompt_tokens),
+        ),
+        compared(
+            "share after which KV use had changed",
+            "kv_moved_share",
+            2,
+            |t| moved_share(&t.readings, |x| x.kv),
+        ),
+        compared(
+            "s until generation_tokens_total first moved",
+            "gen_first_s",
+            2,
+            |t| first_move(&t.readings, |x| x.generation_tokens).unwrap_or(f64::NAN),
+        ),
+        compared("preemptions", "preemptions", 0, |t| {
+            growth(&t.readings, |x| x.preemptions)
+        }),
+        compared(
+            "prompt tokens counted over the bursts and the repeats",
+            "prompt_tokens",
+            0,
+            |t| growth(&t.readings, |x| x.prompt_tokens),
+        ),
+        compared("generation tokens counted", "generation_tokens", 0, |t| {
+            growth(&t.readings, |x| x.generation_tokens)
+        }),
+    ];
+    for (long, during) in [(false, "all readings"), (true, "the long prompts' burst")] {
+        let key = if long { "long" } else { "all" };
+        let span = move |t: &Timeline| long.then_some(t.long_burst);
+        rows.push(compared(
+            &format!("requests without a first token, by the client, mean over {during} in flight"),
+            &format!("unanswered_{key}"),
+            2,
+            move |t| busy_mean(t, span(t), |x| x.unanswered),
+        ));
+        rows.push(compared(
+            &format!(
+                "  mean error of the balancer's count from the page (running + waiting - first tokens + finished), {during}"
+            ),
+            &format!("prefilling_error_{key}"),
+            2,
+            move |t| busy_mean(t, span(t), |x| (x.prefilling - x.unanswered).abs()),
+        ));
+        rows.push(compared(
+            &format!("  mean error of `waiting` alone, {during}"),
+            &format!("waiting_error_{key}"),
+            2,
+            move |t| busy_mean(t, span(t), |x| (x.waiting - x.unanswered).abs()),
+        ));
+    }
+    rows.push(compared(
+        "cached tokens of the repeated prompt",
+        "repeat_hits",
+        0,
+        |t| t.repeat_hits,
+    ));
+    rows
 }
 
 /// What the comparison shows and why the differences do not bias a comparison of routers

@@ -244,6 +244,7 @@ pub(super) fn admission_setup(mut h: Harness, payload: &[u8]) -> Result<(Harness
     Ok((h, cases))
 }
 
+#[derive(Clone)]
 pub(super) struct Case {
     pub(super) key: &'static str,
     pub(super) what: &'static str,
@@ -382,4 +383,97 @@ pub(super) fn snat_setup(mut h: Harness, payload: &[u8]) -> Result<(Harness, Vec
         },
     ];
     Ok((h, cases))
+}
+
+/// The main program's cases: the non-VIP path, established flows by forwarding mode, new
+/// flows (warm and cold), and a new flow per scheduler.
+pub(super) fn main_cases(payload: &[u8]) -> Vec<Case> {
+    let c4 = ip("10.9.0.1");
+    let c6 = ip("2001:db8::5");
+    let mut cases = vec![
+        Case {
+            key: "non_vip",
+            what: "non-VIP TCP (to the balancer's own address)",
+            method: Method::Repeat,
+            frame: tcp_frame(c4, 2000, ip("10.111.0.2"), 22, false, payload),
+            expect: XDP_PASS,
+            fresh_ports: false,
+            target: Some("<= xdp_pass + 20"),
+        },
+        Case {
+            key: "established_l2dsr",
+            what: "established TCP, L2 DSR (conntrack hit)",
+            method: Method::Repeat,
+            frame: tcp_frame(c4, 1000, ip("10.111.1.1"), 80, false, payload),
+            expect: XDP_TX,
+            fresh_ports: false,
+            target: Some("<= 60"),
+        },
+        Case {
+            key: "established_ipv6",
+            what: "established TCP over IPv6, L2 DSR",
+            method: Method::Repeat,
+            frame: tcp_frame(c6, 1003, ip("fd00:111:1::1"), 80, false, payload),
+            expect: XDP_TX,
+            fresh_ports: false,
+            target: Some("<= 60"),
+        },
+        Case {
+            key: "new_flow",
+            what: "new flow: TCP SYN, Maglev lookup + connection-table write (repeat: warm cache)",
+            method: Method::Repeat,
+            frame: tcp_frame(c4, 3000, ip("10.111.1.1"), 80, true, payload),
+            expect: XDP_TX,
+            fresh_ports: false,
+            target: Some("<= 105"),
+        },
+        Case {
+            key: "new_flow_fresh_single",
+            what: "new flow from a new client port every run into a 1M-flow table (single runs: cold cache)",
+            method: Method::Single,
+            frame: tcp_frame(c4, 3000, ip("10.111.1.1"), 80, true, payload),
+            expect: XDP_TX,
+            fresh_ports: true,
+            target: None,
+        },
+        Case {
+            key: "established_ipip",
+            what: "established TCP, IPIP encapsulation (single runs)",
+            method: Method::Single,
+            frame: tcp_frame(c4, 1001, ip("10.111.1.2"), 80, false, payload),
+            expect: XDP_TX,
+            fresh_ports: false,
+            target: Some("<= 60 over single-run xdp_pass"),
+        },
+        Case {
+            key: "established_gue",
+            what: "established TCP, GUE encapsulation (single runs)",
+            method: Method::Single,
+            frame: tcp_frame(c4, 1002, ip("10.111.1.3"), 80, false, payload),
+            expect: XDP_TX,
+            fresh_ports: false,
+            target: Some("<= 60 over single-run xdp_pass"),
+        },
+        Case {
+            key: "established_l2dsr_single",
+            what: "established TCP, L2 DSR (single runs)",
+            method: Method::Single,
+            frame: tcp_frame(c4, 1000, ip("10.111.1.1"), 80, false, payload),
+            expect: XDP_TX,
+            fresh_ports: false,
+            target: None,
+        },
+    ];
+    for (i, (key, _, _, what)) in SCHEDULER_CASES.iter().enumerate() {
+        cases.push(Case {
+            key: Box::leak(format!("new_flow_{key}").into_boxed_str()),
+            what,
+            method: Method::Repeat,
+            frame: tcp_frame(c4, 3000, scheduler_vip(i), 80, true, payload),
+            expect: XDP_TX,
+            fresh_ports: false,
+            target: None,
+        });
+    }
+    cases
 }

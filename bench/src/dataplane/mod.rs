@@ -125,251 +125,252 @@ fn time_case(h: &mut Harness, case: &Case, repeat: u32, singles: u32) -> Result<
 /// another build of the balancer object, e.g. an earlier commit's), that program runs every
 /// path in the same rounds, interleaved, and each path's new / baseline ratio is reported.
 pub fn run(rounds: usize, repeat: u32, singles: u32, baseline: Option<&[u8]>) -> Result<Figures> {
-    let mut h = Harness::new(&config())?;
-    pin_flows(&mut h)?;
-    // Whether the baseline program knows tenant affinity (else its configs leave it out).
-    let mut baseline_prefix = true;
+    let payload = [0x42u8; 64];
+    let mut new = Programs::load(None, &payload)?;
     let mut old = baseline
-        .map(|object| -> Result<Harness> {
-            let mut b = match Harness::with_object(&config(), object) {
-                Ok(b) => b,
-                Err(e) => {
-                    println!(
-                        "the baseline takes no tenant affinity ({e:#}): its source_hash_tenant case hashes whole addresses"
-                    );
-                    baseline_prefix = false;
-                    Harness::with_object(&config_with(false), object)?
-                }
-            };
-            pin_flows(&mut b)?;
-            Ok(b)
-        })
+        .map(|object| Programs::load_baseline(object, &payload, &new))
         .transpose()?;
     let mut bare = Bare::load()?;
-    let c4 = ip("10.9.0.1");
-    let c6 = ip("2001:db8::5");
-    let payload = [0x42u8; 64];
-    let cases = vec![
-        Case {
-            key: "non_vip",
-            what: "non-VIP TCP (to the balancer's own address)",
-            method: Method::Repeat,
-            frame: tcp_frame(c4, 2000, ip("10.111.0.2"), 22, false, &payload),
-            expect: XDP_PASS,
-            fresh_ports: false,
-            target: Some("<= xdp_pass + 20"),
-        },
-        Case {
-            key: "established_l2dsr",
-            what: "established TCP, L2 DSR (conntrack hit)",
-            method: Method::Repeat,
-            frame: tcp_frame(c4, 1000, ip("10.111.1.1"), 80, false, &payload),
-            expect: XDP_TX,
-            fresh_ports: false,
-            target: Some("<= 60"),
-        },
-        Case {
-            key: "established_ipv6",
-            what: "established TCP over IPv6, L2 DSR",
-            method: Method::Repeat,
-            frame: tcp_frame(c6, 1003, ip("fd00:111:1::1"), 80, false, &payload),
-            expect: XDP_TX,
-            fresh_ports: false,
-            target: Some("<= 60"),
-        },
-        Case {
-            key: "new_flow",
-            what: "new flow: TCP SYN, Maglev lookup + connection-table write (repeat: warm cache)",
-            method: Method::Repeat,
-            frame: tcp_frame(c4, 3000, ip("10.111.1.1"), 80, true, &payload),
-            expect: XDP_TX,
-            fresh_ports: false,
-            target: Some("<= 105"),
-        },
-        Case {
-            key: "new_flow_fresh_single",
-            what: "new flow from a new client port every run into a 1M-flow table (single runs: cold cache)",
-            method: Method::Single,
-            frame: tcp_frame(c4, 3000, ip("10.111.1.1"), 80, true, &payload),
-            expect: XDP_TX,
-            fresh_ports: true,
-            target: None,
-        },
-        Case {
-            key: "established_ipip",
-            what: "established TCP, IPIP encapsulation (single runs)",
-            method: Method::Single,
-            frame: tcp_frame(c4, 1001, ip("10.111.1.2"), 80, false, &payload),
-            expect: XDP_TX,
-            fresh_ports: false,
-            target: Some("<= 60 over single-run xdp_pass"),
-        },
-        Case {
-            key: "established_gue",
-            what: "established TCP, GUE encapsulation (single runs)",
-            method: Method::Single,
-            frame: tcp_frame(c4, 1002, ip("10.111.1.3"), 80, false, &payload),
-            expect: XDP_TX,
-            fresh_ports: false,
-            target: Some("<= 60 over single-run xdp_pass"),
-        },
-        Case {
-            key: "established_l2dsr_single",
-            what: "established TCP, L2 DSR (single runs)",
-            method: Method::Single,
-            frame: tcp_frame(c4, 1000, ip("10.111.1.1"), 80, false, &payload),
-            expect: XDP_TX,
-            fresh_ports: false,
-            target: None,
-        },
-    ];
-    let mut cases = cases;
-    for (i, (key, _, _, what)) in SCHEDULER_CASES.iter().enumerate() {
-        cases.push(Case {
-            key: Box::leak(format!("new_flow_{key}").into_boxed_str()),
-            what,
-            method: Method::Repeat,
-            frame: tcp_frame(c4, 3000, scheduler_vip(i), 80, true, &payload),
-            expect: XDP_TX,
-            fresh_ports: false,
-            target: None,
-        });
-    }
-    // NAT and source NAT, each on a program of its own; the baseline's too where it knows NAT.
-    let (mut nat, nat_cases) = nat_setup(Harness::new(&nat_config(true))?, &payload)?;
-    let (mut snat, snat_cases) = snat_setup(Harness::new(&snat_config(true))?, &payload)?;
-    let mut old_nat = baseline
-        .and_then(|o| Harness::with_object(&nat_config(baseline_prefix), o).ok())
-        .map(|h| nat_setup(h, &payload))
-        .transpose()?;
-    let mut old_snat = baseline
-        .and_then(|o| Harness::with_object(&snat_config(baseline_prefix), o).ok())
-        .map(|h| snat_setup(h, &payload))
-        .transpose()?;
-    let (mut adm, adm_cases) = admission_setup(Harness::new(&admission_config(true))?, &payload)?;
-    let mut old_adm = baseline
-        .map(|o| Harness::with_object(&admission_config(false), o))
-        .transpose()?;
-    let pass_frame = tcp_frame(c4, 2000, ip("10.111.0.2"), 22, false, &payload);
-    let mut samples: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
-    let mut baseline_samples: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let pass_frame = tcp_frame(ip("10.9.0.1"), 2000, ip("10.111.0.2"), 22, false, &payload);
+    let timing = Timing { repeat, singles };
+    let mut samples = Samples::default();
     for round in 0..rounds {
-        samples
+        samples.time_pass(&mut bare, &pass_frame, timing)?;
+        samples.time_round(&mut new, old.as_mut(), round, timing)?;
+    }
+    let mut figures = Figures::default();
+    let cases: Vec<&Case> = new.cases().collect();
+    samples.print_table(rounds, &cases, &mut figures);
+    if !samples.baseline.is_empty() {
+        samples.print_baseline(&cases, &mut figures);
+    }
+    passive_latency_cost(rounds, repeat, &mut figures)?;
+    figures.insert("rounds".into(), rounds as f64);
+    figures.insert("repeat".into(), f64::from(repeat));
+    println!(
+        "Targets from the data-plane issue: established <= 60 ns, new flow <= 105 ns, non-VIP <= 20 ns over bare XDP_PASS.\n\
+         Single-run figures include the kernel's per-call timing overhead; compare them with xdp_pass_single."
+    );
+    Ok(figures)
+}
+
+/// Runs per timed case.
+#[derive(Clone, Copy)]
+struct Timing {
+    repeat: u32,
+    singles: u32,
+}
+
+/// One build of the program, loaded once per kind of case: the main config, NAT, source NAT
+/// and admission control, each a program of its own with its cases. A baseline build loads
+/// what its maps allow (no NAT program where it knows no NAT).
+struct Programs {
+    main: (Harness, Vec<Case>),
+    nat: Option<(Harness, Vec<Case>)>,
+    snat: Option<(Harness, Vec<Case>)>,
+    admission: Option<(Harness, Vec<Case>)>,
+}
+
+impl Programs {
+    /// This build's program (`object` None), or a baseline object's.
+    fn load(object: Option<&[u8]>, payload: &[u8]) -> Result<Programs> {
+        Programs::load_against(object, payload, None)
+    }
+
+    /// A baseline object's programs, timed with this build's first admission case (an open
+    /// pool's new flow, a plain Maglev new flow where the baseline has no admission control).
+    fn load_baseline(object: &[u8], payload: &[u8], new: &Programs) -> Result<Programs> {
+        let first = new.admission.as_ref().and_then(|(_, c)| c.first()).cloned();
+        Programs::load_against(Some(object), payload, first)
+    }
+
+    fn load_against(
+        object: Option<&[u8]>,
+        payload: &[u8],
+        admission_case: Option<Case>,
+    ) -> Result<Programs> {
+        let Some(object) = object else {
+            return Ok(Programs {
+                main: (main_harness(&config())?, main_cases(payload)),
+                nat: Some(nat_setup(Harness::new(&nat_config(true))?, payload)?),
+                snat: Some(snat_setup(Harness::new(&snat_config(true))?, payload)?),
+                admission: Some(admission_setup(
+                    Harness::new(&admission_config(true))?,
+                    payload,
+                )?),
+            });
+        };
+        // Whether the baseline program knows tenant affinity (else its configs leave it out).
+        let (main, prefix) = match Harness::with_object(&config(), object) {
+            Ok(h) => (h, true),
+            Err(e) => {
+                println!(
+                    "the baseline takes no tenant affinity ({e:#}): its source_hash_tenant case hashes whole addresses"
+                );
+                (Harness::with_object(&config_with(false), object)?, false)
+            }
+        };
+        let mut main = main;
+        pin_flows(&mut main)?;
+        let nat = Harness::with_object(&nat_config(prefix), object)
+            .ok()
+            .map(|h| nat_setup(h, payload))
+            .transpose()?;
+        let snat = Harness::with_object(&snat_config(prefix), object)
+            .ok()
+            .map(|h| snat_setup(h, payload))
+            .transpose()?;
+        let admission = Some((
+            Harness::with_object(&admission_config(false), object)?,
+            admission_case.into_iter().collect(),
+        ));
+        Ok(Programs {
+            main: (main, main_cases(payload)),
+            nat,
+            snat,
+            admission,
+        })
+    }
+
+    /// Every case, in the order of the report.
+    fn cases(&self) -> impl Iterator<Item = &Case> {
+        [
+            Some(&self.main),
+            self.nat.as_ref(),
+            self.snat.as_ref(),
+            self.admission.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .flat_map(|(_, cases)| cases)
+    }
+
+    /// The program of each kind with its cases.
+    fn kinds(&mut self) -> [Option<&mut (Harness, Vec<Case>)>; 4] {
+        [
+            Some(&mut self.main),
+            self.nat.as_mut(),
+            self.snat.as_mut(),
+            self.admission.as_mut(),
+        ]
+    }
+}
+
+/// The main program with its flows pinned for the established cases.
+fn main_harness(config: &str) -> Result<Harness> {
+    let mut h = Harness::new(config)?;
+    pin_flows(&mut h)?;
+    Ok(h)
+}
+
+/// Each case's times over the rounds, this build's and the baseline's.
+#[derive(Default)]
+struct Samples {
+    new: BTreeMap<&'static str, Vec<f64>>,
+    baseline: BTreeMap<&'static str, Vec<f64>>,
+}
+
+impl Samples {
+    /// The bare XDP_PASS program, repeated and in single runs.
+    fn time_pass(&mut self, bare: &mut Bare, frame: &[u8], t: Timing) -> Result<()> {
+        self.new
             .entry("xdp_pass")
             .or_default()
-            .push(bare.run(&pass_frame, repeat)?);
+            .push(bare.run(frame, t.repeat)?);
         let mut single = 0.0;
-        for _ in 0..singles {
-            single += bare.run(&pass_frame, 1)?;
+        for _ in 0..t.singles {
+            single += bare.run(frame, 1)?;
         }
-        samples
+        self.new
             .entry("xdp_pass_single")
             .or_default()
-            .push(single / f64::from(singles));
-        for case in &cases {
-            // With a baseline, the two programs take turns going first (drift within a
-            // round falls on both alike).
-            let baseline_first = round % 2 == 1;
-            if let (Some(b), true) = (old.as_mut(), baseline_first) {
-                let ns = time_case(b, case, repeat, singles)?;
-                baseline_samples.entry(case.key).or_default().push(ns);
-            }
-            let ns = time_case(&mut h, case, repeat, singles)?;
-            samples.entry(case.key).or_default().push(ns);
-            if let (Some(b), false) = (old.as_mut(), baseline_first) {
-                let ns = time_case(b, case, repeat, singles)?;
-                baseline_samples.entry(case.key).or_default().push(ns);
-            }
-        }
-        for ((h, cases), mut old) in [
-            ((&mut nat, &nat_cases), old_nat.as_mut()),
-            ((&mut snat, &snat_cases), old_snat.as_mut()),
-        ] {
+            .push(single / f64::from(t.singles));
+        Ok(())
+    }
+
+    /// Every case once on this build and, with a baseline, on the baseline's program of the
+    /// same kind: the two take turns going first (drift within a round falls on both alike).
+    fn time_round(
+        &mut self,
+        new: &mut Programs,
+        mut old: Option<&mut Programs>,
+        round: usize,
+        t: Timing,
+    ) -> Result<()> {
+        let baseline_first = round % 2 == 1;
+        let mut old_kinds = old.as_mut().map(|o| o.kinds());
+        for (k, kind) in new.kinds().into_iter().enumerate() {
+            let Some((h, cases)) = kind else { continue };
+            let mut old = old_kinds.as_mut().and_then(|o| o[k].as_deref_mut());
             for (i, case) in cases.iter().enumerate() {
-                let baseline_first = round % 2 == 1;
-                let mut old = old.as_deref_mut().map(|(b, c)| (b, &c[i]));
+                let mut old = old.as_deref_mut().and_then(|(b, c)| Some((b, c.get(i)?)));
                 if let (Some((b, c)), true) = (old.as_mut(), baseline_first) {
-                    let ns = time_case(b, c, repeat, singles)?;
-                    baseline_samples.entry(case.key).or_default().push(ns);
+                    let ns = time_case(b, c, t.repeat, t.singles)?;
+                    self.baseline.entry(case.key).or_default().push(ns);
                 }
-                let ns = time_case(h, case, repeat, singles)?;
-                samples.entry(case.key).or_default().push(ns);
+                let ns = time_case(h, case, t.repeat, t.singles)?;
+                self.new.entry(case.key).or_default().push(ns);
                 if let (Some((b, c)), false) = (old.as_mut(), baseline_first) {
-                    let ns = time_case(b, c, repeat, singles)?;
-                    baseline_samples.entry(case.key).or_default().push(ns);
+                    let ns = time_case(b, c, t.repeat, t.singles)?;
+                    self.baseline.entry(case.key).or_default().push(ns);
                 }
             }
         }
-        // Admission control; the baseline runs its first case only (an open pool's new flow
-        // is a plain Maglev new flow there).
-        for (i, case) in adm_cases.iter().enumerate() {
-            let baseline_first = round % 2 == 1;
-            let mut old = old_adm.as_mut().filter(|_| i == 0);
-            if let (Some(b), true) = (old.as_mut(), baseline_first) {
-                let ns = time_case(b, case, repeat, singles)?;
-                baseline_samples.entry(case.key).or_default().push(ns);
-            }
-            let ns = time_case(&mut adm, case, repeat, singles)?;
-            samples.entry(case.key).or_default().push(ns);
-            if let (Some(b), false) = (old.as_mut(), baseline_first) {
-                let ns = time_case(b, case, repeat, singles)?;
-                baseline_samples.entry(case.key).or_default().push(ns);
-            }
+        Ok(())
+    }
+
+    /// Each path's median ns, its spread, and its cost over the bare program.
+    fn print_table(&self, rounds: usize, cases: &[&Case], figures: &mut Figures) {
+        let base = median(&self.new["xdp_pass"]);
+        let base_single = median(&self.new["xdp_pass_single"]);
+        println!(
+            "XDP program cost per packet (BPF_PROG_TEST_RUN, {rounds} interleaved rounds, median [min..max])"
+        );
+        println!(
+            "{:<28} {:>8} {:>18} {:>8} {:>9}  target",
+            "path", "ns", "spread", "x pass", "+ns"
+        );
+        let mut row = |key: &str, what: &str, single: bool, target: Option<&str>| {
+            let s = &self.new[key];
+            let med = median(s);
+            let min = s.iter().copied().fold(f64::INFINITY, f64::min);
+            let max = s.iter().copied().fold(0.0, f64::max);
+            let reference = if single { base_single } else { base };
+            println!(
+                "{:<28} {:>8.1} {:>8.1}..{:<8.1} {:>8.2} {:>+9.1}  {}",
+                key,
+                med,
+                min,
+                max,
+                med / reference,
+                med - reference,
+                target.unwrap_or("")
+            );
+            println!("    {what}");
+            figures.insert(format!("{key}_ns"), med);
+            figures.insert(format!("{key}_ratio_to_pass"), med / reference);
+            figures.insert(format!("{key}_over_pass_ns"), med - reference);
+        };
+        row("xdp_pass", "bare XDP_PASS program (repeat)", false, None);
+        row(
+            "xdp_pass_single",
+            "bare XDP_PASS program (single runs)",
+            true,
+            None,
+        );
+        for case in cases {
+            row(
+                case.key,
+                case.what,
+                case.method == Method::Single,
+                case.target,
+            );
         }
     }
 
-    let base = median(&samples["xdp_pass"]);
-    let base_single = median(&samples["xdp_pass_single"]);
-    let mut figures = Figures::default();
-    println!(
-        "XDP program cost per packet (BPF_PROG_TEST_RUN, {rounds} interleaved rounds, median [min..max])"
-    );
-    println!(
-        "{:<28} {:>8} {:>18} {:>8} {:>9}  target",
-        "path", "ns", "spread", "x pass", "+ns"
-    );
-    let mut row = |key: &str, what: &str, single: bool, target: Option<&str>| {
-        let s = &samples[key];
-        let med = median(s);
-        let min = s.iter().copied().fold(f64::INFINITY, f64::min);
-        let max = s.iter().copied().fold(0.0, f64::max);
-        let reference = if single { base_single } else { base };
-        println!(
-            "{:<28} {:>8.1} {:>8.1}..{:<8.1} {:>8.2} {:>+9.1}  {}",
-            key,
-            med,
-            min,
-            max,
-            med / reference,
-            med - reference,
-            target.unwrap_or("")
-        );
-        println!("    {what}");
-        figures.insert(format!("{key}_ns"), med);
-        figures.insert(format!("{key}_ratio_to_pass"), med / reference);
-        figures.insert(format!("{key}_over_pass_ns"), med - reference);
-    };
-    row("xdp_pass", "bare XDP_PASS program (repeat)", false, None);
-    row(
-        "xdp_pass_single",
-        "bare XDP_PASS program (single runs)",
-        true,
-        None,
-    );
-    for case in cases
-        .iter()
-        .chain(&nat_cases)
-        .chain(&snat_cases)
-        .chain(&adm_cases)
-    {
-        row(
-            case.key,
-            case.what,
-            case.method == Method::Single,
-            case.target,
-        );
-    }
-    if !baseline_samples.is_empty() {
+    /// Each path against the baseline: the geometric mean of the rounds' ratios, its bootstrap
+    /// 95% interval and the verdict.
+    fn print_baseline(&self, cases: &[&Case], figures: &mut Figures) {
         println!(
             "\nThis program against the baseline object, same rounds: median ns, the geometric mean of the rounds' new / baseline ratios, its bootstrap 95% interval, and the rounds' range"
         );
@@ -377,16 +378,11 @@ pub fn run(rounds: usize, repeat: u32, singles: u32, baseline: Option<&[u8]>) ->
             "{:<28} {:>8} {:>10} {:>8} {:>16} {:>16}  verdict",
             "path", "new", "baseline", "ratio", "95% interval", "range"
         );
-        for case in cases
-            .iter()
-            .chain(&nat_cases)
-            .chain(&snat_cases)
-            .chain(&adm_cases)
-        {
-            let Some(base) = baseline_samples.get(case.key) else {
+        for case in cases {
+            let Some(base) = self.baseline.get(case.key) else {
                 continue;
             };
-            let new = &samples[case.key];
+            let new = &self.new[case.key];
             let ratios: Vec<f64> = new.iter().zip(base).map(|(n, b)| n / b).collect();
             let (ratio, ci) = super::geomean_with_95(&ratios, BOOTSTRAP_RESAMPLES);
             let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
@@ -409,12 +405,4 @@ pub fn run(rounds: usize, repeat: u32, singles: u32, baseline: Option<&[u8]>) ->
             figures.insert(format!("{}_new_over_baseline_ci_high", case.key), ci.1);
         }
     }
-    passive_latency_cost(rounds, repeat, &mut figures)?;
-    figures.insert("rounds".into(), rounds as f64);
-    figures.insert("repeat".into(), f64::from(repeat));
-    println!(
-        "Targets from the data-plane issue: established <= 60 ns, new flow <= 105 ns, non-VIP <= 20 ns over bare XDP_PASS.\n\
-         Single-run figures include the kernel's per-call timing overhead; compare them with xdp_pass_single."
-    );
-    Ok(figures)
 }

@@ -25,9 +25,20 @@ pub(super) fn stat(rounds: &[Round], f: impl Fn(&Round) -> Option<f64>) -> Optio
 
 pub(super) fn report(opts: &Options, results: &BTreeMap<&'static str, Vec<Round>>) -> Figures {
     let mut figures = Figures::new();
-    let base = results.get(Peer::Baseline.key());
-    let base_of = |f: &dyn Fn(&Round) -> Option<f64>| base.and_then(|b| stat(b, f)).map(|s| s.0);
-    type Getter = fn(&Round) -> Option<f64>;
+    peer_table(opts, results, &mut figures);
+    baseline_ratios(opts, results, &mut figures);
+    fair_ratios(&mut figures);
+    saturation_note(opts, results);
+    figures.insert("rounds".into(), opts.rounds as f64);
+    figures.insert("pinned".into(), if opts.pin { 1.0 } else { 0.0 });
+    figures.insert("seconds_per_phase".into(), opts.seconds);
+    figures
+}
+
+type Getter = fn(&Round) -> Option<f64>;
+
+/// Each peer's figures over the rounds, printed as a table (median ± spread).
+fn peer_table(opts: &Options, results: &BTreeMap<&'static str, Vec<Round>>, figures: &mut Figures) {
     let columns: [(&str, &str, Getter); 12] = [
         ("conn_per_s", "conn/s", |r| Some(r.conn.rate)),
         ("keepalive_rps", "keep-alive req/s", |r| {
@@ -108,8 +119,17 @@ pub(super) fn report(opts: &Options, results: &BTreeMap<&'static str, Vec<Round>
             figures.insert(format!("host_busy_fraction_{}", peer.key()), b.0);
         }
     }
-    // Ratios to the baseline (higher is better for rates; for p99, baseline / peer so that
-    // higher is better there too) and between peers.
+}
+
+/// Ratios to the baseline (higher is better for rates; for p99, baseline / peer so that
+/// higher is better there too).
+fn baseline_ratios(
+    opts: &Options,
+    results: &BTreeMap<&'static str, Vec<Round>>,
+    figures: &mut Figures,
+) {
+    let base = results.get(Peer::Baseline.key());
+    let base_of = |f: &dyn Fn(&Round) -> Option<f64>| base.and_then(|b| stat(b, f)).map(|s| s.0);
     println!();
     println!(
         "ratios to the baseline (rates: peer / baseline; p99: baseline / peer; ≥ 0.95 is indistinguishable):"
@@ -154,7 +174,10 @@ pub(super) fn report(opts: &Options, results: &BTreeMap<&'static str, Vec<Round>
         }
         println!("{line}");
     }
-    // Each mode beside its fair peer.
+}
+
+/// Each of our modes beside its fair peer.
+fn fair_ratios(figures: &mut Figures) {
     for (ours, theirs) in [
         (Peer::XdpNative, Peer::Nftables),
         (Peer::XdpNative, Peer::Haproxy),
@@ -180,6 +203,10 @@ pub(super) fn report(opts: &Options, results: &BTreeMap<&'static str, Vec<Round>
             }
         }
     }
+}
+
+/// What saturated, and what "own ns/pkt" counts.
+fn saturation_note(opts: &Options, results: &BTreeMap<&'static str, Vec<Round>>) {
     println!();
     let busy = results
         .values()
@@ -203,8 +230,4 @@ pub(super) fn report(opts: &Options, results: &BTreeMap<&'static str, Vec<Round>
          or HAProxy's process CPU per client packet; nftables' cost is in softirqs and only shows \
          in host CPU ns/pkt (compare with the baseline)."
     );
-    figures.insert("rounds".into(), opts.rounds as f64);
-    figures.insert("pinned".into(), if opts.pin { 1.0 } else { 0.0 });
-    figures.insert("seconds_per_phase".into(), opts.seconds);
-    figures
 }

@@ -286,7 +286,26 @@ pub fn build(o: &WorkloadOptions, trace: &[TraceRequest]) -> Result<Vec<Conversa
     }
     let addresses = client_addresses(addresses_of(o.shape));
     let mut rng = Rng::new(o.seed.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0x5eed);
-    let single = |id: usize, start: f64, prompt: u32, output: u32, rng: &mut Rng| Conversation {
+    Ok(match o.shape {
+        Shape::Conversation => conversation(o, trace, &addresses, &mut rng)?,
+        Shape::PrefillHeavy => prefill_heavy(o, &addresses, &mut rng),
+        Shape::Mixed => mixed(o, trace, &addresses, &mut rng),
+        Shape::MultiTurn | Shape::MultiTurnNat | Shape::Tenants | Shape::TenantsMany => {
+            multi_turn(o, &addresses, &mut rng)
+        }
+    })
+}
+
+/// A one-turn conversation: request `id`, from its client address.
+fn single(
+    addresses: &[IpAddr],
+    id: usize,
+    start: f64,
+    prompt: u32,
+    output: u32,
+    rng: &mut Rng,
+) -> Conversation {
+    Conversation {
         id,
         start,
         source: addresses[id % addresses.len()],
@@ -295,137 +314,156 @@ pub fn build(o: &WorkloadOptions, trace: &[TraceRequest]) -> Result<Vec<Conversa
             output_tokens: output.max(1),
             think: 0.0,
         }],
-    };
-    Ok(match o.shape {
-        Shape::Conversation => {
-            let slice = trace_slice(trace, o.requests, o.seed)?;
-            let t0 = slice[0].at;
-            // n arrivals over the stretch's span make n - 1 gaps.
-            let span = (slice[slice.len() - 1].at - t0).max(1e-9);
-            let scale = ((slice.len() - 1).max(1) as f64 / span) / o.rate;
-            slice
-                .iter()
-                .enumerate()
-                .map(|(i, r)| {
-                    single(
-                        i,
-                        (r.at - t0) * scale,
-                        r.prompt_tokens,
-                        r.output_tokens,
-                        &mut rng,
-                    )
-                })
-                .collect()
-        }
-        Shape::PrefillHeavy => {
-            let mut at = 0.0;
-            (0..o.requests)
-                .map(|i| {
-                    at += rng.exponential(1.0 / o.rate);
-                    let prompt = rng.size(1800.0, 0.55, 200, 8000);
-                    let output = rng.size(20.0, 0.5, 4, 128);
-                    single(i, at, prompt, output, &mut rng)
-                })
-                .collect()
-        }
-        Shape::Mixed => {
-            // Bursts at 3x the rate a quarter of the time, calm at a third of it otherwise.
-            let mut at = 0.0;
-            let mut burst = false;
-            let mut phase_end = rng.exponential(3.0);
-            (0..o.requests)
-                .map(|i| {
-                    loop {
-                        let rate = if burst { 3.0 * o.rate } else { o.rate / 3.0 };
-                        let next = at + rng.exponential(1.0 / rate);
-                        if next <= phase_end {
-                            at = next;
-                            break;
-                        }
-                        at = phase_end;
-                        burst = !burst;
-                        phase_end = at + rng.exponential(if burst { 3.0 } else { 9.0 });
-                    }
-                    let (prompt, output) = if rng.unit() < 0.5 {
-                        let r = trace[(rng.next_u64() % trace.len() as u64) as usize];
-                        (r.prompt_tokens, r.output_tokens)
-                    } else {
-                        (
-                            rng.size(1800.0, 0.55, 200, 8000),
-                            rng.size(20.0, 0.5, 4, 128),
-                        )
-                    };
-                    single(i, at, prompt, output, &mut rng)
-                })
-                .collect()
-        }
-        Shape::MultiTurn | Shape::MultiTurnNat | Shape::Tenants | Shape::TenantsMany => {
-            // Each tenant's system prompt (the tenants shape only; from a generator of its own,
-            // so the other shapes' workloads stay as they were).
-            let mut prompts = Rng::new(o.seed ^ 0x7e4a_4755);
-            let layout = o.shape.tenants();
-            let system: Vec<String> = match layout {
-                Some(l) => (0..l.tenants)
-                    .map(|_| {
-                        let m = l.prompt_median;
-                        let n = prompts.size(m, 0.5, (0.3 * m) as u32, (3.0 * m) as u32);
-                        words(n as usize, &mut prompts)
-                    })
-                    .collect(),
-                None => Vec::new(),
-            };
-            // Conversations arrive so that their turns offer `rate` requests per second.
-            let conversation_rate = o.rate / MEAN_TURNS;
-            let mut at = 0.0;
-            let mut out = Vec::new();
-            let mut left = o.requests;
-            while left > 0 {
-                at += rng.exponential(1.0 / conversation_rate);
-                // 1 + geometric: mean MEAN_TURNS.
-                let mut turns = 1;
-                while rng.unit() > 1.0 / MEAN_TURNS && turns < 12 {
-                    turns += 1;
+    }
+}
+
+/// The trace's requests (a stretch chosen by the seed), their arrivals compressed to the rate.
+fn conversation(
+    o: &WorkloadOptions,
+    trace: &[TraceRequest],
+    addresses: &[IpAddr],
+    rng: &mut Rng,
+) -> Result<Vec<Conversation>> {
+    let slice = trace_slice(trace, o.requests, o.seed)?;
+    let t0 = slice[0].at;
+    // n arrivals over the stretch's span make n - 1 gaps.
+    let span = (slice[slice.len() - 1].at - t0).max(1e-9);
+    let scale = ((slice.len() - 1).max(1) as f64 / span) / o.rate;
+    Ok(slice
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            single(
+                addresses,
+                i,
+                (r.at - t0) * scale,
+                r.prompt_tokens,
+                r.output_tokens,
+                rng,
+            )
+        })
+        .collect())
+}
+
+/// Long prompts, few output tokens, Poisson arrivals.
+fn prefill_heavy(o: &WorkloadOptions, addresses: &[IpAddr], rng: &mut Rng) -> Vec<Conversation> {
+    let mut at = 0.0;
+    (0..o.requests)
+        .map(|i| {
+            at += rng.exponential(1.0 / o.rate);
+            let prompt = rng.size(1800.0, 0.55, 200, 8000);
+            let output = rng.size(20.0, 0.5, 4, 128);
+            single(addresses, i, at, prompt, output, rng)
+        })
+        .collect()
+}
+
+/// Bursts at 3x the rate a quarter of the time, calm at a third of it otherwise; half the
+/// requests sized as the trace's, half prefill-heavy.
+fn mixed(
+    o: &WorkloadOptions,
+    trace: &[TraceRequest],
+    addresses: &[IpAddr],
+    rng: &mut Rng,
+) -> Vec<Conversation> {
+    let mut at = 0.0;
+    let mut burst = false;
+    let mut phase_end = rng.exponential(3.0);
+    (0..o.requests)
+        .map(|i| {
+            loop {
+                let rate = if burst { 3.0 * o.rate } else { o.rate / 3.0 };
+                let next = at + rng.exponential(1.0 / rate);
+                if next <= phase_end {
+                    at = next;
+                    break;
                 }
-                let turns = turns.min(left);
-                left -= turns;
-                let id = out.len();
-                let (source, prefix) = match layout {
-                    Some(l) => {
-                        let t = l.draw(&mut rng);
-                        let i = FIRST_TENANT_ADDRESS
-                            + t * l.addresses()
-                            + (rng.next_u64() % l.addresses() as u64) as usize;
-                        (addresses[i], Some(&system[t]))
-                    }
-                    None => (addresses[id % addresses.len()], None),
-                };
-                out.push(Conversation {
-                    id,
-                    start: at,
-                    source,
-                    turns: (0..turns)
-                        .map(|t| Turn {
-                            message: {
-                                let n = rng.size(120.0, 0.6, 10, 1000) as usize;
-                                let text = words(n, &mut rng);
-                                match prefix {
-                                    Some(system) if t == 0 => format!("{system} {text}"),
-                                    _ => text,
-                                }
-                            },
-                            output_tokens: rng.size(150.0, 0.5, 16, 500),
-                            think: if t == 0 {
-                                0.0
-                            } else {
-                                rng.exponential(MEAN_THINK)
-                            },
-                        })
-                        .collect(),
-                });
+                at = phase_end;
+                burst = !burst;
+                phase_end = at + rng.exponential(if burst { 3.0 } else { 9.0 });
             }
-            out
+            let (prompt, output) = if rng.unit() < 0.5 {
+                let r = trace[(rng.next_u64() % trace.len() as u64) as usize];
+                (r.prompt_tokens, r.output_tokens)
+            } else {
+                (
+                    rng.size(1800.0, 0.55, 200, 8000),
+                    rng.size(20.0, 0.5, 4, 128),
+                )
+            };
+            single(addresses, i, at, prompt, output, rng)
+        })
+        .collect()
+}
+
+/// Multi-turn conversations (each turn's prompt the conversation so far, its answer sent back
+/// in the next), from their own addresses, behind a NAT, or from tenants that share a system
+/// prompt.
+fn multi_turn(o: &WorkloadOptions, addresses: &[IpAddr], rng: &mut Rng) -> Vec<Conversation> {
+    // Each tenant's system prompt (the tenants shape only; from a generator of its own,
+    // so the other shapes' workloads stay as they were).
+    let mut prompts = Rng::new(o.seed ^ 0x7e4a_4755);
+    let layout = o.shape.tenants();
+    let system: Vec<String> = match layout {
+        Some(l) => (0..l.tenants)
+            .map(|_| {
+                let m = l.prompt_median;
+                let n = prompts.size(m, 0.5, (0.3 * m) as u32, (3.0 * m) as u32);
+                words(n as usize, &mut prompts)
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    // Conversations arrive so that their turns offer `rate` requests per second.
+    let conversation_rate = o.rate / MEAN_TURNS;
+    let mut at = 0.0;
+    let mut out = Vec::new();
+    let mut left = o.requests;
+    while left > 0 {
+        at += rng.exponential(1.0 / conversation_rate);
+        // 1 + geometric: mean MEAN_TURNS.
+        let mut turns = 1;
+        while rng.unit() > 1.0 / MEAN_TURNS && turns < 12 {
+            turns += 1;
         }
-    })
+        let turns = turns.min(left);
+        left -= turns;
+        let id = out.len();
+        let (source, prefix) = match layout {
+            Some(l) => {
+                let t = l.draw(rng);
+                let i = FIRST_TENANT_ADDRESS
+                    + t * l.addresses()
+                    + (rng.next_u64() % l.addresses() as u64) as usize;
+                (addresses[i], Some(&system[t]))
+            }
+            None => (addresses[id % addresses.len()], None),
+        };
+        out.push(Conversation {
+            id,
+            start: at,
+            source,
+            turns: (0..turns)
+                .map(|t| Turn {
+                    message: {
+                        let n = rng.size(120.0, 0.6, 10, 1000) as usize;
+                        let text = words(n, rng);
+                        match prefix {
+                            Some(system) if t == 0 => format!("{system} {text}"),
+                            _ => text,
+                        }
+                    },
+                    output_tokens: rng.size(150.0, 0.5, 16, 500),
+                    think: if t == 0 {
+                        0.0
+                    } else {
+                        rng.exponential(MEAN_THINK)
+                    },
+                })
+                .collect(),
+        });
+    }
+    out
 }
 
 /// `n` consecutive requests of the trace from an offset chosen by `seed` (repetitions replay

@@ -104,6 +104,21 @@ pub(super) async fn metrics(
     State(shared): State<Arc<Shared>>,
     RawQuery(query): RawQuery,
 ) -> Response {
+    let mut page = engine_metrics(&shared);
+    histogram_metrics(&shared, &mut page);
+    let names = requested_names(query.as_deref().unwrap_or(""));
+    if !names.is_empty() {
+        page = restricted(&page, &names);
+    }
+    (
+        [("content-type", "text/plain; version=1.0.0; charset=utf-8")],
+        page,
+    )
+        .into_response()
+}
+
+/// The engine's gauges and counters, and its cache config, as vLLM writes them.
+fn engine_metrics(shared: &Shared) -> String {
     use std::fmt::Write as _;
     let (running, waiting, kv, c, profile) = {
         let e = shared.engine.lock().expect("engine");
@@ -206,60 +221,55 @@ pub(super) async fn metrics(
         ),
         "1.0".into(),
     );
-    {
-        let h = shared.histograms.lock().expect("histograms");
-        h.ttft.render(
-            &mut page,
-            "vllm:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            &l,
-        );
-        h.itl.render(
-            &mut page,
-            "vllm:inter_token_latency_seconds",
-            "Histogram of inter-token latency in seconds.",
-            &l,
-        );
-        h.e2e.render(
-            &mut page,
-            "vllm:e2e_request_latency_seconds",
-            "Histogram of e2e request latency in seconds.",
-            &l,
-        );
-        h.queue.render(
-            &mut page,
-            "vllm:request_queue_time_seconds",
-            "Histogram of time spent in WAITING phase for request.",
-            &l,
-        );
-        h.prefill.render(
-            &mut page,
-            "vllm:request_prefill_time_seconds",
-            "Histogram of time spent in PREFILL phase for request.",
-            &l,
-        );
-        h.prompt_tokens.render(
-            &mut page,
-            "vllm:request_prompt_tokens",
-            "Number of prefill tokens processed.",
-            &l,
-        );
-        h.computed_tokens.render(
-            &mut page,
-            "vllm:request_prefill_kv_computed_tokens",
-            "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
-            &l,
-        );
-    }
-    let names = requested_names(query.as_deref().unwrap_or(""));
-    if !names.is_empty() {
-        page = restricted(&page, &names);
-    }
-    (
-        [("content-type", "text/plain; version=1.0.0; charset=utf-8")],
+    page
+}
+
+/// The request histograms (latencies and token counts), as vLLM writes them.
+fn histogram_metrics(shared: &Shared, page: &mut String) {
+    let l = format!("engine=\"0\",model_name=\"{}\"", shared.model);
+    let h = shared.histograms.lock().expect("histograms");
+    h.ttft.render(
         page,
-    )
-        .into_response()
+        "vllm:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        &l,
+    );
+    h.itl.render(
+        page,
+        "vllm:inter_token_latency_seconds",
+        "Histogram of inter-token latency in seconds.",
+        &l,
+    );
+    h.e2e.render(
+        page,
+        "vllm:e2e_request_latency_seconds",
+        "Histogram of e2e request latency in seconds.",
+        &l,
+    );
+    h.queue.render(
+        page,
+        "vllm:request_queue_time_seconds",
+        "Histogram of time spent in WAITING phase for request.",
+        &l,
+    );
+    h.prefill.render(
+        page,
+        "vllm:request_prefill_time_seconds",
+        "Histogram of time spent in PREFILL phase for request.",
+        &l,
+    );
+    h.prompt_tokens.render(
+        page,
+        "vllm:request_prompt_tokens",
+        "Number of prefill tokens processed.",
+        &l,
+    );
+    h.computed_tokens.render(
+        page,
+        "vllm:request_prefill_kv_computed_tokens",
+        "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+        &l,
+    );
 }
 
 /// The sample names a metrics request asks for with `name[]` parameters (prometheus_client's

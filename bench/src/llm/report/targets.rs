@@ -12,19 +12,56 @@ pub(super) fn targets(
     md: &mut String,
     f: &mut Figures,
 ) {
-    let shape = s.shape.name();
-    let med = |n: &str, l: f64, m: &str| -> Option<f64> {
-        stat(g.get(&(n.to_string(), load_key(l)))?, m).map(|x| x.0)
+    let m = Medians {
+        g,
+        shape: s.shape.name(),
     };
+    let _ = writeln!(md, "\n### Targets\n");
+    over_round_robin(&m, names, loads, md, f);
+    over_routers(&m, names, md, f);
+    if s.shape.multi_turn() {
+        affinity_over_load_only(&m, names, md, f);
+    }
+    if let Some(layout) = s.shape.tenants() {
+        tenant_affinity(&m, layout.prefix_v4, md, f);
+    }
+}
+
+/// A shape's medians by contender, load and metric.
+struct Medians<'a> {
+    g: &'a ByPoint<'a>,
+    shape: &'a str,
+}
+
+impl Medians<'_> {
+    fn med(&self, n: &str, l: f64, metric: &str) -> Option<f64> {
+        stat(self.g.get(&(n.to_string(), load_key(l)))?, metric).map(|x| x.0)
+    }
+
+    /// At the knee.
+    fn at(&self, n: &str, metric: &str) -> Option<f64> {
+        self.med(n, 1.0, metric)
+    }
+}
+
+/// The best balancer policy over 50-100% of the knee against round robin: p99 TTFT at most
+/// half, goodput and throughput no lower, at every load.
+fn over_round_robin(
+    m: &Medians,
+    names: &[String],
+    loads: &[f64],
+    md: &mut String,
+    f: &mut Figures,
+) {
+    let shape = m.shape;
     let mid: Vec<f64> = loads
         .iter()
         .copied()
         .filter(|l| (0.5 - 1e-9..=1.0 + 1e-9).contains(l))
         .collect();
-    let _ = writeln!(md, "\n### Targets\n");
     // The best L4 policy: the lowest geometric mean of p99 TTFT over 50-100% of the knee.
     let score = |n: &str| -> Option<f64> {
-        let v: Option<Vec<f64>> = mid.iter().map(|l| med(n, *l, "ttft_p99_s")).collect();
+        let v: Option<Vec<f64>> = mid.iter().map(|l| m.med(n, *l, "ttft_p99_s")).collect();
         let v = v?;
         (!v.is_empty())
             .then(|| (v.iter().map(|x| x.max(1e-6).ln()).sum::<f64>() / v.len() as f64).exp())
@@ -44,13 +81,17 @@ pub(super) fn targets(
         );
         for l in &mid {
             let (Some(a), Some(b)) = (
-                med(best, *l, "ttft_p99_s"),
-                med("round-robin", *l, "ttft_p99_s"),
+                m.med(best, *l, "ttft_p99_s"),
+                m.med("round-robin", *l, "ttft_p99_s"),
             ) else {
                 continue;
             };
-            let gp = med(best, *l, "goodput_rps").zip(med("round-robin", *l, "goodput_rps"));
-            let tp = med(best, *l, "throughput_rps").zip(med("round-robin", *l, "throughput_rps"));
+            let gp = m
+                .med(best, *l, "goodput_rps")
+                .zip(m.med("round-robin", *l, "goodput_rps"));
+            let tp =
+                m.med(best, *l, "throughput_rps")
+                    .zip(m.med("round-robin", *l, "throughput_rps"));
             let ratio = a / b;
             let gr = gp.map(|(x, y)| x / y.max(1e-9));
             let tr = tp.map(|(x, y)| x / y.max(1e-9));
@@ -77,21 +118,27 @@ pub(super) fn targets(
             f64::from(u8::from(ok)),
         );
     }
-    // Against the best L7 router policy at the knee.
-    let at = |n: &str, m: &str| med(n, 1.0, m);
+}
+
+/// The best balancer policy against the best L7 router policy at the knee: p99 TTFT and CPU
+/// per request.
+fn over_routers(m: &Medians, names: &[String], md: &mut String, f: &mut Figures) {
+    let shape = m.shape;
     let best_router = names
         .iter()
         .filter(|n| n.contains(':'))
-        .filter_map(|n| Some((n.clone(), at(n, "ttft_p99_s")?)))
+        .filter_map(|n| Some((n.clone(), m.at(n, "ttft_p99_s")?)))
         .min_by(|a, b| a.1.total_cmp(&b.1));
     let best_ours_knee = names
         .iter()
         .filter(|n| is_load_aware_ours(n))
-        .filter_map(|n| Some((n.clone(), at(n, "ttft_p99_s")?)))
+        .filter_map(|n| Some((n.clone(), m.at(n, "ttft_p99_s")?)))
         .min_by(|a, b| a.1.total_cmp(&b.1));
     if let (Some((r, rp)), Some((b, bp))) = (&best_router, &best_ours_knee) {
         let ratio = bp / rp;
-        let cpu = at(b, "cpu_s_per_1k_requests").zip(at(r, "cpu_s_per_1k_requests"));
+        let cpu = m
+            .at(b, "cpu_s_per_1k_requests")
+            .zip(m.at(r, "cpu_s_per_1k_requests"));
         let cpu_ratio = cpu.map(|(x, y)| x / y.max(1e-12));
         let _ = writeln!(
             md,
@@ -103,7 +150,11 @@ pub(super) fn targets(
             f.insert(format!("{shape}/target/ours_over_best_router_cpu"), c);
         }
     }
-    // Multi-turn: each session-affinity policy against the load-only composite.
+}
+
+/// Multi-turn: each session-affinity policy against the load-only composite at the knee.
+fn affinity_over_load_only(m: &Medians, names: &[String], md: &mut String, f: &mut Figures) {
+    let shape = m.shape;
     for (policy, what) in [
         ("affinity", "source hash"),
         ("persistence", "session persistence"),
@@ -112,25 +163,26 @@ pub(super) fn targets(
             "session persistence without a load bound",
         ),
     ] {
-        let (true, Some(a), Some(c)) = (
-            s.shape.multi_turn(),
-            at(policy, "ttft_mean_s"),
-            at("composite", "ttft_mean_s"),
+        let (Some(a), Some(c)) = (
+            m.at(policy, "ttft_mean_s"),
+            m.at("composite", "ttft_mean_s"),
         ) else {
             continue;
         };
-        let p99 = at(policy, "ttft_p99_s").zip(at("composite", "ttft_p99_s"));
+        let p99 = m
+            .at(policy, "ttft_p99_s")
+            .zip(m.at("composite", "ttft_p99_s"));
         let per_contender = |metric: &str| {
             names
                 .iter()
-                .filter_map(|n| Some(format!("`{n}` {:.0}%", at(n, metric)? * 100.0)))
+                .filter_map(|n| Some(format!("`{n}` {:.0}%", m.at(n, metric)? * 100.0)))
                 .collect::<Vec<_>>()
                 .join(", ")
         };
         // Why returning clients' flows went elsewhere (the daemon's persistence counters).
         let refused = match (
-            at(policy, "returning_over_bound"),
-            at(policy, "returning_sent_elsewhere"),
+            m.at(policy, "returning_over_bound"),
+            m.at(policy, "returning_sent_elsewhere"),
         ) {
             (Some(b), Some(v)) => format!(
                 "; of returning clients' new flows, sent elsewhere by the bound {:.0}% and by the policy's verdict {:.0}%",
@@ -155,13 +207,17 @@ pub(super) fn targets(
             c / a,
         );
     }
-    // Tenant shapes: tenant affinity against per-address affinity and load only.
-    if let Some(layout) = s.shape.tenants() {
-        let tenant = crate::llm::contenders::tenant_affinity(layout.prefix_v4);
-        if let Some(t) = at(&tenant, "ttft_mean_s") {
+}
+
+/// Tenant shapes: tenant affinity against per-address affinity and load only at the knee.
+fn tenant_affinity(m: &Medians, prefix_v4: u8, md: &mut String, f: &mut Figures) {
+    let shape = m.shape;
+    {
+        let tenant = crate::llm::contenders::tenant_affinity(prefix_v4);
+        if let Some(t) = m.at(&tenant, "ttft_mean_s") {
             let against = |other: &str| {
-                at(other, "ttft_mean_s").map(|o| {
-                    let p99 = at(&tenant, "ttft_p99_s").zip(at(other, "ttft_p99_s"));
+                m.at(other, "ttft_mean_s").map(|o| {
+                    let p99 = m.at(&tenant, "ttft_p99_s").zip(m.at(other, "ttft_p99_s"));
                     format!(
                         "`{other}` {o:.2} s ({:.2}x; p99 {})",
                         o / t,
@@ -177,10 +233,10 @@ pub(super) fn targets(
                     .filter_map(|o| against(o))
                     .collect::<Vec<_>>()
                     .join(", "),
-                at(&tenant, "prefix_hit_rate")
+                m.at(&tenant, "prefix_hit_rate")
                     .map_or("–".into(), |h| format!("{:.0}%", h * 100.0))
             );
-            if let Some(c) = at("composite", "ttft_mean_s") {
+            if let Some(c) = m.at("composite", "ttft_mean_s") {
                 f.insert(
                     format!("{shape}/target/composite_over_tenant_affinity_mean_ttft"),
                     c / t,
