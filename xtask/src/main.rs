@@ -142,14 +142,19 @@ fn package() -> Result<PathBuf> {
     let out = root().join("target/debian");
     let _ = std::fs::remove_dir_all(&out);
     cargo(&["deb", "-p", "balancer-user", "--locked"])?;
-    let debs: Vec<PathBuf> = std::fs::read_dir(&out)
-        .with_context(|| format!("reading {}", out.display()))?
+    the_deb_in(&out)
+}
+
+/// The one `.deb` in `dir`.
+pub fn the_deb_in(dir: &Path) -> Result<PathBuf> {
+    let debs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "deb"))
         .collect();
     match debs.as_slice() {
         [deb] => Ok(deb.clone()),
-        _ => bail!("expected one .deb in {}, found {debs:?}", out.display()),
+        _ => bail!("expected one .deb in {}, found {debs:?}", dir.display()),
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{build, cargo, cargo_with_env, is_root, package, real_servers, root, setup};
+use crate::{build, cargo, cargo_with_env, is_root, real_servers, root, setup};
 
 /// What `cargo xtask test` runs.
 pub struct Suite<'a> {
@@ -74,16 +74,114 @@ fn run_test(suite: &Suite, stages: &mut Stages) -> Result<()> {
             "the packet and network-namespace tests need root (BPF, namespaces): run as root, or pass --unit-only (or --fast)"
         );
     }
-    // A filter that leaves the package test out skips the package's build.
-    let deb = match suite.filter {
-        Some(f) if !PACKAGE_TEST.contains(f) => PathBuf::new(),
-        _ => stages.run("package (release build)", package)?,
-    };
-    stages.run("root tests", || root_tests(suite.filter, &deb))?;
-    if suite.filter.is_none() {
-        fuzz(suite.fuzz_secs, stages)?;
+    // The package's release build and the fuzz targets' build run beside the root tests, at
+    // the lowest CPU priority: the tests mostly wait on the network and their servers, and
+    // keep the CPU when they need it. Each builds in a target directory of its own, so none
+    // waits for another's lock.
+    let with_package = suite.filter.is_none_or(|f| PACKAGE_TEST.contains(f));
+    let fuzzing = suite.filter.is_none() && suite.fuzz_secs > 0;
+    let package = with_package.then(Background::package).transpose()?;
+    let fuzz_build = fuzzing.then(Background::fuzz_build).transpose()?;
+    let root = stages.run("root tests", || root_tests(suite.filter));
+    // Wait for the background builds whatever the tests did, so none outlives the suite.
+    let deb = package.map(|p| stages.run("package (release, beside)", || p.wait_deb()));
+    let fuzz_built = fuzz_build.map(|b| stages.run("fuzz build (beside)", || b.wait()));
+    root?;
+    if let Some(deb) = deb {
+        let deb = deb?;
+        stages.run("package test", || package_test(&deb))?;
+    }
+    if let Some(built) = fuzz_built {
+        built?;
+        stages.run("fuzzing", || run_fuzz_targets(suite.fuzz_secs))?;
     }
     Ok(())
+}
+
+/// A build running beside the tests, its output in a log file.
+struct Background {
+    what: &'static str,
+    child: std::process::Child,
+    log: PathBuf,
+    /// Where the built package goes (the package build only).
+    deb_dir: Option<PathBuf>,
+}
+
+impl Background {
+    fn spawn(what: &'static str, mut cmd: Command, deb_dir: Option<PathBuf>) -> Result<Background> {
+        let logs = root().join("target/xtask-logs");
+        std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+        let log = logs.join(format!("{}.log", what.replace(' ', "-")));
+        let file =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        println!("xtask: {what} beside the tests (log: {})", log.display());
+        let child = cmd
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .current_dir(root())
+            .spawn()
+            .with_context(|| format!("starting the {what}"))?;
+        Ok(Background {
+            what,
+            child,
+            log,
+            deb_dir,
+        })
+    }
+
+    /// `nice -n 19 <program>`: the lowest CPU priority.
+    fn niced(program: &str) -> Command {
+        let mut cmd = Command::new("nice");
+        cmd.args(["-n", "19", program]);
+        cmd
+    }
+
+    /// The Debian package (cargo-deb, release profile) into `target/package`.
+    fn package() -> Result<Background> {
+        let target = root().join("target/package");
+        let out = target.join("debian");
+        let _ = std::fs::remove_dir_all(&out);
+        let mut cmd = Background::niced(env!("CARGO"));
+        cmd.args(["deb", "-p", "balancer-user", "--locked", "-o"])
+            .arg(&out)
+            .env("CARGO_TARGET_DIR", &target);
+        Background::spawn("package build", cmd, Some(out))
+    }
+
+    /// Every fuzz target (cargo-fuzz, nightly), in the cached fuzz target directory.
+    fn fuzz_build() -> Result<Background> {
+        let mut cmd = Background::niced("cargo");
+        cmd.arg(format!("+{}", setup::ebpf_toolchain()))
+            .args(["fuzz", "build", "--fuzz-dir", "fuzz", "--target-dir"])
+            .arg(fuzz_target_dir()?);
+        Background::spawn("fuzz build", cmd, None)
+    }
+
+    fn wait(mut self) -> Result<()> {
+        let status = self
+            .child
+            .wait()
+            .with_context(|| format!("waiting for the {}", self.what))?;
+        if !status.success() {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(40).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            bail!(
+                "the {} failed ({status}); the end of {}:\n{}",
+                self.what,
+                self.log.display(),
+                tail.join("\n")
+            );
+        }
+        Ok(())
+    }
+
+    /// Waits for the package build; the path of its `.deb`.
+    fn wait_deb(self) -> Result<PathBuf> {
+        let out = self.deb_dir.clone().context("not a package build")?;
+        self.wait()?;
+        crate::the_deb_in(&out)
+    }
 }
 
 /// The edit-compile loop: no setup, no root, the workspace's unit and doc tests only.
@@ -106,8 +204,9 @@ fn unit_tests(filter: Option<&str>) -> Result<()> {
 }
 
 /// The root-only tests (`#[ignore]`d, so that a plain `cargo test` passes without
-/// privileges): packets, namespaces, fleet, real vLLM, the package, the quick benchmark.
-fn root_tests(filter: Option<&str>, deb: &std::path::Path) -> Result<()> {
+/// privileges): packets, namespaces, fleet, real vLLM, the quick benchmark. The package test
+/// runs apart, once its build is done.
+fn root_tests(filter: Option<&str>) -> Result<()> {
     let mut args = vec![
         "test",
         "-p",
@@ -117,6 +216,8 @@ fn root_tests(filter: Option<&str>, deb: &std::path::Path) -> Result<()> {
         "--",
         "--ignored",
         "--test-threads=2",
+        "--skip",
+        PACKAGE_TEST,
     ];
     if let Some(f) = filter {
         args.push(f);
@@ -130,8 +231,25 @@ fn root_tests(filter: Option<&str>, deb: &std::path::Path) -> Result<()> {
         &[
             ("BALANCER_VLLM_ENV", &vllm),
             ("BALANCER_ROUTERS_ENV", &routers),
-            ("BALANCER_DEB", deb),
         ],
+    )
+}
+
+/// The Debian package's test on the package the suite built.
+fn package_test(deb: &std::path::Path) -> Result<()> {
+    cargo_with_env(
+        &[
+            "test",
+            "-p",
+            "balancer-tests",
+            "--test",
+            "package",
+            "--",
+            "--ignored",
+            "--exact",
+            PACKAGE_TEST,
+        ],
+        &[("BALANCER_DEB", deb)],
     )
 }
 
@@ -196,47 +314,55 @@ fn fuzz(secs: u32, stages: &mut Stages) -> Result<()> {
     if secs == 0 {
         return Ok(());
     }
-    let toolchain = format!("+{}", setup::ebpf_toolchain());
-    let target_dir = fuzz_target_dir()?;
-    let target_dir = target_dir.to_string_lossy().to_string();
-    let cargo_fuzz = |args: &[&str]| -> Result<std::process::ExitStatus> {
-        println!("xtask: cargo {toolchain} fuzz {}", args.join(" "));
-        Command::new("cargo")
-            .arg(&toolchain)
-            .arg("fuzz")
-            .args(args)
-            .current_dir(root())
-            .status()
-            .context("running cargo fuzz")
-    };
     stages.run("fuzz targets (build)", || {
-        let status = cargo_fuzz(&["build", "--fuzz-dir", "fuzz", "--target-dir", &target_dir])?;
+        let status = cargo_fuzz(&["build", "--fuzz-dir", "fuzz", "--target-dir", &fuzz_dir()?])?;
         if !status.success() {
             bail!("building the fuzz targets failed ({status})");
         }
         Ok(())
     })?;
+    stages.run("fuzzing", || run_fuzz_targets(secs))
+}
+
+fn fuzz_dir() -> Result<String> {
+    Ok(fuzz_target_dir()?.to_string_lossy().to_string())
+}
+
+/// `cargo +<nightly> fuzz <args>` in the workspace root.
+fn cargo_fuzz(args: &[&str]) -> Result<std::process::ExitStatus> {
+    let toolchain = format!("+{}", setup::ebpf_toolchain());
+    println!("xtask: cargo {toolchain} fuzz {}", args.join(" "));
+    Command::new("cargo")
+        .arg(&toolchain)
+        .arg("fuzz")
+        .args(args)
+        .current_dir(root())
+        .status()
+        .context("running cargo fuzz")
+}
+
+/// Runs each built fuzz target for `secs` seconds.
+fn run_fuzz_targets(secs: u32) -> Result<()> {
+    let target_dir = fuzz_dir()?;
     let max_time = format!("-max_total_time={secs}");
-    stages.run("fuzzing", || {
-        for target in FUZZ_TARGETS {
-            println!("xtask: fuzzing {target} for {secs} s");
-            let status = cargo_fuzz(&[
-                "run",
-                "--fuzz-dir",
-                "fuzz",
-                "--target-dir",
-                &target_dir,
-                target,
-                "--",
-                &max_time,
-                "-max_len=4096",
-            ])?;
-            if !status.success() {
-                bail!(
-                    "fuzz target {target} failed ({status}): a crash whose input is under fuzz/artifacts/{target}"
-                );
-            }
+    for target in FUZZ_TARGETS {
+        println!("xtask: fuzzing {target} for {secs} s");
+        let status = cargo_fuzz(&[
+            "run",
+            "--fuzz-dir",
+            "fuzz",
+            "--target-dir",
+            &target_dir,
+            target,
+            "--",
+            &max_time,
+            "-max_len=4096",
+        ])?;
+        if !status.success() {
+            bail!(
+                "fuzz target {target} failed ({status}): a crash whose input is under fuzz/artifacts/{target}"
+            );
         }
-        Ok(())
-    })
+    }
+    Ok(())
 }
