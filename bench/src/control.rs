@@ -339,48 +339,10 @@ fn inference_page(used_gib: u64, backend: usize) -> String {
 /// page changes; the pages of all 100 are parsed, the round runs (policy, table build,
 /// publish), and a prober notes when a flow the change moves first reaches its new backend.
 fn telemetry(figures: &mut Figures) -> Result<()> {
-    use balancer::steering::policy::{PolicyConfig, PolicyKind, PolicyState};
-    use balancer::steering::telemetry::round::weight_round;
-    use balancer::steering::telemetry::store::TelemetryStore;
-    use balancer::steering::telemetry::{page, signals};
-
-    let text = to_toml(&vip_config(1, 100, |_, _| 1));
-    let mut h = Harness::new(&text)?;
-    let mut vip = Config::parse(&text)?.vips.remove(0);
-    vip.policy = PolicyConfig {
-        kind: PolicyKind::Gpu,
-        ewma_alpha: 1.0,
-        ..PolicyConfig::default()
-    };
-    let endpoint = vip.endpoint();
-    let addresses: Vec<IpAddr> = vip.backends.iter().map(|b| b.address).collect();
-    let mut store = TelemetryStore::default();
-    let mut policy = PolicyState::default();
-    let flows = HashMap::new();
-    let scrape_results = |store: &mut TelemetryStore, pages: &[String]| -> Result<()> {
-        let now = Instant::now();
-        for (address, page) in addresses.iter().zip(pages) {
-            let samples = page::parse(page).map_err(|e| anyhow::anyhow!(e))?;
-            let signals = signals::extract(&samples)
-                .validate()
-                .map_err(|e| anyhow::anyhow!("{address}: {e}"))?;
-            store
-                .entry(&endpoint, *address)
-                .record(signals, now, vip.telemetry.derived_half_life);
-        }
-        Ok(())
-    };
+    let mut rig = TelemetryRig::new()?;
     let base: Vec<String> = (0..100).map(|b| inference_page(40, b)).collect();
-    scrape_results(&mut store, &base)?;
-    weight_round(
-        &vip,
-        &mut h.balancer,
-        &store,
-        &flows,
-        &mut policy,
-        Instant::now(),
-    )?;
-
+    rig.scrape(&base)?;
+    rig.round()?;
     let client: IpAddr = "10.9.9.9".parse()?;
     let vip_addr: IpAddr = "10.200.0.1".parse()?;
     let (mut to_live, mut round_ms, mut parse_ms) = (Vec::new(), Vec::new(), Vec::new());
@@ -388,20 +350,10 @@ fn telemetry(figures: &mut Figures) -> Result<()> {
         // Backend `round` fills its GPU: 60 of 80 GiB used halves its weight.
         let mut pages = base.clone();
         pages[round] = inference_page(60, round);
-        let before = h.balancer.vip("v0").context("vip")?.table.clone();
-        let after = {
-            let mut backends = h.balancer.vip("v0").context("vip")?.backends.clone();
-            for b in backends.values_mut() {
-                b.policy_weight = Some(if b.address == addresses[round] {
-                    500
-                } else {
-                    1000
-                });
-            }
-            balancer::vips::build_table("probe", 65_537, &backends)?.0
-        };
-        let (port, new_mac) = moved_flow(&h, &before, &after, client)?;
-        let fd = h.program_fd()?;
+        let before = rig.h.balancer.vip("v0").context("vip")?.table.clone();
+        let after = rig.table_halving(round)?;
+        let (port, new_mac) = moved_flow(&rig.h, &before, &after, client)?;
+        let fd = rig.h.program_fd()?;
         let started = Instant::now();
         let prober = probe_until(
             fd,
@@ -409,16 +361,9 @@ fn telemetry(figures: &mut Figures) -> Result<()> {
             new_mac,
             started,
         );
-        scrape_results(&mut store, &pages)?;
+        rig.scrape(&pages)?;
         let parsed = started.elapsed();
-        let outcome = weight_round(
-            &vip,
-            &mut h.balancer,
-            &store,
-            &flows,
-            &mut policy,
-            Instant::now(),
-        )?;
+        let outcome = rig.round()?;
         let returned = started.elapsed();
         if outcome.report.tables_published != 1 {
             bail!(
@@ -434,15 +379,8 @@ fn telemetry(figures: &mut Figures) -> Result<()> {
         round_ms.push(returned.as_secs_f64() * 1e3);
         to_live.push(live.as_secs_f64() * 1e3);
         // Back to the base pages.
-        scrape_results(&mut store, &base)?;
-        weight_round(
-            &vip,
-            &mut h.balancer,
-            &store,
-            &flows,
-            &mut policy,
-            Instant::now(),
-        )?;
+        rig.scrape(&base)?;
+        rig.round()?;
     }
     let (parse, whole, live) = (median(&parse_ms), median(&round_ms), median(&to_live));
     println!(
@@ -457,6 +395,83 @@ fn telemetry(figures: &mut Figures) -> Result<()> {
     figures.insert("telemetry_round_100_returns_ms".into(), whole);
     figures.insert("telemetry_scrape_to_live_100_ms".into(), live);
     Ok(())
+}
+
+/// A VIP of 100 backends under the `gpu` policy on the XDP program, with its telemetry store
+/// and policy state, driven as the daemon's telemetry loop drives them.
+struct TelemetryRig {
+    h: Harness,
+    vip: balancer::base::config::VipConfig,
+    addresses: Vec<IpAddr>,
+    store: balancer::steering::telemetry::store::TelemetryStore,
+    policy: balancer::steering::policy::PolicyState,
+    flows: HashMap<u32, u64>,
+}
+
+impl TelemetryRig {
+    fn new() -> Result<TelemetryRig> {
+        use balancer::steering::policy::{PolicyConfig, PolicyKind};
+        let text = to_toml(&vip_config(1, 100, |_, _| 1));
+        let h = Harness::new(&text)?;
+        let mut vip = Config::parse(&text)?.vips.remove(0);
+        vip.policy = PolicyConfig {
+            kind: PolicyKind::Gpu,
+            ewma_alpha: 1.0,
+            ..PolicyConfig::default()
+        };
+        Ok(TelemetryRig {
+            h,
+            addresses: vip.backends.iter().map(|b| b.address).collect(),
+            vip,
+            store: Default::default(),
+            policy: Default::default(),
+            flows: HashMap::new(),
+        })
+    }
+
+    /// Each backend's page parsed and recorded, as a scrape's results.
+    fn scrape(&mut self, pages: &[String]) -> Result<()> {
+        use balancer::steering::telemetry::{page, signals};
+        let now = Instant::now();
+        let endpoint = self.vip.endpoint();
+        for (address, page) in self.addresses.iter().zip(pages) {
+            let samples = page::parse(page).map_err(|e| anyhow::anyhow!(e))?;
+            let signals = signals::extract(&samples)
+                .validate()
+                .map_err(|e| anyhow::anyhow!("{address}: {e}"))?;
+            self.store.entry(&endpoint, *address).record(
+                signals,
+                now,
+                self.vip.telemetry.derived_half_life,
+            );
+        }
+        Ok(())
+    }
+
+    /// A weight round: the policy, the table build, the publish.
+    fn round(&mut self) -> Result<balancer::steering::telemetry::round::RoundOutcome> {
+        Ok(balancer::steering::telemetry::round::weight_round(
+            &self.vip,
+            &mut self.h.balancer,
+            &self.store,
+            &self.flows,
+            &mut self.policy,
+            Instant::now(),
+        )?)
+    }
+
+    /// The table the round will build once backend `round`'s weight halves.
+    fn table_halving(&self, round: usize) -> Result<Vec<u32>> {
+        let mut backends = self.h.balancer.vip("v0").context("vip")?.backends.clone();
+        for b in backends.values_mut() {
+            b.policy_weight = Some(if b.address == self.addresses[round] {
+                500
+            } else {
+                1000
+            });
+        }
+        Ok(balancer::vips::build_table("probe", 65_537, &backends)?.0)
+    }
 }
 
 /// The real daemon's resident memory with 100 VIPs x 100 backends.

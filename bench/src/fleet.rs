@@ -74,57 +74,11 @@ pub fn run(opts: &Options) -> Result<Figures> {
 fn run_one(opts: &Options, security: EtcdSecurity, tag: &str) -> Result<Figures> {
     let f = Fleet::build_with(tag, opts.balancers, 3, security).context("building the fleet")?;
     let leader = f.wait_for_leader(Duration::from_secs(15))?;
-    let followers: Vec<usize> = (0..opts.balancers).filter(|i| *i != leader).collect();
-    let path = format!("/v1/vips/{VIP}/backends/{}/weight", backend_addr(0));
-    // Weights that each move the table from the one before (they differ by at least 10%).
-    let weights = [100u32, 150, 200, 300, 120, 250];
-    let (mut from_answer, mut from_request) = (Vec::new(), Vec::new());
-    // The wall clock at each answer, to set beside the logs' stamps (one machine, one clock).
-    let mut answered_at = Vec::new();
-    let mut last = fingerprint(&f, leader)?;
-    for k in 0..opts.changes {
-        let weight = weights[(k + 1) % weights.len()];
-        let started = Instant::now();
-        let _: ChangeResult = f
-            .api(leader)
-            .call(
-                "PUT",
-                &path,
-                Some(&WeightBody {
-                    weight: weight as i64,
-                }),
-            )
-            .map_err(|e| anyhow::anyhow!("setting the weight on lb{}: {e}", leader + 1))?;
-        let answered = Instant::now();
-        answered_at.push(wall_seconds_of_day());
-        let want = fingerprint(&f, leader)?;
-        if want == last {
-            bail!("weight {weight} did not change the leader's table");
-        }
-        let mut pending = followers.clone();
-        while !pending.is_empty() {
-            if answered.elapsed() > Duration::from_secs(10) {
-                bail!(
-                    "change {k}: lb{:?} not on the leader's table {want} after 10 s",
-                    pending.iter().map(|i| i + 1).collect::<Vec<_>>()
-                );
-            }
-            let mut still = Vec::new();
-            for lb in pending {
-                if fingerprint(&f, lb)? != want {
-                    still.push(lb);
-                }
-            }
-            pending = still;
-            if !pending.is_empty() {
-                std::thread::sleep(Duration::from_millis(2));
-            }
-        }
-        let done = Instant::now();
-        from_answer.push(done.duration_since(answered).as_secs_f64() * 1e3);
-        from_request.push(done.duration_since(started).as_secs_f64() * 1e3);
-        last = want;
-    }
+    let Timed {
+        mut from_answer,
+        mut from_request,
+        answered_at,
+    } = time_changes(&f, leader, opts)?;
     let epochs = from_logs(&f, leader, opts.changes)?;
     if epochs.len() != answered_at.len() {
         bail!(
@@ -196,6 +150,75 @@ fn run_one(opts: &Options, security: EtcdSecurity, tag: &str) -> Result<Figures>
     figures.insert("changes".into(), opts.changes as f64);
     figures.insert("balancers".into(), opts.balancers as f64);
     Ok(figures)
+}
+
+/// Each change's delay until every follower's table is the leader's, in ms: from the
+/// leader's answer and from the request; and the wall clock at each answer, to set beside the
+/// logs' stamps (one machine, one clock).
+struct Timed {
+    from_answer: Vec<f64>,
+    from_request: Vec<f64>,
+    answered_at: Vec<f64>,
+}
+
+/// Sets a backend's weight on the leader `opts.changes` times, each time waiting until every
+/// follower's table is the leader's.
+fn time_changes(f: &Fleet, leader: usize, opts: &Options) -> Result<Timed> {
+    let followers: Vec<usize> = (0..opts.balancers).filter(|i| *i != leader).collect();
+    let path = format!("/v1/vips/{VIP}/backends/{}/weight", backend_addr(0));
+    // Weights that each move the table from the one before (they differ by at least 10%).
+    let weights = [100u32, 150, 200, 300, 120, 250];
+    let (mut from_answer, mut from_request) = (Vec::new(), Vec::new());
+    let mut answered_at = Vec::new();
+    let mut last = fingerprint(f, leader)?;
+    for k in 0..opts.changes {
+        let weight = weights[(k + 1) % weights.len()];
+        let started = Instant::now();
+        let _: ChangeResult = f
+            .api(leader)
+            .call(
+                "PUT",
+                &path,
+                Some(&WeightBody {
+                    weight: weight as i64,
+                }),
+            )
+            .map_err(|e| anyhow::anyhow!("setting the weight on lb{}: {e}", leader + 1))?;
+        let answered = Instant::now();
+        answered_at.push(wall_seconds_of_day());
+        let want = fingerprint(f, leader)?;
+        if want == last {
+            bail!("weight {weight} did not change the leader's table");
+        }
+        let mut pending = followers.clone();
+        while !pending.is_empty() {
+            if answered.elapsed() > Duration::from_secs(10) {
+                bail!(
+                    "change {k}: lb{:?} not on the leader's table {want} after 10 s",
+                    pending.iter().map(|i| i + 1).collect::<Vec<_>>()
+                );
+            }
+            let mut still = Vec::new();
+            for lb in pending {
+                if fingerprint(f, lb)? != want {
+                    still.push(lb);
+                }
+            }
+            pending = still;
+            if !pending.is_empty() {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        let done = Instant::now();
+        from_answer.push(done.duration_since(answered).as_secs_f64() * 1e3);
+        from_request.push(done.duration_since(started).as_secs_f64() * 1e3);
+        last = want;
+    }
+    Ok(Timed {
+        from_answer,
+        from_request,
+        answered_at,
+    })
 }
 
 /// One published epoch as the logs tell it, in seconds of the day.

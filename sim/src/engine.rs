@@ -391,13 +391,31 @@ impl Engine {
         // (request, tokens computed this step, whether that is a decode: the one token of a
         // request whose other tokens are all computed)
         let mut scheduled: Vec<(RequestId, usize, bool)> = Vec::new();
-        let mut preempted_now = false;
+        let preempted_now = self.schedule_running(&mut budget, &mut step, &mut scheduled);
+        if !preempted_now {
+            self.admit_waiting(&mut budget, &mut step, &mut scheduled);
+        }
+        if scheduled.is_empty() {
+            return step;
+        }
+        self.compute(scheduled, &mut step);
+        step
+    }
 
-        // 1. The running batch, in admission order.
+    /// The running batch, in admission order, within the step's token budget: each request's
+    /// next tokens, the latest admitted giving its blocks back (preempted) where the cache is
+    /// full. Whether one was preempted.
+    fn schedule_running(
+        &mut self,
+        budget: &mut usize,
+        step: &mut Step,
+        scheduled: &mut Vec<(RequestId, usize, bool)>,
+    ) -> bool {
+        let mut preempted_now = false;
         let mut i = 0;
-        while i < self.running.len() && budget > 0 {
+        while i < self.running.len() && *budget > 0 {
             let r = &self.running[i];
-            let new = (r.tokens.len() - r.computed).min(budget);
+            let new = (r.tokens.len() - r.computed).min(*budget);
             let target = r.computed + new;
             // Make room: the latest admitted request gives its blocks back.
             let mut fits = self.grow(i, target);
@@ -418,15 +436,23 @@ impl Engine {
             if !fits {
                 break;
             }
-            budget -= new;
+            *budget -= new;
             let r = &self.running[i];
             scheduled.push((r.id, new, r.computed + 1 == r.tokens.len()));
             i += 1;
         }
+        preempted_now
+    }
 
-        // 2. Waiting requests, first come first served (none after a preemption).
-        while !preempted_now
-            && budget > 0
+    /// Waiting requests, first come first served, while the batch, the budget and the free
+    /// blocks allow: each takes its cached leading blocks and new ones for the rest.
+    fn admit_waiting(
+        &mut self,
+        budget: &mut usize,
+        step: &mut Step,
+        scheduled: &mut Vec<(RequestId, usize, bool)>,
+    ) {
+        while *budget > 0
             && self.running.len() < self.profile.max_num_seqs
             && let Some(w) = self.waiting.front_mut()
         {
@@ -441,7 +467,7 @@ impl Engine {
                 .map_while(|h| self.pool.cached.get(h).copied())
                 .collect();
             let cached = hits.len() * bt;
-            let new = (w.tokens.len() - cached).min(budget);
+            let new = (w.tokens.len() - cached).min(*budget);
             let need = (cached + new).div_ceil(bt) - hits.len();
             // Free blocks, not counting cached free ones this request will take.
             let hits_free = hits
@@ -468,15 +494,15 @@ impl Engine {
                 self.counters.prefix_hits += cached.min(r.prompt_len) as u64;
                 step.admitted.push((r.id, cached.min(r.prompt_len)));
             }
-            budget -= new;
+            *budget -= new;
             scheduled.push((r.id, new, false));
             self.running.push(r);
         }
-        if scheduled.is_empty() {
-            return step;
-        }
+    }
 
-        // 3. The step's cost, then its tokens.
+    /// The step's cost, then its tokens: each scheduled request's tokens computed, a token
+    /// sampled for those whose tokens are all computed, finished requests freed.
+    fn compute(&mut self, scheduled: Vec<(RequestId, usize, bool)>, step: &mut Step) {
         let prefill: usize = scheduled
             .iter()
             .filter(|(_, _, decode)| !decode)
@@ -508,7 +534,6 @@ impl Engine {
                 step.finished.push(r.id);
             }
         }
-        step
     }
 }
 

@@ -180,9 +180,7 @@ fn real_llm_demo() -> Result<()> {
     use balancer::serve::api::client::{Client, Endpoint};
     use balancer::state::wire::Status;
     use balancer_bench::load::stats::percentile;
-    use balancer_bench::load::workload::shipped_trace;
-    use balancer_tests::openai::stream_completion;
-    use balancer_tests::vllm::{self, PORT, VllmEnv, VllmRack, completion_body, prompt};
+    use balancer_tests::vllm::{self, VllmEnv, VllmRack};
 
     let env = VllmEnv::find()?;
     println!(
@@ -197,8 +195,38 @@ fn real_llm_demo() -> Result<()> {
     let config = vllm::balancer_config(&rack.topo);
     rack.topo.start_balancer(&config)?;
     let topo = &rack.topo;
-    // Requests of the shipped conversation trace, sized down for the tiny model's 2,048-token
-    // context, at 3 per second.
+    let handles = play_trace(topo)?;
+    let (ttft, failed) = tally(handles)?;
+    let mut ttft = ttft;
+    let status: Status = Client::new(Endpoint::Unix(topo.api_socket())).get("/v1/status")?;
+    let shares: Vec<String> = status
+        .vips
+        .iter()
+        .filter(|v| v.name == "llm")
+        .flat_map(|v| &v.backends)
+        .map(|b| format!("{} {} new flows", b.address, b.new_flows))
+        .collect();
+    println!(
+        "\nDone: {} streams intact, {failed} failed; TTFT p50 {:.0} ms, p99 {:.0} ms; {}",
+        ttft.len(),
+        percentile(&mut ttft, 50.0) * 1e3,
+        percentile(&mut ttft, 99.0) * 1e3,
+        shares.join(", ")
+    );
+    drop(rack);
+    if failed > 0 {
+        bail!("{failed} requests failed");
+    }
+    Ok(())
+}
+
+/// Streams 60 requests of the shipped conversation trace through the VIP at 3 per second, one
+/// connection each (sized down for the tiny model's 2,048-token context), printing the
+/// weights every 3 s until they are done.
+fn play_trace(topo: &Topology) -> Result<Vec<StreamHandle>> {
+    use balancer_bench::load::workload::shipped_trace;
+    use balancer_tests::openai::stream_completion;
+    use balancer_tests::vllm::{PORT, completion_body, prompt};
     let workload: Vec<(f64, String, u64)> = shipped_trace()?
         .iter()
         .take(60)
@@ -242,6 +270,14 @@ fn real_llm_demo() -> Result<()> {
         check_interrupt()?;
         print_weights(topo, started)?;
     }
+    Ok(handles)
+}
+
+/// A streamed completion's thread.
+type StreamHandle = std::thread::JoinHandle<Result<Result<balancer_tests::openai::Completion>>>;
+
+/// The TTFTs of the intact streams, and how many failed (each failure printed).
+fn tally(handles: Vec<StreamHandle>) -> Result<(Vec<f64>, usize)> {
     let mut ttft = Vec::new();
     let mut failed = 0;
     for h in handles {
@@ -256,26 +292,7 @@ fn real_llm_demo() -> Result<()> {
             }
         }
     }
-    let status: Status = Client::new(Endpoint::Unix(topo.api_socket())).get("/v1/status")?;
-    let shares: Vec<String> = status
-        .vips
-        .iter()
-        .filter(|v| v.name == "llm")
-        .flat_map(|v| &v.backends)
-        .map(|b| format!("{} {} new flows", b.address, b.new_flows))
-        .collect();
-    println!(
-        "\nDone: {} streams intact, {failed} failed; TTFT p50 {:.0} ms, p99 {:.0} ms; {}",
-        ttft.len(),
-        percentile(&mut ttft, 50.0) * 1e3,
-        percentile(&mut ttft, 99.0) * 1e3,
-        shares.join(", ")
-    );
-    drop(rack);
-    if failed > 0 {
-        bail!("{failed} requests failed");
-    }
-    Ok(())
+    Ok((ttft, failed))
 }
 
 /// Part two: simulated GPUs of two sizes behind the balancer, weights from their metrics.

@@ -292,32 +292,7 @@ pub fn run(out_dir: &Path) -> Result<Figures> {
     let mut real = vllm::Server(vllm::spawn(&env, &ns, &opts, &log_dir)?);
     let real_addr: SocketAddr = ([127, 0, 0, 1], vllm::PORT).into();
     vllm::wait_ready(&ns, real_addr, &mut real.0, vllm::VllmRack::START_LIMIT)?;
-
-    // The real server's step and prefill times.
-    let (step1, step4, prefill) = ns.run_in(move || -> Result<(f64, f64, f64)> {
-        timed(real_addr, &prompt(20, 1), 8)?; // warm-up
-        let one: Vec<f64> = (0..3)
-            .map(|i| timed(real_addr, &prompt(20, 10 + i), 100).map(|x| x.1))
-            .collect::<Result<_>>()?;
-        let four: Vec<f64> = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..4)
-                .map(|i| s.spawn(move || timed(real_addr, &prompt(20, 20 + i), 100).map(|x| x.1)))
-                .collect();
-            hs.into_iter()
-                .map(|h| h.join().expect("thread"))
-                .collect::<Result<Vec<f64>>>()
-        })?;
-        let long = prompt(600, 30);
-        let n = real_tokens(real_addr, &long)?;
-        let short_ttft = median(
-            &(0..3)
-                .map(|i| timed(real_addr, &prompt(8, 40 + i), 2).map(|x| x.0))
-                .collect::<Result<Vec<f64>>>()?,
-        );
-        let long_ttft = timed(real_addr, &long, 2)?.0;
-        let rate = n as f64 / (long_ttft - short_ttft).max(1e-3);
-        Ok((median(&one), median(&four), rate))
-    })??;
+    let (step1, step4, prefill) = ns.run_in(move || real_times(real_addr))??;
     let per_seq = ((step4 - step1) / 3.0).max(1e-4);
     let base = (step1 - per_seq).max(1e-4);
     println!(
@@ -327,37 +302,9 @@ pub fn run(out_dir: &Path) -> Result<Figures> {
         base * 1e3,
         per_seq * 1e3
     );
-
-    // The simulator, given the same cache and batch and those times.
     let sim_port = 8001u16;
-    let sim_bin = binary("sim-llm")?.to_string_lossy().to_string();
-    let argv = [
-        sim_bin.as_str(),
-        "--listen",
-        &format!("0.0.0.0:{sim_port}"),
-        "--name",
-        "sim",
-        "--model",
-        vllm::MODEL,
-        "--kv-blocks",
-        "32",
-        "--block-tokens",
-        "128",
-        "--max-num-seqs",
-        "4",
-        "--max-batched-tokens",
-        "2048",
-        "--prefill-tps",
-        &format!("{prefill:.0}"),
-        "--step-base-ms",
-        &format!("{:.3}", base * 1e3),
-        "--step-per-seq-ms",
-        &format!("{:.3}", per_seq * 1e3),
-    ];
-    let mut sim = Process::spawn(&ns, "sim", &argv, &log_dir)?;
-    sim.wait_for_log("listening", Duration::from_secs(10))?;
+    let sim = start_sim(&ns, &log_dir, sim_port, prefill, base, per_seq)?;
     let sim_addr: SocketAddr = ([127, 0, 0, 1], sim_port).into();
-
     // The burst's prompts, and the same numbers of tokens for the simulator.
     let (real_line, sim_line, counts) =
         ns.run_in(move || -> Result<(Timeline, Timeline, Vec<u64>)> {
@@ -387,4 +334,69 @@ pub fn run(out_dir: &Path) -> Result<Figures> {
         &real_line,
         &sim_line,
     )
+}
+
+/// The real server's step time with one request and with four, and its prefill speed
+/// (tokens/s).
+fn real_times(real_addr: SocketAddr) -> Result<(f64, f64, f64)> {
+    timed(real_addr, &prompt(20, 1), 8)?; // warm-up
+    let one: Vec<f64> = (0..3)
+        .map(|i| timed(real_addr, &prompt(20, 10 + i), 100).map(|x| x.1))
+        .collect::<Result<_>>()?;
+    let four: Vec<f64> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4)
+            .map(|i| s.spawn(move || timed(real_addr, &prompt(20, 20 + i), 100).map(|x| x.1)))
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("thread"))
+            .collect::<Result<Vec<f64>>>()
+    })?;
+    let long = prompt(600, 30);
+    let n = real_tokens(real_addr, &long)?;
+    let short_ttft = median(
+        &(0..3)
+            .map(|i| timed(real_addr, &prompt(8, 40 + i), 2).map(|x| x.0))
+            .collect::<Result<Vec<f64>>>()?,
+    );
+    let long_ttft = timed(real_addr, &long, 2)?.0;
+    let rate = n as f64 / (long_ttft - short_ttft).max(1e-3);
+    Ok((median(&one), median(&four), rate))
+}
+
+/// The simulator, given the same cache and batch as the real server and its times.
+fn start_sim(
+    ns: &Netns,
+    log_dir: &Path,
+    sim_port: u16,
+    prefill: f64,
+    base: f64,
+    per_seq: f64,
+) -> Result<Process> {
+    let sim_bin = binary("sim-llm")?.to_string_lossy().to_string();
+    let argv = [
+        sim_bin.as_str(),
+        "--listen",
+        &format!("0.0.0.0:{sim_port}"),
+        "--name",
+        "sim",
+        "--model",
+        vllm::MODEL,
+        "--kv-blocks",
+        "32",
+        "--block-tokens",
+        "128",
+        "--max-num-seqs",
+        "4",
+        "--max-batched-tokens",
+        "2048",
+        "--prefill-tps",
+        &format!("{prefill:.0}"),
+        "--step-base-ms",
+        &format!("{:.3}", base * 1e3),
+        "--step-per-seq-ms",
+        &format!("{:.3}", per_seq * 1e3),
+    ];
+    let mut sim = Process::spawn(ns, "sim", &argv, log_dir)?;
+    sim.wait_for_log("listening", Duration::from_secs(10))?;
+    Ok(sim)
 }

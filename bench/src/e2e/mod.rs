@@ -265,58 +265,18 @@ fn measure(peer: Peer, opts: &Options, cpus: usize) -> Result<Round> {
             .collect(),
         _ => vec![VIP4.into()],
     };
-    let mut own_process: Option<u32> = None;
-    match peer {
-        Peer::Baseline => {}
-        Peer::Router => setup_router(&topo)?,
-        Peer::XdpNative | Peer::XdpSkb => {
-            let mode = if peer == Peer::XdpNative {
-                AttachMode::Native
-            } else {
-                AttachMode::Skb
-            };
-            if mode == AttachMode::Native {
-                topo.attach_peer_pass(mode)?;
-            }
-            let config = bench_config(rack_config(&topo, "l2-dsr", mode));
-            topo.start_balancer(&to_toml(&config))?;
-        }
-        Peer::XdpNat => {
-            topo.attach_peer_pass(AttachMode::Native)?;
-            topo.unmodified_backends()?;
-            let config = bench_config(rack_config(&topo, "nat", AttachMode::Native));
-            topo.start_balancer(&to_toml(&config))?;
-        }
-        Peer::XdpSnat => {
-            topo.attach_peer_pass(AttachMode::Native)?;
-            topo.source_nat_backends()?;
-            let config = bench_config(rack_config(&topo, "snat", AttachMode::Native));
-            topo.start_balancer(&to_toml(&config))?;
-        }
-        Peer::Nftables => setup_nftables(&topo, false)?,
-        Peer::NftablesSnat => setup_nftables(&topo, true)?,
-        Peer::Haproxy => own_process = Some(start_haproxy(&mut topo)?),
-    }
+    let process = start_peer(&mut topo, peer)?;
     tune(&topo)?;
     if opts.pin {
         pin(&topo, cpus)?;
     }
-    let program = matches!(
-        peer,
-        Peer::XdpNative | Peer::XdpSkb | Peer::XdpNat | Peer::XdpSnat
-    )
-    .then(|| balancer::dataplane::pinning::Pins::new(topo.pin_dir()).program());
-    // (CPU ns, runs) of the peer itself, where separable.
-    let own = || -> Result<Option<(u64, u64)>> {
-        match (&program, own_process) {
-            (Some(path), _) => {
-                let info = aya::programs::ProgramInfo::from_pin(path)
-                    .with_context(|| format!("reading {}", path.display()))?;
-                Ok(Some((info.run_time().as_nanos() as u64, info.run_count())))
-            }
-            (None, Some(pid)) => Ok(Some((super::process_cpu_ns(pid)?, 0))),
-            (None, None) => Ok(None),
-        }
+    let own = OwnCost {
+        program: matches!(
+            peer,
+            Peer::XdpNative | Peer::XdpSkb | Peer::XdpNat | Peer::XdpSnat
+        )
+        .then(|| balancer::dataplane::pinning::Pins::new(topo.pin_dir()).program()),
+        process,
     };
     // Warm up (ARP, caches, the balancer's neighbour entries).
     let warm = Options {
@@ -324,7 +284,6 @@ fn measure(peer: Peer, opts: &Options, cpus: usize) -> Result<Round> {
         ..opts.clone()
     };
     run_phase(&topo, &warm, &target, Load::Connections)?;
-
     let mut phases = Vec::new();
     for load in [Load::Connections, Load::KeepAlive, Load::Udp] {
         if load == Load::Udp && peer == Peer::Haproxy {
@@ -332,36 +291,7 @@ fn measure(peer: Peer, opts: &Options, cpus: usize) -> Result<Round> {
             phases.push(None);
             continue;
         }
-        let cpu0 = host_cpu()?;
-        let pkts0 = client_tx_packets(&topo.client)?;
-        let own0 = own()?;
-        let (rate, errors, mut lat) = run_phase(&topo, opts, &target, load)?;
-        let own1 = own()?;
-        let pkts1 = client_tx_packets(&topo.client)?;
-        let cpu1 = host_cpu()?;
-        let packets = pkts1.saturating_sub(pkts0).max(1);
-        let (busy_ns, total_ns) = (cpu1.0 - cpu0.0, cpu1.1 - cpu0.1);
-        let own_ns_per_packet = match (own0, own1) {
-            // XDP: run time over runs (packets the program saw, both directions it sees).
-            (Some((t0, n0)), Some((t1, n1))) if program.is_some() && n1 > n0 => {
-                Some((t1 - t0) as f64 / (n1 - n0) as f64)
-            }
-            // HAProxy: process CPU over the client's packets it relayed.
-            (Some((t0, _)), Some((t1, _))) if program.is_none() => {
-                Some((t1 - t0) as f64 / packets as f64)
-            }
-            _ => None,
-        };
-        lat.sort_unstable();
-        phases.push(Some(Phase {
-            rate,
-            errors,
-            p50_us: percentile(&lat, 0.50),
-            p99_us: percentile(&lat, 0.99),
-            host_ns_per_packet: busy_ns as f64 / packets as f64,
-            own_ns_per_packet,
-            busy: busy_ns as f64 / total_ns.max(1) as f64,
-        }));
+        phases.push(Some(measured_phase(&topo, opts, &target, load, &own)?));
     }
     // The independent generators.
     let cpu0 = host_cpu()?;
@@ -376,10 +306,10 @@ fn measure(peer: Peer, opts: &Options, cpus: usize) -> Result<Round> {
     let trafgen = if peer == Peer::Haproxy {
         None
     } else {
-        let own0 = own()?;
+        let own0 = own.read()?;
         let mut phase = trafgen_phase(&topo, opts, peer, &target)?;
-        if let (Some((t0, n0)), Some((t1, n1))) = (own0, own()?)
-            && program.is_some()
+        if let (Some((t0, n0)), Some((t1, n1))) = (own0, own.read()?)
+            && own.program.is_some()
             && n1 > n0
         {
             phase.own_ns_per_packet = Some((t1 - t0) as f64 / (n1 - n0) as f64);
@@ -394,6 +324,104 @@ fn measure(peer: Peer, opts: &Options, cpus: usize) -> Result<Round> {
         udp: phases.next().flatten(),
         wrk,
         trafgen,
+    })
+}
+
+/// Puts `peer` between the client and the backends; HAProxy's process id.
+fn start_peer(topo: &mut Topology, peer: Peer) -> Result<Option<u32>> {
+    match peer {
+        Peer::Baseline => {}
+        Peer::Router => setup_router(topo)?,
+        Peer::XdpNative | Peer::XdpSkb => {
+            let mode = if peer == Peer::XdpNative {
+                AttachMode::Native
+            } else {
+                AttachMode::Skb
+            };
+            if mode == AttachMode::Native {
+                topo.attach_peer_pass(mode)?;
+            }
+            let config = bench_config(rack_config(topo, "l2-dsr", mode));
+            topo.start_balancer(&to_toml(&config))?;
+        }
+        Peer::XdpNat => {
+            topo.attach_peer_pass(AttachMode::Native)?;
+            topo.unmodified_backends()?;
+            let config = bench_config(rack_config(topo, "nat", AttachMode::Native));
+            topo.start_balancer(&to_toml(&config))?;
+        }
+        Peer::XdpSnat => {
+            topo.attach_peer_pass(AttachMode::Native)?;
+            topo.source_nat_backends()?;
+            let config = bench_config(rack_config(topo, "snat", AttachMode::Native));
+            topo.start_balancer(&to_toml(&config))?;
+        }
+        Peer::Nftables => setup_nftables(topo, false)?,
+        Peer::NftablesSnat => setup_nftables(topo, true)?,
+        Peer::Haproxy => return Ok(Some(start_haproxy(topo)?)),
+    }
+    Ok(None)
+}
+
+/// The peer's own cost, where it is separable: the XDP program's run time (BPF statistics of
+/// its pin), or HAProxy's process CPU.
+struct OwnCost {
+    program: Option<std::path::PathBuf>,
+    process: Option<u32>,
+}
+
+impl OwnCost {
+    /// (CPU ns, runs) so far.
+    fn read(&self) -> Result<Option<(u64, u64)>> {
+        match (&self.program, self.process) {
+            (Some(path), _) => {
+                let info = aya::programs::ProgramInfo::from_pin(path)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                Ok(Some((info.run_time().as_nanos() as u64, info.run_count())))
+            }
+            (None, Some(pid)) => Ok(Some((super::process_cpu_ns(pid)?, 0))),
+            (None, None) => Ok(None),
+        }
+    }
+}
+
+/// One phase of the project's own load, with the host's and the peer's CPU per packet.
+fn measured_phase(
+    topo: &Topology,
+    opts: &Options,
+    target: &[IpAddr],
+    load: Load,
+    own: &OwnCost,
+) -> Result<Phase> {
+    let cpu0 = host_cpu()?;
+    let pkts0 = client_tx_packets(&topo.client)?;
+    let own0 = own.read()?;
+    let (rate, errors, mut lat) = run_phase(topo, opts, target, load)?;
+    let own1 = own.read()?;
+    let pkts1 = client_tx_packets(&topo.client)?;
+    let cpu1 = host_cpu()?;
+    let packets = pkts1.saturating_sub(pkts0).max(1);
+    let (busy_ns, total_ns) = (cpu1.0 - cpu0.0, cpu1.1 - cpu0.1);
+    let own_ns_per_packet = match (own0, own1) {
+        // XDP: run time over runs (packets the program saw, both directions it sees).
+        (Some((t0, n0)), Some((t1, n1))) if own.program.is_some() && n1 > n0 => {
+            Some((t1 - t0) as f64 / (n1 - n0) as f64)
+        }
+        // HAProxy: process CPU over the client's packets it relayed.
+        (Some((t0, _)), Some((t1, _))) if own.program.is_none() => {
+            Some((t1 - t0) as f64 / packets as f64)
+        }
+        _ => None,
+    };
+    lat.sort_unstable();
+    Ok(Phase {
+        rate,
+        errors,
+        p50_us: percentile(&lat, 0.50),
+        p99_us: percentile(&lat, 0.99),
+        host_ns_per_packet: busy_ns as f64 / packets as f64,
+        own_ns_per_packet,
+        busy: busy_ns as f64 / total_ns.max(1) as f64,
     })
 }
 

@@ -306,46 +306,14 @@ fn measured_run(
         .filter_map(|o| o.ttft)
         .collect();
     ttfts.sort_by(f64::total_cmp);
-    let errors: BTreeMap<String, usize> =
-        outcomes
-            .iter()
-            .filter_map(|o| o.error.clone())
-            .fold(BTreeMap::new(), |mut m, e| {
-                *m.entry(e.chars().take(60).collect()).or_default() += 1;
-                m
-            });
-    println!(
-        "  {:<7} {:<20} {rate:>5.2} req/s  rep {rep}: p99 TTFT {:>7.2} s, goodput {:>5.2}/s, {}/{} ok{}{}  ({wall:.0} s)",
-        shape.name(),
-        name,
-        summary.ttft_p99,
-        summary.goodput,
-        summary.completed,
-        summary.requests,
-        if errors.is_empty() {
-            String::new()
-        } else {
-            format!(", errors {errors:?}")
-        },
-        persistence.map_or(String::new(), |p| format!(
-            "; persistence: {:.0} returned, {:.0} over the bound, {:.0} sent elsewhere, {:.0} placed",
-            p.returned, p.over_bound, p.sent_elsewhere, p.placed
-        )),
+    print_run(
+        &point_line(shape, name, rate, rep),
+        &summary,
+        &outcomes,
+        &work,
+        persistence,
+        wall,
     );
-    let homes = busiest_servers(&work, &outcomes);
-    if homes.len() <= NAT_ADDRESSES_SHOWN {
-        println!(
-            "    by client address, the server that served most of its requests (its share): {}",
-            homes
-                .iter()
-                .map(|(source, (server, share))| format!(
-                    "{source} {server} ({:.0}%)",
-                    share * 100.0
-                ))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-    }
     Ok(Run {
         shape,
         contender: name.to_string(),
@@ -364,6 +332,65 @@ fn measured_run(
         others,
         wall,
     })
+}
+
+/// A run's line: who, where, its p99 TTFT and goodput, errors, persistence's choices; and,
+/// behind a NAT, each client address's busiest server.
+fn print_run(
+    who: &str,
+    summary: &Summary,
+    outcomes: &[Outcome],
+    work: &[workload::Conversation],
+    persistence: Option<PersistenceChoices>,
+    wall: f64,
+) {
+    let errors: BTreeMap<String, usize> =
+        outcomes
+            .iter()
+            .filter_map(|o| o.error.clone())
+            .fold(BTreeMap::new(), |mut m, e| {
+                *m.entry(e.chars().take(60).collect()).or_default() += 1;
+                m
+            });
+    println!(
+        "  {who}: p99 TTFT {:>7.2} s, goodput {:>5.2}/s, {}/{} ok{}{}  ({wall:.0} s)",
+        summary.ttft_p99,
+        summary.goodput,
+        summary.completed,
+        summary.requests,
+        if errors.is_empty() {
+            String::new()
+        } else {
+            format!(", errors {errors:?}")
+        },
+        persistence.map_or(String::new(), |p| format!(
+            "; persistence: {:.0} returned, {:.0} over the bound, {:.0} sent elsewhere, {:.0} placed",
+            p.returned, p.over_bound, p.sent_elsewhere, p.placed
+        )),
+    );
+    let homes = busiest_servers(work, outcomes);
+    if homes.len() <= NAT_ADDRESSES_SHOWN {
+        println!(
+            "    by client address, the server that served most of its requests (its share): {}",
+            homes
+                .iter()
+                .map(|(source, (server, share))| format!(
+                    "{source} {server} ({:.0}%)",
+                    share * 100.0
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+}
+
+/// `shape contender rate rep`, as a run's line starts.
+fn point_line(shape: Shape, name: &str, rate: f64, rep: usize) -> String {
+    format!(
+        "{:<7} {:<20} {rate:>5.2} req/s  rep {rep}",
+        shape.name(),
+        name
+    )
 }
 
 /// Client addresses up to which a run's line says each one's busiest server (the shapes behind
@@ -415,20 +442,7 @@ pub fn run(opts: &Options) -> Result<(Results, Figures)> {
         opts.slo.itl * 1e3
     );
     let mut rack = LlmRack::build("llm", &opts.gpus)?;
-    let mut everyone: Vec<String> = Vec::new();
-    for s in &opts.shapes {
-        for n in opts
-            .sweep
-            .clone()
-            .unwrap_or_else(|| default_sweep(*s))
-            .into_iter()
-            .chain(opts.at_knee.clone().unwrap_or_else(contenders::all))
-        {
-            if !everyone.contains(&n) {
-                everyone.push(n);
-            }
-        }
-    }
+    let everyone = every_contender(opts);
     for n in &everyone {
         Contender::parse(n, opts.scrape_ms)?;
     }
@@ -444,54 +458,7 @@ pub fn run(opts: &Options) -> Result<(Results, Figures)> {
     );
     let mut shapes = Vec::new();
     for &shape in &opts.shapes {
-        let (knee, knee_how, probes) = match opts.knees.get(shape.name()) {
-            Some(k) => (*k, "given".to_string(), Vec::new()),
-            None => {
-                println!("{}: searching the knee", shape.name());
-                let (k, probes) = find_knee(&mut rack, shape, &trace, opts)?;
-                (k, format!("searched ({} probes)", probes.len()), probes)
-            }
-        };
-        println!("{}: knee {knee:.2} requests/s ({knee_how})", shape.name());
-        let sweep_set = opts.sweep.clone().unwrap_or_else(|| default_sweep(shape));
-        let knee_set = opts.at_knee.clone().unwrap_or_else(contenders::all);
-        let mut runs = Vec::new();
-        for &load in &opts.loads {
-            if sweep_set.is_empty() && (load - 1.0).abs() > 1e-9 {
-                continue;
-            }
-            let mut names = sweep_set.clone();
-            if (load - 1.0).abs() < 1e-9 {
-                for n in &knee_set {
-                    if !names.contains(n) {
-                        names.push(n.clone());
-                    }
-                }
-            }
-            for rep in 0..opts.reps {
-                for name in &names {
-                    runs.push(measured_run(
-                        &mut rack,
-                        Point {
-                            shape,
-                            contender: name,
-                            rate: knee * load,
-                            load,
-                            rep,
-                        },
-                        &trace,
-                        opts,
-                    )?);
-                }
-            }
-        }
-        shapes.push(ShapeResult {
-            shape,
-            knee,
-            knee_how,
-            probes,
-            runs,
-        });
+        shapes.push(run_shape(&mut rack, shape, &trace, opts)?);
     }
     let cpu_source = rack.account.source();
     drop(rack);
@@ -505,6 +472,83 @@ pub fn run(opts: &Options) -> Result<(Results, Figures)> {
     };
     let figures = report::write(&results)?;
     Ok((results, figures))
+}
+
+/// Every contender some shape runs, each once, in the order first named.
+fn every_contender(opts: &Options) -> Vec<String> {
+    let mut everyone: Vec<String> = Vec::new();
+    for s in &opts.shapes {
+        for n in opts
+            .sweep
+            .clone()
+            .unwrap_or_else(|| default_sweep(*s))
+            .into_iter()
+            .chain(opts.at_knee.clone().unwrap_or_else(contenders::all))
+        {
+            if !everyone.contains(&n) {
+                everyone.push(n);
+            }
+        }
+    }
+    everyone
+}
+
+/// One shape: its knee (given or searched), then each load of the sweep x repetitions x the
+/// contenders (every contender at the knee).
+fn run_shape(
+    rack: &mut LlmRack,
+    shape: Shape,
+    trace: &[TraceRequest],
+    opts: &Options,
+) -> Result<ShapeResult> {
+    let (knee, knee_how, probes) = match opts.knees.get(shape.name()) {
+        Some(k) => (*k, "given".to_string(), Vec::new()),
+        None => {
+            println!("{}: searching the knee", shape.name());
+            let (k, probes) = find_knee(rack, shape, trace, opts)?;
+            (k, format!("searched ({} probes)", probes.len()), probes)
+        }
+    };
+    println!("{}: knee {knee:.2} requests/s ({knee_how})", shape.name());
+    let sweep_set = opts.sweep.clone().unwrap_or_else(|| default_sweep(shape));
+    let knee_set = opts.at_knee.clone().unwrap_or_else(contenders::all);
+    let mut runs = Vec::new();
+    for &load in &opts.loads {
+        if sweep_set.is_empty() && (load - 1.0).abs() > 1e-9 {
+            continue;
+        }
+        let mut names = sweep_set.clone();
+        if (load - 1.0).abs() < 1e-9 {
+            for n in &knee_set {
+                if !names.contains(n) {
+                    names.push(n.clone());
+                }
+            }
+        }
+        for rep in 0..opts.reps {
+            for name in &names {
+                runs.push(measured_run(
+                    rack,
+                    Point {
+                        shape,
+                        contender: name,
+                        rate: knee * load,
+                        load,
+                        rep,
+                    },
+                    trace,
+                    opts,
+                )?);
+            }
+        }
+    }
+    Ok(ShapeResult {
+        shape,
+        knee,
+        knee_how,
+        probes,
+        runs,
+    })
 }
 
 #[cfg(test)]

@@ -178,6 +178,47 @@ async fn request(
         *stream = Some(connect(target.addr, source).await?);
     }
     let s = stream.as_mut().expect("connected");
+    send(s, target, session, prompt, max_tokens, keep_alive).await?;
+    let Streamed {
+        decoder,
+        answer,
+        first,
+        last,
+        chunks,
+        usage_tokens,
+    } = read_stream(s, t0).await?;
+    let mut out = Outcome {
+        backend: decoder.header("x-served-by").map(str::to_string),
+        tokens: usage_tokens.map_or(chunks, |t| t as u32),
+        ttft: first,
+        e2e: Some(t0.elapsed().as_secs_f64()),
+        ..Outcome::default()
+    };
+    if let Some(f) = first
+        && out.tokens > 1
+    {
+        out.itl = Some((last - f) / f64::from(out.tokens - 1));
+    }
+    let closing = decoder
+        .header("connection")
+        .is_some_and(|v| v.eq_ignore_ascii_case("close"));
+    if !decoder.ended() || closing {
+        // Closed (or closing) on the server's side: this connection is done.
+        *stream = None;
+    }
+    Ok((out, answer))
+}
+
+/// Writes the request: a streamed completion with usage, on a kept-alive or closing
+/// connection.
+async fn send(
+    s: &mut TcpStream,
+    target: &Target,
+    session: usize,
+    prompt: &str,
+    max_tokens: u32,
+    keep_alive: bool,
+) -> Result<(), String> {
     let body = serde_json::json!({
         "model": target.model,
         "prompt": prompt,
@@ -199,9 +240,25 @@ async fn request(
     s.write_all(body.as_bytes())
         .await
         .map_err(|e| format!("send: {e}"))?;
+    Ok(())
+}
+
+/// What a streamed answer brought: its text, when its first and last tokens came (seconds
+/// from the request), its chunks, and the tokens its usage counts.
+struct Streamed {
+    decoder: ResponseDecoder,
+    answer: String,
+    first: Option<f64>,
+    last: f64,
+    chunks: u32,
+    usage_tokens: Option<u64>,
+}
+
+/// Reads a streamed answer to its end (`[DONE]`); an HTTP error or a stream cut short is an
+/// error.
+async fn read_stream(s: &mut TcpStream, t0: Instant) -> Result<Streamed, String> {
     let mut decoder = ResponseDecoder::default();
     let mut buf = vec![0u8; 64 * 1024];
-    let mut out = Outcome::default();
     let mut answer = String::new();
     let (mut first, mut last) = (None::<f64>, 0.0f64);
     let mut chunks = 0u32;
@@ -252,21 +309,12 @@ async fn request(
             "the stream ended without [DONE] after {chunks} chunks"
         ));
     }
-    out.backend = decoder.header("x-served-by").map(str::to_string);
-    out.tokens = usage_tokens.map_or(chunks, |t| t as u32);
-    out.ttft = first;
-    out.e2e = Some(t0.elapsed().as_secs_f64());
-    if let Some(f) = first
-        && out.tokens > 1
-    {
-        out.itl = Some((last - f) / f64::from(out.tokens - 1));
-    }
-    let closing = decoder
-        .header("connection")
-        .is_some_and(|v| v.eq_ignore_ascii_case("close"));
-    if !decoder.ended() || closing {
-        // Closed (or closing) on the server's side: this connection is done.
-        *stream = None;
-    }
-    Ok((out, answer))
+    Ok(Streamed {
+        decoder,
+        answer,
+        first,
+        last,
+        chunks,
+        usage_tokens,
+    })
 }

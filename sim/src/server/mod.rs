@@ -373,17 +373,18 @@ async fn get_load(State(shared): State<Arc<Shared>>) -> Response {
     axum::Json(v).into_response()
 }
 
-async fn answer(shared: &Arc<Shared>, body: Bytes, chat: bool) -> Response {
-    let ask = match parse_ask(shared, &body, chat) {
-        Ok(a) => a,
-        Err(r) => return *r,
-    };
+/// A request handed to the engine, with the sink its tokens come back on.
+fn submit(
+    shared: &Shared,
+    prompt: Vec<Token>,
+    max_tokens: u64,
+) -> Result<(u64, mpsc::UnboundedReceiver<Event>), String> {
     let id = {
         let mut n = shared.next_id.lock().expect("ids");
         *n += 1;
         *n
     };
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tx, rx) = mpsc::unbounded_channel();
     shared.sinks.lock().expect("sinks").insert(
         id,
         Sink {
@@ -392,20 +393,32 @@ async fn answer(shared: &Arc<Shared>, body: Bytes, chat: bool) -> Response {
             admitted: None,
             first_token: None,
             last_token: None,
-            prompt_tokens: ask.prompt.len(),
+            prompt_tokens: prompt.len(),
             cached_tokens: 0,
         },
     );
-    let prompt_len = ask.prompt.len() as u64;
     if let Err(e) = shared
         .engine
         .lock()
         .expect("engine")
-        .submit(id, ask.prompt, ask.max_tokens)
+        .submit(id, prompt, max_tokens)
     {
         shared.sinks.lock().expect("sinks").remove(&id);
-        return error(StatusCode::BAD_REQUEST, e);
+        return Err(e);
     }
+    Ok((id, rx))
+}
+
+async fn answer(shared: &Arc<Shared>, body: Bytes, chat: bool) -> Response {
+    let ask = match parse_ask(shared, &body, chat) {
+        Ok(a) => a,
+        Err(r) => return *r,
+    };
+    let prompt_len = ask.prompt.len() as u64;
+    let (id, mut rx) = match submit(shared, ask.prompt, ask.max_tokens) {
+        Ok(submitted) => submitted,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
     shared.work.notify_one();
     let rid = format!("{}-{id}", if chat { "chatcmpl" } else { "cmpl" });
     let model = shared.model.clone();

@@ -76,6 +76,43 @@ impl HealthConfig {
     }
 }
 
+/// An HTTP(S) check: its path, the status it expects, and for HTTPS the CA to trust.
+fn validate_http(
+    raw: &RawHealth,
+    https: bool,
+    key: &dyn Fn(&str) -> String,
+) -> Result<HealthCheckKind, ConfigError> {
+    let path = raw.path.clone().unwrap_or_else(|| "/".into());
+    if !path.starts_with('/') || path.contains(char::is_whitespace) || path.len() > 1024 {
+        return Err(invalid(
+            key("path"),
+            format!("{path:?}"),
+            "an HTTP path starts with '/' and has no spaces",
+        ));
+    }
+    let expect_status = match raw.expect_status {
+        Some(v) => int_in(v, 100, 599, &key("expect_status"))?,
+        None => 200,
+    };
+    let ca = optional_path(raw.ca.clone(), &key("ca"))?;
+    let tls = if https {
+        Some(HealthTls { ca })
+    } else if ca.is_some() {
+        return Err(invalid(
+            key("ca"),
+            "(set)",
+            "applies to check = \"https\" only",
+        ));
+    } else {
+        None
+    };
+    Ok(HealthCheckKind::Http {
+        path,
+        expect_status,
+        tls,
+    })
+}
+
 pub(super) fn validate_health(
     raw: Option<RawHealth>,
     vip_port: u16,
@@ -83,41 +120,11 @@ pub(super) fn validate_health(
 ) -> Result<HealthConfig, ConfigError> {
     let raw = raw.unwrap_or_default();
     let key = |k: &str| format!("{label}.health.{k}");
-    let check = raw.check.unwrap_or_else(|| "none".into());
+    let check = raw.check.clone().unwrap_or_else(|| "none".into());
     let kind = match check.as_str() {
         "none" => HealthCheckKind::None,
         "tcp" => HealthCheckKind::Tcp,
-        "http" | "https" => {
-            let path = raw.path.clone().unwrap_or_else(|| "/".into());
-            if !path.starts_with('/') || path.contains(char::is_whitespace) || path.len() > 1024 {
-                return Err(invalid(
-                    key("path"),
-                    format!("{path:?}"),
-                    "an HTTP path starts with '/' and has no spaces",
-                ));
-            }
-            let expect_status = match raw.expect_status {
-                Some(v) => int_in(v, 100, 599, &key("expect_status"))?,
-                None => 200,
-            };
-            let ca = optional_path(raw.ca.clone(), &key("ca"))?;
-            let tls = if check == "https" {
-                Some(HealthTls { ca })
-            } else if ca.is_some() {
-                return Err(invalid(
-                    key("ca"),
-                    "(set)",
-                    "applies to check = \"https\" only",
-                ));
-            } else {
-                None
-            };
-            HealthCheckKind::Http {
-                path,
-                expect_status,
-                tls,
-            }
-        }
+        "http" | "https" => validate_http(&raw, check == "https", &key)?,
         other => {
             return Err(invalid(
                 key("check"),

@@ -314,6 +314,23 @@ fn shape_section(
 ) -> Result<()> {
     let shape = s.shape.name();
     let (names, loads, g) = groups(s);
+    shape_figures(s, &g, f);
+    let _ = writeln!(
+        md,
+        "\n## {shape}\n\nKnee: **{:.2} requests/s** ({}).\n",
+        s.knee, s.knee_how
+    );
+    load_tables(s, &names, &loads, &g, md);
+    tier_table(&names, &loads, &g, md);
+    knee_table(s, &names, &g, md);
+    targets(s, res, &names, &loads, &g, md, f);
+    plots(s, &names, &loads, &g, out, md)?;
+    Ok(())
+}
+
+/// A shape's figures: every run's, and each point's median, min and max.
+fn shape_figures(s: &ShapeResult, g: &ByPoint<'_>, f: &mut Figures) {
+    let shape = s.shape.name();
     f.insert(format!("{shape}/knee_rps"), s.knee);
     for r in &s.runs {
         for (k, v) in metrics(r) {
@@ -328,7 +345,7 @@ fn shape_section(
             );
         }
     }
-    for ((name, load), runs) in &g {
+    for ((name, load), runs) in g {
         for (k, _) in metrics(runs[0]) {
             if let Some((m, lo, hi)) = stat(runs, k) {
                 f.insert(format!("{shape}/{name}/{load}/median/{k}"), m);
@@ -337,28 +354,27 @@ fn shape_section(
             }
         }
     }
-    let _ = writeln!(
-        md,
-        "\n## {shape}\n\nKnee: **{:.2} requests/s** ({}).\n",
-        s.knee, s.knee_how
-    );
+}
+
+/// Tables by load: p99 TTFT and goodput.
+fn load_tables(s: &ShapeResult, names: &[String], loads: &[f64], g: &ByPoint<'_>, md: &mut String) {
     // Tables by load: p99 TTFT and goodput.
     for (title, metric, scale, digits) in [
         ("p99 TTFT, s", "ttft_p99_s", 1.0, 2),
         ("Goodput, requests/s within the SLO", "goodput_rps", 1.0, 2),
     ] {
         let _ = write!(md, "### {title}\n\n| contender |");
-        for l in &loads {
+        for l in loads {
             let _ = write!(md, " {:.0}% ({:.2}/s) |", l * 100.0, l * s.knee);
         }
         let _ = write!(md, "\n| --- |");
-        for _ in &loads {
+        for _ in loads {
             md.push_str(" ---: |");
         }
         md.push('\n');
-        for n in &names {
+        for n in names {
             let _ = write!(md, "| `{n}` |");
-            for l in &loads {
+            for l in loads {
                 let cellv = g
                     .get(&(n.clone(), load_key(*l)))
                     .and_then(|runs| stat(runs, metric));
@@ -368,25 +384,28 @@ fn shape_section(
         }
         md.push('\n');
     }
-    // By client tier: what admission control keeps for the premium clients, and what the
-    // others lose.
+}
+
+/// By client tier: what admission control keeps for the premium clients, and what the others
+/// lose.
+fn tier_table(names: &[String], loads: &[f64], g: &ByPoint<'_>, md: &mut String) {
     let _ = write!(
         md,
         "### By client tier\n\nPremium clients ({}: 28 of the 100 client addresses): p99 TTFT s / goodput per s; \
          the other clients: p99 TTFT s / requests failed (refused, for admission control).\n\n| contender |",
         crate::load::workload::PREMIUM_PREFIX
     );
-    for l in &loads {
+    for l in loads {
         let _ = write!(md, " {:.0}% premium | others |", l * 100.0);
     }
     let _ = write!(md, "\n| --- |");
-    for _ in &loads {
+    for _ in loads {
         md.push_str(" ---: | ---: |");
     }
     md.push('\n');
-    for n in &names {
+    for n in names {
         let _ = write!(md, "| `{n}` |");
-        for l in &loads {
+        for l in loads {
             let runs = g.get(&(n.clone(), load_key(*l)));
             let c = |m: &str, d: usize| cell(runs.and_then(|r| stat(r, m)), 1.0, d);
             let _ = write!(
@@ -401,6 +420,10 @@ fn shape_section(
         md.push('\n');
     }
     md.push('\n');
+}
+
+/// Everything at the knee, per contender.
+fn knee_table(s: &ShapeResult, names: &[String], g: &ByPoint<'_>, md: &mut String) {
     // Everything at the knee.
     let knee = load_key(1.0);
     let _ = writeln!(
@@ -409,7 +432,7 @@ fn shape_section(
          | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         s.knee
     );
-    for n in &names {
+    for n in names {
         let Some(runs) = g.get(&(n.clone(), knee.clone())) else {
             continue;
         };
@@ -441,7 +464,4 @@ fn shape_section(
             c("table_rebuilds_per_min", 1.0, 1),
         );
     }
-    targets(s, res, &names, &loads, &g, md, f);
-    plots(s, &names, &loads, &g, out, md)?;
-    Ok(())
 }
