@@ -340,26 +340,13 @@ pub fn validate_vip(raw: RawVip, label: &str) -> Result<VipConfig, ConfigError> 
     let nat_source = validate_nat_source(raw.nat_source, forwarding, address, label)?;
     let table_size = validate_table_size(raw.table_size, &key("table_size"))?;
     let name = match raw.name {
-        Some(n) if !valid_name(&n) => {
-            return Err(invalid(
-                key("name"),
-                format!("{n:?}"),
-                "a name is 1-64 letters, digits, '-', '_' or '.'",
-            ));
-        }
-        Some(n) => n,
+        Some(n) => checked_name(n, &key("name"))?,
         None => format!("{protocol}-{address}-{port}"),
     };
     let health = validate_health(raw.health, port, label)?;
     let telemetry = validate_telemetry(raw.telemetry, label)?;
     let policy = validate_policy(raw.policy, &telemetry, label)?;
-    if policy.kind.needs_reports() && telemetry.source == TelemetrySource::None {
-        return Err(invalid(
-            format!("{label}.policy.kind"),
-            format!("{:?}", policy.kind.name()),
-            "this policy needs backend reports: set telemetry.source to \"scrape\" or \"push\"",
-        ));
-    }
+    reports_for_policy(&policy, &telemetry, label)?;
     let scheduler = validate_scheduler(raw.scheduler.as_deref(), &key("scheduler"))?;
     let persistence = match raw.persistence_secs {
         Some(v) => Duration::from_secs(int_in(v, 0, 65_535, &key("persistence_secs"))?),
@@ -381,15 +368,8 @@ pub fn validate_vip(raw: RawVip, label: &str) -> Result<VipConfig, ConfigError> 
         .admission
         .map(|a| validate_admission(a, &key))
         .transpose()?;
-    if admission.is_some() && !policy.kind.needs_reports() {
-        return Err(invalid(
-            key("admission"),
-            "(set)",
-            format!(
-                "saturation comes from backend reports, which the {:?} policy does not read: use gpu, tokens, least-latency or composite",
-                policy.kind.name()
-            ),
-        ));
+    if admission.is_some() {
+        needs_reports_for_admission(&policy, label)?;
     }
     let backends = validate_backends(raw.backend, forwarding, address, label)?;
     if backends.len() >= table_size as usize {
@@ -421,6 +401,49 @@ pub fn validate_vip(raw: RawVip, label: &str) -> Result<VipConfig, ConfigError> 
         backends,
         service: raw.service,
     })
+}
+
+/// A name given in the config: 1-64 letters, digits, '-', '_' or '.'.
+fn checked_name(name: String, key: &str) -> Result<String, ConfigError> {
+    if !valid_name(&name) {
+        return Err(invalid(
+            key,
+            format!("{name:?}"),
+            "a name is 1-64 letters, digits, '-', '_' or '.'",
+        ));
+    }
+    Ok(name)
+}
+
+/// A policy that reads backend reports needs a telemetry source.
+fn reports_for_policy(
+    policy: &PolicyConfig,
+    telemetry: &TelemetryConfig,
+    label: &str,
+) -> Result<(), ConfigError> {
+    if policy.kind.needs_reports() && telemetry.source == TelemetrySource::None {
+        return Err(invalid(
+            format!("{label}.policy.kind"),
+            format!("{:?}", policy.kind.name()),
+            "this policy needs backend reports: set telemetry.source to \"scrape\" or \"push\"",
+        ));
+    }
+    Ok(())
+}
+
+/// Admission control needs a policy that reads backend reports (saturation comes from them).
+fn needs_reports_for_admission(policy: &PolicyConfig, label: &str) -> Result<(), ConfigError> {
+    if !policy.kind.needs_reports() {
+        return Err(invalid(
+            format!("{label}.admission"),
+            "(set)",
+            format!(
+                "saturation comes from backend reports, which the {:?} policy does not read: use gpu, tokens, least-latency or composite",
+                policy.kind.name()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A VIP's address: unicast, not loopback.
