@@ -194,6 +194,8 @@ enum Bench {
     /// The simulator against the real vLLM (CPU build) under the same burst: timelines of
     /// running, waiting, KV use and counters; docs/results/llm/calibration.md.
     Calibrate,
+    /// Rewrites docs/benchmarks/llm.md from the JSON of the LLM runs it lists.
+    LlmPage,
     /// A maintained load generator from PyPI (inference-perf) against the simulated GPU rack
     /// through the balancer (installs it into target/pyenv-inference-perf on first use).
     Client(ClientArgs),
@@ -220,6 +222,13 @@ fn main() -> Result<()> {
             publish("calibrate", &figures, None, page)?;
         }
         Bench::Client(a) => client_bench(a)?,
+        Bench::LlmPage => {
+            let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .unwrap_or(std::path::Path::new("."));
+            let path = llm::page::write(root)?;
+            println!("wrote {}", path.display());
+        }
     }
     Ok(())
 }

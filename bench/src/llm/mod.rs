@@ -20,6 +20,7 @@
 
 pub mod contenders;
 mod knee;
+pub mod page;
 mod rack;
 pub mod report;
 
