@@ -52,6 +52,15 @@ struct DataplaneArgs {
     /// each path's new / baseline ratio.
     #[arg(long, value_name = "OBJECT")]
     baseline: Option<std::path::PathBuf>,
+    /// Load the programs afresh every N rounds (0: once), so that the rounds also sample
+    /// where the JIT places each program: one load's placement is fixed for its rounds, and
+    /// intervals from a single load are too narrow.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    reload_every: usize,
+    /// With --baseline: stop once every path's ratio has a 95% interval within ±WIDTH
+    /// (e.g. 0.02), after at least 6 rounds; --rounds is then the most.
+    #[arg(long, value_name = "WIDTH")]
+    until_width: Option<f64>,
 }
 
 #[derive(clap::Args)]
@@ -240,7 +249,17 @@ fn dataplane_bench(a: DataplaneArgs, page: Option<&std::path::Path>) -> Result<(
         repeat,
         singles,
         baseline,
+        reload_every,
+        until_width,
     } = a;
+    if !(1..=1000).contains(&rounds) {
+        anyhow::bail!("--rounds must be in 1..=1000");
+    }
+    if let Some(w) = until_width
+        && (baseline.is_none() || !(w > 0.0 && w < 1.0))
+    {
+        anyhow::bail!("--until-width needs --baseline and a width in (0, 1), e.g. 0.02");
+    }
     let baseline = baseline
         .map(|p| {
             std::fs::read(&p)
@@ -250,7 +269,14 @@ fn dataplane_bench(a: DataplaneArgs, page: Option<&std::path::Path>) -> Result<(
     if baseline.is_some() && page.is_some() {
         anyhow::bail!("--page shows one build's figures: leave out --baseline");
     }
-    let figures = dataplane::run(rounds, repeat, singles, baseline.as_deref())?;
+    let figures = dataplane::run(&dataplane::Settings {
+        rounds,
+        repeat,
+        singles,
+        baseline: baseline.as_deref(),
+        reload_every,
+        until_width,
+    })?;
     publish("dataplane", &figures, Some(&dataplane::PAGE), page)?;
     Ok(())
 }

@@ -466,7 +466,7 @@ pub(super) fn main_cases(payload: &[u8]) -> Vec<Case> {
     ];
     for (i, (key, _, _, what)) in SCHEDULER_CASES.iter().enumerate() {
         cases.push(Case {
-            key: Box::leak(format!("new_flow_{key}").into_boxed_str()),
+            key: scheduler_case_key(i, key),
             what,
             method: Method::Repeat,
             frame: tcp_frame(c4, 3000, scheduler_vip(i), 80, true, payload),
@@ -476,4 +476,17 @@ pub(super) fn main_cases(payload: &[u8]) -> Vec<Case> {
         });
     }
     cases
+}
+
+/// `new_flow_<scheduler case>`, made once per case (the programs are loaded again and again).
+fn scheduler_case_key(i: usize, key: &str) -> &'static str {
+    static KEYS: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    let keys = KEYS.get_or_init(|| {
+        SCHEDULER_CASES
+            .iter()
+            .map(|(key, ..)| &*Box::leak(format!("new_flow_{key}").into_boxed_str()))
+            .collect()
+    });
+    debug_assert!(keys[i].ends_with(key));
+    keys[i]
 }

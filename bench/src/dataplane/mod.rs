@@ -124,32 +124,79 @@ fn time_case(h: &mut Harness, case: &Case, repeat: u32, singles: u32) -> Result<
 /// Runs the benchmark; returns the figures (also printed). With `baseline` (the ELF bytes of
 /// another build of the balancer object, e.g. an earlier commit's), that program runs every
 /// path in the same rounds, interleaved, and each path's new / baseline ratio is reported.
-pub fn run(rounds: usize, repeat: u32, singles: u32, baseline: Option<&[u8]>) -> Result<Figures> {
+/// How the benchmark runs.
+pub struct Settings<'a> {
+    /// Interleaved rounds (the most, with `until_width`).
+    pub rounds: usize,
+    pub repeat: u32,
+    pub singles: u32,
+    /// Another build's object, timed beside this one in the same rounds.
+    pub baseline: Option<&'a [u8]>,
+    /// Load every program afresh every this many rounds (0: once).
+    pub reload_every: usize,
+    /// Stop once every ratio's 95% interval is within ± this, after [`MIN_ROUNDS`].
+    pub until_width: Option<f64>,
+}
+
+/// Rounds before `until_width` may stop a run.
+const MIN_ROUNDS: usize = 6;
+
+pub fn run(settings: &Settings) -> Result<Figures> {
+    let Settings {
+        rounds,
+        repeat,
+        singles,
+        baseline,
+        reload_every,
+        until_width,
+    } = *settings;
     let payload = [0x42u8; 64];
-    let mut new = Programs::load(None, &payload)?;
-    let mut old = baseline
-        .map(|object| Programs::load_baseline(object, &payload, &new))
-        .transpose()?;
-    let mut bare = Bare::load()?;
+    let load = || -> Result<(Programs, Option<Programs>, Bare)> {
+        let new = Programs::load(None, &payload)?;
+        let old = baseline
+            .map(|object| Programs::load_baseline(object, &payload, &new))
+            .transpose()?;
+        Ok((new, old, Bare::load()?))
+    };
+    let (mut new, mut old, mut bare) = load()?;
     let pass_frame = tcp_frame(ip("10.9.0.1"), 2000, ip("10.111.0.2"), 22, false, &payload);
     let timing = Timing { repeat, singles };
     let mut samples = Samples::default();
+    let mut done = 0;
     for round in 0..rounds {
+        if reload_every > 0 && round > 0 && round % reload_every == 0 {
+            (new, old, bare) = load()?;
+        }
         samples.time_pass(&mut bare, &pass_frame, timing)?;
         samples.time_round(&mut new, old.as_mut(), round, timing)?;
+        done = round + 1;
+        if let Some(width) = until_width
+            && done >= MIN_ROUNDS
+            && samples.widest_half_interval() <= width
+        {
+            println!("every ratio's 95% interval within ±{width} after {done} rounds");
+            break;
+        }
     }
     let mut figures = Figures::default();
     let cases: Vec<&Case> = new.cases().collect();
-    samples.print_table(rounds, &cases, &mut figures);
+    samples.print_table(done, &cases, &mut figures);
     if !samples.baseline.is_empty() {
         samples.print_baseline(&cases, &mut figures);
     }
-    passive_latency_cost(rounds, repeat, &mut figures)?;
-    figures.insert("rounds".into(), rounds as f64);
+    passive_latency_cost(done, repeat, &mut figures)?;
+    figures.insert("rounds".into(), done as f64);
     figures.insert("repeat".into(), f64::from(repeat));
+    figures.insert("reload_every".into(), reload_every as f64);
     println!(
-        "Targets from the data-plane issue: established <= 60 ns, new flow <= 105 ns, non-VIP <= 20 ns over bare XDP_PASS.\n\
-         Single-run figures include the kernel's per-call timing overhead; compare them with xdp_pass_single."
+        "Programs loaded afresh every {} round(s).\n\
+         Targets from the data-plane issue: established <= 60 ns, new flow <= 105 ns, non-VIP <= 20 ns over bare XDP_PASS.\n\
+         Single-run figures include the kernel's per-call timing overhead; compare them with xdp_pass_single.",
+        if reload_every == 0 {
+            done
+        } else {
+            reload_every
+        }
     );
     Ok(figures)
 }
@@ -317,6 +364,22 @@ impl Samples {
             }
         }
         Ok(())
+    }
+
+    /// The widest half-width of the ratios' 95% intervals, over the paths timed against the
+    /// baseline (infinite before two rounds).
+    fn widest_half_interval(&self) -> f64 {
+        let mut widest = 0.0f64;
+        for (key, base) in &self.baseline {
+            let new = &self.new[key];
+            if new.len() < 2 {
+                return f64::INFINITY;
+            }
+            let ratios: Vec<f64> = new.iter().zip(base).map(|(n, b)| n / b).collect();
+            let (_, (lo, hi)) = super::geomean_with_95(&ratios, BOOTSTRAP_RESAMPLES);
+            widest = widest.max((hi - lo) / 2.0);
+        }
+        widest
     }
 
     /// Each path's median ns, its spread, and its cost over the bare program.
