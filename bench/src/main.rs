@@ -223,19 +223,14 @@ fn main() -> Result<()> {
         Bench::Fleet(a) => fleet_bench(a, page)?,
         Bench::Llm(a) => llm_bench(a, page)?,
         Bench::Calibrate => {
-            let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .parent()
-                .unwrap_or(std::path::Path::new("."))
-                .to_path_buf();
+            let root = workspace_root();
             let figures = bench::calibrate::run(&root.join("docs/results/llm"))?;
             publish("calibrate", &figures, None, page)?;
         }
         Bench::Client(a) => client_bench(a)?,
         Bench::LlmPage => {
-            let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .parent()
-                .unwrap_or(std::path::Path::new("."));
-            let path = llm::page::write(root)?;
+            let root = workspace_root();
+            let path = llm::page::write(&root)?;
             println!("wrote {}", path.display());
         }
     }
@@ -387,10 +382,7 @@ fn llm_options(a: LlmArgs) -> Result<llm::Options> {
         scrape_ms,
         out_dir,
     } = a;
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap_or(std::path::Path::new("."))
-        .to_path_buf();
+    let root = workspace_root();
     let mut opts = if quick {
         llm::Options::quick(bench::results_dir().join("llm-quick"))
     } else {
@@ -484,9 +476,13 @@ fn client_bench(a: ClientArgs) -> Result<()> {
     if !(rate > 0.0 && rate <= 100.0 && (1..=3600).contains(&seconds)) {
         anyhow::bail!("--rate must be in (0, 100] and --seconds in 1..=3600");
     }
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap_or(std::path::Path::new("."));
-    client::run(root, rate, seconds)?;
+    let root = workspace_root();
+    client::run(&root, rate, seconds)?;
     Ok(())
+}
+
+/// The workspace's root: the bench crate's parent folder.
+fn workspace_root() -> std::path::PathBuf {
+    let bench = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    bench.parent().unwrap_or(bench).to_path_buf()
 }
