@@ -2,6 +2,7 @@
 //! the `name[]` filter of prometheus_client.
 
 use super::*;
+use crate::engine::{Counters, Profile};
 
 /// A histogram as vLLM's: cumulative counts per upper bound, sum, count.
 pub(super) struct Histogram {
@@ -119,7 +120,6 @@ pub(super) async fn metrics(
 
 /// The engine's gauges and counters, and its cache config, as vLLM writes them.
 fn engine_metrics(shared: &Shared) -> String {
-    use std::fmt::Write as _;
     let (running, waiting, kv, c, profile) = {
         let e = shared.engine.lock().expect("engine");
         (
@@ -133,23 +133,34 @@ fn engine_metrics(shared: &Shared) -> String {
     let l = format!("engine=\"0\",model_name=\"{}\"", shared.model);
     let mut page = String::new();
     let mut metric = |name: &str, kind: &str, help: &str, labels: &str, value: String| {
+        use std::fmt::Write as _;
         let _ = writeln!(
             page,
             "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {value}"
         );
     };
+    engine_gauges(&mut metric, &l, (running, waiting, kv));
+    engine_counters(&mut metric, &l, &c, &profile);
+    page
+}
+
+/// Writes one metric: name, kind, help, labels, value.
+type MetricFn<'a> = dyn FnMut(&str, &str, &str, &str, String) + 'a;
+
+/// Requests running and waiting, and KV-cache use.
+fn engine_gauges(metric: &mut MetricFn<'_>, l: &str, (running, waiting, kv): (usize, usize, f64)) {
     metric(
         "vllm:num_requests_running",
         "gauge",
         "Number of requests in model execution batches.",
-        &l,
+        l,
         format!("{running}.0"),
     );
     metric(
         "vllm:num_requests_waiting",
         "gauge",
         "Number of requests waiting to be processed.",
-        &l,
+        l,
         format!("{waiting}.0"),
     );
     metric(
@@ -163,9 +174,13 @@ fn engine_metrics(shared: &Shared) -> String {
         "vllm:kv_cache_usage_perc",
         "gauge",
         "KV-cache usage. 1 means 100 percent usage.",
-        &l,
+        l,
         format!("{kv}"),
     );
+}
+
+/// The engine's counters, and its cache config as vLLM writes it.
+fn engine_counters(metric: &mut MetricFn<'_>, l: &str, c: &Counters, profile: &Profile) {
     for (name, help, value) in [
         (
             "vllm:prefix_cache_queries",
@@ -197,7 +212,7 @@ fn engine_metrics(shared: &Shared) -> String {
             &format!("{name}_total"),
             "counter",
             help,
-            &l,
+            l,
             format!("{value}.0"),
         );
     }
@@ -221,7 +236,6 @@ fn engine_metrics(shared: &Shared) -> String {
         ),
         "1.0".into(),
     );
-    page
 }
 
 /// The request histograms (latencies and token counts), as vLLM writes them.

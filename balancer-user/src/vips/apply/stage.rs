@@ -76,10 +76,7 @@ impl<D: Dataplane> Balancer<D> {
         let is_new = current.is_none();
         let id = match &current {
             Some(c) => c.id,
-            None => self.vip_ids.take().ok_or(BalancerError::IdsExhausted {
-                what: "VIP",
-                max: MAX_VIPS,
-            })?,
+            None => self.new_vip_id()?,
         };
         let old_backends = current
             .as_ref()
@@ -93,22 +90,14 @@ impl<D: Dataplane> Balancer<D> {
             .collect();
         let current_saturated = self.write_vip_settings(endpoint, id, config, current.as_ref())?;
         let changes = Changes::of(id, config, current.as_ref(), &old_backends, &staged);
-        let spill = if staged.backends.values().any(|b| b.tier != 0) {
-            self.tier_spill
-        } else {
-            0
-        };
+        let spill = self.spill_of(&staged.backends);
         // A new scheduler may need another schedule, new tier settings another header: the
         // table is published again.
         let rescheduled = current
             .as_ref()
             .is_some_and(|c| c.config.scheduler != config.scheduler || c.spill != spill);
         if changes.counting {
-            for b in staged.backends.values() {
-                if old_backends.contains_key(&b.address) {
-                    self.dataplane.reset_active(b.id)?;
-                }
-            }
+            self.restart_counts(&staged.backends, &old_backends)?;
         }
         let rebuild = is_new || staged.added > 0 || !retired.is_empty() || changes.table_inputs;
         if !rebuild && !rescheduled && !changes.meta && !changes.config && !changes.health {
@@ -165,6 +154,38 @@ impl<D: Dataplane> Balancer<D> {
                 bound,
             },
         }))
+    }
+
+    /// A free VIP id.
+    fn new_vip_id(&mut self) -> Result<u32, BalancerError> {
+        self.vip_ids.take().ok_or(BalancerError::IdsExhausted {
+            what: "VIP",
+            max: MAX_VIPS,
+        })
+    }
+
+    /// The tier spill a VIP's table header carries: the balancer's, where a backend is
+    /// dedicated to a tier.
+    fn spill_of(&self, backends: &BTreeMap<IpAddr, BackendState>) -> u8 {
+        if backends.values().any(|b| b.tier != 0) {
+            self.tier_spill
+        } else {
+            0
+        }
+    }
+
+    /// Counting active flows starts or stops: the counts of the backends kept start from zero.
+    fn restart_counts(
+        &mut self,
+        backends: &BTreeMap<IpAddr, BackendState>,
+        old_backends: &BTreeMap<IpAddr, BackendState>,
+    ) -> Result<(), BalancerError> {
+        for b in backends.values() {
+            if old_backends.contains_key(&b.address) {
+                self.dataplane.reset_active(b.id)?;
+            }
+        }
+        Ok(())
     }
 
     /// The VIP's backends as `config` has them: new ones written, changed ones rewritten now or
