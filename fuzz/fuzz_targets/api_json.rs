@@ -2,8 +2,8 @@
 //! with a reason; pushed reports are checked.
 #![no_main]
 
-use balancer::state::wire::SchedulerBody;
 use balancer::base::config::{RawBackend, RawVip, validate_backend, validate_vip};
+use balancer::state::wire::SchedulerBody;
 use balancer::steering::telemetry::signals::Signals;
 use libfuzzer_sys::fuzz_target;
 

@@ -8,9 +8,10 @@
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use balancer::base::config::RECENT_HALF_LIFE;
 use balancer::steering::policy::{self, Input, MAX_WEIGHT, PolicyConfig, PolicyKind, PolicyState};
 use balancer::steering::telemetry::signals::{Signals, Valid};
-use balancer::steering::telemetry::store::{BackendTelemetry, RECENT_HALF_LIFE};
+use balancer::steering::telemetry::store::BackendTelemetry;
 use balancer::steering::telemetry::{page, signals};
 use libfuzzer_sys::fuzz_target;
 
@@ -48,7 +49,10 @@ fuzz_target!(|data: &[u8]| {
     }
     let (hostile, _) = store.latest.clone().expect("two readings recorded");
     let checked = hostile.clone().validate();
-    assert!(checked.is_ok(), "the store derived {checked:?} from {hostile:?}");
+    assert!(
+        checked.is_ok(),
+        "the store derived {checked:?} from {hostile:?}"
+    );
 
     let address = |last: u8| IpAddr::from([10, 0, 0, last]);
     let input = |last: u8, signals: Signals| Input {
@@ -75,13 +79,13 @@ fuzz_target!(|data: &[u8]| {
         for d in &decisions {
             assert!(d.weight <= MAX_WEIGHT, "{d:?}");
         }
-        assert!(
-            decisions[1..].iter().all(|d| d.weight > 0),
-            "{decisions:?}"
-        );
+        assert!(decisions[1..].iter().all(|d| d.weight > 0), "{decisions:?}");
         let total: u32 = decisions.iter().map(|d| d.weight).sum();
         let share = f64::from(decisions[0].weight) / f64::from(total);
-        assert!(share <= 0.8, "the page's backend took {share}: {decisions:?}");
+        assert!(
+            share <= 0.8,
+            "the page's backend took {share}: {decisions:?}"
+        );
     }
     assert!(
         started.elapsed() < Duration::from_secs(5),

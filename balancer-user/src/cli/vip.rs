@@ -110,8 +110,6 @@ struct AddArgs {
     model: Option<String>,
 }
 
-// Parsed once per command line: the size of its largest variant does not matter.
-#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum VipCommand {
     /// List the VIPs and their settings.

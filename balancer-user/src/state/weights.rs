@@ -4,12 +4,12 @@
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use crate::base::config::RECENT_HALF_LIFE;
 use crate::base::config::TelemetrySource;
 use crate::steering::policy::PolicyKind;
 use crate::steering::telemetry::loops::ScrapeTarget;
 use crate::steering::telemetry::round;
 use crate::steering::telemetry::signals::{Signals, Valid};
-use crate::steering::telemetry::store::RECENT_HALF_LIFE;
 use crate::vips::Endpoint;
 
 use super::{ChangeError, Daemon};

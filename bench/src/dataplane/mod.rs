@@ -152,7 +152,7 @@ pub fn run(settings: &Settings) -> Result<Figures> {
     } = *settings;
     let payload = [0x42u8; 64];
     let load = || -> Result<(Programs, Option<Programs>, Bare)> {
-        let new = Programs::load(None, &payload)?;
+        let new = Programs::load(&payload)?;
         let old = baseline
             .map(|object| Programs::load_baseline(object, &payload, &new))
             .transpose()?;
@@ -219,34 +219,23 @@ struct Programs {
 }
 
 impl Programs {
-    /// This build's program (`object` None), or a baseline object's.
-    fn load(object: Option<&[u8]>, payload: &[u8]) -> Result<Programs> {
-        Programs::load_against(object, payload, None)
+    /// This build's programs.
+    fn load(payload: &[u8]) -> Result<Programs> {
+        Ok(Programs {
+            main: (main_harness(&config())?, main_cases(payload)),
+            nat: Some(nat_setup(Harness::new(&nat_config(true))?, payload)?),
+            snat: Some(snat_setup(Harness::new(&snat_config(true))?, payload)?),
+            admission: Some(admission_setup(
+                Harness::new(&admission_config(true))?,
+                payload,
+            )?),
+        })
     }
 
-    /// A baseline object's programs, timed with this build's first admission case (an open
-    /// pool's new flow, a plain Maglev new flow where the baseline has no admission control).
+    /// A baseline object's programs: what its maps allow, timed with this build's first
+    /// admission case (an open pool's new flow, a plain Maglev new flow where the baseline has
+    /// no admission control).
     fn load_baseline(object: &[u8], payload: &[u8], new: &Programs) -> Result<Programs> {
-        let first = new.admission.as_ref().and_then(|(_, c)| c.first()).cloned();
-        Programs::load_against(Some(object), payload, first)
-    }
-
-    fn load_against(
-        object: Option<&[u8]>,
-        payload: &[u8],
-        admission_case: Option<Case>,
-    ) -> Result<Programs> {
-        let Some(object) = object else {
-            return Ok(Programs {
-                main: (main_harness(&config())?, main_cases(payload)),
-                nat: Some(nat_setup(Harness::new(&nat_config(true))?, payload)?),
-                snat: Some(snat_setup(Harness::new(&snat_config(true))?, payload)?),
-                admission: Some(admission_setup(
-                    Harness::new(&admission_config(true))?,
-                    payload,
-                )?),
-            });
-        };
         // Whether the baseline program knows tenant affinity (else its configs leave it out).
         let (main, prefix) = match Harness::with_object(&config(), object) {
             Ok(h) => (h, true),
@@ -267,9 +256,10 @@ impl Programs {
             .ok()
             .map(|h| snat_setup(h, payload))
             .transpose()?;
+        let first_admission = new.admission.as_ref().and_then(|(_, c)| c.first()).cloned();
         let admission = Some((
             Harness::with_object(&admission_config(false), object)?,
-            admission_case.into_iter().collect(),
+            first_admission.into_iter().collect(),
         ));
         Ok(Programs {
             main: (main, main_cases(payload)),

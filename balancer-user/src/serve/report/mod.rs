@@ -13,10 +13,11 @@ pub mod passive;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use crate::base::config::RECENT_HALF_LIFE;
 use crate::steering::telemetry::page;
 use crate::steering::telemetry::scrape::http_get;
 use crate::steering::telemetry::signals::{Signals, extract};
-use crate::steering::telemetry::store::{BackendTelemetry, RECENT_HALF_LIFE};
+use crate::steering::telemetry::store::BackendTelemetry;
 use gpu::{GpuSource, GpuStats};
 use passive::PassiveLatency;
 

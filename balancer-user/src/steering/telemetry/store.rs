@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use super::signals::{Signals, Valid};
 use crate::base::net::Endpoint;
 
-pub use crate::base::config::RECENT_HALF_LIFE;
 /// Half-life of the long-run window of a [`DecayedRatio`].
 pub const LONG_RUN_HALF_LIFE: Duration = Duration::from_secs(60);
 /// Share of the long-run window beside the recent one while data arrives at a steady rate.
@@ -28,7 +27,7 @@ fn increments(previous: Option<(f64, f64)>, reading: (f64, f64)) -> Option<(f64,
 
 /// The ratio of the increments of a counter pair (`Δsum / Δcount` of a histogram, `Δhits /
 /// Δqueries`), each increment weighted by its own size, over two windows that decay with
-/// time: a recent one (the given half-life, [`RECENT_HALF_LIFE`] by default) and a long-run
+/// time: a recent one (the given half-life, [`RECENT_HALF_LIFE`](crate::base::config::RECENT_HALF_LIFE) by default) and a long-run
 /// one ([`LONG_RUN_HALF_LIFE`]) that counts for a quarter as much at a steady rate.
 ///
 /// While requests keep finishing the figure follows the recent window; when they stop, the

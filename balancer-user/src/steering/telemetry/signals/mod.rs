@@ -452,9 +452,15 @@ mod names {
     ];
     /// Time to first token: vLLM's histogram, else the one `balancer report
     /// --passive-latency` measures on the backend's interface.
-    pub const TTFT: &[&str] = &[
-        "vllm:time_to_first_token_seconds",
-        "balancer_passive_time_to_first_token_seconds",
+    pub const TTFT: &[(&str, &str)] = &[
+        (
+            "vllm:time_to_first_token_seconds_sum",
+            "vllm:time_to_first_token_seconds_count",
+        ),
+        (
+            "balancer_passive_time_to_first_token_seconds_sum",
+            "balancer_passive_time_to_first_token_seconds_count",
+        ),
     ];
 }
 
@@ -468,10 +474,24 @@ pub fn extract(samples: &[Sample]) -> Signals {
         prefix_cache_hit_rate: first_of(samples, names::PREFIX_HIT_RATE, mean).map(fraction),
         gpu_utilization: mean(samples, "DCGM_FI_DEV_GPU_UTIL").map(fraction),
         tokens_total: tokens_total(samples),
-        ttft_sum_count: names::TTFT.iter().find_map(|n| sum_count(samples, n)),
-        prefill_sum_count: sum_count(samples, "vllm:request_prefill_time_seconds"),
-        prompt_sum_count: sum_count(samples, "vllm:request_prompt_tokens"),
-        computed_sum_count: sum_count(samples, "vllm:request_prefill_kv_computed_tokens"),
+        ttft_sum_count: names::TTFT
+            .iter()
+            .find_map(|&(s, c)| sum_count(samples, s, c)),
+        prefill_sum_count: sum_count(
+            samples,
+            "vllm:request_prefill_time_seconds_sum",
+            "vllm:request_prefill_time_seconds_count",
+        ),
+        prompt_sum_count: sum_count(
+            samples,
+            "vllm:request_prompt_tokens_sum",
+            "vllm:request_prompt_tokens_count",
+        ),
+        computed_sum_count: sum_count(
+            samples,
+            "vllm:request_prefill_kv_computed_tokens_sum",
+            "vllm:request_prefill_kv_computed_tokens_count",
+        ),
         prefix_cache_counts: prefix_cache_counts(samples),
         models: models(samples),
         ..Signals::default()
@@ -489,12 +509,9 @@ fn tokens_total(samples: &[Sample]) -> Option<f64> {
         .then(|| prompt.unwrap_or(0.0) + generated.unwrap_or(0.0))
 }
 
-/// A histogram's running sum and count.
-fn sum_count(samples: &[Sample], histogram: &str) -> Option<(f64, f64)> {
-    Some((
-        sum(samples, &format!("{histogram}_sum"))?,
-        sum(samples, &format!("{histogram}_count"))?,
-    ))
+/// A histogram's running sum and count, from its `_sum` and `_count` samples.
+fn sum_count(samples: &[Sample], sum_name: &str, count_name: &str) -> Option<(f64, f64)> {
+    Some((sum(samples, sum_name)?, sum(samples, count_name)?))
 }
 
 /// KV capacity in tokens (vLLM's cache config per engine, or TGI's batch budget) and the

@@ -1,6 +1,7 @@
 //! Tests of `store`.
 
 use super::*;
+use crate::base::config::RECENT_HALF_LIFE;
 
 fn valid(s: Signals) -> Valid {
     s.validate().unwrap()
