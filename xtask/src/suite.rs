@@ -82,11 +82,28 @@ fn run_test(suite: &Suite, stages: &mut Stages) -> Result<()> {
     let fuzzing = suite.filter.is_none() && suite.fuzz_secs > 0;
     let package = with_package.then(Background::package).transpose()?;
     let fuzz_build = fuzzing.then(Background::fuzz_build).transpose()?;
-    let root = stages.run("root tests", || root_tests(suite.filter));
-    // Wait for the background builds whatever the tests did, so none outlives the suite.
+    let built = stages.run("root tests' build", || {
+        cargo(&[
+            "test",
+            "-p",
+            "balancer-tests",
+            "-p",
+            "balancer-bench",
+            "--no-run",
+        ])
+    });
+    // The quick LLM benchmark runs beside the other root tests: it spends its three minutes
+    // waiting on its simulated servers' clocks (22 s of CPU over 192 s here), and asserts that
+    // every contender served every request, not how fast.
+    let llm_bench = built.is_ok().then(|| Background::llm_bench(suite.filter));
+    let root = built.and_then(|()| stages.run("root tests", || root_tests(suite.filter)));
+    // Wait for the background jobs whatever the tests did, so none outlives the suite.
+    let bench =
+        llm_bench.map(|b| b.and_then(|b| stages.run("LLM benchmark (beside)", || b.wait_test())));
     let deb = package.map(|p| stages.run("package (release, beside)", || p.wait_deb()));
     let fuzz_built = fuzz_build.map(|b| stages.run("fuzz build (beside)", || b.wait()));
     root?;
+    bench.transpose()?;
     if let Some(deb) = deb {
         let deb = deb?;
         stages.run("package test", || package_test(&deb))?;
@@ -136,15 +153,15 @@ impl Background {
         cmd
     }
 
-    /// The Debian package (cargo-deb, release profile) into `target/package`.
+    /// The Debian package (cargo-deb, release profile) into `target/package`, built in the
+    /// cached [`package_target_dir`].
     fn package() -> Result<Background> {
-        let target = root().join("target/package");
-        let out = target.join("debian");
+        let out = root().join("target/package/debian");
         let _ = std::fs::remove_dir_all(&out);
         let mut cmd = Background::niced(env!("CARGO"));
         cmd.args(["deb", "-p", "balancer-user", "--locked", "-o"])
             .arg(&out)
-            .env("CARGO_TARGET_DIR", &target);
+            .env("CARGO_TARGET_DIR", package_target_dir()?);
         Background::spawn("package build", cmd, Some(out))
     }
 
@@ -155,6 +172,33 @@ impl Background {
             .args(["fuzz", "build", "--fuzz-dir", "fuzz", "--target-dir"])
             .arg(fuzz_target_dir()?);
         Background::spawn("fuzz build", cmd, None)
+    }
+
+    /// balancer-bench's root-only test (the quick LLM benchmark), at normal priority.
+    fn llm_bench(filter: Option<&str>) -> Result<Background> {
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["test", "-p", "balancer-bench", "--", "--ignored"]);
+        cmd.args(filter);
+        cmd.envs(real_servers_env());
+        Background::spawn("LLM benchmark", cmd, None)
+    }
+
+    /// Waits for a test run, then prints its output whole (also when it failed).
+    fn wait_test(mut self) -> Result<()> {
+        let status = self
+            .child
+            .wait()
+            .with_context(|| format!("waiting for the {}", self.what))?;
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        println!(
+            "xtask: the {}'s output ({}):\n{text}",
+            self.what,
+            self.log.display()
+        );
+        if !status.success() {
+            bail!("the {} failed ({status})", self.what);
+        }
+        Ok(())
     }
 
     fn wait(mut self) -> Result<()> {
@@ -203,16 +247,14 @@ fn unit_tests(filter: Option<&str>) -> Result<()> {
     cargo(&args)
 }
 
-/// The root-only tests (`#[ignore]`d, so that a plain `cargo test` passes without
-/// privileges): packets, namespaces, fleet, real vLLM, the quick benchmark. The package test
-/// runs apart, once its build is done.
+/// The root-only tests of `tests/` (`#[ignore]`d, so that a plain `cargo test` passes without
+/// privileges): packets, namespaces, fleet, real vLLM. The package test runs apart, once its
+/// build is done; the quick benchmark beside them.
 fn root_tests(filter: Option<&str>) -> Result<()> {
     let mut args = vec![
         "test",
         "-p",
         "balancer-tests",
-        "-p",
-        "balancer-bench",
         "--",
         "--ignored",
         "--test-threads=2",
@@ -222,17 +264,18 @@ fn root_tests(filter: Option<&str>) -> Result<()> {
     if let Some(f) = filter {
         args.push(f);
     }
-    let (vllm, routers) = (
-        real_servers::cache_dir().join("vllm"),
-        real_servers::cache_dir().join("routers"),
-    );
-    cargo_with_env(
-        &args,
-        &[
-            ("BALANCER_VLLM_ENV", &vllm),
-            ("BALANCER_ROUTERS_ENV", &routers),
-        ],
-    )
+    let env = real_servers_env();
+    let env: Vec<(&str, &std::path::Path)> = env.iter().map(|(k, v)| (*k, v.as_path())).collect();
+    cargo_with_env(&args, &env)
+}
+
+/// Where the tests find the real servers' and the routers' environments.
+fn real_servers_env() -> [(&'static str, PathBuf); 2] {
+    let cache = real_servers::cache_dir();
+    [
+        ("BALANCER_VLLM_ENV", cache.join("vllm")),
+        ("BALANCER_ROUTERS_ENV", cache.join("routers")),
+    ]
 }
 
 /// The Debian package's test on the package the suite built.
@@ -304,6 +347,23 @@ fn fuzz_target_dir() -> Result<PathBuf> {
     )?;
     let dir = cache.join(format!("fuzz-target-{stamp}"));
     real_servers::remove_stale(&cache, "fuzz-target", &dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Where the package's release build runs: `<cache>/package-target-<stamp>`, one directory per
+/// `Cargo.lock` and host compiler, kept across clones like [`fuzz_target_dir`], so that a fresh
+/// clone builds only the workspace's own crates in release. Directories of other stamps are
+/// removed.
+fn package_target_dir() -> Result<PathBuf> {
+    let cache = real_servers::cache_dir();
+    let rustc = Command::new("rustc")
+        .arg("-vV")
+        .output()
+        .context("running rustc -vV")?;
+    let stamp = real_servers::stamp_of(&[root().join("Cargo.lock")], &rustc.stdout)?;
+    let dir = cache.join(format!("package-target-{stamp}"));
+    real_servers::remove_stale(&cache, "package-target", &dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     Ok(dir)
 }
