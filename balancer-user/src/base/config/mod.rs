@@ -8,6 +8,7 @@
 //! network value types live in [`crate::base::net`]. Defaults are the `DEFAULT_*` constants here.
 
 mod admission;
+mod backends;
 mod daemon;
 #[cfg(test)]
 mod defaults_tests;
@@ -27,6 +28,7 @@ mod tiers;
 mod vip;
 
 pub use admission::{AdmissionConfig, RawAdmission, Refusal};
+pub use backends::{BackendConfig, validate_backend};
 pub use balancer_common::maps::Scheduler;
 pub use daemon::{ApiConfig, ApiTls, AttachMode, ConntrackConfig, EncapConfig, MetricsConfig};
 pub use error::ConfigError;
@@ -43,8 +45,8 @@ pub use raw::{
 pub use telemetry::{RECENT_HALF_LIFE, ScrapeAccess, TelemetryConfig, TelemetrySource};
 pub use tiers::TierConfig;
 pub use vip::{
-    BackendConfig, Discovery, Forwarding, VipConfig, check_files_under, check_vip_set, files_named,
-    valid_name, validate_backend, validate_vip,
+    Discovery, Forwarding, VipConfig, check_files_under, check_vip_set, files_named, valid_name,
+    validate_vip,
 };
 
 use std::net::{IpAddr, SocketAddr};
@@ -170,7 +172,8 @@ impl Config {
         Config::from_raw(raw)
     }
 
-    /// Validates a config's raw form.
+    /// Validates a config's raw form, section by section (the first error found is the one
+    /// reported, in this order).
     pub fn from_raw(raw: RawConfig) -> Result<Config, ConfigError> {
         let interface = required(raw.interface, "interface")?;
         check_interface_name(&interface, "interface")?;
@@ -178,78 +181,13 @@ impl Config {
             Some(m) => parse_field(&m, "attach_mode")?,
             None => AttachMode::Native,
         };
-        let pin_dir = match raw.pin_dir {
-            Some(d) if d.starts_with('/') && !d.contains("..") => PathBuf::from(d),
-            Some(d) => {
-                return Err(invalid(
-                    "pin_dir",
-                    format!("{d:?}"),
-                    "must be an absolute path (on a bpffs mount) without '..'",
-                ));
-            }
-            None => Path::new(DEFAULT_PIN_ROOT).join(&interface),
-        };
-        let state_file = match raw.state_file {
-            Some(f) if f.starts_with('/') => PathBuf::from(f),
-            Some(f) => {
-                return Err(invalid(
-                    "state_file",
-                    format!("{f:?}"),
-                    "must be an absolute path",
-                ));
-            }
-            None => Path::new(DEFAULT_STATE_DIR).join(format!("{interface}.state.json")),
-        };
-        let conntrack = ConntrackConfig {
-            max_flows: match raw.conntrack.max_flows {
-                Some(v) => int_in(v, MIN_MAX_FLOWS.into(), 1 << 28, "conntrack.max_flows")?,
-                None => DEFAULT_MAX_FLOWS,
-            },
-            udp_idle_timeout: Duration::from_secs(match raw.conntrack.udp_idle_timeout_secs {
-                Some(v) => int_in(v, 0, 86_400, "conntrack.udp_idle_timeout_secs")?,
-                None => DEFAULT_UDP_IDLE_TIMEOUT_SECS,
-            }),
-            flood_threshold: match raw.conntrack.flood_threshold {
-                Some(v) => int_in(v, 0, u32::MAX.into(), "conntrack.flood_threshold")?,
-                None => DEFAULT_FLOOD_THRESHOLD,
-            },
-            removal_grace: Duration::from_secs(match raw.conntrack.removal_grace_secs {
-                Some(v) => int_in(v, 0, 86_400, "conntrack.removal_grace_secs")?,
-                None => DEFAULT_REMOVAL_GRACE_SECS,
-            }),
-        };
-        let encap = EncapConfig {
-            source_v4: raw
-                .encap
-                .source_v4
-                .map(|s| parse_source(&s, "encap.source_v4", true))
-                .transpose()?,
-            source_v6: raw
-                .encap
-                .source_v6
-                .map(|s| parse_source(&s, "encap.source_v6", false))
-                .transpose()?,
-            mtu: raw
-                .encap
-                .mtu
-                .map(|v| int_in(v, 576, 65_535, "encap.mtu"))
-                .transpose()?,
-        };
+        let pin_dir = validate_pin_dir(raw.pin_dir, &interface)?;
+        let state_file = validate_state_file(raw.state_file, &interface)?;
+        let conntrack = validate_conntrack(raw.conntrack)?;
+        let encap = validate_encap(raw.encap)?;
         let nat = nat::validate_nat(raw.nat, &interface)?;
         let api = daemon::validate_api(raw.api)?;
-        let metrics = MetricsConfig {
-            listen: raw
-                .metrics
-                .listen
-                .as_deref()
-                .map(|l| match l.parse::<u16>() {
-                    // A port alone listens on loopback: the page is unauthenticated.
-                    Ok(port) if port > 0 => Ok(SocketAddr::from(([127, 0, 0, 1], port))),
-                    _ => parse_socket_addr(l, "metrics.listen"),
-                })
-                .transpose()?,
-        };
-
+        let metrics = validate_metrics(raw.metrics)?;
         if raw.vip.len() > MAX_VIPS as usize {
             return Err(invalid(
                 "vip",
@@ -261,62 +199,9 @@ impl Config {
         let bgp = validate_bgp(raw.bgp)?;
         let tiers = validate_tiers(raw.tier)?;
         let pools = validate_pools(raw.pool)?;
-        let mut vips = Vec::with_capacity(raw.vip.len());
-        let mut members = Vec::with_capacity(raw.vip.len());
-        for (i, block) in raw.vip.into_iter().enumerate() {
-            let label = format!("vip[{i}]");
-            members.extend(service::expand(block, &label)?.into_iter().map(|m| (i, m)));
-        }
-        for (i, raw_vip) in members {
-            let vip = validate_vip(raw_vip, &format!("vip[{i}]"))?;
-            for (j, b) in vip.backends.iter().enumerate() {
-                if let Some(t) = &b.tier
-                    && !tiers.iter().any(|x| &x.name == t)
-                {
-                    return Err(invalid(
-                        format!("vip[{i}].backend[{j}].tier"),
-                        format!("{t:?}"),
-                        "no [[tier]] has this name",
-                    ));
-                }
-            }
-            if let Some(a) = &vip.admission {
-                admission::check_tiers(a, &tiers, &vip.backends, &format!("vip[{i}]"))?;
-            }
-            match (&vip.pool, &vip.model) {
-                (Some(p), _) if !pools.iter().any(|x| &x.name == p) => {
-                    return Err(invalid(
-                        format!("vip[{i}].pool"),
-                        format!("{p:?}"),
-                        "no [[pool]] has this name",
-                    ));
-                }
-                (None, Some(m)) => {
-                    return Err(invalid(
-                        format!("vip[{i}].model"),
-                        format!("{m:?}"),
-                        "model routing needs a pool",
-                    ));
-                }
-                _ => {}
-            }
-            vips.push(vip);
-        }
+        let vips = validate_vips(raw.vip, &tiers, &pools)?;
         check_vip_set(&vips)?;
-        for t in &tiers {
-            let overflow = |v: &VipConfig| {
-                v.admission
-                    .as_ref()
-                    .is_some_and(|a| a.overflow.as_deref() == Some(t.name.as_str()))
-            };
-            if t.prefixes.is_empty() && t.dscp.is_empty() && !vips.iter().any(overflow) {
-                return Err(invalid(
-                    format!("tier[{}].prefixes", t.id - 1),
-                    "(none)",
-                    "a tier needs client prefixes or DSCP values (or to be a VIP's admission overflow)",
-                ));
-            }
-        }
+        check_tiers_used(&tiers, &vips)?;
         let mut config = Config {
             interface,
             attach_mode,
@@ -451,4 +336,163 @@ impl Config {
              # written here. Edit by hand, then `balancer reload`.\n\n{body}"
         )
     }
+}
+
+/// `pin_dir`: an absolute path without `..`; by default under the pin root, named for the
+/// interface.
+fn validate_pin_dir(raw: Option<String>, interface: &str) -> Result<PathBuf, ConfigError> {
+    match raw {
+        Some(d) if d.starts_with('/') && !d.contains("..") => Ok(PathBuf::from(d)),
+        Some(d) => Err(invalid(
+            "pin_dir",
+            format!("{d:?}"),
+            "must be an absolute path (on a bpffs mount) without '..'",
+        )),
+        None => Ok(Path::new(DEFAULT_PIN_ROOT).join(interface)),
+    }
+}
+
+/// `state_file`: an absolute path; by default in the state directory, named for the interface.
+fn validate_state_file(raw: Option<String>, interface: &str) -> Result<PathBuf, ConfigError> {
+    match raw {
+        Some(f) if f.starts_with('/') => Ok(PathBuf::from(f)),
+        Some(f) => Err(invalid(
+            "state_file",
+            format!("{f:?}"),
+            "must be an absolute path",
+        )),
+        None => Ok(Path::new(DEFAULT_STATE_DIR).join(format!("{interface}.state.json"))),
+    }
+}
+
+/// `[conntrack]`: each setting within its range, or its default.
+fn validate_conntrack(raw: RawConntrack) -> Result<ConntrackConfig, ConfigError> {
+    Ok(ConntrackConfig {
+        max_flows: match raw.max_flows {
+            Some(v) => int_in(v, MIN_MAX_FLOWS.into(), 1 << 28, "conntrack.max_flows")?,
+            None => DEFAULT_MAX_FLOWS,
+        },
+        udp_idle_timeout: Duration::from_secs(match raw.udp_idle_timeout_secs {
+            Some(v) => int_in(v, 0, 86_400, "conntrack.udp_idle_timeout_secs")?,
+            None => DEFAULT_UDP_IDLE_TIMEOUT_SECS,
+        }),
+        flood_threshold: match raw.flood_threshold {
+            Some(v) => int_in(v, 0, u32::MAX.into(), "conntrack.flood_threshold")?,
+            None => DEFAULT_FLOOD_THRESHOLD,
+        },
+        removal_grace: Duration::from_secs(match raw.removal_grace_secs {
+            Some(v) => int_in(v, 0, 86_400, "conntrack.removal_grace_secs")?,
+            None => DEFAULT_REMOVAL_GRACE_SECS,
+        }),
+    })
+}
+
+/// `[encap]`: the tunnel sources (of their own family) and the MTU.
+fn validate_encap(raw: RawEncap) -> Result<EncapConfig, ConfigError> {
+    Ok(EncapConfig {
+        source_v4: raw
+            .source_v4
+            .map(|s| parse_source(&s, "encap.source_v4", true))
+            .transpose()?,
+        source_v6: raw
+            .source_v6
+            .map(|s| parse_source(&s, "encap.source_v6", false))
+            .transpose()?,
+        mtu: raw
+            .mtu
+            .map(|v| int_in(v, 576, 65_535, "encap.mtu"))
+            .transpose()?,
+    })
+}
+
+/// `[metrics]`: where the page listens; a port alone listens on loopback (the page is
+/// unauthenticated).
+fn validate_metrics(raw: RawMetrics) -> Result<MetricsConfig, ConfigError> {
+    Ok(MetricsConfig {
+        listen: raw
+            .listen
+            .as_deref()
+            .map(|l| match l.parse::<u16>() {
+                Ok(port) if port > 0 => Ok(SocketAddr::from(([127, 0, 0, 1], port))),
+                _ => parse_socket_addr(l, "metrics.listen"),
+            })
+            .transpose()?,
+    })
+}
+
+/// The `[[vip]]` blocks: each service expanded into its members, each member valid, its
+/// backends' tiers, its admission's tiers and its pool known.
+fn validate_vips(
+    raw: Vec<RawVip>,
+    tiers: &[TierConfig],
+    pools: &[PoolConfig],
+) -> Result<Vec<VipConfig>, ConfigError> {
+    let mut vips = Vec::with_capacity(raw.len());
+    let mut members = Vec::with_capacity(raw.len());
+    for (i, block) in raw.into_iter().enumerate() {
+        let label = format!("vip[{i}]");
+        members.extend(service::expand(block, &label)?.into_iter().map(|m| (i, m)));
+    }
+    for (i, raw_vip) in members {
+        let vip = validate_vip(raw_vip, &format!("vip[{i}]"))?;
+        check_vip_references(&vip, i, tiers, pools)?;
+        vips.push(vip);
+    }
+    Ok(vips)
+}
+
+/// What VIP `i` names outside itself: its backends' tiers, its admission's tiers, its pool (a
+/// `model` needs one).
+fn check_vip_references(
+    vip: &VipConfig,
+    i: usize,
+    tiers: &[TierConfig],
+    pools: &[PoolConfig],
+) -> Result<(), ConfigError> {
+    for (j, b) in vip.backends.iter().enumerate() {
+        if let Some(t) = &b.tier
+            && !tiers.iter().any(|x| &x.name == t)
+        {
+            return Err(invalid(
+                format!("vip[{i}].backend[{j}].tier"),
+                format!("{t:?}"),
+                "no [[tier]] has this name",
+            ));
+        }
+    }
+    if let Some(a) = &vip.admission {
+        admission::check_tiers(a, tiers, &vip.backends, &format!("vip[{i}]"))?;
+    }
+    match (&vip.pool, &vip.model) {
+        (Some(p), _) if !pools.iter().any(|x| &x.name == p) => Err(invalid(
+            format!("vip[{i}].pool"),
+            format!("{p:?}"),
+            "no [[pool]] has this name",
+        )),
+        (None, Some(m)) => Err(invalid(
+            format!("vip[{i}].model"),
+            format!("{m:?}"),
+            "model routing needs a pool",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Each tier has client prefixes or DSCP values, or is some VIP's admission overflow.
+fn check_tiers_used(tiers: &[TierConfig], vips: &[VipConfig]) -> Result<(), ConfigError> {
+    for t in tiers {
+        let overflow = |v: &VipConfig| {
+            v.admission
+                .as_ref()
+                .is_some_and(|a| a.overflow.as_deref() == Some(t.name.as_str()))
+        };
+        if t.prefixes.is_empty() && t.dscp.is_empty() && !vips.iter().any(overflow) {
+            return Err(invalid(
+                format!("tier[{}].prefixes", t.id - 1),
+                "(none)",
+                "a tier needs client prefixes or DSCP values (or to be a VIP's admission overflow)",
+            ));
+        }
+    }
+    Ok(())
 }

@@ -2,11 +2,12 @@
 
 use std::time::Duration;
 
+use super::backends::{BackendConfig, validate_backend};
 use super::error::{ConfigError, invalid};
 use super::fields::{int_in, required};
 use super::raw::{RawBackend, RawPool};
 use super::telemetry::{RawAccess, ScrapeAccess, validate_access};
-use super::vip::{BackendConfig, Discovery, valid_name, validate_backend};
+use super::vip::{Discovery, valid_name};
 
 /// Backends grouped for model routing: a VIP with `pool` and `model` gets the pool's backends
 /// that serve the model (a backend serving several models joins several VIPs).

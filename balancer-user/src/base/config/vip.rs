@@ -13,19 +13,20 @@ use balancer_common::maps::{
 };
 
 use super::policy::PolicyConfig;
-use crate::base::net::{MacAddr, Prefix, Protocol};
+use crate::base::net::{Prefix, Protocol};
 
+use super::DEFAULT_GUE_PORT;
 use super::admission::{AdmissionConfig, validate_admission};
+use super::backends::{BackendConfig, validate_backends};
 use super::error::{ConfigError, invalid};
 use super::fields::{float_in, int_in, parse_field, parse_ip, required};
 use super::health::{HealthConfig, validate_health};
 use super::nat::{NatSource, validate_nat_source};
-use super::raw::{RawBackend, RawVip};
+use super::raw::RawVip;
 use super::telemetry::{
     TelemetryConfig, TelemetrySource, policy_to_raw, telemetry_to_raw, validate_policy,
     validate_telemetry,
 };
-use super::{DEFAULT_GUE_PORT, MAX_WEIGHT};
 
 /// How a VIP's packets reach the backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,23 +64,6 @@ impl FromStr for Forwarding {
             _ => Err("expected \"l2-dsr\", \"ipip\", \"gue\" or \"nat\"".into()),
         }
     }
-}
-
-/// One backend of a VIP.
-#[derive(Clone, Debug, PartialEq)]
-pub struct BackendConfig {
-    pub address: IpAddr,
-    /// Relative share of new flows; 0 takes none (established flows continue).
-    pub weight: u32,
-    /// Drained: no new flows, established ones continue; the weight is kept for undrain.
-    pub drained: bool,
-    /// Next-hop MAC; default: looked up in the neighbour table (the backend's own when on
-    /// the link, else its gateway's).
-    pub mac: Option<MacAddr>,
-    /// Dedicated to this priority tier's clients (a `[[tier]]` name); `None`: the shared pool.
-    pub tier: Option<String>,
-    /// Joined from this `[[pool]]` (model routing), not listed in the VIP itself.
-    pub from_pool: Option<String>,
 }
 
 /// How a pool learns which models its backends serve.
@@ -198,19 +182,6 @@ impl VipConfig {
     }
 }
 
-impl BackendConfig {
-    /// The backend in its file form.
-    pub fn to_raw(&self) -> RawBackend {
-        RawBackend {
-            address: Some(self.address.to_string()),
-            weight: Some(self.weight.into()),
-            drained: self.drained.then_some(true),
-            mac: self.mac.map(|m| m.to_string()),
-            tier: self.tier.clone(),
-        }
-    }
-}
-
 /// Checks what only the whole set of VIPs can tell: endpoints and names unique, backends
 /// within capacity.
 pub fn check_vip_set(vips: &[VipConfig]) -> Result<(), ConfigError> {
@@ -275,42 +246,6 @@ pub(super) fn parse_source(text: &str, key: &str, v4: bool) -> Result<Prefix, Co
             },
         )),
     }
-}
-
-/// Validates one backend; `label` prefixes the keys in errors (e.g. `vip[0].backend[2]`).
-pub fn validate_backend(raw: RawBackend, label: &str) -> Result<BackendConfig, ConfigError> {
-    let key = |k: &str| format!("{label}.{k}");
-    let text = required(raw.address, &key("address"))?;
-    let address = parse_ip(&text, &key("address"))?;
-    if address.is_unspecified() || address.is_multicast() {
-        return Err(invalid(
-            key("address"),
-            format!("{text:?}"),
-            "a backend must be a unicast address",
-        ));
-    }
-    let weight = match raw.weight {
-        Some(w) => int_in(w, 0, MAX_WEIGHT.into(), &key("weight"))?,
-        None => 1,
-    };
-    let mac = raw
-        .mac
-        .map(|m| parse_field::<MacAddr>(&m, &key("mac")))
-        .transpose()?;
-    let tier = match raw.tier {
-        Some(t) if !valid_name(&t) => {
-            return Err(invalid(key("tier"), format!("{t:?}"), "not a tier name"));
-        }
-        t => t,
-    };
-    Ok(BackendConfig {
-        address,
-        weight,
-        drained: raw.drained.unwrap_or(false),
-        mac,
-        tier,
-        from_pool: None,
-    })
 }
 
 /// Validates one VIP; `label` prefixes the keys in errors (e.g. `vip[3]`).
@@ -513,37 +448,6 @@ fn validate_load_bound(
         ));
     }
     Ok(((f - 1.0) * 100.0).round().clamp(1.0, 255.0) as u8)
-}
-
-/// A VIP's backends: each valid, each once, a `nat` VIP's of its address family.
-fn validate_backends(
-    raw: Vec<RawBackend>,
-    forwarding: Forwarding,
-    address: IpAddr,
-    label: &str,
-) -> Result<Vec<BackendConfig>, ConfigError> {
-    let mut backends = Vec::with_capacity(raw.len());
-    let mut seen = HashSet::new();
-    for (j, b) in raw.into_iter().enumerate() {
-        let blabel = format!("{label}.backend[{j}]");
-        let backend = validate_backend(b, &blabel)?;
-        if forwarding == Forwarding::Nat && backend.address.is_ipv4() != address.is_ipv4() {
-            return Err(invalid(
-                format!("{blabel}.address"),
-                format!("{:?}", backend.address.to_string()),
-                "a nat VIP's backends are of its address family (the backend's address replaces the VIP's)",
-            ));
-        }
-        if !seen.insert(backend.address) {
-            return Err(invalid(
-                format!("{blabel}.address"),
-                format!("{:?}", backend.address.to_string()),
-                "this backend is listed twice for the VIP",
-            ));
-        }
-        backends.push(backend);
-    }
-    Ok(backends)
 }
 
 /// The source prefix lengths of tenant affinity: each within its family's address length, and
