@@ -353,25 +353,8 @@ fn snat_port(
 ) -> Option<Option<u16>> {
     let flags = p.tcp_flags();
     let now = now_ticks();
-    if let Some(v) = SNAT_FLOWS.get_ptr_mut(&s.flow_key) {
-        // SAFETY: a map value, valid for the program's run; fields written whole.
-        let v = unsafe { &mut *v };
-        if v.backend == backend.addr && v.source == source.addr {
-            if v.last_seen != now {
-                v.last_seen = now;
-            }
-            if flags & FIN_OR_RST != 0 {
-                v.closing = SNAT_CLOSING;
-            } else if flags & TCP_SYN != 0 {
-                // A SYN (again, or reusing the tuple): embryonic until its ACK.
-                if v.closing != SNAT_EMBRYONIC {
-                    v.closing = SNAT_EMBRYONIC;
-                }
-            } else if flags & TCP_ACK != 0 && v.closing == SNAT_EMBRYONIC {
-                v.closing = 0;
-            }
-            return Some(Some(v.nat_port));
-        }
+    if let Some(port) = known_snat_port(backend, source, s, flags, now) {
+        return Some(Some(port));
     }
     // A new flow (or one whose backend changed): a TCP one only from a SYN, which claims a
     // free port, embryonic until the handshake completes.
@@ -401,6 +384,76 @@ fn snat_port(
     } else {
         0
     };
+    claim_port(backend, source, s, client_mac, now)?;
+    let f = &mut s.flow;
+    f.backend = backend.addr;
+    f.source = source.addr;
+    f.last_seen = now;
+    f.nat_port = s.reply.client_port;
+    f.closing = closing;
+    f._pad = [0; 5];
+    if SNAT_FLOWS
+        .insert(&s.flow_key, &s.flow, u64::from(BPF_ANY))
+        .is_err()
+    {
+        let _ = SNAT_PORTS.remove(&s.reply);
+        count_nat(Refused::TableFull);
+        return None;
+    }
+    match held {
+        Some(held) => atomic_add(held, 1),
+        // Two CPUs may both insert: one count is lost until the daemon's next sweep.
+        None if quota != 0 => {
+            let _ = SNAT_CLIENTS.insert(&s.client, &1, 0);
+        }
+        None => {}
+    }
+    Some(Some(s.reply.client_port))
+}
+
+/// The port of the flow in `s.flow_key` if `SNAT_FLOWS` holds it for this backend and source,
+/// its entry brought up to date by the packet's `flags`.
+#[inline(always)]
+fn known_snat_port(
+    backend: &Backend,
+    source: &SnatSource,
+    s: &NatScratch,
+    flags: u8,
+    now: u64,
+) -> Option<u16> {
+    let v = SNAT_FLOWS.get_ptr_mut(&s.flow_key)?;
+    // SAFETY: a map value, valid for the program's run; fields written whole.
+    let v = unsafe { &mut *v };
+    if v.backend != backend.addr || v.source != source.addr {
+        return None;
+    }
+    if v.last_seen != now {
+        v.last_seen = now;
+    }
+    if flags & FIN_OR_RST != 0 {
+        v.closing = SNAT_CLOSING;
+    } else if flags & TCP_SYN != 0 {
+        // A SYN (again, or reusing the tuple): embryonic until its ACK.
+        if v.closing != SNAT_EMBRYONIC {
+            v.closing = SNAT_EMBRYONIC;
+        }
+    } else if flags & TCP_ACK != 0 && v.closing == SNAT_EMBRYONIC {
+        v.closing = 0;
+    }
+    Some(v.nat_port)
+}
+
+/// Claims a free port of `source` for the flow in `s.flow_key` (its way back in
+/// `SNAT_PORTS`, the port in `s.reply.client_port`), trying `SNAT_PROBES` random ones; `None`
+/// (counted) when none was free or the table is full.
+#[inline(always)]
+fn claim_port(
+    backend: &Backend,
+    source: &SnatSource,
+    s: &mut NatScratch,
+    client_mac: [u8; 6],
+    now: u64,
+) -> Option<()> {
     reply_key(s, backend, &source.addr, 0);
     let w = &mut s.way_back;
     w.client = s.flow_key.client;
@@ -432,30 +485,7 @@ fn snat_port(
         });
         return None;
     }
-    let f = &mut s.flow;
-    f.backend = backend.addr;
-    f.source = source.addr;
-    f.last_seen = now;
-    f.nat_port = s.reply.client_port;
-    f.closing = closing;
-    f._pad = [0; 5];
-    if SNAT_FLOWS
-        .insert(&s.flow_key, &s.flow, u64::from(BPF_ANY))
-        .is_err()
-    {
-        let _ = SNAT_PORTS.remove(&s.reply);
-        count_nat(Refused::TableFull);
-        return None;
-    }
-    match held {
-        Some(held) => atomic_add(held, 1),
-        // Two CPUs may both insert: one count is lost until the daemon's next sweep.
-        None if quota != 0 => {
-            let _ = SNAT_CLIENTS.insert(&s.client, &1, 0);
-        }
-        None => {}
-    }
-    Some(Some(s.reply.client_port))
+    Some(())
 }
 
 /// Why a packet got no source-NAT port.
