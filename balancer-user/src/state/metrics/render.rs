@@ -323,7 +323,18 @@ fn weight_families(f: &mut Families, vip: &str, b: &WeightRow) {
         &l,
         flag(b.returning_elsewhere),
     );
-    let Some(s) = &b.signals else { return };
+    if let Some(s) = &b.signals {
+        report_families(f, &l, s, b.report_age_ms);
+    }
+}
+
+/// What a backend's latest report said, the policy's inputs (a family per signal it gave).
+fn report_families(
+    f: &mut Families,
+    l: &[(&str, &str)],
+    s: &crate::steering::telemetry::signals::Signals,
+    report_age_ms: Option<u64>,
+) {
     let inputs = [
         (
             "balancer_backend_kv_cache_usage",
@@ -383,12 +394,12 @@ fn weight_families(f: &mut Families, vip: &str, b: &WeightRow) {
         (
             "balancer_backend_report_age_seconds",
             "Age of a backend's latest report.",
-            b.report_age_ms.map(|a| a as f64 / 1000.0),
+            report_age_ms.map(|a| a as f64 / 1000.0),
         ),
     ];
     for (name, help, value) in inputs {
         if let Some(value) = value {
-            f.gauge(name, help, &l, value);
+            f.gauge(name, help, l, value);
         }
     }
 }
