@@ -10,6 +10,7 @@ pub mod cpu_account;
 pub mod dataplane;
 pub mod e2e;
 pub mod fleet;
+pub mod history;
 pub mod llm;
 pub mod load;
 pub mod page;

@@ -3,7 +3,7 @@
 use anyhow::{Context as _, Result};
 use balancer_bench::load::stats::Slo;
 use balancer_bench::load::workload::Shape;
-use balancer_bench::{self as bench, client, control, dataplane, e2e, fleet, llm};
+use balancer_bench::{self as bench, client, control, dataplane, e2e, fleet, history, llm};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -181,10 +181,35 @@ struct ClientArgs {
     seconds: u32,
 }
 
+#[derive(clap::Args)]
+struct HistoryArgs {
+    /// The commits to compare, oldest first (at least two; anything `git rev-parse` takes):
+    /// each is built in a worktree under target/history/ and its program loaded by its own
+    /// daemon.
+    #[arg(required = true, num_args = 2.., value_name = "COMMIT")]
+    commits: Vec<String>,
+    /// Interleaved rounds.
+    #[arg(long, default_value_t = 10)]
+    rounds: usize,
+    /// Runs per syscall for the paths timed with the kernel's repeat.
+    #[arg(long, default_value_t = 1_000_000)]
+    repeat: u32,
+    /// Single-run syscalls per round for the encapsulating path.
+    #[arg(long, default_value_t = 20_000)]
+    singles: u32,
+    /// Load every build afresh (its daemon started again on a fresh pin directory) every N
+    /// rounds (0: once).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    reload_every: usize,
+}
+
 #[derive(Subcommand)]
 enum Bench {
     /// ns/packet of the XDP program per path (BPF_PROG_TEST_RUN), vs a bare XDP_PASS.
     Dataplane(DataplaneArgs),
+    /// ns/packet of the XDP program as several commits built it, each loaded and configured by
+    /// its own daemon, in the same rounds: each build against the one before it.
+    History(HistoryArgs),
     /// The balancer against nftables DNAT, HAProxy (TCP mode) and no balancer, in the same
     /// rack: new connections/s, keep-alive requests/s, UDP packets/s, p50/p99 latency, CPU per
     /// packet.
@@ -215,6 +240,7 @@ fn main() -> Result<()> {
     let page = args.page.as_deref();
     match args.bench {
         Bench::Dataplane(a) => dataplane_bench(a, page)?,
+        Bench::History(a) => history_bench(a, page)?,
         Bench::E2e(a) => e2e_bench(a, page)?,
         Bench::Control => {
             let figures = control::run()?;
@@ -273,6 +299,32 @@ fn dataplane_bench(a: DataplaneArgs, page: Option<&std::path::Path>) -> Result<(
         until_width,
     })?;
     publish("dataplane", &figures, Some(&dataplane::PAGE), page)?;
+    Ok(())
+}
+
+/// `balancer-bench history`.
+fn history_bench(a: HistoryArgs, page: Option<&std::path::Path>) -> Result<()> {
+    if !(2..=1000).contains(&a.rounds) {
+        anyhow::bail!("--rounds must be in 2..=1000");
+    }
+    if a.commits.len() > 16 {
+        anyhow::bail!("at most 16 commits");
+    }
+    let root = workspace_root();
+    let figures = history::run(&history::Settings {
+        root: &root,
+        commits: &a.commits,
+        rounds: a.rounds,
+        repeat: a.repeat,
+        singles: a.singles,
+        reload_every: a.reload_every,
+    })?;
+    publish("history", &figures, None, None)?;
+    if let Some(to) = page {
+        let command = format!("cargo xtask bench history -- {}", a.commits.join(" "));
+        bench::page::write(to, &history::PAGE, &figures, &command)?;
+        println!("wrote {}", to.display());
+    }
     Ok(())
 }
 

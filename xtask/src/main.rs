@@ -84,7 +84,8 @@ enum Task {
     /// docs/benchmarks/<name>.md (dataplane, e2e, control, fleet; llm writes
     /// docs/results/llm/).
     Bench {
-        /// Which benchmark: dataplane, e2e (vs nftables and HAProxy), control, fleet (a weight
+        /// Which benchmark: dataplane, history (the per-packet cost of several commits' builds,
+        /// e.g. `history -- fe6e292 HEAD`), e2e (vs nftables and HAProxy), control, fleet (a weight
         /// change's way from the leader to every follower), llm (routing vs the L7 routers, load
         /// sweeps), calibrate (the simulator against the real vLLM), client (inference-perf
         /// from PyPI); all of dataplane, e2e, control, fleet and llm when absent.
@@ -266,6 +267,7 @@ fn capture_pages(lock: Option<PathBuf>, llamacpp: bool) -> Result<()> {
 fn bench(name: Option<&str>, args: &[String]) -> Result<()> {
     const BENCHES: &[&str] = &[
         "dataplane",
+        "history",
         "e2e",
         "control",
         "fleet",
