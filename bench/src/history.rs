@@ -12,22 +12,19 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use aya::programs::{TestRun, TestRunOptions};
-use balancer::dataplane::ebpf;
+use aya::programs::{TestRun, TestRunOptions, Xdp};
+use aya_obj::programs::XdpAttachType;
 use balancer_tests::netns::{Netns, PREFIX, sweep};
-use balancer_tests::packet::{XDP_PASS, XDP_TX, backend_mac, run_fd_repeat, tcp_frame, udp_frame};
+use balancer_tests::packet::{XDP_PASS, XDP_TX, backend_mac, tcp_frame, udp_frame};
 use balancer_tests::rack::{Process, mount_pin_root, pin_root, poll};
 
-use super::{Figures, geomean_with_95, median, verdict};
-
-/// Bootstrap resamples behind each ratio's 95% interval.
-const BOOTSTRAP_RESAMPLES: usize = 10_000;
+use super::dataplane::{Bare, Method};
+use super::{BOOTSTRAP_RESAMPLES, Figures, geomean_with_95, median, verdict};
 
 /// What `balancer-bench history` runs.
 pub struct Settings<'a> {
@@ -42,15 +39,6 @@ pub struct Settings<'a> {
     pub singles: u32,
     /// Load every build afresh every this many rounds (0: once).
     pub reload_every: usize,
-}
-
-/// How a path is timed.
-#[derive(Clone, Copy, PartialEq)]
-enum Method {
-    /// One syscall, the kernel's `repeat`.
-    Repeat,
-    /// Many single-run syscalls (the path rewrites its input).
-    Single,
 }
 
 /// A path every build has: the frame timed, the frame that opens its flow first (if any), the
@@ -232,44 +220,41 @@ fn build(root: &Path, commit: &str) -> Result<Build> {
     })
 }
 
-/// `BPF_OBJ_GET`: a pinned object's fd.
-fn pinned_fd(path: &Path) -> Result<OwnedFd> {
-    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
-    let mut attr = [0u8; 128];
-    attr[0..8].copy_from_slice(&(c_path.as_ptr() as u64).to_ne_bytes());
-    // SAFETY: a zeroed bpf_attr for BPF_OBJ_GET (command 7) naming a live C string.
-    let fd = unsafe { libc::syscall(libc::SYS_bpf, 7, attr.as_mut_ptr(), attr.len() as u32) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("opening the pinned program {}", path.display()));
-    }
-    // SAFETY: a new fd the kernel gave us, owned here alone.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
-}
-
-/// `BPF_PROG_TEST_RUN` of the program behind `fd`: the action and the kernel's mean ns per run.
-fn test_run(fd: &OwnedFd, frame: &[u8], repeat: u32) -> Result<(u32, f64)> {
-    let mut out = vec![0u8; 4096];
-    let (action, _, ns) =
-        run_fd_repeat(fd.as_raw_fd(), frame, &mut out, repeat).context("BPF_PROG_TEST_RUN")?;
-    Ok((action, f64::from(ns)))
+/// `BPF_PROG_TEST_RUN` of `program` `repeat` times: the action and the kernel's mean ns per run.
+fn test_run(program: &mut Xdp, frame: &[u8], repeat: u32) -> Result<(u32, f64)> {
+    let mut out = [0u8; 4096];
+    let r = program
+        .test_run(TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            repeat,
+            ..TestRunOptions::default()
+        })
+        .context("BPF_PROG_TEST_RUN")?;
+    Ok((r.return_value, r.duration.as_nanos() as f64))
 }
 
 /// The namespace the daemons run in, and where each build's program is pinned.
 struct Bench {
     ns: Netns,
     run_dir: PathBuf,
+    /// Builds, each with its pin directory.
+    builds: usize,
 }
 
 impl Bench {
-    fn new(root: &Path) -> Result<Bench> {
+    fn new(root: &Path, builds: usize) -> Result<Bench> {
         let name = format!("{PREFIX}-hist");
         sweep(&name);
         let ns = Netns::create(&name)?;
         let run_dir = work_dir(root).join("run");
         std::fs::create_dir_all(&run_dir)?;
         mount_pin_root()?;
-        Ok(Bench { ns, run_dir })
+        Ok(Bench {
+            ns,
+            run_dir,
+            builds,
+        })
     }
 
     fn pin_dir(i: usize) -> PathBuf {
@@ -278,7 +263,7 @@ impl Bench {
 
     /// Loads build `i` through its daemon on a fresh pin directory and interface; the pinned
     /// program once it forwards a SYN, the daemon killed.
-    fn load(&self, i: usize, build: &Build, load: usize) -> Result<OwnedFd> {
+    fn load(&self, i: usize, build: &Build, load: usize) -> Result<Xdp> {
         let pins = Bench::pin_dir(i);
         let _ = std::fs::remove_dir_all(&pins);
         let interface = format!("hist{i}");
@@ -294,62 +279,56 @@ impl Bench {
         let argv = [daemon.as_ref(), "run", "--config", config_text.as_ref()];
         let mut process = Process::spawn(&self.ns, &name, &argv, &self.run_dir)?;
         process.wait_for_log("balancer ready", Duration::from_secs(60))?;
-        let fd = pinned_fd(&pins.join("prog"))?;
+        let pin = pins.join("prog");
+        let mut program = Xdp::from_pin(&pin, XdpAttachType::Interface)
+            .with_context(|| format!("opening the pinned program {}", pin.display()))?;
         let syn = tcp_frame(ip(CLIENT), 999, ip(VIP4), 80, true, b"");
         let forwards = poll(Duration::from_secs(10), || {
-            matches!(test_run(&fd, &syn, 1), Ok((XDP_TX, _))).then_some(())
+            matches!(test_run(&mut program, &syn, 1), Ok((XDP_TX, _))).then_some(())
         });
         if forwards.is_none() {
             bail!("{}'s program did not forward a SYN to its VIP", build.sha);
         }
         process.signal_and_wait(libc::SIGKILL, Duration::from_secs(5))?;
-        Ok(fd)
+        Ok(program)
     }
 }
 
 impl Drop for Bench {
     fn drop(&mut self) {
-        for i in 0..64 {
+        for i in 0..self.builds {
             let _ = std::fs::remove_dir_all(Bench::pin_dir(i));
         }
     }
 }
 
-/// Runs `case` on a build's program `singles` times or once with `repeat`: mean ns per run.
-fn time_case(fd: &OwnedFd, case: &Case, repeat: u32, singles: u32) -> Result<f64> {
-    let (runs, per_call) = match case.method {
+/// Mean ns per run by `method`: one call of `repeat` runs, or `singles` calls of one run.
+fn mean_ns(
+    method: Method,
+    repeat: u32,
+    singles: u32,
+    mut call: impl FnMut(u32) -> Result<f64>,
+) -> Result<f64> {
+    let (calls, per_call) = match method {
         Method::Repeat => (1, repeat),
         Method::Single => (singles, 1),
     };
     let mut total = 0.0;
-    for _ in 0..runs {
-        let (action, ns) = test_run(fd, &case.frame, per_call)?;
+    for _ in 0..calls {
+        total += call(per_call)?;
+    }
+    Ok(total / f64::from(calls))
+}
+
+/// Mean ns per run of `case` on a build's program, each run's action checked.
+fn time_case(program: &mut Xdp, case: &Case, repeat: u32, singles: u32) -> Result<f64> {
+    mean_ns(case.method, repeat, singles, |n| {
+        let (action, ns) = test_run(program, &case.frame, n)?;
         if action != case.expect {
             bail!("{}: action {action}, expected {}", case.key, case.expect);
         }
-        total += ns;
-    }
-    Ok(total / f64::from(runs))
-}
-
-/// The bare `XDP_PASS` program's ns per run, by method.
-fn time_pass(pass: &mut aya::Ebpf, frame: &[u8], method: Method, t: (u32, u32)) -> Result<f64> {
-    let program = ebpf::program(pass, ebpf::PASS_PROGRAM)?;
-    let (runs, repeat) = match method {
-        Method::Repeat => (1, t.0),
-        Method::Single => (t.1, 1),
-    };
-    let mut total = 0.0;
-    for _ in 0..runs {
-        let r = program.test_run(TestRunOptions {
-            data_in: Some(frame),
-            data_out: Some(&mut vec![0u8; 4096]),
-            repeat,
-            ..TestRunOptions::default()
-        })?;
-        total += r.duration.as_nanos() as f64;
-    }
-    Ok(total / f64::from(runs))
+        Ok(ns)
+    })
 }
 
 /// Times: per path, per build, per round.
@@ -366,22 +345,22 @@ pub fn run(s: &Settings) -> Result<Figures> {
         .iter()
         .map(|c| build(s.root, c))
         .collect::<Result<Vec<_>>>()?;
-    let bench = Bench::new(s.root)?;
+    let bench = Bench::new(s.root, builds.len())?;
     let cases = cases();
-    let mut pass = ebpf::load_decap()?;
+    let mut bare = Bare::load()?;
     let mut times: Times = BTreeMap::new();
     let mut pass_times: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
-    let mut programs: Vec<OwnedFd> = Vec::new();
+    let mut programs: Vec<Xdp> = Vec::new();
     let mut loads = 0;
     for round in 0..s.rounds {
         if programs.is_empty() || (s.reload_every > 0 && round % s.reload_every == 0) {
             programs.clear();
             for (i, b) in builds.iter().enumerate() {
-                let fd = bench.load(i, b, loads)?;
+                let mut program = bench.load(i, b, loads)?;
                 for opener in cases.iter().filter_map(|c| c.opener.as_ref()) {
-                    test_run(&fd, opener, 1)?;
+                    test_run(&mut program, opener, 1)?;
                 }
-                programs.push(fd);
+                programs.push(program);
             }
             loads += 1;
         }
@@ -392,14 +371,15 @@ pub fn run(s: &Settings) -> Result<Figures> {
             // Each round starts with another build, so no build always runs first.
             for k in 0..builds.len() {
                 let i = (k + round) % builds.len();
-                per_build[i].push(time_case(&programs[i], case, s.repeat, s.singles)?);
+                per_build[i].push(time_case(&mut programs[i], case, s.repeat, s.singles)?);
             }
         }
         for (key, method) in [
             ("xdp_pass", Method::Repeat),
             ("xdp_pass_single", Method::Single),
         ] {
-            let t = time_pass(&mut pass, &cases[0].frame, method, (s.repeat, s.singles))?;
+            let frame = &cases[0].frame;
+            let t = mean_ns(method, s.repeat, s.singles, |n| bare.run(frame, n))?;
             pass_times.entry(key).or_default().push(t);
         }
         println!("round {} of {}", round + 1, s.rounds);

@@ -23,6 +23,9 @@ use anyhow::{Context as _, Result};
 /// A benchmark's figures: flat keys with units in their names.
 pub type Figures = BTreeMap<String, f64>;
 
+/// Bootstrap resamples of the per-round ratios behind each 95% interval.
+pub const BOOTSTRAP_RESAMPLES: usize = 10_000;
+
 /// The median of `samples` (NaN when empty).
 pub use crate::load::stats::median;
 

@@ -25,11 +25,28 @@ fn publish(
     page: Option<&bench::page::Page>,
     to: Option<&std::path::Path>,
 ) -> Result<()> {
+    publish_as(
+        name,
+        figures,
+        page,
+        to,
+        &format!("cargo xtask bench {name}"),
+    )
+}
+
+/// [`publish`], the page naming `command` as the run that made it.
+fn publish_as(
+    name: &str,
+    figures: &bench::Figures,
+    page: Option<&bench::page::Page>,
+    to: Option<&std::path::Path>,
+    command: &str,
+) -> Result<()> {
     let path = bench::write_json(name, figures)?;
     println!("wrote {}", path.display());
     if let Some(to) = to {
         let page = page.with_context(|| format!("the {name} benchmark has no page"))?;
-        bench::page::write(to, page, figures, &format!("cargo xtask bench {name}"))?;
+        bench::page::write(to, page, figures, command)?;
         println!("wrote {}", to.display());
     }
     Ok(())
@@ -319,13 +336,8 @@ fn history_bench(a: HistoryArgs, page: Option<&std::path::Path>) -> Result<()> {
         singles: a.singles,
         reload_every: a.reload_every,
     })?;
-    publish("history", &figures, None, None)?;
-    if let Some(to) = page {
-        let command = format!("cargo xtask bench history -- {}", a.commits.join(" "));
-        bench::page::write(to, &history::PAGE, &figures, &command)?;
-        println!("wrote {}", to.display());
-    }
-    Ok(())
+    let command = format!("cargo xtask bench history -- {}", a.commits.join(" "));
+    publish_as("history", &figures, Some(&history::PAGE), page, &command)
 }
 
 /// `balancer-bench e2e`.

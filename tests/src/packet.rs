@@ -459,17 +459,6 @@ pub fn run_fd(
     frame: &[u8],
     out: &mut [u8],
 ) -> std::io::Result<(u32, usize)> {
-    run_fd_repeat(prog_fd, frame, out, 1).map(|(action, len, _)| (action, len))
-}
-
-/// Runs the XDP program behind `prog_fd` `repeat` times on `frame` in one `BPF_PROG_TEST_RUN`:
-/// the action, the output length and the kernel's mean nanoseconds per run.
-pub fn run_fd_repeat(
-    prog_fd: std::os::fd::RawFd,
-    frame: &[u8],
-    out: &mut [u8],
-    repeat: u32,
-) -> std::io::Result<(u32, usize, u32)> {
     let mut attr = [0u8; 128];
     let put32 =
         |a: &mut [u8; 128], at: usize, v: u32| a[at..at + 4].copy_from_slice(&v.to_ne_bytes());
@@ -480,12 +469,13 @@ pub fn run_fd_repeat(
     put32(&mut attr, 12, out.len() as u32);
     put64(&mut attr, 16, frame.as_ptr() as u64);
     put64(&mut attr, 24, out.as_mut_ptr() as u64);
-    put32(&mut attr, 32, repeat);
+    put32(&mut attr, 32, 1);
     // SAFETY: a zeroed bpf_attr for BPF_PROG_TEST_RUN (command 10) pointing at live buffers.
     let ret = unsafe { libc::syscall(libc::SYS_bpf, 10, attr.as_mut_ptr(), attr.len() as u32) };
     if ret < 0 {
         return Err(std::io::Error::last_os_error());
     }
-    let word = |at: usize| u32::from_ne_bytes(attr[at..at + 4].try_into().expect("4 bytes"));
-    Ok((word(4), word(12) as usize, word(36)))
+    let retval = u32::from_ne_bytes(attr[4..8].try_into().expect("4 bytes"));
+    let len = u32::from_ne_bytes(attr[12..16].try_into().expect("4 bytes")) as usize;
+    Ok((retval, len))
 }

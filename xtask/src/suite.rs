@@ -185,13 +185,21 @@ impl Background {
         Background::spawn("LLM benchmark", cmd, None)
     }
 
-    /// Waits for a test run, then prints its output whole (also when it failed).
-    fn wait_test(mut self) -> Result<()> {
+    /// Waits for the job to end: its exit status and its log.
+    fn finish(&mut self) -> Result<(std::process::ExitStatus, String)> {
         let status = self
             .child
             .wait()
             .with_context(|| format!("waiting for the {}", self.what))?;
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        Ok((
+            status,
+            std::fs::read_to_string(&self.log).unwrap_or_default(),
+        ))
+    }
+
+    /// Waits for a test run, then prints its output whole (also when it failed).
+    fn wait_test(mut self) -> Result<()> {
+        let (status, text) = self.finish()?;
         println!(
             "xtask: the {}'s output ({}):\n{text}",
             self.what,
@@ -203,13 +211,10 @@ impl Background {
         Ok(())
     }
 
+    /// Waits for a build; when it failed, the end of its log in the error.
     fn wait(mut self) -> Result<()> {
-        let status = self
-            .child
-            .wait()
-            .with_context(|| format!("waiting for the {}", self.what))?;
+        let (status, text) = self.finish()?;
         if !status.success() {
-            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
             let tail: Vec<&str> = text.lines().rev().take(40).collect();
             let tail: Vec<&str> = tail.into_iter().rev().collect();
             bail!(

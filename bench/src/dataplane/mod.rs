@@ -28,10 +28,7 @@ use balancer_tests::configs::{
 };
 use balancer_tests::packet::{Harness, XDP_PASS, XDP_TX, tcp_frame};
 
-use super::{Figures, median};
-
-/// Bootstrap resamples of the per-round ratios behind each path's 95% interval.
-const BOOTSTRAP_RESAMPLES: usize = 10_000;
+use super::{BOOTSTRAP_RESAMPLES, Figures, median};
 
 /// Its page: ns per packet by path (`docs/benchmarks/dataplane.md`).
 pub const PAGE: super::page::Page = super::page::Page {
@@ -54,7 +51,7 @@ pub const PAGE: super::page::Page = super::page::Page {
 
 /// How a case is timed.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Method {
+pub(crate) enum Method {
     /// One syscall with `repeat` runs.
     Repeat,
     /// Many syscalls of one run each.
@@ -62,18 +59,19 @@ enum Method {
 }
 
 /// The bare `XDP_PASS` program, for the baseline.
-struct Bare {
+pub(crate) struct Bare {
     object: aya::Ebpf,
 }
 
 impl Bare {
-    fn load() -> Result<Bare> {
+    pub(crate) fn load() -> Result<Bare> {
         Ok(Bare {
             object: ebpf::load_decap()?,
         })
     }
 
-    fn run(&mut self, frame: &[u8], repeat: u32) -> Result<f64> {
+    /// `repeat` runs of `frame` in one call: the kernel's mean ns per run.
+    pub(crate) fn run(&mut self, frame: &[u8], repeat: u32) -> Result<f64> {
         let program = ebpf::program(&mut self.object, ebpf::PASS_PROGRAM)?;
         let mut out = vec![0u8; 4096];
         let r = program
