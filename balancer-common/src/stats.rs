@@ -4,7 +4,8 @@
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Counter {
-    /// Packets returned with `XDP_PASS` (not for a VIP, or a policy pass).
+    /// Packets for a VIP, a VIP address or a NAT flow returned with `XDP_PASS` (packets for
+    /// no VIP pass uncounted, so they cost no counter lookup).
     ActionPass = 0,
     /// Packets returned with `XDP_TX` (forwarded to a backend, or an ICMP answer).
     ActionTx,

@@ -67,9 +67,17 @@ mod build {
 
     impl std::error::Error for IndexError {}
 
-    /// Builds the index of `entries` (keys must be distinct and have a family).
-    pub fn build_index(entries: &[(VipKey, VipMeta)]) -> Result<Vec<VipSlot>, IndexError> {
-        let mut slots = vec![VipSlot::default(); VIP_INDEX_SLOTS as usize];
+    /// Builds the index of `entries` (keys must be distinct and have a family), every slot
+    /// carrying the global NAT bits `nat` (see [`VipSlot::nat`]).
+    pub fn build_index(
+        entries: &[(VipKey, VipMeta)],
+        nat: u32,
+    ) -> Result<Vec<VipSlot>, IndexError> {
+        let empty = VipSlot {
+            nat,
+            ..VipSlot::default()
+        };
+        let mut slots = vec![empty; VIP_INDEX_SLOTS as usize];
         // Insertion in key order: the index depends only on the set of entries.
         let mut sorted: Vec<&(VipKey, VipMeta)> = entries.iter().collect();
         sorted.sort_by_key(|(k, _)| *k);
@@ -84,26 +92,29 @@ mod build {
                 .ok_or(IndexError::NoSlot(*key))?;
             slots[free] = VipSlot {
                 key: *key,
-                _pad: 0,
+                nat,
                 meta: *meta,
             };
         }
         Ok(slots)
     }
 
-    /// Looks a key up the way the XDP program does.
-    pub fn lookup<'a>(slots: &'a [VipSlot], key: &VipKey) -> Option<&'a VipMeta> {
+    /// Looks a key up the way the XDP program does: the VIP's entry, or on a miss the NAT bits
+    /// of the slot the search ended on.
+    pub fn lookup<'a>(slots: &'a [VipSlot], key: &VipKey) -> Result<&'a VipMeta, u32> {
         let hash = vip_hash(key);
+        let mut nat = 0;
         for i in 0..VIP_INDEX_PROBES {
             let slot = &slots[probe_slot(hash, i) as usize];
             if slot.key.family == 0 {
-                return None;
+                return Err(slot.nat);
             }
             if same_key(&slot.key, key) {
-                return Some(&slot.meta);
+                return Ok(&slot.meta);
             }
+            nat = slot.nat;
         }
-        None
+        Err(nat)
     }
 }
 
@@ -135,12 +146,12 @@ mod tests {
                 )
             })
             .collect();
-        let slots = build_index(&entries).unwrap();
+        let slots = build_index(&entries, 0).unwrap();
         for (k, m) in &entries {
-            assert_eq!(lookup(&slots, k), Some(m));
+            assert_eq!(lookup(&slots, k), Ok(m));
         }
         for i in 0..10_000 {
-            assert_eq!(lookup(&slots, &key(0x0b00_0000 + i, 80)), None);
+            assert_eq!(lookup(&slots, &key(0x0b00_0000 + i, 80)), Err(0));
         }
     }
 
@@ -162,9 +173,9 @@ mod tests {
                 })
             })
             .collect();
-        let slots = build_index(&entries).expect("3072 keys within 4 probes");
+        let slots = build_index(&entries, 0).expect("3072 keys within 4 probes");
         for (k, m) in &entries {
-            assert_eq!(lookup(&slots, k), Some(m));
+            assert_eq!(lookup(&slots, k), Ok(m));
         }
     }
 
@@ -173,17 +184,37 @@ mod tests {
         let mut entries: Vec<(VipKey, VipMeta)> = (0..100)
             .map(|i| (key(i, 443), VipMeta::default()))
             .collect();
-        let a = build_index(&entries).unwrap();
+        let a = build_index(&entries, 0).unwrap();
         entries.reverse();
-        assert_eq!(a, build_index(&entries).unwrap());
+        assert_eq!(a, build_index(&entries, 0).unwrap());
     }
 
     #[test]
     fn keys_without_a_family_are_refused() {
         let bad = VipKey::default();
         assert_eq!(
-            build_index(&[(bad, VipMeta::default())]),
+            build_index(&[(bad, VipMeta::default())], 0),
             Err(IndexError::EmptyFamily(bad))
         );
+    }
+
+    #[test]
+    fn every_miss_reads_the_nat_bits() {
+        let entries: Vec<(VipKey, VipMeta)> = (0..2 * MAX_VIPS)
+            .map(|i| {
+                (
+                    key(0x0a00_0000 + i / 2, if i % 2 == 0 { 80 } else { 0 }),
+                    VipMeta::default(),
+                )
+            })
+            .collect();
+        let slots = build_index(&entries, 3).unwrap();
+        assert!(slots.iter().all(|s| s.nat == 3));
+        for (k, m) in &entries {
+            assert_eq!(lookup(&slots, k), Ok(m));
+        }
+        for i in 0..10_000 {
+            assert_eq!(lookup(&slots, &key(0x0b00_0000 + i, 80)), Err(3));
+        }
     }
 }

@@ -310,7 +310,12 @@ impl VipMeta {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct VipSlot {
     pub key: VipKey,
-    pub _pad: u32,
+    /// The global NAT bits ([`GlobalConfig::nat`]), the same in every slot, empty ones
+    /// included: a lookup that misses reads them from the slot it ended on, so the path of a
+    /// packet for no VIP needs no other lookup to know whether it may be a NAT flow's reply.
+    /// (Was padding, always 0: an index of an earlier build reads as "no NAT" until the daemon
+    /// writes its settings.)
+    pub nat: u32,
     pub meta: VipMeta,
 }
 const _: () = assert!(core::mem::size_of::<VipSlot>() == 40);
@@ -525,8 +530,9 @@ pub struct GlobalConfig {
     pub flood_threshold: u32,
     /// [`NAT_GATEWAY`] and [`NAT_SNAT`] bits: while a VIP forwards by NAT, packets not for a
     /// VIP are looked up in [`NAT_REPLIES`] and/or [`SNAT_PORTS`] (a reply from a backend gets
-    /// the VIP back as its source). 0 keeps the non-VIP path to its one lookup. (Was padding,
-    /// always 0: pinned maps of earlier builds read as "no NAT".)
+    /// the VIP back as its source). The program reads the copy in every VIP-index slot
+    /// ([`VipSlot::nat`]), which the daemon keeps equal to this one. (Was padding, always 0:
+    /// pinned maps of earlier builds read as "no NAT".)
     pub nat: u32,
 }
 const _: () = assert!(core::mem::size_of::<GlobalConfig>() == 56);

@@ -23,7 +23,7 @@ use crate::{
     forward::{EncapError, NOT_NAT, flow_entropy, push_headroom, to_backend},
     schedulers::from_table,
     stats::count,
-    vip_index::find_vip,
+    vip_index::{Probe, find_vip},
 };
 
 /// Bytes of the offending packet quoted back: its IP header and the first 8 bytes after it.
@@ -301,7 +301,7 @@ fn forward_error(
     if quoted.vip.proto != IPPROTO_TCP && quoted.vip.proto != IPPROTO_UDP {
         return XDP_PASS;
     }
-    let Some(vip) = find_vip(&quoted.vip) else {
+    let Probe::Vip(vip) = find_vip(&quoted.vip) else {
         return XDP_PASS;
     };
     let key = FlowKey {

@@ -69,31 +69,12 @@ use crate::{
     forward::{EncapError, flow_entropy, to_backend},
     maps::{BACKEND_STATS, CONFIG, STATS, VIP_STATS},
     stats::{add_traffic, count},
-    vip_index::find_vip,
+    vip_index::{Probe, find_vip},
 };
 
 #[xdp]
 pub fn balancer(ctx: XdpContext) -> u32 {
-    let Some(stats) = STATS.get_ptr_mut(0) else {
-        return XDP_PASS;
-    };
-    // SAFETY: this CPU's entry, valid while the program runs.
-    let stats = unsafe { &mut *stats };
-    let action = process(&ctx, stats);
-    let counter = match action {
-        XDP_TX => Counter::ActionTx,
-        XDP_DROP => Counter::ActionDrop,
-        XDP_PASS => Counter::ActionPass,
-        // `XDP_REDIRECT`: counted where NAT sends a frame to its other link (`links`).
-        _ => return action,
-    };
-    count(stats, counter);
-    action
-}
-
-#[inline(always)]
-fn process(ctx: &XdpContext, stats: &mut GlobalStats) -> u32 {
-    let frame = Frame::of(ctx);
+    let frame = Frame::of(&ctx);
     let Some(l2) = parse_l2(&frame) else {
         return XDP_PASS;
     };
@@ -110,8 +91,9 @@ fn process(ctx: &XdpContext, stats: &mut GlobalStats) -> u32 {
             proto: ip.proto,
             family: ip.family,
         };
-        let Some(vip) = find_vip(&key) else {
-            return not_for_a_vip(ctx, &ip);
+        let vip = match find_vip(&key) {
+            Probe::Vip(vip) => vip,
+            Probe::Miss { nat } => return not_for_a_vip(&ctx, &ip, nat),
         };
         let kind = if ip.proto == IPPROTO_UDP {
             PacketKind::Udp
@@ -129,9 +111,35 @@ fn process(ctx: &XdpContext, stats: &mut GlobalStats) -> u32 {
             family: ip.family,
             dscp: ip.tos >> 2,
         };
-        return to_vip(ctx, &frame, &ip, vip, &flow, stats);
+        let Some(stats) = global_stats() else {
+            return XDP_PASS;
+        };
+        let action = to_vip(&ctx, &frame, &ip, vip, &flow, stats);
+        return counted(stats, action);
     }
-    not_plain_transport(ctx, &frame, &ip, stats)
+    not_plain_transport(&ctx, &frame, &ip)
+}
+
+/// This CPU's global counters: looked up only for packets the program acts on, so traffic
+/// that is not for a VIP pays nothing for them.
+#[inline(always)]
+fn global_stats() -> Option<&'static mut GlobalStats> {
+    // SAFETY: this CPU's entry, valid while the program runs.
+    STATS.get_ptr_mut(0).map(|stats| unsafe { &mut *stats })
+}
+
+/// Counts the action the program takes on a packet it handled, and returns it.
+#[inline(always)]
+fn counted(stats: &mut GlobalStats, action: u32) -> u32 {
+    let counter = match action {
+        XDP_TX => Counter::ActionTx,
+        XDP_DROP => Counter::ActionDrop,
+        XDP_PASS => Counter::ActionPass,
+        // `XDP_REDIRECT`: counted where NAT sends a frame to its other link (`links`).
+        _ => return action,
+    };
+    count(stats, counter);
+    action
 }
 
 /// A TCP/UDP packet for a VIP.
@@ -177,29 +185,34 @@ fn to_vip(
 }
 
 /// A TCP/UDP packet not for a VIP: a NAT flow's reply gets its VIP back (only looked up while
-/// a VIP forwards by NAT); anything else passes untouched.
+/// a VIP forwards by NAT: `nat`, the global NAT bits the VIP index's miss returned); anything
+/// else passes untouched and uncounted.
 #[inline(always)]
-fn not_for_a_vip(ctx: &XdpContext, ip: &Ip) -> u32 {
-    match CONFIG.get(0) {
-        Some(cfg) if cfg.nat != 0 => nat::balancer_nat_reply(ctx.ctx, nat::pack(ip, cfg.nat)),
-        _ => XDP_PASS,
+fn not_for_a_vip(ctx: &XdpContext, ip: &Ip, nat: u32) -> u32 {
+    if nat == 0 {
+        return XDP_PASS;
     }
+    let Some(stats) = global_stats() else {
+        return XDP_PASS;
+    };
+    counted(stats, nat::balancer_nat_reply(ctx.ctx, nat::pack(ip, nat)))
 }
 
 /// A packet for none of the VIP addresses that is not plain TCP/UDP: an ICMP error about a
 /// NAT flow goes to the flow's client (only looked at while a VIP forwards by NAT); anything
-/// else passes untouched.
+/// else passes untouched and uncounted.
 #[inline(always)]
-fn not_for_a_vip_address(ctx: &XdpContext, ip: &Ip) -> u32 {
-    if ip.shape != Shape::Plain || !is_icmp(ip) {
+fn not_for_a_vip_address(ctx: &XdpContext, ip: &Ip, nat: u32) -> u32 {
+    if nat == 0 || ip.shape != Shape::Plain || !is_icmp(ip) {
         return XDP_PASS;
     }
-    match CONFIG.get(0) {
-        Some(cfg) if cfg.nat != 0 => {
-            nat_icmp::balancer_nat_icmp_to_client(ctx.ctx, nat::pack(ip, cfg.nat))
-        }
-        _ => XDP_PASS,
-    }
+    let Some(stats) = global_stats() else {
+        return XDP_PASS;
+    };
+    counted(
+        stats,
+        nat_icmp::balancer_nat_icmp_to_client(ctx.ctx, nat::pack(ip, nat)),
+    )
 }
 
 /// Whether the packet is ICMP of its own family (ICMP in IPv4, ICMPv6 in IPv6).
@@ -215,16 +228,19 @@ fn is_icmp(ip: &Ip) -> bool {
 /// Fragments, IPv4 options, malformed headers, ICMP and other protocols: only packets for a VIP
 /// address are ours; everything else passes untouched.
 #[inline(always)]
-fn not_plain_transport(ctx: &XdpContext, frame: &Frame, ip: &Ip, stats: &mut GlobalStats) -> u32 {
+fn not_plain_transport(ctx: &XdpContext, frame: &Frame, ip: &Ip) -> u32 {
     let key = VipKey {
         addr: ip.dst,
         port: 0,
         proto: 0,
         family: ip.family,
     };
-    if find_vip(&key).is_none() {
-        return not_for_a_vip_address(ctx, ip);
+    if let Probe::Miss { nat } = find_vip(&key) {
+        return not_for_a_vip_address(ctx, ip, nat);
     }
+    let Some(stats) = global_stats() else {
+        return XDP_PASS;
+    };
     let drop_reason = match ip.shape {
         Shape::Fragment => Counter::DropFragment,
         Shape::Options => Counter::DropIpOptions,
@@ -235,15 +251,16 @@ fn not_plain_transport(ctx: &XdpContext, frame: &Frame, ip: &Ip, stats: &mut Glo
                 let Some(cfg) = CONFIG.get(0) else {
                     return XDP_PASS;
                 };
-                return icmp::to_vip_address(ctx, frame, ip, cfg, stats);
+                let action = icmp::to_vip_address(ctx, frame, ip, cfg, stats);
+                return counted(stats, action);
             }
             // TCP/UDP whose ports are cut off.
             IPPROTO_TCP | IPPROTO_UDP => Counter::DropMalformed,
-            _ => return XDP_PASS,
+            _ => return counted(stats, XDP_PASS),
         },
     };
     count(stats, drop_reason);
-    XDP_DROP
+    counted(stats, XDP_DROP)
 }
 
 #[cfg(all(target_arch = "bpf", not(test)))]

@@ -33,6 +33,8 @@ pub struct KernelDataplane {
     /// The VIP index's outer map, and the entries of the index in force.
     vip_index: MapData,
     vips: BTreeMap<VipKey, VipMeta>,
+    /// The global NAT bits the index in the kernel carries in every slot (`VipSlot::nat`).
+    index_nat: u32,
     maglev: MapData,
     backends: Array<MapData, Backend>,
     config: Array<MapData, GlobalConfig>,
@@ -103,7 +105,8 @@ impl KernelDataplane {
     /// Builds the VIP index of `self.vips` in a new inner map and swaps it in.
     fn publish_index(&mut self) -> Result<(), DataplaneError> {
         let entries: Vec<(VipKey, VipMeta)> = self.vips.iter().map(|(k, m)| (*k, *m)).collect();
-        let slots = build_index(&entries).map_err(|e| DataplaneError::VipIndex(e.to_string()))?;
+        let slots = build_index(&entries, self.index_nat)
+            .map_err(|e| DataplaneError::VipIndex(e.to_string()))?;
         let failed = |op: &str| {
             let op = op.to_string();
             move |e: std::io::Error| DataplaneError::VipIndex(format!("{op}: {e}"))
@@ -217,6 +220,15 @@ impl Dataplane for KernelDataplane {
     }
 
     fn set_config(&mut self, config: &GlobalConfig) -> Result<(), DataplaneError> {
+        // The program reads the NAT bits from the index (a miss reads them from its last slot).
+        if config.nat != self.index_nat {
+            let saved = self.index_nat;
+            self.index_nat = config.nat;
+            if let Err(e) = self.publish_index() {
+                self.index_nat = saved;
+                return Err(e);
+            }
+        }
         self.config
             .set(0, config, 0)
             .map_err(map_err(names::CONFIG, "write"))

@@ -103,12 +103,12 @@ impl KernelDataplane {
     /// daemon: the VIP index in force is read back, and nothing is written.
     pub fn adopt(ebpf: &mut Ebpf) -> Result<Self, DataplaneError> {
         let mut dataplane = Self::take_maps(ebpf)?;
-        dataplane.vips = dataplane.read_index()?;
+        (dataplane.vips, dataplane.index_nat) = dataplane.read_index()?;
         Ok(dataplane)
     }
 
-    /// The entries of the VIP index in the kernel.
-    fn read_index(&self) -> Result<BTreeMap<VipKey, VipMeta>, DataplaneError> {
+    /// The entries of the VIP index in the kernel, and the NAT bits its slots carry.
+    fn read_index(&self) -> Result<(BTreeMap<VipKey, VipMeta>, u32), DataplaneError> {
         let failed = |op: &'static str| {
             move |e: std::io::Error| DataplaneError::VipIndex(format!("{op}: {e}"))
         };
@@ -117,11 +117,13 @@ impl KernelDataplane {
         let inner = sys::map_fd_by_id(id).map_err(failed("open the index"))?;
         let slots: Vec<VipSlot> = sys::read_mmapable(inner.as_fd(), VIP_INDEX_SLOTS as usize)
             .map_err(failed("read the index"))?;
-        Ok(slots
+        let nat = slots.first().map_or(0, |s| s.nat);
+        let entries = slots
             .into_iter()
             .filter(|s| s.key.family != 0)
             .map(|s| (s.key, s.meta))
-            .collect())
+            .collect();
+        Ok((entries, nat))
     }
 
     /// Buckets of the connection table (fixed when its map was created).
@@ -149,6 +151,7 @@ impl KernelDataplane {
         Ok(KernelDataplane {
             vip_index: take_map_of_maps(ebpf, names::VIPS)?,
             vips: BTreeMap::new(),
+            index_nat: 0,
             maglev: take_map_of_maps(ebpf, names::MAGLEV)?,
             backends: take(ebpf, names::BACKENDS)?,
             config: take(ebpf, names::CONFIG)?,

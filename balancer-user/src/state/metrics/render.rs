@@ -92,7 +92,7 @@ fn fleet_families(f: &mut Families, fleet: &FleetStatus) {
 fn verdict_families(f: &mut Families, Counters { global, nat_links }: &Counters) {
     f.counter(
         "balancer_xdp_actions_total",
-        "Packets by XDP verdict.",
+        "Packets the program handled (for a VIP or a VIP address, NAT replies), by XDP verdict.",
         &[("action", "redirect")],
         (nat_links.to_backends + nat_links.to_clients) as f64,
     );
@@ -113,7 +113,7 @@ fn verdict_families(f: &mut Families, Counters { global, nat_links }: &Counters)
         if let Some(action) = counter.name().strip_prefix("xdp_") {
             f.counter(
                 "balancer_xdp_actions_total",
-                "Packets by XDP verdict.",
+                "Packets the program handled (for a VIP or a VIP address, NAT replies), by XDP verdict.",
                 &[("action", action)],
                 global.get(counter) as f64,
             );
