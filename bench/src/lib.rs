@@ -98,6 +98,38 @@ pub fn geomean_with_95(ratios: &[f64], resamples: usize) -> (f64, (f64, f64)) {
     (mean(&logs).exp(), (lo, hi))
 }
 
+/// The ratio of two paired samples' means, `mean(num) / mean(den)`, with a bootstrap 95%
+/// interval that resamples the pairs (rounds): for costs that may come out near zero or below
+/// in one round (net of a floor), where a mean of per-round ratios would not be defined.
+pub fn ratio_of_means_with_95(num: &[f64], den: &[f64], resamples: usize) -> (f64, (f64, f64)) {
+    let n = num.len().min(den.len());
+    let ratio = |pick: &mut dyn FnMut() -> usize| {
+        let (mut a, mut b) = (0.0, 0.0);
+        for _ in 0..n {
+            let i = pick();
+            a += num[i];
+            b += den[i];
+        }
+        a / b
+    };
+    if n == 0 || resamples == 0 {
+        return (f64::NAN, (f64::NAN, f64::NAN));
+    }
+    let mut all = 0..n;
+    let point = ratio(&mut || all.next().unwrap_or(0));
+    let mut rng = crate::load::workload::Rng::new(0x5eed);
+    let mut draws: Vec<f64> = (0..resamples)
+        .map(|_| ratio(&mut || (rng.next_u64() % n as u64) as usize))
+        .filter(|r| r.is_finite())
+        .collect();
+    if draws.is_empty() {
+        return (point, (f64::NAN, f64::NAN));
+    }
+    let lo = crate::load::stats::percentile(&mut draws, 2.5);
+    let hi = crate::load::stats::percentile(&mut draws, 97.5);
+    (point, (lo, hi))
+}
+
 /// What an interval of a new / old ratio says: "faster" or "slower" when it excludes 1.0,
 /// else "no difference we can see".
 pub fn verdict((lo, hi): (f64, f64)) -> &'static str {
@@ -118,6 +150,26 @@ mod tests {
     fn medians() {
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+
+    #[test]
+    fn a_ratio_of_means_pairs_the_rounds_and_survives_a_round_below_zero() {
+        // Net costs: the numerator's third round fell below its floor.
+        let num = [30.0, 32.0, -2.0, 31.0, 29.0, 33.0];
+        let den = [100.0, 104.0, 98.0, 102.0, 99.0, 101.0];
+        let (r, (lo, hi)) = ratio_of_means_with_95(&num, &den, 2000);
+        assert!((r - 153.0 / 604.0).abs() < 1e-12, "{r}");
+        assert!(lo < r && r < hi && lo > 0.1 && hi < 0.4, "{lo} {r} {hi}");
+        // Paired: a drift shared by both sides moves neither the ratio nor its interval much.
+        let drift: Vec<f64> = (0..6).map(|i| 1.0 + 0.3 * f64::from(i)).collect();
+        let num2: Vec<f64> = drift.iter().map(|d| 30.0 * d).collect();
+        let den2: Vec<f64> = drift.iter().map(|d| 100.0 * d).collect();
+        let (r2, (lo2, hi2)) = ratio_of_means_with_95(&num2, &den2, 2000);
+        assert!(
+            (r2 - 0.3).abs() < 1e-12 && (hi2 - lo2) < 1e-9,
+            "{lo2} {r2} {hi2}"
+        );
+        assert!(ratio_of_means_with_95(&[], &[], 100).0.is_nan());
     }
 
     #[test]

@@ -78,6 +78,11 @@ struct DataplaneArgs {
     /// (e.g. 0.02), after at least 6 rounds; --rounds is then the most.
     #[arg(long, value_name = "WIDTH")]
     until_width: Option<f64>,
+    /// Katran's XDP balancer object, built from Katran's source (`balancer.bpf.c`, default
+    /// features; see docs/dev/benchmarking.md), timed beside this program in the same rounds
+    /// on four paths: each path's cost net of the bare pass floor, ours / Katran's.
+    #[arg(long, value_name = "OBJECT")]
+    katran_object: Option<std::path::PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -289,6 +294,7 @@ fn dataplane_bench(a: DataplaneArgs, page: Option<&std::path::Path>) -> Result<(
         baseline,
         reload_every,
         until_width,
+        katran_object,
     } = a;
     if !(1..=1000).contains(&rounds) {
         anyhow::bail!("--rounds must be in 1..=1000");
@@ -304,6 +310,19 @@ fn dataplane_bench(a: DataplaneArgs, page: Option<&std::path::Path>) -> Result<(
                 .with_context(|| format!("reading the baseline object {}", p.display()))
         })
         .transpose()?;
+    let command = match &katran_object {
+        Some(p) => format!(
+            "cargo xtask bench dataplane -- --katran-object {} --rounds {rounds} --page {}",
+            p.display(),
+            page.map_or("PATH".into(), |p| p.display().to_string())
+        ),
+        None => "cargo xtask bench dataplane".to_string(),
+    };
+    let katran = katran_object
+        .map(|p| {
+            std::fs::read(&p).with_context(|| format!("reading the Katran object {}", p.display()))
+        })
+        .transpose()?;
     if baseline.is_some() && page.is_some() {
         anyhow::bail!("--page shows one build's figures: leave out --baseline");
     }
@@ -314,8 +333,9 @@ fn dataplane_bench(a: DataplaneArgs, page: Option<&std::path::Path>) -> Result<(
         baseline: baseline.as_deref(),
         reload_every,
         until_width,
+        katran: katran.as_deref(),
     })?;
-    publish("dataplane", &figures, Some(&dataplane::PAGE), page)?;
+    publish_as("dataplane", &figures, Some(&dataplane::PAGE), page, &command)?;
     Ok(())
 }
 

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 mod cases;
+mod katran;
 mod passive;
 
 use cases::*;
@@ -40,11 +41,20 @@ pub const PAGE: super::page::Page = super::page::Page {
             (1,000,000 runs a call); encapsulating paths as 20,000 single runs a round, \
             compared with `xdp_pass_single`. Compare \"ns over XDP_PASS\" across machines, not \
             absolute figures. An old build beside a new one: `cargo xtask bench dataplane -- \
-            --baseline OBJECT` (each path's new / old ratio with its bootstrap 95% interval).",
+            --baseline OBJECT` (each path's new / old ratio with its bootstrap 95% interval). \
+            With `--katran-object PATH` (Katran's balancer built from its source), the \
+            `vs_katran_*` rows time four paths on both programs as single runs: ours, ours over \
+            the single-run floor, Katran's, and ours / Katran's net of that floor with its 95% \
+            interval and the issue's target.",
     columns: &[
         ("_ns", "ns"),
         ("_over_pass_ns", "ns over XDP_PASS"),
         ("_ratio_to_pass", "x XDP_PASS"),
+        ("_katran_ns", "Katran ns"),
+        ("_net_over_katran", "net / Katran's"),
+        ("_net_over_katran_low", "95% from"),
+        ("_net_over_katran_high", "95% to"),
+        ("_net_over_katran_target", "target"),
     ],
     flat: &[],
 };
@@ -134,6 +144,8 @@ pub struct Settings<'a> {
     pub reload_every: usize,
     /// Stop once every ratio's 95% interval is within ± this, after [`MIN_ROUNDS`].
     pub until_width: Option<f64>,
+    /// Katran's object (built from its source), timed beside this program (`katran`).
+    pub katran: Option<&'a [u8]>,
 }
 
 /// Rounds before `until_width` may stop a run.
@@ -147,6 +159,7 @@ pub fn run(settings: &Settings) -> Result<Figures> {
         baseline,
         reload_every,
         until_width,
+        katran,
     } = *settings;
     let payload = [0x42u8; 64];
     let load = || -> Result<(Programs, Option<Programs>, Bare)> {
@@ -157,6 +170,9 @@ pub fn run(settings: &Settings) -> Result<Figures> {
         Ok((new, old, Bare::load()?))
     };
     let (mut new, mut old, mut bare) = load()?;
+    let load_katran = || katran.map(katran::Pair::load).transpose();
+    let mut pair = load_katran()?;
+    let mut beside_katran = katran::Samples::default();
     let pass_frame = tcp_frame(ip("10.9.0.1"), 2000, ip("10.111.0.2"), 22, false, &payload);
     let timing = Timing { repeat, singles };
     let mut samples = Samples::default();
@@ -164,9 +180,13 @@ pub fn run(settings: &Settings) -> Result<Figures> {
     for round in 0..rounds {
         if reload_every > 0 && round > 0 && round % reload_every == 0 {
             (new, old, bare) = load()?;
+            pair = load_katran()?;
         }
         samples.time_pass(&mut bare, &pass_frame, timing)?;
         samples.time_round(&mut new, old.as_mut(), round, timing)?;
+        if let Some(pair) = pair.as_mut() {
+            beside_katran.time_round(pair, round, singles)?;
+        }
         done = round + 1;
         if let Some(width) = until_width
             && done >= MIN_ROUNDS
@@ -181,6 +201,9 @@ pub fn run(settings: &Settings) -> Result<Figures> {
     samples.print_table(done, &cases, &mut figures);
     if !samples.baseline.is_empty() {
         samples.print_baseline(&cases, &mut figures);
+    }
+    if pair.is_some() {
+        beside_katran.print(&samples.new["xdp_pass_single"], &mut figures);
     }
     passive_latency_cost(done, repeat, &mut figures)?;
     figures.insert("rounds".into(), done as f64);
