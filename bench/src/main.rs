@@ -139,6 +139,12 @@ struct LlmArgs {
     /// tenants.
     #[arg(long, value_delimiter = ',')]
     shapes: Option<Vec<String>>,
+    /// Your own trace for the conversation shape to replay (time-compressed to each load)
+    /// and the mixed shape to draw sizes from, instead of the shipped Azure excerpt: an
+    /// Azure LLM inference trace CSV, a BurstGPT CSV or Mooncake JSON lines, recognised
+    /// from the first line.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<std::path::PathBuf>,
     /// Requests per run (default: those of --duration seconds at the run's load).
     #[arg(long)]
     requests: Option<usize>,
@@ -335,7 +341,13 @@ fn dataplane_bench(a: DataplaneArgs, page: Option<&std::path::Path>) -> Result<(
         until_width,
         katran: katran.as_deref(),
     })?;
-    publish_as("dataplane", &figures, Some(&dataplane::PAGE), page, &command)?;
+    publish_as(
+        "dataplane",
+        &figures,
+        Some(&dataplane::PAGE),
+        page,
+        &command,
+    )?;
     Ok(())
 }
 
@@ -451,6 +463,7 @@ fn llm_options(a: LlmArgs) -> Result<llm::Options> {
     let LlmArgs {
         quick,
         shapes,
+        trace,
         requests,
         duration,
         reps,
@@ -523,6 +536,12 @@ fn llm_options(a: LlmArgs) -> Result<llm::Options> {
         itl: slo_itl_ms / 1e3,
     };
     opts.scrape_ms = scrape_ms;
+    if let Some(path) = trace {
+        // Read once here, so a bad trace fails before any rack is built.
+        let requests = bench::load::trace::read_trace(&path)?;
+        println!("trace {}: {} requests", path.display(), requests.len());
+        opts.trace = Some(path);
+    }
     check_llm_options(&opts)?;
     Ok(opts)
 }

@@ -87,6 +87,9 @@ pub struct Options {
     pub out_dir: PathBuf,
     /// One shape at one given load, one repetition: a check that everything still runs.
     pub quick: bool,
+    /// The trace the conversation shape replays (and the mixed shape draws sizes from), in
+    /// any format `load::trace` reads (None: the shipped Azure excerpt).
+    pub trace: Option<PathBuf>,
 }
 
 impl Options {
@@ -111,6 +114,7 @@ impl Options {
             timeout: Duration::from_secs(300),
             out_dir,
             quick: false,
+            trace: None,
         }
     }
 
@@ -429,7 +433,10 @@ pub fn run(opts: &Options) -> Result<(Results, Figures)> {
     // backends' tc programs'.
     let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
         .context("enabling BPF run-time statistics")?;
-    let trace = workload::shipped_trace()?;
+    let trace = match &opts.trace {
+        Some(path) => workload::read_trace(path)?,
+        None => workload::shipped_trace()?,
+    };
     println!(
         "LLM routing benchmark: GPUs {}; {} per run, {} repetition(s), loads {:?} of each shape's knee; SLO TTFT <= {} s and ITL <= {} ms",
         opts.gpus.join(", "),

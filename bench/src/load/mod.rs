@@ -4,4 +4,5 @@
 
 pub mod client;
 pub mod stats;
+pub mod trace;
 pub mod workload;

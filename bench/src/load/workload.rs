@@ -22,10 +22,11 @@
 //! about 70,000 tokens, more than one large server's KV cache (65,536) holds.
 
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::Path;
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Result, bail};
 pub use balancer_tests::rng::Rng;
+
+pub use super::trace::{TraceRequest, read_trace, shipped_trace};
 
 /// One turn: the new message, and how many tokens to generate.
 #[derive(Clone, Debug, PartialEq)]
@@ -141,81 +142,6 @@ impl TenantLayout {
         }
         self.tenants - 1
     }
-}
-
-/// One request of a trace.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct TraceRequest {
-    /// Seconds after the first request.
-    pub at: f64,
-    pub prompt_tokens: u32,
-    pub output_tokens: u32,
-}
-
-/// The trace excerpt that ships with the project (bench/data; licence and attribution there).
-pub fn shipped_trace() -> Result<Vec<TraceRequest>> {
-    read_trace(&Path::new(env!("CARGO_MANIFEST_DIR")).join("data/azure-llm-conv-excerpt.csv"))
-}
-
-/// Reads a trace in the Azure LLM inference trace format.
-pub fn read_trace(path: &Path) -> Result<Vec<TraceRequest>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let mut out = Vec::new();
-    let mut first: Option<(i64, f64)> = None;
-    for (n, line) in text.lines().enumerate().skip(1) {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let fields: Vec<&str> = line.split(',').collect();
-        let [ts, ctx, gen_tokens] = fields[..] else {
-            bail!(
-                "{}:{}: expected TIMESTAMP,ContextTokens,GeneratedTokens",
-                path.display(),
-                n + 1
-            );
-        };
-        let t = parse_timestamp(ts)
-            .with_context(|| format!("{}:{}: timestamp {ts:?}", path.display(), n + 1))?;
-        let base = *first.get_or_insert(t);
-        out.push(TraceRequest {
-            at: (t.0 - base.0) as f64 * 86_400.0 + (t.1 - base.1),
-            prompt_tokens: ctx
-                .trim()
-                .parse()
-                .with_context(|| format!("{}:{}: context tokens", path.display(), n + 1))?,
-            output_tokens: gen_tokens
-                .trim()
-                .parse()
-                .with_context(|| format!("{}:{}: generated tokens", path.display(), n + 1))?,
-        });
-    }
-    out.sort_by(|a, b| a.at.total_cmp(&b.at));
-    Ok(out)
-}
-
-/// A `YYYY-MM-DD HH:MM:SS.fffffff` timestamp as (days since an arbitrary epoch, seconds of the
-/// day): only differences matter, kept apart for precision.
-fn parse_timestamp(ts: &str) -> Result<(i64, f64)> {
-    let (date, time) = ts
-        .trim()
-        .split_once(' ')
-        .context("no space between date and time")?;
-    let d: Vec<u32> = date.split('-').map(str::parse).collect::<Result<_, _>>()?;
-    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
-    let t: Vec<u32> = hms.split(':').map(str::parse).collect::<Result<_, _>>()?;
-    if d.len() != 3 || t.len() != 3 {
-        bail!("not YYYY-MM-DD HH:MM:SS");
-    }
-    // Days from a civil date (proleptic Gregorian), enough for differences within a trace.
-    let (y, m) = if d[1] <= 2 {
-        (d[0] as i64 - 1, d[1] + 9)
-    } else {
-        (d[0] as i64, d[1] - 3)
-    };
-    let days = 365 * y + y / 4 - y / 100 + y / 400 + (153 * m as i64 + 2) / 5 + d[2] as i64;
-    let frac: f64 = format!("0.{frac}").parse()?;
-    Ok((days, f64::from(t[0] * 3600 + t[1] * 60 + t[2]) + frac))
 }
 
 /// `n` words of text, different for every seed (a vocabulary of 50,000 words).
@@ -383,7 +309,7 @@ fn mixed(
                 phase_end = at + rng.exponential(if burst { 3.0 } else { 9.0 });
             }
             let (prompt, output) = if rng.unit() < 0.5 {
-                let r = trace[(rng.next_u64() % trace.len() as u64) as usize];
+                let r = &trace[(rng.next_u64() % trace.len() as u64) as usize];
                 (r.prompt_tokens, r.output_tokens)
             } else {
                 (

@@ -154,28 +154,3 @@ fn tenants_of(shape: Shape) {
     let own = build(&opts(Shape::MultiTurn, 400, 4.0, 1), &trace).unwrap();
     assert!(own[0].turns[0].message.split_whitespace().count() <= 1000);
 }
-
-#[test]
-fn traces_parse_and_bad_rows_are_errors() {
-    let dir = std::env::temp_dir().join("balancer-trace-test.csv");
-    std::fs::write(
-        &dir,
-        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,396,109\n",
-    )
-    .unwrap();
-    let t = read_trace(&dir).unwrap();
-    assert!((t[1].at - 4.314579).abs() < 1e-6);
-    assert_eq!((t[0].prompt_tokens, t[0].output_tokens), (374, 44));
-    std::fs::write(
-        &dir,
-        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6,x,1\n",
-    )
-    .unwrap();
-    assert!(
-        read_trace(&dir)
-            .unwrap_err()
-            .to_string()
-            .contains("context tokens")
-    );
-    let _ = std::fs::remove_file(dir);
-}
