@@ -2,7 +2,7 @@
 
 use anyhow::{Context as _, Result};
 use balancer_bench::load::stats::Slo;
-use balancer_bench::load::workload::Shape;
+use balancer_bench::load::workload::{self, Shape};
 use balancer_bench::{self as bench, client, control, dataplane, e2e, fleet, history, llm};
 use clap::{Parser, Subcommand};
 
@@ -145,6 +145,12 @@ struct LlmArgs {
     /// from the first line.
     #[arg(long, value_name = "FILE")]
     trace: Option<std::path::PathBuf>,
+    /// Which client address each request of --trace comes from: per-request (request i from
+    /// address i mod 100), per-session (BurstGPT's Session ID), per-prefix (Mooncake's first
+    /// block: clients that share a prompt prefix share an address) or behind:N (N addresses
+    /// in turn, as behind a NAT).
+    #[arg(long, default_value = "per-request", value_name = "MAPPING")]
+    trace_clients: String,
     /// Requests per run (default: those of --duration seconds at the run's load).
     #[arg(long)]
     requests: Option<usize>,
@@ -252,7 +258,7 @@ enum Bench {
     /// behind two L7 routers (vllm-router, sglang-router), per workload shape: the knee, then
     /// a load sweep with repetitions; report, JSON and plots under docs/results/llm/ (default)
     /// and target/bench/llm.json.
-    Llm(LlmArgs),
+    Llm(Box<LlmArgs>),
     /// The simulator against the real vLLM (CPU build) under the same burst: timelines of
     /// running, waiting, KV use and counters; docs/results/llm/calibration.md.
     Calibrate,
@@ -275,7 +281,7 @@ fn main() -> Result<()> {
             publish("control", &figures, Some(&control::PAGE), page)?;
         }
         Bench::Fleet(a) => fleet_bench(a, page)?,
-        Bench::Llm(a) => llm_bench(a, page)?,
+        Bench::Llm(a) => llm_bench(*a, page)?,
         Bench::Calibrate => {
             let root = workspace_root();
             let figures = bench::calibrate::run(&root.join("docs/results/llm"))?;
@@ -464,6 +470,7 @@ fn llm_options(a: LlmArgs) -> Result<llm::Options> {
         quick,
         shapes,
         trace,
+        trace_clients,
         requests,
         duration,
         reps,
@@ -536,6 +543,8 @@ fn llm_options(a: LlmArgs) -> Result<llm::Options> {
         itl: slo_itl_ms / 1e3,
     };
     opts.scrape_ms = scrape_ms;
+    opts.trace_clients =
+        workload::TraceClients::parse(&trace_clients).context("--trace-clients")?;
     if let Some(path) = trace {
         // Read once here, so a bad trace fails before any rack is built.
         let requests = bench::load::trace::read_trace(&path)?;

@@ -313,6 +313,7 @@ fn llm_demo() -> Result<()> {
             requests: 120,
             rate: 6.0,
             seed: 7,
+            trace_clients: workload::TraceClients::PerRequest,
         },
         &shipped_trace()?,
     )?;

@@ -90,6 +90,8 @@ pub struct Options {
     /// The trace the conversation shape replays (and the mixed shape draws sizes from), in
     /// any format `load::trace` reads (None: the shipped Azure excerpt).
     pub trace: Option<PathBuf>,
+    /// How the trace's requests map to client addresses.
+    pub trace_clients: workload::TraceClients,
 }
 
 impl Options {
@@ -115,6 +117,7 @@ impl Options {
             out_dir,
             quick: false,
             trace: None,
+            trace_clients: workload::TraceClients::PerRequest,
         }
     }
 
@@ -285,6 +288,7 @@ fn measured_run(
             requests: requests_at(opts, rate),
             rate,
             seed: opts.first_seed + rep as u64,
+            trace_clients: opts.trace_clients,
         },
         trace,
     )?;

@@ -198,6 +198,79 @@ pub struct WorkloadOptions {
     pub rate: f64,
     /// Varies arrivals, sizes and texts; for the trace, the offset into it.
     pub seed: u64,
+    /// Which client address each of the trace's requests comes from (the conversation shape).
+    pub trace_clients: TraceClients,
+}
+
+/// How a trace's requests map to client addresses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TraceClients {
+    /// Request i from address i mod 100.
+    #[default]
+    PerRequest,
+    /// One address per session (BurstGPT's Session ID; a request without one: per request).
+    PerSession,
+    /// One address per prompt prefix: the request's first block (Mooncake's first hash id;
+    /// a request without blocks: per request).
+    PerPrefix,
+    /// Every request from one of N addresses, in turn (clients behind a NAT or a gateway).
+    Behind(usize),
+}
+
+impl TraceClients {
+    /// `per-request`, `per-session`, `per-prefix` or `behind:N` (N in 1..=100).
+    pub fn parse(s: &str) -> Result<TraceClients> {
+        Ok(match s {
+            "per-request" => TraceClients::PerRequest,
+            "per-session" => TraceClients::PerSession,
+            "per-prefix" => TraceClients::PerPrefix,
+            _ => match s.strip_prefix("behind:").map(str::parse::<usize>) {
+                Some(Ok(n)) if (1..=100).contains(&n) => TraceClients::Behind(n),
+                _ => bail!(
+                    "{s:?}: expected per-request, per-session, per-prefix or behind:N (N in 1..=100)"
+                ),
+            },
+        })
+    }
+
+    /// The address of request `i` of the stretch replayed.
+    fn source(self, i: usize, r: &TraceRequest, addresses: &[IpAddr]) -> IpAddr {
+        let by_key = |key: u64| {
+            // Spread keys over the addresses (a multiplicative hash: ids are often sequential).
+            addresses[(key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize % addresses.len()]
+        };
+        match self {
+            TraceClients::PerSession if r.session.is_some() => by_key(r.session.unwrap_or(0)),
+            TraceClients::PerPrefix if !r.blocks.is_empty() => by_key(r.blocks[0]),
+            TraceClients::Behind(n) => addresses[i % n.min(addresses.len())],
+            _ => addresses[i % addresses.len()],
+        }
+    }
+}
+
+/// Tokens of a prompt block of a trace that lists blocks (Mooncake's block size).
+pub const BLOCK_TOKENS: u32 = 512;
+
+/// A prompt of `tokens` words made of the trace's `blocks`: each block's words depend only on
+/// its id, so requests that share a prefix of blocks share that prefix of text (and the
+/// servers' prefix caches see the trace's sharing). Blocks past the prompt's length are left
+/// out, the last one cut to fit; tokens past the blocks are fresh words.
+pub fn prompt_of_blocks(blocks: &[u64], tokens: u32, rng: &mut Rng) -> String {
+    let mut parts = Vec::new();
+    let mut left = tokens.max(1);
+    for b in blocks {
+        if left == 0 {
+            break;
+        }
+        let n = left.min(BLOCK_TOKENS);
+        let mut block_rng = Rng::new(b.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0xb10c);
+        parts.push(words(n as usize, &mut block_rng));
+        left -= n;
+    }
+    if left > 0 {
+        parts.push(words(left as usize, rng));
+    }
+    parts.join(" ")
 }
 
 /// Mean turns of a multi-turn conversation.
@@ -259,14 +332,29 @@ fn conversation(
         .iter()
         .enumerate()
         .map(|(i, r)| {
-            single(
-                addresses,
-                i,
-                (r.at - t0) * scale,
-                r.prompt_tokens,
-                r.output_tokens,
-                rng,
-            )
+            let mut c = if r.blocks.is_empty() {
+                single(
+                    addresses,
+                    i,
+                    (r.at - t0) * scale,
+                    r.prompt_tokens,
+                    r.output_tokens,
+                    rng,
+                )
+            } else {
+                Conversation {
+                    id: i,
+                    start: (r.at - t0) * scale,
+                    source: addresses[0],
+                    turns: vec![Turn {
+                        message: prompt_of_blocks(&r.blocks, r.prompt_tokens, rng),
+                        output_tokens: r.output_tokens.max(1),
+                        think: 0.0,
+                    }],
+                }
+            };
+            c.source = o.trace_clients.source(i, r, addresses);
+            c
         })
         .collect())
 }

@@ -13,6 +13,7 @@ fn opts(shape: Shape, requests: usize, rate: f64, seed: u64) -> WorkloadOptions 
         requests,
         rate,
         seed,
+        trace_clients: TraceClients::PerRequest,
     }
 }
 
@@ -153,4 +154,75 @@ fn tenants_of(shape: Shape) {
     // Other shapes are unchanged by the tenants' prompts.
     let own = build(&opts(Shape::MultiTurn, 400, 4.0, 1), &trace).unwrap();
     assert!(own[0].turns[0].message.split_whitespace().count() <= 1000);
+}
+
+/// A trace of `n` requests 0.5 s apart, request i in session i mod 3 with blocks [i mod 2, i].
+fn sessions_and_blocks(n: usize) -> Vec<TraceRequest> {
+    (0..n)
+        .map(|i| TraceRequest {
+            at: i as f64 * 0.5,
+            prompt_tokens: 2 * BLOCK_TOKENS - 12,
+            output_tokens: 10,
+            session: Some(i as u64 % 3),
+            blocks: vec![i as u64 % 2, 100 + i as u64],
+        })
+        .collect()
+}
+
+#[test]
+fn trace_clients_parse_and_map_requests_to_addresses() {
+    for (text, expect) in [
+        ("per-request", TraceClients::PerRequest),
+        ("per-session", TraceClients::PerSession),
+        ("per-prefix", TraceClients::PerPrefix),
+        ("behind:4", TraceClients::Behind(4)),
+    ] {
+        assert_eq!(TraceClients::parse(text).unwrap(), expect);
+    }
+    for bad in ["", "behind:0", "behind:101", "behind:x", "per-tenant"] {
+        assert!(TraceClients::parse(bad).is_err(), "{bad:?}");
+    }
+    let trace = sessions_and_blocks(60);
+    let sources = |clients| {
+        let o = WorkloadOptions {
+            trace_clients: clients,
+            ..opts(Shape::Conversation, 60, 2.0, 0)
+        };
+        let w = build(&o, &trace).unwrap();
+        w.iter().map(|c| c.source).collect::<Vec<_>>()
+    };
+    let distinct = |s: &[IpAddr]| s.iter().collect::<std::collections::BTreeSet<_>>().len();
+    assert_eq!(distinct(&sources(TraceClients::PerRequest)), 60);
+    let by_session = sources(TraceClients::PerSession);
+    assert_eq!(distinct(&by_session), 3);
+    assert!((0..60).all(|i| by_session[i] == by_session[i % 3]));
+    let by_prefix = sources(TraceClients::PerPrefix);
+    assert_eq!(distinct(&by_prefix), 2);
+    assert!((0..60).all(|i| by_prefix[i] == by_prefix[i % 2]));
+    assert_eq!(distinct(&sources(TraceClients::Behind(4))), 4);
+}
+
+#[test]
+fn shared_blocks_become_shared_prompt_prefixes() {
+    let w = build(
+        &opts(Shape::Conversation, 4, 2.0, 0),
+        &sessions_and_blocks(4),
+    )
+    .unwrap();
+    let words = |i: usize| -> Vec<&str> { w[i].turns[0].message.split(' ').collect() };
+    let block = BLOCK_TOKENS as usize;
+    // Requests 0 and 2 share their first block, not their second; 0 and 1 share nothing.
+    assert_eq!(words(0)[..block], words(2)[..block]);
+    assert_ne!(words(0)[block..], words(2)[block..]);
+    assert_ne!(words(0)[..block], words(1)[..block]);
+    assert_eq!(words(0).len(), 2 * block - 12);
+    // A block cut short is the start of the same block in full; tokens past the blocks are
+    // fresh words.
+    let mut rng = Rng::new(1);
+    let short = prompt_of_blocks(&[7], 100, &mut rng);
+    let full = prompt_of_blocks(&[7, 8], 600, &mut rng);
+    assert!(full.starts_with(&short));
+    let longer = prompt_of_blocks(&[7], 600, &mut rng);
+    assert_eq!(longer.split(' ').count(), 600);
+    assert_ne!(longer, full);
 }
