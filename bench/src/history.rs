@@ -17,13 +17,13 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use aya::programs::{TestRun, TestRunOptions, Xdp};
+use aya::programs::Xdp;
 use aya_obj::programs::XdpAttachType;
 use balancer_tests::netns::{Netns, PREFIX, sweep};
 use balancer_tests::packet::{XDP_PASS, XDP_TX, backend_mac, tcp_frame, udp_frame};
 use balancer_tests::rack::{Process, mount_pin_root, pin_root, poll};
 
-use super::dataplane::{Bare, Method};
+use super::dataplane::{Bare, Method, test_run};
 use super::{BOOTSTRAP_RESAMPLES, Figures, geomean_with_95, median, verdict};
 
 /// What `balancer-bench history` runs.
@@ -218,20 +218,6 @@ fn build(root: &Path, commit: &str) -> Result<Build> {
         subject,
         daemon,
     })
-}
-
-/// `BPF_PROG_TEST_RUN` of `program` `repeat` times: the action and the kernel's mean ns per run.
-fn test_run(program: &mut Xdp, frame: &[u8], repeat: u32) -> Result<(u32, f64)> {
-    let mut out = [0u8; 4096];
-    let r = program
-        .test_run(TestRunOptions {
-            data_in: Some(frame),
-            data_out: Some(&mut out),
-            repeat,
-            ..TestRunOptions::default()
-        })
-        .context("BPF_PROG_TEST_RUN")?;
-    Ok((r.return_value, r.duration.as_nanos() as f64))
 }
 
 /// The namespace the daemons run in, and where each build's program is pinned.

@@ -111,6 +111,12 @@ pub(super) fn config_with(tenant_prefix: bool) -> String {
             *extra,
         ));
     }
+    bench_config(vips)
+}
+
+/// The benchmark's settings with `vips`: encapsulation sources, a table of a million flows,
+/// no flood mode.
+pub(super) fn bench_config(vips: Vec<balancer::base::config::RawVip>) -> String {
     let mut config = RawConfig {
         encap: entropy_sources(),
         vip: vips,

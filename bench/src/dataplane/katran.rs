@@ -16,10 +16,9 @@ use std::net::Ipv4Addr;
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData},
-    programs::{TestRun, TestRunOptions, Xdp},
+    programs::Xdp,
 };
-use balancer::base::config::RawConfig;
-use balancer_tests::configs::{backends, entropy_sources, harness_settings, to_toml, vip};
+use balancer_tests::configs::{backends, vip};
 use balancer_tests::packet::{Harness, XDP_PASS, XDP_TX, tcp_frame, udp_frame};
 
 use super::{Figures, ip, median};
@@ -101,13 +100,13 @@ impl Pair {
     /// `singles` single runs of path `i` on ours (`katran` false) or Katran's: mean ns per run.
     pub(super) fn time(&mut self, i: usize, katran: bool, singles: u32) -> Result<f64> {
         let (frame, expect) = &self.frames[i];
-        let mut total = 0u128;
+        let mut total = 0.0;
         for _ in 0..singles {
             let (action, ns) = if katran {
                 run_katran(&mut self.katran, frame, 1)?
             } else {
                 let (action, _, t) = self.ours.run_raw(frame, 1)?;
-                (action, t.as_nanos())
+                (action, t.as_nanos() as f64)
             };
             if action != *expect {
                 bail!(
@@ -118,7 +117,7 @@ impl Pair {
             }
             total += ns;
         }
-        Ok(total as f64 / f64::from(singles))
+        Ok(total / f64::from(singles))
     }
 }
 
@@ -138,13 +137,7 @@ fn our_config() -> String {
     let mut dsr = vip("l2dsr", "10.111.1.1", 80);
     dsr.backend = backends(&BACKENDS);
     vips.push(dsr);
-    let mut config = RawConfig {
-        encap: entropy_sources(),
-        vip: vips,
-        ..harness_settings(1_000_000)
-    };
-    config.conntrack.removal_grace_secs = None;
-    to_toml(&config)
+    super::cases::bench_config(vips)
 }
 
 /// Loads Katran's object and writes its VIPs, backends, rings and gateway MAC.
@@ -208,21 +201,12 @@ where
 }
 
 /// Runs Katran's program on `frame`: its action and the kernel's ns per run.
-fn run_katran(ebpf: &mut Ebpf, frame: &[u8], repeat: u32) -> Result<(u32, u128)> {
+fn run_katran(ebpf: &mut Ebpf, frame: &[u8], repeat: u32) -> Result<(u32, f64)> {
     let program: &mut Xdp = ebpf
         .program_mut(PROGRAM)
         .context("Katran's program")?
         .try_into()?;
-    let mut out = vec![0u8; 4096];
-    let r = program
-        .test_run(TestRunOptions {
-            data_in: Some(frame),
-            data_out: Some(&mut out),
-            repeat,
-            ..TestRunOptions::default()
-        })
-        .context("test run of Katran's program")?;
-    Ok((r.return_value, r.duration.as_nanos()))
+    super::test_run(program, frame, repeat).context("Katran's program")
 }
 
 /// Each path's times over the rounds, ours and Katran's.

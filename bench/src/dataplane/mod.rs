@@ -20,7 +20,7 @@ use cases::*;
 use passive::*;
 
 use anyhow::{Context as _, Result};
-use aya::programs::{TestRun, TestRunOptions};
+use aya::programs::{TestRun, TestRunOptions, Xdp};
 use balancer::base::config::RawConfig;
 use balancer::dataplane::ebpf;
 
@@ -83,17 +83,23 @@ impl Bare {
     /// `repeat` runs of `frame` in one call: the kernel's mean ns per run.
     pub(crate) fn run(&mut self, frame: &[u8], repeat: u32) -> Result<f64> {
         let program = ebpf::program(&mut self.object, ebpf::PASS_PROGRAM)?;
-        let mut out = vec![0u8; 4096];
-        let r = program
-            .test_run(TestRunOptions {
-                data_in: Some(frame),
-                data_out: Some(&mut out),
-                repeat,
-                ..TestRunOptions::default()
-            })
-            .context("test run of the pass program")?;
-        Ok(r.duration.as_nanos() as f64)
+        let (_, ns) = test_run(program, frame, repeat).context("the pass program")?;
+        Ok(ns)
     }
+}
+
+/// `BPF_PROG_TEST_RUN` of `program` `repeat` times: the action and the kernel's mean ns per run.
+pub(crate) fn test_run(program: &mut Xdp, frame: &[u8], repeat: u32) -> Result<(u32, f64)> {
+    let mut out = [0u8; 4096];
+    let r = program
+        .test_run(TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            repeat,
+            ..TestRunOptions::default()
+        })
+        .context("BPF_PROG_TEST_RUN")?;
+    Ok((r.return_value, r.duration.as_nanos() as f64))
 }
 
 fn time_case(h: &mut Harness, case: &Case, repeat: u32, singles: u32) -> Result<f64> {
