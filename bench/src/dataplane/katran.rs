@@ -280,3 +280,27 @@ impl Samples {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use balancer::base::config::{Config, Forwarding};
+
+    #[test]
+    fn both_sides_forward_the_same_vips_to_the_same_backends() {
+        let c = Config::parse(&our_config()).expect("a valid config");
+        for (addr, port, proto) in VIPS {
+            let v = c
+                .vips
+                .iter()
+                .find(|v| v.address == ip(addr) && v.port == port)
+                .unwrap_or_else(|| panic!("no VIP {addr}:{port}"));
+            assert_eq!(v.forwarding, Forwarding::Ipip, "{addr}:{port}");
+            assert_eq!(v.protocol.number(), proto, "{addr}:{port}");
+            let ours: Vec<std::net::IpAddr> = v.backends.iter().map(|b| b.address).collect();
+            assert_eq!(ours, BACKENDS.map(ip), "{addr}:{port}");
+        }
+        // Every path's frame goes where its case says: the host's address is no VIP's.
+        assert!(c.vips.iter().all(|v| v.address != ip("10.111.0.2")));
+    }
+}
