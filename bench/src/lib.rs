@@ -117,6 +117,10 @@ pub fn ratio_of_means_with_95(num: &[f64], den: &[f64], resamples: usize) -> (f6
     }
     let mut all = 0..n;
     let point = ratio(&mut || all.next().unwrap_or(0));
+    if n < 2 {
+        // One round says nothing of the spread.
+        return (point, (f64::NAN, f64::NAN));
+    }
     let mut rng = crate::load::workload::Rng::new(0x5eed);
     let mut draws: Vec<f64> = (0..resamples)
         .map(|_| ratio(&mut || (rng.next_u64() % n as u64) as usize))
@@ -170,6 +174,8 @@ mod tests {
             "{lo2} {r2} {hi2}"
         );
         assert!(ratio_of_means_with_95(&[], &[], 100).0.is_nan());
+        let (one, (lo1, hi1)) = ratio_of_means_with_95(&[1.0], &[4.0], 100);
+        assert!(one == 0.25 && lo1.is_nan() && hi1.is_nan());
     }
 
     #[test]

@@ -322,13 +322,14 @@ fn dataplane_bench(a: DataplaneArgs, page: Option<&std::path::Path>) -> Result<(
                 .with_context(|| format!("reading the baseline object {}", p.display()))
         })
         .transpose()?;
-    let command = match &katran_object {
-        Some(p) => format!(
+    // The page names the run that made it (a page is written only with --page).
+    let command = match (&katran_object, page) {
+        (Some(k), Some(to)) => format!(
             "cargo xtask bench dataplane -- --katran-object {} --rounds {rounds} --page {}",
-            p.display(),
-            page.map_or("PATH".into(), |p| p.display().to_string())
+            k.display(),
+            to.display()
         ),
-        None => "cargo xtask bench dataplane".to_string(),
+        _ => "cargo xtask bench dataplane".to_string(),
     };
     let katran = katran_object
         .map(|p| {

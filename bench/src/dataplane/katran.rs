@@ -90,9 +90,8 @@ impl Pair {
         let syn = tcp_frame(c4, 1001, ip("10.111.1.2"), 80, true, b"");
         pair.ours.run(&syn)?;
         for (frame, _) in &pair.frames[1..] {
-            let frame = frame.clone();
-            pair.ours.run_raw(&frame, 1)?;
-            run_katran(&mut pair.katran, &frame, 1)?;
+            pair.ours.run_raw(frame, 1)?;
+            run_katran(&mut pair.katran, frame)?;
         }
         Ok(pair)
     }
@@ -103,7 +102,7 @@ impl Pair {
         let mut total = 0.0;
         for _ in 0..singles {
             let (action, ns) = if katran {
-                run_katran(&mut self.katran, frame, 1)?
+                run_katran(&mut self.katran, frame)?
             } else {
                 let (action, _, t) = self.ours.run_raw(frame, 1)?;
                 (action, t.as_nanos() as f64)
@@ -200,13 +199,13 @@ where
     })
 }
 
-/// Runs Katran's program on `frame`: its action and the kernel's ns per run.
-fn run_katran(ebpf: &mut Ebpf, frame: &[u8], repeat: u32) -> Result<(u32, f64)> {
+/// Runs Katran's program once on `frame`: its action and the kernel's ns.
+fn run_katran(ebpf: &mut Ebpf, frame: &[u8]) -> Result<(u32, f64)> {
     let program: &mut Xdp = ebpf
         .program_mut(PROGRAM)
         .context("Katran's program")?
         .try_into()?;
-    super::test_run(program, frame, repeat).context("Katran's program")
+    super::test_run(program, frame, 1).context("Katran's program")
 }
 
 /// Each path's times over the rounds, ours and Katran's.

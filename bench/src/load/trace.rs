@@ -76,34 +76,19 @@ pub fn parse(text: &str) -> Result<(Vec<TraceRequest>, Format)> {
     let Some((first_no, first)) = lines.next() else {
         bail!("the trace is empty");
     };
-    let format = if first.trim_start().starts_with('{') {
-        Format::Mooncake
-    } else {
-        csv_format(first).with_context(|| format!("line {}", first_no + 1))?
-    };
-    let rows: Box<dyn Iterator<Item = (usize, &str)>> = match format {
-        // The first line is a request.
-        Format::Mooncake => Box::new(std::iter::once((first_no, first)).chain(lines)),
-        Format::Azure | Format::BurstGpt => Box::new(lines),
-    };
-    let columns = match format {
-        Format::BurstGpt => Some(BurstColumns::of(first)?),
-        _ => None,
-    };
+    let mut reader = Reader::of(first).with_context(|| format!("line {}", first_no + 1))?;
+    // Mooncake has no header: its first line is a request.
+    let first_row = matches!(reader, Reader::Mooncake).then_some((first_no, first));
     let mut out = Vec::new();
-    // Azure's timestamps: the first request's day, so times stay small and precise.
-    let mut first_day = None;
-    for (n, line) in rows {
+    for (n, line) in first_row.into_iter().chain(lines) {
         if out.len() == MAX_REQUESTS {
             bail!("more than {MAX_REQUESTS} requests: replay a stretch of the trace");
         }
-        let request = match (format, &columns) {
-            (Format::Azure, _) => azure_row(line, &mut first_day),
-            (Format::BurstGpt, Some(c)) => c.row(line),
-            _ => mooncake_row(line),
-        }
-        .with_context(|| format!("line {}", n + 1))?;
-        out.push(request);
+        out.push(
+            reader
+                .row(line)
+                .with_context(|| format!("line {}", n + 1))?,
+        );
     }
     if out.is_empty() {
         bail!("the trace has a header and no requests");
@@ -114,25 +99,53 @@ pub fn parse(text: &str) -> Result<(Vec<TraceRequest>, Format)> {
     for r in &mut out {
         r.at -= t0;
     }
-    Ok((out, format))
+    Ok((out, reader.format()))
 }
 
-/// The CSV format a header names.
-fn csv_format(header: &str) -> Result<Format> {
-    let names: Vec<&str> = header.split(',').map(str::trim).collect();
-    if names == ["TIMESTAMP", "ContextTokens", "GeneratedTokens"] {
-        return Ok(Format::Azure);
+/// How a trace's lines read, by format.
+enum Reader {
+    /// `first_day`: the first row's day, so times stay small and precise.
+    Azure {
+        first_day: Option<i64>,
+    },
+    BurstGpt(BurstColumns),
+    Mooncake,
+}
+
+impl Reader {
+    /// The reader of a trace whose first line is `first`: JSON lines, or a CSV header.
+    fn of(first: &str) -> Result<Reader> {
+        if first.trim_start().starts_with('{') {
+            return Ok(Reader::Mooncake);
+        }
+        let names: Vec<&str> = first.split(',').map(str::trim).collect();
+        if names == ["TIMESTAMP", "ContextTokens", "GeneratedTokens"] {
+            return Ok(Reader::Azure { first_day: None });
+        }
+        if let Some(columns) = BurstColumns::of(&names) {
+            return Ok(Reader::BurstGpt(columns));
+        }
+        bail!(
+            "not a trace header: expected TIMESTAMP,ContextTokens,GeneratedTokens (Azure), a header \
+             with Timestamp, Request tokens and Response tokens (BurstGPT), or JSON lines (Mooncake)"
+        )
     }
-    if ["Timestamp", "Request tokens", "Response tokens"]
-        .iter()
-        .all(|c| names.contains(c))
-    {
-        return Ok(Format::BurstGpt);
+
+    fn format(&self) -> Format {
+        match self {
+            Reader::Azure { .. } => Format::Azure,
+            Reader::BurstGpt(_) => Format::BurstGpt,
+            Reader::Mooncake => Format::Mooncake,
+        }
     }
-    bail!(
-        "not a trace header: expected TIMESTAMP,ContextTokens,GeneratedTokens (Azure), a header \
-         with Timestamp, Request tokens and Response tokens (BurstGPT), or JSON lines (Mooncake)"
-    )
+
+    fn row(&mut self, line: &str) -> Result<TraceRequest> {
+        match self {
+            Reader::Azure { first_day } => azure_row(line, first_day),
+            Reader::BurstGpt(columns) => columns.row(line),
+            Reader::Mooncake => mooncake_row(line),
+        }
+    }
 }
 
 /// A token count: a whole number up to [`MAX_TOKENS`].
@@ -189,14 +202,14 @@ struct BurstColumns {
 }
 
 impl BurstColumns {
-    fn of(header: &str) -> Result<BurstColumns> {
-        let names: Vec<&str> = header.split(',').map(str::trim).collect();
+    /// The columns of a header that names BurstGPT's three (any order, others ignored).
+    fn of(names: &[&str]) -> Option<BurstColumns> {
         let at = |name: &str| names.iter().position(|n| *n == name);
-        Ok(BurstColumns {
+        Some(BurstColumns {
             width: names.len(),
-            timestamp: at("Timestamp").context("no Timestamp column")?,
-            request: at("Request tokens").context("no Request tokens column")?,
-            response: at("Response tokens").context("no Response tokens column")?,
+            timestamp: at("Timestamp")?,
+            request: at("Request tokens")?,
+            response: at("Response tokens")?,
             session: at("Session ID").or_else(|| at("SessionID")),
         })
     }

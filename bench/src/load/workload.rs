@@ -239,10 +239,10 @@ impl TraceClients {
             // Spread keys over the addresses (a multiplicative hash: ids are often sequential).
             addresses[(key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize % addresses.len()]
         };
-        match self {
-            TraceClients::PerSession if r.session.is_some() => by_key(r.session.unwrap_or(0)),
-            TraceClients::PerPrefix if !r.blocks.is_empty() => by_key(r.blocks[0]),
-            TraceClients::Behind(n) => addresses[i % n.min(addresses.len())],
+        match (self, r.session, r.blocks.first()) {
+            (TraceClients::PerSession, Some(session), _) => by_key(session),
+            (TraceClients::PerPrefix, _, Some(&block)) => by_key(block),
+            (TraceClients::Behind(n), ..) => addresses[i % n.min(addresses.len())],
             _ => addresses[i % addresses.len()],
         }
     }
@@ -251,8 +251,8 @@ impl TraceClients {
 /// Tokens of a prompt block of a trace that lists blocks (Mooncake's block size).
 pub const BLOCK_TOKENS: u32 = 512;
 
-/// A prompt of `tokens` words made of the trace's `blocks`: each block's words depend only on
-/// its id, so requests that share a prefix of blocks share that prefix of text (and the
+/// A prompt of `tokens` words made of the trace's `blocks` (none: fresh words, as every
+/// generated prompt): each block's words depend only on its id, so requests that share a prefix of blocks share that prefix of text (and the
 /// servers' prefix caches see the trace's sharing). Blocks past the prompt's length are left
 /// out, the last one cut to fit; tokens past the blocks are fresh words.
 pub fn prompt_of_blocks(blocks: &[u64], tokens: u32, rng: &mut Rng) -> String {
@@ -331,30 +331,15 @@ fn conversation(
     Ok(slice
         .iter()
         .enumerate()
-        .map(|(i, r)| {
-            let mut c = if r.blocks.is_empty() {
-                single(
-                    addresses,
-                    i,
-                    (r.at - t0) * scale,
-                    r.prompt_tokens,
-                    r.output_tokens,
-                    rng,
-                )
-            } else {
-                Conversation {
-                    id: i,
-                    start: (r.at - t0) * scale,
-                    source: addresses[0],
-                    turns: vec![Turn {
-                        message: prompt_of_blocks(&r.blocks, r.prompt_tokens, rng),
-                        output_tokens: r.output_tokens.max(1),
-                        think: 0.0,
-                    }],
-                }
-            };
-            c.source = o.trace_clients.source(i, r, addresses);
-            c
+        .map(|(i, r)| Conversation {
+            id: i,
+            start: (r.at - t0) * scale,
+            source: o.trace_clients.source(i, r, addresses),
+            turns: vec![Turn {
+                message: prompt_of_blocks(&r.blocks, r.prompt_tokens, rng),
+                output_tokens: r.output_tokens.max(1),
+                think: 0.0,
+            }],
         })
         .collect())
 }
