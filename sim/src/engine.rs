@@ -31,9 +31,9 @@ use std::time::Duration;
 /// A GPU's figures.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Profile {
-    pub name: &'static str,
+    pub name: String,
     /// What it stands for.
-    pub stands_for: &'static str,
+    pub stands_for: String,
     pub kv_blocks: u64,
     pub block_tokens: u64,
     /// Requests in the running batch at most (vLLM's `--max-num-seqs`).
@@ -50,8 +50,8 @@ impl Profile {
     /// tokens/s per stream at small batches, as a large model gives).
     pub fn large() -> Profile {
         Profile {
-            name: "large",
-            stands_for: "80 GB-class GPU (H100-like)",
+            name: "large".into(),
+            stands_for: "80 GB-class GPU (H100-like)".into(),
             kv_blocks: 4096,
             block_tokens: 16,
             max_num_seqs: 64,
@@ -66,8 +66,8 @@ impl Profile {
     /// half the decode speed, and smaller batches.
     pub fn small() -> Profile {
         Profile {
-            name: "small",
-            stands_for: "24 GB-class GPU (L4-like)",
+            name: "small".into(),
+            stands_for: "24 GB-class GPU (L4-like)".into(),
             kv_blocks: 1024,
             block_tokens: 16,
             max_num_seqs: 16,
@@ -86,6 +86,111 @@ impl Profile {
         }
     }
 
+    /// A built-in profile's name, or a GPU written as numbers:
+    /// `NAME:kv=TOKENS:prefill=TOKENS_PER_S:decode=TOKENS_PER_S:batch=N`, where `kv` is the KV
+    /// cache's capacity in tokens, `prefill` the prefill speed, `decode` one stream's tokens per
+    /// second when it is alone in the batch, `batch` the most requests in a batch (vLLM's
+    /// `--max-num-seqs`). Optional: `per_seq_ms` (what each request in a step adds to its
+    /// time; default 1/151 of a lone stream's step, as the large profile) and `step_tokens`
+    /// (tokens computed per step at most; default 128 a request of the batch, as both
+    /// built-in profiles). Blocks of 16 tokens. A clear error names the field that is wrong.
+    pub fn parse(spec: &str) -> Result<Profile, String> {
+        if let Some(p) = Profile::by_name(spec) {
+            return Ok(p);
+        }
+        let mut parts = spec.split(':');
+        let name = parts.next().unwrap_or_default();
+        if !spec.contains(':')
+            || name.is_empty()
+            || name.len() > 32
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        {
+            return Err(format!(
+                "GPU profile {spec:?}: expected large, small or NAME:kv=..:prefill=..:decode=..:batch=.. (NAME of 1-32 of a-z, 0-9, _)"
+            ));
+        }
+        let mut fields: BTreeMap<&str, f64> = BTreeMap::new();
+        for part in parts {
+            let (k, v) = part
+                .split_once('=')
+                .ok_or_else(|| format!("GPU profile {name}: {part:?} is not KEY=VALUE"))?;
+            let Some(range) = PROFILE_FIELDS.iter().find(|f| f.0 == k).map(|f| &f.1) else {
+                return Err(format!(
+                    "GPU profile {name}: unknown field {k:?} (kv, prefill, decode, batch, per_seq_ms, step_tokens)"
+                ));
+            };
+            let v: f64 = v
+                .parse()
+                .ok()
+                .filter(|v: &f64| range.contains(v))
+                .ok_or_else(|| {
+                    format!(
+                        "GPU profile {name}: {k}={v:?} must be a number in [{}, {}]",
+                        range.start(),
+                        range.end()
+                    )
+                })?;
+            if fields.insert(k, v).is_some() {
+                return Err(format!("GPU profile {name}: {k} given twice"));
+            }
+        }
+        let need = |k: &str| {
+            fields
+                .get(k)
+                .copied()
+                .ok_or_else(|| format!("GPU profile {name}: {k}= is missing"))
+        };
+        let (kv, prefill, decode, batch) = (
+            need("kv")?,
+            need("prefill")?,
+            need("decode")?,
+            need("batch")?,
+        );
+        let block_tokens = 16;
+        let max_num_seqs = batch.round() as usize;
+        let step = 1.0 / decode;
+        let per_seq = fields.get("per_seq_ms").map_or(step / 151.0, |ms| ms / 1e3);
+        if per_seq >= step {
+            return Err(format!(
+                "GPU profile {name}: per_seq_ms must be below a lone stream's step ({:.3} ms at decode={decode})",
+                step * 1e3
+            ));
+        }
+        Ok(Profile {
+            name: name.to_string(),
+            stands_for: format!(
+                "{} KV tokens, prefill {prefill} tokens/s, decode {decode} tokens/s alone, batch {max_num_seqs}",
+                kv as u64
+            ),
+            kv_blocks: (kv as u64).div_ceil(block_tokens),
+            block_tokens,
+            max_num_seqs,
+            max_batched_tokens: fields
+                .get("step_tokens")
+                .map_or(128 * max_num_seqs as u64, |t| *t as u64),
+            prefill_tokens_per_s: prefill,
+            step_base: Duration::from_secs_f64(step - per_seq),
+            step_per_seq: Duration::from_secs_f64(per_seq),
+        })
+    }
+
+    /// The profile as `parse` reads it.
+    pub fn spec(&self) -> String {
+        let step = self.step_base + self.step_per_seq;
+        format!(
+            "{}:kv={}:prefill={}:decode={:.4}:batch={}:per_seq_ms={:.4}:step_tokens={}",
+            self.name,
+            self.kv_tokens(),
+            self.prefill_tokens_per_s.round(),
+            1.0 / step.as_secs_f64(),
+            self.max_num_seqs,
+            self.step_per_seq.as_secs_f64() * 1e3,
+            self.max_batched_tokens
+        )
+    }
+
     /// KV-cache capacity in tokens.
     pub fn kv_tokens(&self) -> u64 {
         self.kv_blocks * self.block_tokens
@@ -96,6 +201,16 @@ impl Profile {
         self.kv_tokens()
     }
 }
+
+/// The fields of a profile written as numbers, and the range each must be in.
+const PROFILE_FIELDS: &[(&str, std::ops::RangeInclusive<f64>)] = &[
+    ("kv", 256.0..=100_000_000.0),
+    ("prefill", 1.0..=10_000_000.0),
+    ("decode", 0.1..=100_000.0),
+    ("batch", 1.0..=4096.0),
+    ("per_seq_ms", 0.0..=10_000.0),
+    ("step_tokens", 16.0..=1_000_000.0),
+];
 
 /// A request's handle in the engine.
 pub type RequestId = u64;

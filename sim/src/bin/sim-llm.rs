@@ -12,7 +12,11 @@ use clap::Parser;
              (streamed or not), /v1/models, /health, and vLLM's /metrics, over a modelled GPU",
     after_help = "Profiles (blocks of 16 tokens, prefix caching on):\n  \
                   large  80 GB-class GPU: 4,096 blocks (65,536 KV tokens), prefill 8k tok/s, step 30 ms + 0.2 ms/seq, 64 seqs, 8,192 tokens/step\n  \
-                  small  24 GB-class GPU: 1,024 blocks (16,384 KV tokens), prefill 2k tok/s, step 60 ms + 1 ms/seq, 16 seqs, 2,048 tokens/step\n\n\
+                  small  24 GB-class GPU: 1,024 blocks (16,384 KV tokens), prefill 2k tok/s, step 60 ms + 1 ms/seq, 16 seqs, 2,048 tokens/step\n  \
+                  NAME:kv=..:prefill=..:decode=..:batch=..  KV capacity in tokens, prefill tokens/s, one stream's decode\n    \
+                  tokens/s alone in the batch, the most requests in a batch; optional :per_seq_ms=.. (default 1/151 of a\n    \
+                  lone stream's step) and :step_tokens=.. (default 128 per request of the batch), as balancer-bench\n    \
+                  calibrate writes them\n\n\
                   Example:\n  sim-llm --listen 0.0.0.0:8000 --name gpu1 --profile large --model llama-3-8b"
 )]
 struct Args {
@@ -22,9 +26,10 @@ struct Args {
     /// Name reported in the `x-served-by` header.
     #[arg(long)]
     name: String,
-    /// GPU profile: large or small.
-    #[arg(long, default_value = "large", value_parser = ["large", "small"])]
-    profile: String,
+    /// GPU profile: large, small, or one written as numbers,
+    /// NAME:kv=TOKENS:prefill=TOKENS_PER_S:decode=TOKENS_PER_S:batch=N (see below).
+    #[arg(long, default_value = "large", value_parser = parse_profile)]
+    profile: Profile,
     /// The model served (its `model_name` label and `/v1/models` entry).
     #[arg(long, default_value = "llama-3-8b")]
     model: String,
@@ -51,9 +56,13 @@ struct Args {
     step_per_seq_ms: Option<f64>,
 }
 
+fn parse_profile(spec: &str) -> Result<Profile, String> {
+    Profile::parse(spec)
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let mut profile = Profile::by_name(&args.profile).expect("clap checked the name");
+    let mut profile = args.profile;
     let ms = |v: f64| std::time::Duration::from_secs_f64(v / 1e3);
     if args.kv_blocks == Some(0)
         || args.block_tokens == Some(0)

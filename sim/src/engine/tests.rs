@@ -178,3 +178,65 @@ fn words_are_tokens() {
     );
     assert_eq!(output_token(3), word_token("tok3"));
 }
+
+#[test]
+fn a_profile_written_as_numbers_reads_back_and_names_its_bad_field() {
+    let p = Profile::parse("h100:kv=65536:prefill=8000:decode=33.1125:batch=64").unwrap();
+    assert_eq!(p.name, "h100");
+    assert_eq!(p.kv_blocks, 4096);
+    assert_eq!(p.max_num_seqs, 64);
+    assert_eq!(p.max_batched_tokens, 8192);
+    // A lone stream's step is 1/decode, 1/151 of it per request: the large profile's times.
+    let large = Profile::large();
+    // Within 10 µs: the text keeps four decimals.
+    let close = |a: Duration, b: Duration| (a.as_secs_f64() - b.as_secs_f64()).abs() < 1e-5;
+    assert!(close(p.step_base, large.step_base), "{:?}", p.step_base);
+    assert!(
+        close(p.step_per_seq, large.step_per_seq),
+        "{:?}",
+        p.step_per_seq
+    );
+    // What `spec` writes, `parse` reads back the same.
+    for q in [p.clone(), Profile::small()] {
+        let again = Profile::parse(&q.spec()).unwrap();
+        assert_eq!(again.kv_blocks, q.kv_blocks);
+        assert_eq!(again.max_num_seqs, q.max_num_seqs);
+        assert_eq!(again.max_batched_tokens, q.max_batched_tokens);
+        assert!(close(again.step_base, q.step_base), "{}", q.spec());
+        assert!(close(again.step_per_seq, q.step_per_seq), "{}", q.spec());
+    }
+    assert_eq!(Profile::parse("small").unwrap(), Profile::small());
+    for (bad, says) in [
+        ("huge", "expected large, small or NAME"),
+        ("H100:kv=1", "NAME of 1-32"),
+        ("h100:kv=65536:prefill=8000:decode=33", "batch= is missing"),
+        (
+            "h100:kv=65536:prefill=8000:decode=33:batch=64:speed=2",
+            "unknown field \"speed\"",
+        ),
+        (
+            "h100:kv=65536:prefill=NaN:decode=33:batch=64",
+            "prefill=\"NaN\" must be",
+        ),
+        (
+            "h100:kv=65536:prefill=inf:decode=33:batch=64",
+            "prefill=\"inf\" must be",
+        ),
+        (
+            "h100:kv=0:prefill=8000:decode=33:batch=64",
+            "kv=\"0\" must be",
+        ),
+        (
+            "h100:kv=65536:kv=1024:prefill=8000:decode=33:batch=64",
+            "kv given twice",
+        ),
+        ("h100:kv", "\"kv\" is not KEY=VALUE"),
+        (
+            "h100:kv=65536:prefill=8000:decode=10:batch=4:per_seq_ms=200",
+            "per_seq_ms must be below",
+        ),
+    ] {
+        let e = Profile::parse(bad).unwrap_err();
+        assert!(e.contains(says), "{bad}: {e}");
+    }
+}
