@@ -130,11 +130,45 @@ struct FleetArgs {
 }
 
 #[derive(clap::Args)]
+struct CalibrateArgs {
+    /// A running OpenAI-compatible server (vLLM, SGLang, sim-llm) to measure instead: its step
+    /// time alone and with up to 4 requests at once, its prefill speed, its KV capacity.
+    #[arg(long, value_name = "HOST:PORT")]
+    server: Option<std::net::SocketAddr>,
+    /// With --server: the model to ask for (default: the first it lists at /v1/models).
+    #[arg(long, requires = "server")]
+    model: Option<String>,
+    /// With --server: the most requests in its batch (vLLM's --max-num-seqs).
+    #[arg(long, requires = "server")]
+    batch: Option<usize>,
+    /// With --server: its KV cache in tokens (default: from its /metrics, vLLM's
+    /// cache_config_info or TGI's batch budget).
+    #[arg(long, requires = "server")]
+    kv_tokens: Option<u64>,
+    /// With --server: tokens computed per step at most (vLLM's --max-num-batched-tokens;
+    /// default 128 per request of the batch).
+    #[arg(long, requires = "server")]
+    step_tokens: Option<u64>,
+    /// With --server: the profile's name (a-z, 0-9, _).
+    #[arg(long, default_value = "calibrated", requires = "server")]
+    name: String,
+    /// With --server: where to write the profile (default target/bench/NAME.profile).
+    #[arg(long, value_name = "FILE", requires = "server")]
+    profile_out: Option<std::path::PathBuf>,
+}
+
+#[derive(clap::Args)]
 struct LlmArgs {
     /// One shape at 3 req/s, 60 requests, once: round robin, composite, vllm:power_of_two
     /// (a check that everything runs; `cargo xtask test` runs it).
     #[arg(long)]
     quick: bool,
+    /// Which policy to use for this traffic and pool: the knee search, then round robin,
+    /// least-conn, composite (and persistence when --trace-clients groups requests) at 50, 75
+    /// and 100% of the knee, repeated until decided (3-6 times unless --reps says), ending with
+    /// the choice, the ratios with their intervals that made it, and the VIP's config.
+    #[arg(long, conflicts_with_all = ["quick", "sweep", "at_knee", "loads"])]
+    recommend: bool,
     /// Workload shapes: conversation, prefill-heavy, mixed, multi-turn, multi-turn-nat,
     /// tenants.
     #[arg(long, value_delimiter = ',')]
@@ -157,9 +191,14 @@ struct LlmArgs {
     /// Seconds of arrivals per run.
     #[arg(long, default_value_t = 30.0)]
     duration: f64,
-    /// Repetitions of each point (different seeds).
-    #[arg(long)]
-    reps: Option<usize>,
+    /// Repetitions of each point (different seeds), or `auto`: 3, then another repetition of
+    /// every point of a shape while one of its targets is undecided (its interval straddles
+    /// the line), up to --max-reps.
+    #[arg(long, value_name = "N|auto")]
+    reps: Option<String>,
+    /// With --reps auto: the most repetitions of a shape.
+    #[arg(long, default_value_t = 10)]
+    max_reps: usize,
     /// Seed of the first repetition (repetition r plays seed FIRST_SEED + r): runs split
     /// over several commands, e.g. two builds interleaved seed by seed, replay the same
     /// workloads.
@@ -185,7 +224,9 @@ struct LlmArgs {
     /// Contenders at the knee (default: every policy and router policy).
     #[arg(long, value_delimiter = ',')]
     at_knee: Option<Vec<String>>,
-    /// GPU profiles of the backends.
+    /// GPU profiles of the backends, one per server: large, small, a GPU written as numbers
+    /// (NAME:kv=TOKENS:prefill=TOKENS_PER_S:decode=TOKENS_PER_S:batch=N, see sim-llm --help),
+    /// or @FILE holding one (as `balancer-bench calibrate` writes it).
     #[arg(long, value_delimiter = ',', default_value = "large,large,small,small")]
     gpus: Vec<String>,
     /// SLO: time to first token, seconds.
@@ -260,8 +301,10 @@ enum Bench {
     /// and target/bench/llm.json.
     Llm(Box<LlmArgs>),
     /// The simulator against the real vLLM (CPU build) under the same burst: timelines of
-    /// running, waiting, KV use and counters; docs/results/llm/calibration.md.
-    Calibrate,
+    /// running, waiting, KV use and counters; docs/results/llm/calibration.md, and that
+    /// server as a GPU profile for `llm --gpus @FILE` (calibration.profile). With --server:
+    /// your running server measured and written as a GPU profile, nothing else.
+    Calibrate(CalibrateArgs),
     /// Rewrites docs/benchmarks/llm.md from the JSON of the LLM runs it lists.
     LlmPage,
     /// A maintained load generator from PyPI (inference-perf) against the simulated GPU rack
@@ -282,11 +325,7 @@ fn main() -> Result<()> {
         }
         Bench::Fleet(a) => fleet_bench(a, page)?,
         Bench::Llm(a) => llm_bench(*a, page)?,
-        Bench::Calibrate => {
-            let root = workspace_root();
-            let figures = bench::calibrate::run(&root.join("docs/results/llm"))?;
-            publish("calibrate", &figures, None, page)?;
-        }
+        Bench::Calibrate(a) => calibrate_bench(a, page)?,
         Bench::Client(a) => client_bench(a)?,
         Bench::LlmPage => {
             let root = workspace_root();
@@ -452,11 +491,16 @@ fn fleet_bench(a: FleetArgs, page: Option<&std::path::Path>) -> Result<()> {
 
 /// `balancer-bench llm`.
 fn llm_bench(a: LlmArgs, page: Option<&std::path::Path>) -> Result<()> {
-    let quick = a.quick;
     let opts = llm_options(a)?;
     let (_, figures) = llm::run(&opts)?;
     publish(
-        if quick { "llm-quick" } else { "llm" },
+        if opts.quick {
+            "llm-quick"
+        } else if opts.recommend {
+            "llm-recommend"
+        } else {
+            "llm"
+        },
         &figures,
         None,
         page,
@@ -469,12 +513,14 @@ fn llm_bench(a: LlmArgs, page: Option<&std::path::Path>) -> Result<()> {
 fn llm_options(a: LlmArgs) -> Result<llm::Options> {
     let LlmArgs {
         quick,
+        recommend,
         shapes,
         trace,
         trace_clients,
         requests,
         duration,
         reps,
+        max_reps,
         first_seed,
         loads,
         knees,
@@ -493,6 +539,7 @@ fn llm_options(a: LlmArgs) -> Result<llm::Options> {
     } else {
         llm::Options::full(root.join("docs/results/llm"))
     };
+    let out_dir_given = out_dir.is_some();
     if let Some(d) = out_dir {
         opts.out_dir = d;
     }
@@ -514,8 +561,17 @@ fn llm_options(a: LlmArgs) -> Result<llm::Options> {
     if !quick {
         opts.duration = duration;
     }
-    if let Some(r) = reps {
-        opts.reps = r;
+    match reps.as_deref() {
+        None => {}
+        Some("auto") => {
+            opts.reps = AUTO_MIN_REPS.min(max_reps);
+            opts.max_reps = Some(max_reps);
+        }
+        Some(n) => {
+            opts.reps = n
+                .parse()
+                .map_err(|_| anyhow::anyhow!("--reps {n:?}: expected a number or auto"))?;
+        }
     }
     opts.first_seed = first_seed;
     if let Some(l) = loads {
@@ -537,7 +593,7 @@ fn llm_options(a: LlmArgs) -> Result<llm::Options> {
     if at_knee.is_some() {
         opts.at_knee = at_knee;
     }
-    opts.gpus = gpus;
+    opts.gpus = gpus.iter().map(|g| gpu_profile(g)).collect::<Result<_>>()?;
     opts.knee_ttft = knee_ttft;
     opts.slo = Slo {
         ttft: slo_ttft,
@@ -552,15 +608,31 @@ fn llm_options(a: LlmArgs) -> Result<llm::Options> {
         println!("trace {}: {} requests", path.display(), requests.len());
         opts.trace = Some(path);
     }
+    if recommend {
+        opts.recommend = true;
+        if opts.shapes == llm::Options::full(opts.out_dir.clone()).shapes {
+            // The trace's shape, unless the user named others.
+            opts.shapes = vec![Shape::Conversation];
+        }
+        if !out_dir_given {
+            opts.out_dir = bench::results_dir().join("llm-recommend");
+        }
+        llm::recommend_options(&mut opts, reps.is_some());
+    }
     check_llm_options(&opts)?;
     Ok(opts)
 }
+
+/// `--reps auto`'s repetitions before the first look at the targets: fewer pairs leave every
+/// interval too wide to decide.
+const AUTO_MIN_REPS: usize = 3;
 
 /// Each option of the routing benchmark within its range.
 fn check_llm_options(opts: &llm::Options) -> Result<()> {
     if opts.requests.is_some_and(|r| !(1..=100_000).contains(&r))
         || !(1.0..=3600.0).contains(&opts.duration)
         || !(1..=20).contains(&opts.reps)
+        || opts.max_reps.is_some_and(|m| !(2..=20).contains(&m))
         || !(1..=1_000_000).contains(&opts.first_seed)
         || opts.loads.is_empty()
         || opts.loads.iter().any(|l| !(*l > 0.0 && *l <= 5.0))
@@ -570,17 +642,71 @@ fn check_llm_options(opts: &llm::Options) -> Result<()> {
             .is_some_and(|ms| !(10..=60_000).contains(&ms))
     {
         anyhow::bail!(
-            "--requests must be in 1..=100000, --duration in [1, 3600], --reps in 1..=20, --first-seed in 1..=1000000, --loads in (0, 5], the SLOs and --knee-ttft positive, --scrape-ms in 10..=60000"
+            "--requests must be in 1..=100000, --duration in [1, 3600], --reps and --max-reps in 1..=20 (2..=20 with auto), --first-seed in 1..=1000000, --loads in (0, 5], the SLOs and --knee-ttft positive, --scrape-ms in 10..=60000"
         );
     }
-    if let Some(g) = opts
-        .gpus
-        .iter()
-        .find(|g| balancer_sim::engine::Profile::by_name(g).is_none())
-    {
-        anyhow::bail!("--gpus: unknown profile {g:?} (large or small)");
+    if !(1..=16).contains(&opts.gpus.len()) {
+        anyhow::bail!("--gpus: 1 to 16 servers, {} given", opts.gpus.len());
     }
     Ok(())
+}
+
+/// One server's GPU of `--gpus`: a profile as `sim-llm --profile` reads it, checked, from the
+/// argument or from the file `@FILE` names (its first line that is not blank or a `#` comment).
+fn gpu_profile(arg: &str) -> Result<String> {
+    let spec = match arg.strip_prefix('@') {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("--gpus: reading the profile in {path}"))?;
+            text.lines()
+                .map(str::trim)
+                .find(|l| !l.is_empty() && !l.starts_with('#'))
+                .ok_or_else(|| anyhow::anyhow!("--gpus: {path} holds no profile"))?
+                .to_string()
+        }
+        None => arg.to_string(),
+    };
+    balancer_sim::engine::Profile::parse(&spec).map_err(|e| anyhow::anyhow!("--gpus: {e}"))?;
+    Ok(spec)
+}
+
+/// `balancer-bench calibrate`: against the CPU vLLM it starts, or a server of the user's.
+fn calibrate_bench(a: CalibrateArgs, page: Option<&std::path::Path>) -> Result<()> {
+    let CalibrateArgs {
+        server,
+        model,
+        batch,
+        kv_tokens,
+        step_tokens,
+        name,
+        profile_out,
+    } = a;
+    let Some(addr) = server else {
+        let root = workspace_root();
+        let figures = bench::calibrate::run(&root.join("docs/results/llm"))?;
+        return publish("calibrate", &figures, None, page);
+    };
+    let batch = batch.context(
+        "--server needs --batch: the most requests in its batch (vLLM's --max-num-seqs)",
+    )?;
+    if !(1..=4096).contains(&batch) {
+        anyhow::bail!("--batch must be in 1..=4096");
+    }
+    let opts = bench::calibrate::ServerOptions {
+        addr,
+        model,
+        batch,
+        kv_tokens,
+        step_tokens,
+        name,
+    };
+    let (profile, times) = bench::calibrate::measure_server(&opts)?;
+    let out =
+        profile_out.unwrap_or_else(|| bench::results_dir().join(format!("{}.profile", opts.name)));
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    bench::calibrate::write_profile(&out, &format!("{addr}"), &profile, &times)
 }
 
 /// `balancer-bench client`.
@@ -598,4 +724,91 @@ fn client_bench(a: ClientArgs) -> Result<()> {
 fn workspace_root() -> std::path::PathBuf {
     let bench = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     bench.parent().unwrap_or(bench).to_path_buf()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn llm(args: &[&str]) -> Result<llm::Options> {
+        let all = ["balancer-bench", "llm"].iter().chain(args);
+        match Args::try_parse_from(all)?.bench {
+            Bench::Llm(a) => llm_options(*a),
+            _ => unreachable!("parsed as llm"),
+        }
+    }
+
+    #[test]
+    fn reps_auto_starts_at_three_and_stops_at_its_cap() {
+        let o = llm(&["--reps", "auto", "--max-reps", "8"]).unwrap();
+        assert_eq!((o.reps, o.max_reps), (3, Some(8)));
+        let o = llm(&["--reps", "5"]).unwrap();
+        assert_eq!((o.reps, o.max_reps), (5, None));
+        let o = llm(&["--reps", "auto", "--max-reps", "2"]).unwrap();
+        assert_eq!((o.reps, o.max_reps), (2, Some(2)));
+        for bad in [
+            &["--reps", "many"][..],
+            &["--reps", "0"],
+            &["--reps", "auto", "--max-reps", "1"],
+            &["--reps", "auto", "--max-reps", "50"],
+        ] {
+            let e = llm(bad).unwrap_err();
+            assert!(format!("{e:#}").contains("--reps"), "{bad:?}: {e:#}");
+        }
+    }
+
+    #[test]
+    fn recommend_sweeps_the_candidates_on_the_trace_shape_until_decided() {
+        let o = llm(&["--recommend"]).unwrap();
+        assert!(o.recommend);
+        assert_eq!(o.shapes, [Shape::Conversation]);
+        assert_eq!(o.loads, [0.5, 0.75, 1.0]);
+        let c = ["round-robin", "least-conn", "composite"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(o.sweep.as_ref(), Some(&c));
+        assert_eq!(o.at_knee.as_ref(), Some(&c));
+        assert_eq!((o.reps, o.max_reps), (3, Some(6)));
+        assert!(o.out_dir.ends_with("llm-recommend"));
+        // Clients grouped by session: persistence is a candidate; repetitions as given.
+        let o = llm(&["--recommend", "--trace-clients", "behind:4", "--reps", "4"]).unwrap();
+        assert!(o.sweep.unwrap().contains(&"persistence".to_string()));
+        assert_eq!((o.reps, o.max_reps), (4, None));
+        assert!(llm(&["--recommend", "--quick"]).is_err());
+    }
+
+    #[test]
+    fn gpus_take_names_numbers_or_a_file_and_name_what_is_wrong() {
+        let file = std::env::temp_dir().join(format!("gpus-test-{}.profile", std::process::id()));
+        std::fs::write(
+            &file,
+            "# written by balancer-bench calibrate\n\ncpu:kv=4096:prefill=900:decode=20:batch=4\n",
+        )
+        .unwrap();
+        let at = format!(
+            "large,h100:kv=65536:prefill=8000:decode=33:batch=64,@{}",
+            file.display()
+        );
+        let o = llm(&["--gpus", &at]).unwrap();
+        assert_eq!(
+            o.gpus,
+            [
+                "large",
+                "h100:kv=65536:prefill=8000:decode=33:batch=64",
+                "cpu:kv=4096:prefill=900:decode=20:batch=4"
+            ]
+        );
+        std::fs::remove_file(&file).unwrap();
+        for (bad, says) in [
+            ("huge", "--gpus: GPU profile \"huge\""),
+            ("h100:kv=65536:prefill=8000:decode=33", "batch= is missing"),
+            (
+                "@/nonexistent/gpu.profile",
+                "reading the profile in /nonexistent",
+            ),
+        ] {
+            let e = format!("{:#}", llm(&["--gpus", bad]).unwrap_err());
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
 }

@@ -25,10 +25,11 @@ use anyhow::{Context as _, Result, bail};
 use super::Figures;
 use crate::load::stats::median;
 use balancer::steering::telemetry::store::PrefillQueue;
+use balancer_sim::engine::Profile;
 use balancer_tests::netns::{Netns, PREFIX, sweep};
 use balancer_tests::openai::stream_completion;
 use balancer_tests::rack::{Process, binary};
-use balancer_tests::vllm::{self, ServerOptions, VllmEnv, completion_body, prompt};
+use balancer_tests::vllm::{self, VllmEnv, completion_body, prompt};
 
 /// One reading of a server's page.
 #[derive(Clone, Debug, Default)]
@@ -88,9 +89,9 @@ fn poll(addr: SocketAddr, t0: Instant, stop: Arc<AtomicBool>, out: Arc<Mutex<Vec
 }
 
 /// Prompt tokens of a text by the real server's tokenizer.
-fn real_tokens(addr: SocketAddr, text: &str) -> Result<u64> {
+fn real_tokens(addr: SocketAddr, model: &str, text: &str) -> Result<u64> {
     use std::io::{Read, Write};
-    let body = serde_json::json!({"model": vllm::MODEL, "prompt": text}).to_string();
+    let body = serde_json::json!({"model": model, "prompt": text}).to_string();
     let mut s = std::net::TcpStream::connect(addr)?;
     write!(
         s,
@@ -115,8 +116,8 @@ fn sim_prompt(n: u64) -> String {
 }
 
 /// One streamed request: TTFT and the mean gap between tokens.
-fn timed(addr: SocketAddr, text: &str, max_tokens: u64) -> Result<(f64, f64)> {
-    let c = streamed(addr, text, max_tokens)?;
+fn timed(addr: SocketAddr, model: &str, text: &str, max_tokens: u64) -> Result<(f64, f64)> {
+    let c = streamed(addr, model, text, max_tokens)?;
     let ttft = c.ttft.context("no token")?;
     Ok((ttft, (c.e2e - ttft) / (max_tokens.max(2) - 1) as f64))
 }
@@ -124,13 +125,16 @@ fn timed(addr: SocketAddr, text: &str, max_tokens: u64) -> Result<(f64, f64)> {
 /// One streamed request, checked whole.
 fn streamed(
     addr: SocketAddr,
+    model: &str,
     text: &str,
     max_tokens: u64,
 ) -> Result<balancer_tests::openai::Completion> {
+    let mut body = completion_body(text, max_tokens);
+    body["model"] = model.into();
     let c = stream_completion(
         addr,
         "/v1/completions",
-        &completion_body(text, max_tokens),
+        &body,
         Duration::from_secs(300),
         |_| {},
     )?;
@@ -159,7 +163,7 @@ fn concurrently(
             let t = t.clone();
             std::thread::spawn(move || -> Result<Sent> {
                 let at = t0.elapsed().as_secs_f64();
-                let c = streamed(addr, &t, max_tokens)?;
+                let c = streamed(addr, vllm::MODEL, &t, max_tokens)?;
                 Ok(Sent {
                     at,
                     first_token: at + c.ttft.context("no token")?,
@@ -287,14 +291,14 @@ pub fn run(out_dir: &Path) -> Result<Figures> {
     let ns = Netns::create(&format!("{PREFIX}-cal"))?;
     let log_dir = std::env::temp_dir().join(format!("{PREFIX}-cal-logs"));
     std::fs::create_dir_all(&log_dir)?;
-    let opts = ServerOptions::new("cal", 32, 4, 0);
+    let opts = vllm::ServerOptions::new("cal", 32, 4, 0);
     println!("calibration: starting vLLM {version} (32 blocks of 128, 4 at once)");
     let mut real = vllm::Server(vllm::spawn(&env, &ns, &opts, &log_dir)?);
     let real_addr: SocketAddr = ([127, 0, 0, 1], vllm::PORT).into();
     vllm::wait_ready(&ns, real_addr, &mut real.0, vllm::VllmRack::START_LIMIT)?;
-    let (step1, step4, prefill) = ns.run_in(move || real_times(real_addr))??;
-    let per_seq = ((step4 - step1) / 3.0).max(1e-4);
-    let base = (step1 - per_seq).max(1e-4);
+    let times = ns.run_in(move || real_times(real_addr, vllm::MODEL, 4))??;
+    let (step1, step4, prefill) = (times.step_alone, times.step_together, times.prefill);
+    let (base, per_seq) = (times.step_base(), times.per_seq());
     println!(
         "real server: step {:.1} ms with 1 request, {:.1} ms with 4 (base {:.1} ms + {:.2} ms per request), prefill {prefill:.0} tokens/s",
         step1 * 1e3,
@@ -302,6 +306,14 @@ pub fn run(out_dir: &Path) -> Result<Figures> {
         base * 1e3,
         per_seq * 1e3
     );
+    // The same server as a GPU profile for `balancer-bench llm --gpus @FILE`.
+    let cpu = profile("cpu_vllm", 32 * vllm::BLOCK_TOKENS, 4, Some(2048), &times)?;
+    write_profile(
+        &out_dir.join("calibration.profile"),
+        &format!("the CPU vLLM {version} of the calibration (32 blocks of 128 tokens, 4 at once)"),
+        &cpu,
+        &times,
+    )?;
     let sim_port = 8001u16;
     let sim = start_sim(&ns, &log_dir, sim_port, prefill, base, per_seq)?;
     let sim_addr: SocketAddr = ([127, 0, 0, 1], sim_port).into();
@@ -315,7 +327,7 @@ pub fn run(out_dir: &Path) -> Result<Figures> {
                 .iter()
                 .chain([&repeat])
                 .chain(&long)
-                .map(|t| real_tokens(real_addr, t))
+                .map(|t| real_tokens(real_addr, vllm::MODEL, t))
                 .collect::<Result<_>>()?;
             let real_line = burst(real_addr, &texts, &repeat, &long)?;
             let sim_texts: Vec<String> = counts[..8].iter().map(|n| sim_prompt(*n)).collect();
@@ -336,31 +348,179 @@ pub fn run(out_dir: &Path) -> Result<Figures> {
     )
 }
 
-/// The real server's step time with one request and with four, and its prefill speed
-/// (tokens/s).
-fn real_times(real_addr: SocketAddr) -> Result<(f64, f64, f64)> {
-    timed(real_addr, &prompt(20, 1), 8)?; // warm-up
+/// What a server's timed requests showed.
+#[derive(Clone, Copy, Debug)]
+pub struct Times {
+    /// Seconds between tokens with one request in the batch, and with `together`.
+    pub step_alone: f64,
+    pub step_together: f64,
+    pub together: usize,
+    /// Prompt tokens per second.
+    pub prefill: f64,
+}
+
+impl Times {
+    /// What each request in a step adds to its time.
+    fn per_seq(&self) -> f64 {
+        if self.together < 2 {
+            return 0.0;
+        }
+        ((self.step_together - self.step_alone) / (self.together - 1) as f64).max(1e-4)
+    }
+
+    /// A step's fixed time.
+    fn step_base(&self) -> f64 {
+        (self.step_alone - self.per_seq()).max(1e-4)
+    }
+}
+
+/// A server's step time with one request and with `together` (at most 4) at once, and its
+/// prefill speed (tokens/s): a long prompt's TTFT less a short one's, over its tokens (the
+/// server's count, from the usage it reports, else its `/tokenize`).
+fn real_times(addr: SocketAddr, model: &str, together: usize) -> Result<Times> {
+    let together = together.clamp(1, 4);
+    timed(addr, model, &prompt(20, 1), 8)?; // warm-up
     let one: Vec<f64> = (0..3)
-        .map(|i| timed(real_addr, &prompt(20, 10 + i), 100).map(|x| x.1))
+        .map(|i| timed(addr, model, &prompt(20, 10 + i), 100).map(|x| x.1))
         .collect::<Result<_>>()?;
-    let four: Vec<f64> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..4)
-            .map(|i| s.spawn(move || timed(real_addr, &prompt(20, 20 + i), 100).map(|x| x.1)))
+    let many: Vec<f64> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..together as u64)
+            .map(|i| s.spawn(move || timed(addr, model, &prompt(20, 20 + i), 100).map(|x| x.1)))
             .collect();
         hs.into_iter()
             .map(|h| h.join().expect("thread"))
             .collect::<Result<Vec<f64>>>()
     })?;
     let long = prompt(600, 30);
-    let n = real_tokens(real_addr, &long)?;
     let short_ttft = median(
         &(0..3)
-            .map(|i| timed(real_addr, &prompt(8, 40 + i), 2).map(|x| x.0))
+            .map(|i| timed(addr, model, &prompt(8, 40 + i), 2).map(|x| x.0))
             .collect::<Result<Vec<f64>>>()?,
     );
-    let long_ttft = timed(real_addr, &long, 2)?.0;
-    let rate = n as f64 / (long_ttft - short_ttft).max(1e-3);
-    Ok((median(&one), median(&four), rate))
+    let c = streamed(addr, model, &long, 2)?;
+    let n = match c.prompt_tokens {
+        Some(n) => n,
+        None => real_tokens(addr, model, &long)?,
+    };
+    let long_ttft = c.ttft.context("no token for the long prompt")?;
+    Ok(Times {
+        step_alone: median(&one),
+        step_together: median(&many),
+        together,
+        prefill: n as f64 / (long_ttft - short_ttft).max(1e-3),
+    })
+}
+
+/// The GPU profile (`sim-llm --profile`, `balancer-bench llm --gpus`) of a server of
+/// `kv_tokens` and `batch` that took `times`; checked as `--gpus` checks it, so a measurement
+/// out of range is an error naming the field.
+pub fn profile(
+    name: &str,
+    kv_tokens: u64,
+    batch: usize,
+    step_tokens: Option<u64>,
+    times: &Times,
+) -> Result<Profile> {
+    let mut spec = format!(
+        "{name}:kv={kv_tokens}:prefill={:.0}:decode={:.4}:batch={batch}:per_seq_ms={:.4}",
+        times.prefill,
+        1.0 / times.step_alone,
+        times.per_seq() * 1e3,
+    );
+    if let Some(t) = step_tokens {
+        spec.push_str(&format!(":step_tokens={t}"));
+    }
+    Profile::parse(&spec).map_err(|e| anyhow::anyhow!("the measured profile {spec}: {e}"))
+}
+
+/// Writes `profile` to `path`: a comment saying where it came from, then the profile.
+pub fn write_profile(path: &Path, what: &str, profile: &Profile, times: &Times) -> Result<()> {
+    let text = format!(
+        "# balancer-bench calibrate: {what}; a step of {:.1} ms alone and {:.1} ms with {} at once, prefill {:.0} tokens/s.\n\
+         # Use: balancer-bench llm --gpus @{}\n{}\n",
+        times.step_alone * 1e3,
+        times.step_together * 1e3,
+        times.together,
+        times.prefill,
+        path.display(),
+        profile.spec()
+    );
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    println!(
+        "GPU profile {} written to {}",
+        profile.spec(),
+        path.display()
+    );
+    Ok(())
+}
+
+/// `calibrate --server`: a running OpenAI-compatible server to describe as a GPU profile.
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    pub addr: SocketAddr,
+    /// The model to ask for (None: the first of its `/v1/models`).
+    pub model: Option<String>,
+    /// The most requests in its batch (vLLM's `--max-num-seqs`: no page says it).
+    pub batch: usize,
+    /// Its KV cache in tokens (None: from its `/metrics`).
+    pub kv_tokens: Option<u64>,
+    /// Tokens per step at most (vLLM's `--max-num-batched-tokens`; None: the profile's default).
+    pub step_tokens: Option<u64>,
+    /// The profile's name.
+    pub name: String,
+}
+
+/// Measures a running server and returns its profile and what was timed. The server must
+/// honour `max_tokens` with `ignore_eos` (vLLM, SGLang, `sim-llm`), or the step times read
+/// short outputs.
+pub fn measure_server(o: &ServerOptions) -> Result<(Profile, Times)> {
+    let model = match &o.model {
+        Some(m) => m.clone(),
+        None => first_model(o.addr)?,
+    };
+    let kv = match o.kv_tokens {
+        Some(kv) => kv,
+        None => kv_tokens_of(o.addr)?,
+    };
+    println!(
+        "calibrating {} (model {model}, {kv} KV tokens, batch {})",
+        o.addr, o.batch
+    );
+    let times = real_times(o.addr, &model, o.batch)?;
+    let p = profile(&o.name, kv, o.batch, o.step_tokens, &times)?;
+    Ok((p, times))
+}
+
+/// The first model a server lists at `/v1/models`.
+fn first_model(addr: SocketAddr) -> Result<String> {
+    let body = balancer_tests::traffic::http_get_path(addr, "/v1/models", Duration::from_secs(10))
+        .with_context(|| format!("reading {addr}/v1/models"))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&body).with_context(|| format!("{addr}/v1/models is not JSON"))?;
+    v.pointer("/data/0/id")
+        .and_then(|m| m.as_str())
+        .filter(|m| !m.is_empty() && m.len() <= 256)
+        .map(str::to_string)
+        .with_context(|| format!("{addr}/v1/models lists no model: give --model"))
+}
+
+/// A server's KV capacity in tokens from its metrics page, read as the balancer reads it
+/// (vLLM's `cache_config_info`, TGI's batch budget), validated.
+fn kv_tokens_of(addr: SocketAddr) -> Result<u64> {
+    let page = balancer_tests::traffic::http_get_path(addr, "/metrics", Duration::from_secs(10))
+        .with_context(|| format!("reading {addr}/metrics"))?;
+    let samples = balancer::steering::telemetry::page::parse(&page)
+        .with_context(|| format!("parsing {addr}/metrics"))?;
+    let signals = balancer::steering::telemetry::signals::extract(&samples)
+        .validate()
+        .map_err(|e| anyhow::anyhow!("{addr}/metrics: {e}"))?;
+    signals
+        .into_inner()
+        .kv_capacity_tokens
+        .map(|kv| kv as u64)
+        .with_context(|| {
+            format!("{addr}/metrics says no KV capacity (vLLM's cache_config_info, TGI's batch budget): give --kv-tokens")
+        })
 }
 
 /// The simulator, given the same cache and batch as the real server and its times.
@@ -400,3 +560,6 @@ fn start_sim(
     sim.wait_for_log("listening", Duration::from_secs(10))?;
     Ok(sim)
 }
+
+#[cfg(test)]
+mod tests;

@@ -22,7 +22,9 @@ pub mod contenders;
 mod knee;
 pub mod page;
 mod rack;
+mod recommend;
 pub mod report;
+pub mod verdicts;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -32,6 +34,7 @@ use std::time::{Duration, Instant};
 use knee::*;
 use rack::*;
 pub use rack::{LlmRack, composite_rack, config, config_with};
+pub use recommend::apply as recommend_options;
 
 use anyhow::{Context as _, Result, bail};
 use balancer::base::config::{AttachMode, RawVip};
@@ -64,7 +67,11 @@ pub struct Options {
     pub requests: Option<usize>,
     /// Seconds of arrivals per run, when `requests` is None.
     pub duration: f64,
+    /// Repetitions of each point; with `max_reps`, the fewest.
     pub reps: usize,
+    /// `--reps auto`: after `reps`, another repetition of every point of a shape while one of
+    /// its targets is undecided, up to this many.
+    pub max_reps: Option<usize>,
     /// The seed of the first repetition (repetition r plays `first_seed + r`).
     pub first_seed: u64,
     /// Loads of the sweep, as fractions of the knee.
@@ -92,6 +99,8 @@ pub struct Options {
     pub trace: Option<PathBuf>,
     /// How the trace's requests map to client addresses.
     pub trace_clients: workload::TraceClients,
+    /// End with which policy to use and its config (`recommend`).
+    pub recommend: bool,
 }
 
 impl Options {
@@ -102,6 +111,7 @@ impl Options {
             requests: None,
             duration: 30.0,
             reps: 3,
+            max_reps: None,
             first_seed: 1,
             loads: vec![0.3, 0.5, 0.75, 1.0, 1.1],
             knees: BTreeMap::new(),
@@ -118,6 +128,7 @@ impl Options {
             quick: false,
             trace: None,
             trace_clients: workload::TraceClients::PerRequest,
+            recommend: false,
         }
     }
 
@@ -442,13 +453,19 @@ pub fn run(opts: &Options) -> Result<(Results, Figures)> {
         None => workload::shipped_trace()?,
     };
     println!(
-        "LLM routing benchmark: GPUs {}; {} per run, {} repetition(s), loads {:?} of each shape's knee; SLO TTFT <= {} s and ITL <= {} ms",
+        "LLM routing benchmark: GPUs {}; {} per run, {}, loads {:?} of each shape's knee; SLO TTFT <= {} s and ITL <= {} ms",
         opts.gpus.join(", "),
         opts.requests.map_or(
             format!("the requests of {} s (at least 40)", opts.duration),
             |n| format!("{n} requests")
         ),
-        opts.reps,
+        match opts.max_reps {
+            Some(cap) => format!(
+                "{} to {cap} repetitions (until every target is decided)",
+                opts.reps
+            ),
+            None => format!("{} repetition(s)", opts.reps),
+        },
         opts.loads,
         opts.slo.ttft,
         opts.slo.itl * 1e3
@@ -524,7 +541,8 @@ fn run_shape(
     println!("{}: knee {knee:.2} requests/s ({knee_how})", shape.name());
     let sweep_set = opts.sweep.clone().unwrap_or_else(|| default_sweep(shape));
     let knee_set = opts.at_knee.clone().unwrap_or_else(contenders::all);
-    let mut runs = Vec::new();
+    // Each load's contenders: the sweep's, and at the knee every contender of the knee set.
+    let mut points: Vec<(f64, Vec<String>)> = Vec::new();
     for &load in &opts.loads {
         if sweep_set.is_empty() && (load - 1.0).abs() > 1e-9 {
             continue;
@@ -537,21 +555,45 @@ fn run_shape(
                 }
             }
         }
-        for rep in 0..opts.reps {
-            for name in &names {
+        points.push((load, names));
+    }
+    // Repetition by repetition, so that `--reps auto` can stop when every target is decided.
+    let mut runs = Vec::new();
+    for rep in 0.. {
+        for (load, names) in &points {
+            for name in names {
                 runs.push(measured_run(
                     rack,
                     Point {
                         shape,
                         contender: name,
                         rate: knee * load,
-                        load,
+                        load: *load,
                         rep,
                     },
                     trace,
                     opts,
                 )?);
             }
+        }
+        let done = rep + 1;
+        if done < opts.reps {
+            continue;
+        }
+        let Some(cap) = opts.max_reps else { break };
+        let stated = verdicts::stated(&report::samples(&runs));
+        let undecided = verdicts::undecided(&stated);
+        println!(
+            "{}: after {done} repetition(s), {undecided} target(s) undecided{}",
+            shape.name(),
+            if undecided > 0 && done < cap {
+                ": another repetition"
+            } else {
+                ""
+            }
+        );
+        if undecided == 0 || done >= cap {
+            break;
         }
     }
     Ok(ShapeResult {

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result};
 
 use crate::Figures;
+use crate::llm::verdicts;
 
 /// A run the page shows: what it measured, and its directory under `docs/results/llm`.
 pub struct Source {
@@ -56,13 +57,15 @@ against a real vLLM in [calibration](../results/llm/calibration.md)) behind the 
 and the same servers behind vllm-router and sglang-router from PyPI, every contender with the \
 same hops. Per shape the benchmark finds the knee (the highest load at which the best \
 load-aware policy keeps p99 TTFT <= 5 s), then sweeps fractions of it with repetitions on \
-other seeds. Figures are medians over repetitions; how it measures: \
-[benchmarking.md](../dev/benchmarking.md#llm-routing).";
+other seeds. Each ratio is a ratio of means over the repetitions both contenders ran (the same \
+seeds), with a bootstrap 95% interval over those pairs; a target is met when the whole interval \
+keeps its line, missed when none of it does, undecided otherwise. The best policies are picked on \
+the same runs. How it measures: [benchmarking.md](../dev/benchmarking.md#llm-routing).";
 
 const TARGETS: &str = "Targets: the best balancer policy's p99 TTFT <= 0.5x round robin's at \
-50-100% of the knee with goodput no lower; at the knee <= 1.2x the best L7 router policy's p99 \
-TTFT at <= 1/20 of its CPU per request; for multi-turn traffic, session persistence with load \
->= 1.5x lower mean TTFT than load only (`composite`), p99 no worse.";
+50-100% of the knee with goodput and throughput no lower (>= 0.98x); at the knee <= 1.2x the best \
+L7 router policy's p99 TTFT at <= 1/20 of its CPU per request; for multi-turn traffic, session \
+affinity with >= 1.5x lower mean TTFT than load only (`composite`), p99 no worse (<= 1.02x).";
 
 /// Writes the page to `<root>/docs/benchmarks/llm.md` from the runs under
 /// `<root>/docs/results/llm`.
@@ -111,7 +114,8 @@ fn render(runs: &[(&Source, Figures)]) -> String {
     md
 }
 
-/// Each shape's knee and target figures in a run: `(shape, figure, value)`.
+/// Each shape's knee and stated ratios in a run, with their intervals and verdicts, computed
+/// from its repetitions' figures: `(shape, figure, value)`.
 fn rows(f: &Figures) -> Vec<(String, String, String)> {
     let mut out = Vec::new();
     let shapes: Vec<&str> = f
@@ -119,93 +123,24 @@ fn rows(f: &Figures) -> Vec<(String, String, String)> {
         .filter_map(|k| k.strip_suffix("/knee_rps"))
         .collect();
     for shape in shapes {
-        let get = |k: &str| f.get(&format!("{shape}/{k}")).copied();
         let mut row = |figure: String, value: String| {
             out.push((shape.to_string(), figure, value));
         };
-        if let Some(knee) = get("knee_rps") {
+        if let Some(knee) = f.get(&format!("{shape}/knee_rps")) {
             row("knee".into(), format!("{knee:.2} requests/s"));
         }
-        for load in loads(f, shape) {
-            let pct = load_pct(&load);
-            if let Some(r) = get(&format!("target/best_over_rr_p99/{load}")) {
-                row(
-                    format!("p99 TTFT, best balancer policy / round robin, {pct}"),
-                    format!("{r:.2}x"),
-                );
-            }
-            let at = |name: &str, metric: &str| get(&format!("{name}/{load}/median/{metric}"));
-            if let (Some(c), Some(r)) = (
-                at("composite", "goodput_rps"),
-                at("round-robin", "goodput_rps"),
-            ) && r > 0.0
-            {
-                row(
-                    format!("goodput, composite / round robin, {pct}"),
-                    format!("{:.2}x", c / r),
-                );
-            }
-            if let (Some(c), Some(p)) = (
-                at("composite", "ttft_mean_s"),
-                at("persistence", "ttft_mean_s"),
-            ) && p > 0.0
-            {
-                let p99 = at("persistence", "ttft_p99_s")
-                    .zip(at("composite", "ttft_p99_s"))
-                    .map_or(String::new(), |(a, b)| {
-                        format!(" (p99 {a:.2} s vs {b:.2} s)")
-                    });
-                row(
-                    format!("mean TTFT, load only / session persistence, {pct}"),
-                    format!("{:.2}x{p99}", c / p),
-                );
-            }
+        let stated = verdicts::stated(&verdicts::Samples::of_shape(f, shape));
+        for s in &stated {
+            row(s.what.clone(), s.reading());
         }
-        if let Some(met) = get("target/best_over_rr_met") {
+        if let Some(v) = verdicts::over_round_robin_overall(&stated) {
             row(
-                "p99 and goodput target against round robin, every load".into(),
-                if met > 0.0 { "met" } else { "missed" }.into(),
-            );
-        }
-        if let Some(r) = get("target/ours_over_best_router_p99") {
-            row(
-                "p99 TTFT at the knee, best balancer policy / best router policy".into(),
-                format!("{r:.2}x"),
-            );
-        }
-        if let Some(r) = get("target/ours_over_best_router_cpu") {
-            row(
-                "CPU per request at the knee, balancer / router".into(),
-                format!("{r:.3}x"),
+                "p99, goodput and throughput targets against round robin, every load".into(),
+                format!("**{}**", v.word()),
             );
         }
     }
     out
-}
-
-/// The loads a shape was measured at (`0.50`, `1.00`), from its median keys.
-fn loads(f: &Figures, shape: &str) -> Vec<String> {
-    let mut loads: Vec<String> = f
-        .keys()
-        .filter_map(|k| {
-            let rest = k.strip_prefix(&format!("{shape}/"))?;
-            let mut parts = rest.split('/');
-            let (_, load, kind) = (parts.next()?, parts.next()?, parts.next()?);
-            (kind == "median").then(|| load.to_string())
-        })
-        .collect();
-    loads.sort();
-    loads.dedup();
-    loads
-}
-
-/// `1.00` as "the knee", `0.50` as "50% of the knee".
-fn load_pct(load: &str) -> String {
-    match load.parse::<f64>() {
-        Ok(l) if (l - 1.0).abs() < 1e-9 => "at the knee".into(),
-        Ok(l) => format!("{:.0}% of the knee", l * 100.0),
-        Err(_) => load.to_string(),
-    }
 }
 
 #[cfg(test)]
@@ -213,16 +148,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_run_s_targets_become_rows_by_shape_and_load() {
+    fn a_run_s_repetitions_become_rows_with_intervals_by_shape() {
         let mut f = Figures::new();
         f.insert("mixed/knee_rps".into(), 4.5);
-        f.insert("mixed/target/best_over_rr_p99/0.50".into(), 0.43);
-        f.insert("mixed/composite/0.50/median/goodput_rps".into(), 3.0);
-        f.insert("mixed/round-robin/0.50/median/goodput_rps".into(), 2.0);
-        f.insert("mixed/target/best_over_rr_met".into(), 1.0);
+        for (name, p99) in [
+            ("composite", [1.0, 1.1, 0.9]),
+            ("round-robin", [3.0, 3.0, 3.0]),
+        ] {
+            for (r, v) in p99.iter().enumerate() {
+                f.insert(format!("mixed/{name}/0.50/r{r}/ttft_p99_s"), *v);
+            }
+            f.insert(format!("mixed/{name}/0.50/median/ttft_p99_s"), p99[0]);
+        }
         f.insert("multi-turn/knee_rps".into(), 3.0);
-        f.insert("multi-turn/composite/1.00/median/ttft_mean_s".into(), 0.2);
-        f.insert("multi-turn/persistence/1.00/median/ttft_mean_s".into(), 0.1);
         let rows = rows(&f);
         let find = |shape: &str, figure: &str| {
             rows.iter()
@@ -230,19 +168,16 @@ mod tests {
                 .map(|(_, _, v)| v.clone())
         };
         assert_eq!(find("mixed", "knee").as_deref(), Some("4.50 requests/s"));
+        let p99 = find("mixed", "p99 TTFT, `composite` / round robin, at 50%").unwrap();
+        assert!(p99.starts_with("0.33x ("), "{p99}");
+        assert!(p99.ends_with("target <= 0.5x: **met**"), "{p99}");
         assert_eq!(
-            find("mixed", "p99 TTFT, best balancer policy / round robin, 50%").as_deref(),
-            Some("0.43x")
+            find("mixed", "p99, goodput and throughput").as_deref(),
+            Some("**met**")
         );
-        assert_eq!(find("mixed", "goodput").as_deref(), Some("1.50x"));
-        assert_eq!(find("mixed", "p99 and goodput").as_deref(), Some("met"));
         assert_eq!(
-            find(
-                "multi-turn",
-                "mean TTFT, load only / session persistence, at the knee"
-            )
-            .as_deref(),
-            Some("2.00x")
+            find("multi-turn", "knee").as_deref(),
+            Some("3.00 requests/s")
         );
     }
 }

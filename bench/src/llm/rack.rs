@@ -50,7 +50,9 @@ impl LlmRack {
         for (i, profile) in self.gpus.iter().enumerate() {
             let name = format!("sim-{}", i + 1);
             self.topo.rack.processes.retain(|p| p.name != name);
-            let served_by = format!("gpu{}-{profile}", i + 1);
+            // Named by the profile's name (a profile written as numbers starts with it).
+            let kind = profile.split(':').next().unwrap_or(profile);
+            let served_by = format!("gpu{}-{kind}", i + 1);
             let listen = format!("0.0.0.0:{LLM_PORT}");
             let argv = [
                 sim.as_str(),

@@ -4,8 +4,8 @@
 //!
 //! JSON keys: `<shape>/<contender>/<load>/r<rep>/<metric>` for each run,
 //! `<shape>/<contender>/<load>/median/<metric>` (and `min`, `max`) over repetitions,
-//! `<shape>/knee_rps`, `idle/<contender>/added_ttft_ms`, and the targets under
-//! `<shape>/target/...`.
+//! `<shape>/knee_rps`, `idle/<contender>/added_ttft_ms`, and the stated ratios with their
+//! intervals and verdicts under `<shape>/target/...` (`super::verdicts`).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -15,17 +15,22 @@ mod plots;
 mod targets;
 
 use plots::*;
+pub(crate) use targets::samples;
 use targets::*;
 
 use anyhow::Result;
 
 use super::contenders::Contender;
+use super::verdicts::load_key;
 use super::{Results, Run, ShapeResult};
 use crate::Figures;
 use crate::load::stats::median;
 
+/// A figure of a run: its name (with its unit) and value.
+pub type Metric = (&'static str, f64);
+
 /// A run's figures by name (seconds, requests/s, shares).
-fn metrics(r: &Run) -> Vec<(&'static str, f64)> {
+pub(super) fn metrics(r: &Run) -> Vec<Metric> {
     let s = &r.summary;
     let mut v = vec![
         ("ttft_p50_s", s.ttft_p50),
@@ -117,10 +122,6 @@ fn stat(runs: &[&Run], metric: &str) -> Option<(f64, f64, f64)> {
     Some((median(&v), lo, hi))
 }
 
-fn load_key(load: f64) -> String {
-    format!("{load:.2}")
-}
-
 /// Runs by (contender, load key).
 type ByPoint<'a> = BTreeMap<(String, String), Vec<&'a Run>>;
 
@@ -158,15 +159,6 @@ fn cell(v: Option<(f64, f64, f64)>, scale: f64, digits: usize) -> String {
         Some((m, _, _)) => format!("{:.*}", digits, m * scale),
         None => "–".into(),
     }
-}
-
-/// The balancer's contenders that choose by load (round robin and static Maglev are not),
-/// at any scrape interval (`composite@4000`).
-fn is_load_aware_ours(name: &str) -> bool {
-    matches!(
-        super::contenders::without_interval(name),
-        "least-conn" | "composite" | "affinity" | "persistence" | "persistence-unbounded"
-    )
 }
 
 /// What this run covered, as the options that chose it.
@@ -234,7 +226,7 @@ pub fn write(res: &Results) -> Result<Figures> {
         "# LLM routing benchmark\n\n`cargo xtask bench llm{}` on this machine ({} cores), wall time {:.0} min.\n\n\
          Pool: {} simulated GPUs (`sim-llm`: {}). Each run: {}, each conversation from its own client \
          address (4 addresses behind a NAT for `multi-turn-nat`), a connection per request, streamed completions; \
-         the servers restarted before each run (empty caches). {} repetition(s) per point (seeds {}; other seeds: other arrivals, \
+         the servers restarted before each run (empty caches). {}, seeds from {} (other seeds: other arrivals, \
          sizes, texts, trace stretch); cells show the median and, in brackets, the range. SLO for goodput: TTFT <= \
          {} s and mean inter-token latency <= {} ms. The knee: the highest load at which the best of the balancer's \
          composite and least-conn policies keeps p99 TTFT <= {} s with nothing failed.\n\n{}\n",
@@ -250,12 +242,14 @@ pub fn write(res: &Results) -> Result<Figures> {
             ),
             |n| format!("{n} requests")
         ),
-        o.reps,
-        if o.reps == 1 {
-            o.first_seed.to_string()
-        } else {
-            format!("{}-{}", o.first_seed, o.first_seed + o.reps as u64 - 1)
+        match o.max_reps {
+            Some(cap) => format!(
+                "At least {} repetitions of each point, then another of every point of a shape while one of its targets was undecided, up to {cap}",
+                o.reps
+            ),
+            None => format!("{} repetition(s) of each point", o.reps),
         },
+        o.first_seed,
         o.slo.ttft,
         o.slo.itl * 1e3,
         o.knee_ttft,
@@ -284,8 +278,11 @@ pub fn write(res: &Results) -> Result<Figures> {
         res.cpu_source.describe()
     );
 
+    if res.opts.recommend {
+        super::recommend::section(&res.shapes, &res.opts, &mut md)?;
+    }
     for s in &res.shapes {
-        shape_section(s, res, &mut md, &mut f, out)?;
+        shape_section(s, &mut md, &mut f, out)?;
     }
     let _ = writeln!(md, "## Contenders\n\n| name | what |\n| --- | --- |");
     let mut names: Vec<&String> = res
@@ -305,25 +302,21 @@ pub fn write(res: &Results) -> Result<Figures> {
     Ok(f)
 }
 
-fn shape_section(
-    s: &ShapeResult,
-    res: &Results,
-    md: &mut String,
-    f: &mut Figures,
-    out: &Path,
-) -> Result<()> {
+fn shape_section(s: &ShapeResult, md: &mut String, f: &mut Figures, out: &Path) -> Result<()> {
     let shape = s.shape.name();
     let (names, loads, g) = groups(s);
     shape_figures(s, &g, f);
     let _ = writeln!(
         md,
-        "\n## {shape}\n\nKnee: **{:.2} requests/s** ({}).\n",
-        s.knee, s.knee_how
+        "\n## {shape}\n\nKnee: **{:.2} requests/s** ({}); {} repetition(s) of each point.\n",
+        s.knee,
+        s.knee_how,
+        s.runs.iter().map(|r| r.rep + 1).max().unwrap_or(0)
     );
     load_tables(s, &names, &loads, &g, md);
     tier_table(&names, &loads, &g, md);
     knee_table(s, &names, &g, md);
-    targets(s, res, &names, &loads, &g, md, f);
+    targets(s, &names, &g, md, f);
     plots(s, &names, &loads, &g, out, md)?;
     Ok(())
 }
