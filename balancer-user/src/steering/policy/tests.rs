@@ -716,3 +716,54 @@ fn a_reported_capacity_counts_within_max_ratio_of_the_median() {
         assert!((c - w).abs() < 1e-12, "{c} against {w}");
     }
 }
+
+#[test]
+fn with_a_ttft_objective_every_backend_that_meets_it_counts_as_the_best() {
+    // Prefill of a prompt 0.25 s and 0.5 s, idle; a third at 0.25 s with 11 requests ahead
+    // (3 s).
+    let prefill = |p: f64, waiting: f64| Signals {
+        kv_usage: Some(0.1),
+        running: Some(2.0),
+        waiting: Some(waiting),
+        prefill_seconds: Some(p),
+        ..Signals::default()
+    };
+    let inputs = [
+        input(1, prefill(0.25, 0.0)),
+        input(2, prefill(0.5, 0.0)),
+        input(3, prefill(0.25, 11.0)),
+    ];
+    // Against the best delay: the second is weighed down for being slower than the first.
+    let plain = decide(
+        &cfg(PolicyKind::Composite),
+        &inputs,
+        &mut PolicyState::default(),
+    );
+    assert!(plain[1].weight < plain[0].weight / 2, "{plain:?}");
+    // With an objective of 1 s both meet it: equal weights (equal load); the third, 3x over
+    // it, is weighed against the objective, not against the best.
+    let c = PolicyConfig {
+        ttft_slo: Some(Duration::from_secs(1)),
+        ..cfg(PolicyKind::Composite)
+    };
+    let slo = decide(&c, &inputs, &mut PolicyState::default());
+    assert_eq!(slo[0].weight, slo[1].weight, "{slo:?}");
+    assert!(slo[2].weight < slo[0].weight / 100 + 10, "{slo:?}");
+    assert!(
+        slo[2]
+            .reason
+            .contains("expected delay 3000 ms, pool's best 250 ms, objective 1000 ms"),
+        "{}",
+        slo[2].reason
+    );
+    // When no backend meets it, the best delay is the reference again.
+    let all_late = [input(1, prefill(0.25, 7.0)), input(2, prefill(0.5, 7.0))];
+    assert_eq!(
+        weights(&decide(&c, &all_late, &mut PolicyState::default())),
+        weights(&decide(
+            &cfg(PolicyKind::Composite),
+            &all_late,
+            &mut PolicyState::default()
+        ))
+    );
+}
