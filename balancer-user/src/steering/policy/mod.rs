@@ -278,15 +278,6 @@ fn capacity(cfg: &PolicyConfig, pool: &Pool, i: &Input, why: String) -> (f64, St
         delay * 1e3,
         best * 1e3
     );
-    // With a TTFT objective, every delay within it counts as the best: the backends expected
-    // to meet it are balanced by load alone, the others weighed against the objective.
-    let reference = match cfg.ttft_slo {
-        Some(slo) => {
-            why.push_str(&format!(", objective {} ms", slo.as_millis()));
-            best.max(slo.as_secs_f64())
-        }
-        None => best,
-    };
     if d.returning_elsewhere(i.address)
         && let Some((home, away)) = d.returning.get(&i.address)
     {
@@ -296,8 +287,8 @@ fn capacity(cfg: &PolicyConfig, pool: &Pool, i: &Input, why: String) -> (f64, St
             away * 1e3
         ));
     }
-    let capacity = f64::from(i.configured)
-        * (cfg.factors.delay * (1.0 - delay.max(reference) / reference)).exp();
+    let capacity =
+        f64::from(i.configured) * (cfg.factors.delay * (1.0 - delay.max(best) / best)).exp();
     (capacity, why)
 }
 
