@@ -2,30 +2,9 @@
 
 use super::*;
 
-/// A simulated server of `profile` on a loopback port, on a runtime thread of its own.
+/// A simulated server of `profile` on a loopback port.
 fn start_sim_server(profile: Profile) -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    drop(listener);
-    std::thread::spawn(move || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(balancer_sim::server::serve(
-                addr,
-                "gpu1".into(),
-                "some-model".into(),
-                profile,
-            ))
-    });
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(addr).is_ok() {
-            return addr;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    panic!("the simulated server did not listen");
+    balancer_sim::server::spawn_local("gpu1", "some-model", profile).unwrap()
 }
 
 #[test]

@@ -156,6 +156,19 @@ impl Options {
     }
 }
 
+impl Options {
+    /// How many repetitions each point gets, in words.
+    pub fn repetitions(&self) -> String {
+        match self.max_reps {
+            Some(cap) => format!(
+                "at least {} repetitions of each point, then another of every point of a shape while one of its targets is undecided, up to {cap}",
+                self.reps
+            ),
+            None => format!("{} repetition(s) of each point", self.reps),
+        }
+    }
+}
+
 /// The sweep's contenders for a shape: round robin (the baseline), the balancer's load-aware
 /// policies (and, for multi-turn, its session-affinity policies), and each router's
 /// default policy (cache_aware, their best in earlier measurements). Every other policy runs at the knee. The
@@ -459,13 +472,7 @@ pub fn run(opts: &Options) -> Result<(Results, Figures)> {
             format!("the requests of {} s (at least 40)", opts.duration),
             |n| format!("{n} requests")
         ),
-        match opts.max_reps {
-            Some(cap) => format!(
-                "{} to {cap} repetitions (until every target is decided)",
-                opts.reps
-            ),
-            None => format!("{} repetition(s)", opts.reps),
-        },
+        opts.repetitions(),
         opts.loads,
         opts.slo.ttft,
         opts.slo.itl * 1e3

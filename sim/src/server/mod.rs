@@ -62,6 +62,31 @@ struct Shared {
     histograms: Mutex<Histograms>,
 }
 
+/// Runs a simulated server on a free loopback port, on a thread and runtime of its own, until
+/// the process ends (for tests and tools in one process); its address once it listens.
+pub fn spawn_local(name: &str, model: &str, profile: Profile) -> std::io::Result<SocketAddr> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    drop(listener);
+    let (name, model) = (name.to_string(), model.to_string());
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .and_then(|rt| rt.block_on(serve(addr, name, model, profile)))
+    });
+    for _ in 0..500 {
+        if std::net::TcpStream::connect(addr).is_ok() {
+            return Ok(addr);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("the simulated server on {addr} did not listen within 5 s"),
+    ))
+}
+
 /// Runs a simulated server on `addr` until the process ends.
 pub async fn serve(
     addr: SocketAddr,

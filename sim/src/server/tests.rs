@@ -7,23 +7,7 @@ use std::time::Duration;
 
 /// A server on a loopback port of its own runtime thread.
 fn start(profile: Profile) -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    drop(listener);
-    std::thread::spawn(move || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(serve(addr, "gpu1".into(), "m".into(), profile))
-    });
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(addr).is_ok() {
-            return addr;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    panic!("the simulated server did not listen");
+    spawn_local("gpu1", "m", profile).expect("the simulated server listens")
 }
 
 fn post(addr: SocketAddr, path: &str, body: &Value) -> Value {

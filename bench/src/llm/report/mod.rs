@@ -226,7 +226,7 @@ pub fn write(res: &Results) -> Result<Figures> {
         "# LLM routing benchmark\n\n`cargo xtask bench llm{}` on this machine ({} cores), wall time {:.0} min.\n\n\
          Pool: {} simulated GPUs (`sim-llm`: {}). Each run: {}, each conversation from its own client \
          address (4 addresses behind a NAT for `multi-turn-nat`), a connection per request, streamed completions; \
-         the servers restarted before each run (empty caches). {}, seeds from {} (other seeds: other arrivals, \
+         the servers restarted before each run (empty caches); {}, seeds from {} (other seeds: other arrivals, \
          sizes, texts, trace stretch); cells show the median and, in brackets, the range. SLO for goodput: TTFT <= \
          {} s and mean inter-token latency <= {} ms. The knee: the highest load at which the best of the balancer's \
          composite and least-conn policies keeps p99 TTFT <= {} s with nothing failed.\n\n{}\n",
@@ -242,13 +242,7 @@ pub fn write(res: &Results) -> Result<Figures> {
             ),
             |n| format!("{n} requests")
         ),
-        match o.max_reps {
-            Some(cap) => format!(
-                "At least {} repetitions of each point, then another of every point of a shape while one of its targets was undecided, up to {cap}",
-                o.reps
-            ),
-            None => format!("{} repetition(s) of each point", o.reps),
-        },
+        o.repetitions(),
         o.first_seed,
         o.slo.ttft,
         o.slo.itl * 1e3,
