@@ -240,8 +240,8 @@ struct LlmArgs {
     /// 100-4000 ms)
     #[arg(long)]
     scrape_ms: Option<u64>,
-    /// Where the report and plots go (default docs/results/llm, or
-    /// target/bench/llm-quick with --quick).
+    /// Where the report and plots go (default docs/results/llm; target/bench/llm-quick with
+    /// --quick, target/bench/llm-recommend with --recommend).
     #[arg(long)]
     out_dir: Option<std::path::PathBuf>,
 }
@@ -295,10 +295,11 @@ enum Bench {
     /// time from a weight change on the leader to its table being live on every follower,
     /// p50/p99/max.
     Fleet(FleetArgs),
-    /// Routing quality on LLM traffic: simulated GPUs of two sizes behind the balancer and
-    /// behind two L7 routers (vllm-router, sglang-router), per workload shape: the knee, then
-    /// a load sweep with repetitions; report, JSON and plots under docs/results/llm/ (default)
-    /// and target/bench/llm.json.
+    /// Routing quality on LLM traffic: simulated GPUs (two large and two small, or yours:
+    /// --gpus) behind the balancer and behind two L7 routers (vllm-router, sglang-router), per
+    /// workload shape: the knee, then a load sweep with repetitions, every ratio with a 95%
+    /// interval over paired seeds; report, JSON and plots under docs/results/llm/ (default)
+    /// and target/bench/llm.json. --recommend: which policy to use for your trace and pool.
     Llm(Box<LlmArgs>),
     /// The simulator against the real vLLM (CPU build) under the same burst: timelines of
     /// running, waiting, KV use and counters; docs/results/llm/calibration.md, and that
