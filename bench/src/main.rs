@@ -544,6 +544,7 @@ fn llm_options(a: LlmArgs) -> Result<llm::Options> {
     if let Some(d) = out_dir {
         opts.out_dir = d;
     }
+    let shapes_given = shapes.is_some();
     if let Some(s) = shapes {
         opts.shapes = s
             .iter()
@@ -611,7 +612,7 @@ fn llm_options(a: LlmArgs) -> Result<llm::Options> {
     }
     if recommend {
         opts.recommend = true;
-        if opts.shapes == llm::Options::full(opts.out_dir.clone()).shapes {
+        if !shapes_given {
             // The trace's shape, unless the user named others.
             opts.shapes = vec![Shape::Conversation];
         }
