@@ -185,6 +185,13 @@ struct LlmArgs {
     /// in turn, as behind a NAT).
     #[arg(long, default_value = "per-request", value_name = "MAPPING")]
     trace_clients: String,
+    /// How the trace's arrival times map to a run's: rate (scaled to each load's rate, the
+    /// gaps kept in proportion) or recorded[:X] (at the recorded times, X times as fast: the
+    /// trace's own rate and bursts; the conversation shape then runs once per repetition, at
+    /// that rate, with no knee search or sweep, --duration seconds of the trace from an
+    /// offset chosen by the seed).
+    #[arg(long, default_value = "rate", value_name = "rate|recorded[:X]")]
+    trace_time: String,
     /// Requests per run (default: those of --duration seconds at the run's load).
     #[arg(long)]
     requests: Option<usize>,
@@ -196,9 +203,9 @@ struct LlmArgs {
     /// the line), up to --max-reps.
     #[arg(long, value_name = "N|auto")]
     reps: Option<String>,
-    /// With --reps auto: the most repetitions of a shape.
-    #[arg(long, default_value_t = 10)]
-    max_reps: usize,
+    /// With --reps auto: the most repetitions of a shape (default 10; with --recommend, 6).
+    #[arg(long)]
+    max_reps: Option<usize>,
     /// Seed of the first repetition (repetition r plays seed FIRST_SEED + r): runs split
     /// over several commands, e.g. two builds interleaved seed by seed, replay the same
     /// workloads.
@@ -518,6 +525,7 @@ fn llm_options(a: LlmArgs) -> Result<llm::Options> {
         shapes,
         trace,
         trace_clients,
+        trace_time,
         requests,
         duration,
         reps,
@@ -564,10 +572,19 @@ fn llm_options(a: LlmArgs) -> Result<llm::Options> {
         opts.duration = duration;
     }
     match reps.as_deref() {
+        Some(n) if n != "auto" && max_reps.is_some() => {
+            anyhow::bail!(
+                "--max-reps: applies with --reps auto (or --recommend) only, not --reps {n}"
+            )
+        }
+        None if max_reps.is_some() && !recommend => {
+            anyhow::bail!("--max-reps: applies with --reps auto (or --recommend) only")
+        }
         None => {}
         Some("auto") => {
-            opts.reps = AUTO_MIN_REPS.min(max_reps);
-            opts.max_reps = Some(max_reps);
+            let cap = max_reps.unwrap_or(10);
+            opts.reps = AUTO_MIN_REPS.min(cap);
+            opts.max_reps = Some(cap);
         }
         Some(n) => {
             opts.reps = n
@@ -604,10 +621,14 @@ fn llm_options(a: LlmArgs) -> Result<llm::Options> {
     opts.scrape_ms = scrape_ms;
     opts.trace_clients =
         workload::TraceClients::parse(&trace_clients).context("--trace-clients")?;
+    opts.trace_time = workload::TraceTime::parse(&trace_time).context("--trace-time")?;
     if let Some(path) = trace {
         // Read once here, so a bad trace fails before any rack is built.
         let requests = bench::load::trace::read_trace(&path)?;
         println!("trace {}: {} requests", path.display(), requests.len());
+        opts.trace_time
+            .check_span(&requests, opts.duration)
+            .with_context(|| format!("trace {} with --trace-time {trace_time}", path.display()))?;
         opts.trace = Some(path);
     }
     if recommend {
@@ -619,7 +640,7 @@ fn llm_options(a: LlmArgs) -> Result<llm::Options> {
         if !out_dir_given {
             opts.out_dir = bench::results_dir().join("llm-recommend");
         }
-        llm::recommend_options(&mut opts, reps.is_some());
+        llm::recommend_options(&mut opts, reps.is_some(), max_reps);
     }
     check_llm_options(&opts)?;
     Ok(opts)
@@ -753,6 +774,8 @@ mod tests {
             &["--reps", "0"],
             &["--reps", "auto", "--max-reps", "1"],
             &["--reps", "auto", "--max-reps", "50"],
+            &["--max-reps", "5"],
+            &["--reps", "4", "--max-reps", "5"],
         ] {
             let e = llm(bad).unwrap_err();
             assert!(format!("{e:#}").contains("--reps"), "{bad:?}: {e:#}");
@@ -776,6 +799,9 @@ mod tests {
         let o = llm(&["--recommend", "--trace-clients", "behind:4", "--reps", "4"]).unwrap();
         assert!(o.sweep.unwrap().contains(&"persistence".to_string()));
         assert_eq!((o.reps, o.max_reps), (4, None));
+        // Its cap, as given.
+        let o = llm(&["--recommend", "--max-reps", "9"]).unwrap();
+        assert_eq!((o.reps, o.max_reps), (3, Some(9)));
         assert!(llm(&["--recommend", "--quick"]).is_err());
     }
 

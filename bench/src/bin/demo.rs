@@ -314,6 +314,8 @@ fn llm_demo() -> Result<()> {
             rate: 6.0,
             seed: 7,
             trace_clients: workload::TraceClients::PerRequest,
+            trace_time: workload::TraceTime::Rate,
+            seconds: 0.0,
         },
         &shipped_trace()?,
     )?;

@@ -99,6 +99,9 @@ pub struct Options {
     pub trace: Option<PathBuf>,
     /// How the trace's requests map to client addresses.
     pub trace_clients: workload::TraceClients,
+    /// How the trace's arrival times map to a run's: compressed to each load's rate, or as
+    /// recorded (the conversation shape then runs at the trace's own rate, one load).
+    pub trace_time: workload::TraceTime,
     /// End with which policy to use and its config (`recommend`).
     pub recommend: bool,
 }
@@ -128,6 +131,7 @@ impl Options {
             quick: false,
             trace: None,
             trace_clients: workload::TraceClients::PerRequest,
+            trace_time: workload::TraceTime::Rate,
             recommend: false,
         }
     }
@@ -187,6 +191,11 @@ pub fn default_sweep(shape: Shape) -> Vec<String> {
     v.extend(tenant_affinity.as_deref());
     v.extend(["vllm:cache_aware", "sglang:cache_aware"]);
     v.into_iter().map(String::from).collect()
+}
+
+/// Whether `shape` replays the trace at its recorded times (one load: the trace's own).
+fn as_recorded(opts: &Options, shape: Shape) -> bool {
+    shape == Shape::Conversation && opts.trace_time != workload::TraceTime::Rate
 }
 
 /// Requests of a run at `rate`.
@@ -313,9 +322,16 @@ fn measured_run(
             rate,
             seed: opts.first_seed + rep as u64,
             trace_clients: opts.trace_clients,
+            trace_time: opts.trace_time,
+            seconds: opts.duration,
         },
         trace,
     )?;
+    // As recorded, the stretch says how many requests came in the run's seconds.
+    let rate = match as_recorded(opts, shape) {
+        true => workload::request_count(&work) as f64 / opts.duration,
+        false => rate,
+    };
     let RunOutput {
         outcomes,
         cpu_per_1k,
@@ -465,6 +481,9 @@ pub fn run(opts: &Options) -> Result<(Results, Figures)> {
         Some(path) => workload::read_trace(path)?,
         None => workload::shipped_trace()?,
     };
+    if opts.shapes.contains(&Shape::Conversation) {
+        opts.trace_time.check_span(&trace, opts.duration)?;
+    }
     println!(
         "LLM routing benchmark: GPUs {}; {} per run, {}, loads {:?} of each shape's knee; SLO TTFT <= {} s and ITL <= {} ms",
         opts.gpus.join(", "),
@@ -537,9 +556,17 @@ fn run_shape(
     trace: &[TraceRequest],
     opts: &Options,
 ) -> Result<ShapeResult> {
-    let (knee, knee_how, probes) = match opts.knees.get(shape.name()) {
-        Some(k) => (*k, "given".to_string(), Vec::new()),
-        None => {
+    let recorded = as_recorded(opts, shape)
+        .then(|| opts.trace_time.rate_of(trace))
+        .flatten();
+    let (knee, knee_how, probes) = match (recorded, opts.knees.get(shape.name())) {
+        (Some(rate), _) => (
+            rate,
+            "as recorded: the trace's mean rate, not a knee".to_string(),
+            Vec::new(),
+        ),
+        (None, Some(k)) => (*k, "given".to_string(), Vec::new()),
+        (None, None) => {
             println!("{}: searching the knee", shape.name());
             let (k, probes) = find_knee(rack, shape, trace, opts)?;
             (k, format!("searched ({} probes)", probes.len()), probes)
@@ -550,7 +577,12 @@ fn run_shape(
     let knee_set = opts.at_knee.clone().unwrap_or_else(contenders::all);
     // Each load's contenders: the sweep's, and at the knee every contender of the knee set.
     let mut points: Vec<(f64, Vec<String>)> = Vec::new();
-    for &load in &opts.loads {
+    // As recorded, one load: the trace's own, where every contender runs.
+    let loads = match recorded {
+        Some(_) => vec![1.0],
+        None => opts.loads.clone(),
+    };
+    for &load in &loads {
         if sweep_set.is_empty() && (load - 1.0).abs() > 1e-9 {
             continue;
         }

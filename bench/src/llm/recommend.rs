@@ -33,15 +33,17 @@ pub fn candidates(clients: TraceClients) -> Vec<String> {
 }
 
 /// `--recommend`'s changes to `opts`: the sweep and the knee run the candidates only, at
-/// [`LOADS`]; repetitions until the targets are decided (3 to 6) unless given.
-pub fn apply(opts: &mut Options, reps_given: bool) {
+/// [`LOADS`]; repetitions until the targets are decided (3 to `max_reps`, default 6) unless
+/// `--reps` is given.
+pub fn apply(opts: &mut Options, reps_given: bool, max_reps: Option<usize>) {
     let c = candidates(opts.trace_clients);
     opts.sweep = Some(c.clone());
     opts.at_knee = Some(c);
     opts.loads = LOADS.to_vec();
     if !reps_given {
-        opts.reps = 3;
-        opts.max_reps = Some(6);
+        let cap = max_reps.unwrap_or(6);
+        opts.reps = 3.min(cap);
+        opts.max_reps = Some(cap);
     }
 }
 

@@ -4,7 +4,7 @@
 //!
 //! | shape | arrivals | prompt | output |
 //! | --- | --- | --- | --- |
-//! | `conversation` (decode-heavy) | the Azure conversation trace excerpt, time-compressed to the rate | the trace's context tokens | the trace's generated tokens |
+//! | `conversation` (decode-heavy) | the Azure conversation trace excerpt (or `--trace`), time-compressed to the rate or as recorded | the trace's context tokens | the trace's generated tokens |
 //! | `prefill-heavy` | Poisson | log-normal, median 1,800 tokens (mean about 2,100), 200-8,000 | log-normal, median 20 (mean about 24), 4-128 |
 //! | `mixed` | bursty: 3x the rate for a quarter of the time, a third of it otherwise (mean: the rate) | half decode-heavy (the trace's sizes), half prefill-heavy | as its half |
 //! | `multi-turn` | conversations Poisson; a turn sent a think time (exponential, mean 2 s) after the answer to the one before | turn n: the whole conversation so far (its earlier messages and answers) + a new message (log-normal, median 120) | log-normal, median 150, 16-500 |
@@ -200,6 +200,78 @@ pub struct WorkloadOptions {
     pub seed: u64,
     /// Which client address each of the trace's requests comes from (the conversation shape).
     pub trace_clients: TraceClients,
+    /// How the trace's arrival times map to the run's (the conversation shape).
+    pub trace_time: TraceTime,
+    /// Seconds of arrivals of a trace replayed as recorded (`requests` and `rate` do not
+    /// apply to it: the trace says how many come when).
+    pub seconds: f64,
+}
+
+/// How a trace's arrival times map to a run's.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum TraceTime {
+    /// Scaled so that the stretch's mean rate is the run's: the gaps keep their proportions,
+    /// and each load of the sweep plays the trace faster or slower.
+    #[default]
+    Rate,
+    /// At the recorded times, divided by `speed`: the trace's own rate and bursts (the sweep
+    /// has one load, the trace's).
+    Recorded { speed: f64 },
+}
+
+impl TraceTime {
+    /// Speeds `recorded:X` accepts.
+    pub const SPEEDS: std::ops::RangeInclusive<f64> = 0.01..=1000.0;
+
+    /// `rate`, `recorded` or `recorded:X` (X times as fast as recorded, 0.01 to 1000).
+    pub fn parse(s: &str) -> Result<TraceTime> {
+        Ok(match s {
+            "rate" => TraceTime::Rate,
+            "recorded" => TraceTime::Recorded { speed: 1.0 },
+            _ => match s.strip_prefix("recorded:").map(str::parse::<f64>) {
+                Some(Ok(speed)) if Self::SPEEDS.contains(&speed) => TraceTime::Recorded { speed },
+                _ => bail!(
+                    "{s:?}: expected rate, recorded or recorded:X (X times as fast, 0.01 to 1000)"
+                ),
+            },
+        })
+    }
+
+    /// In words, for a report.
+    pub fn describe(self) -> String {
+        match self {
+            TraceTime::Rate => "compressed to each load's rate".into(),
+            TraceTime::Recorded { speed: 1.0 } => "as recorded".into(),
+            TraceTime::Recorded { speed } => format!("as recorded, {speed}x as fast"),
+        }
+    }
+
+    /// The trace's mean rate as this replays it, requests per second (None: set by the run).
+    pub fn rate_of(self, trace: &[TraceRequest]) -> Option<f64> {
+        let TraceTime::Recorded { speed } = self else {
+            return None;
+        };
+        let span = trace.last()?.at - trace.first()?.at;
+        (span > 0.0).then(|| (trace.len() - 1) as f64 / span * speed)
+    }
+
+    /// An error when the trace is too short to play `seconds` of arrivals as recorded.
+    pub fn check_span(self, trace: &[TraceRequest], seconds: f64) -> Result<()> {
+        let TraceTime::Recorded { speed } = self else {
+            return Ok(());
+        };
+        let span = match (trace.first(), trace.last()) {
+            (Some(a), Some(b)) => b.at - a.at,
+            _ => 0.0,
+        };
+        if span / speed < seconds {
+            bail!(
+                "the trace spans {span:.1} s, {:.1} s at speed {speed}: shorter than the {seconds} s of arrivals asked (--duration)",
+                span / speed
+            );
+        }
+        Ok(())
+    }
 }
 
 /// How a trace's requests map to client addresses.
@@ -231,6 +303,16 @@ impl TraceClients {
                 ),
             },
         })
+    }
+
+    /// What `parse` reads.
+    pub fn spec(self) -> String {
+        match self {
+            TraceClients::PerRequest => "per-request".into(),
+            TraceClients::PerSession => "per-session".into(),
+            TraceClients::PerPrefix => "per-prefix".into(),
+            TraceClients::Behind(n) => format!("behind:{n}"),
+        }
     }
 
     /// The address of request `i` of the stretch replayed.
@@ -316,18 +398,30 @@ fn single(
     }
 }
 
-/// The trace's requests (a stretch chosen by the seed), their arrivals compressed to the rate.
+/// The trace's requests (a stretch chosen by the seed), their arrivals compressed to the rate
+/// or as recorded.
 fn conversation(
     o: &WorkloadOptions,
     trace: &[TraceRequest],
     addresses: &[IpAddr],
     rng: &mut Rng,
 ) -> Result<Vec<Conversation>> {
-    let slice = trace_slice(trace, o.requests, o.seed)?;
+    let (slice, scale) = match o.trace_time {
+        TraceTime::Rate => {
+            let slice = trace_slice(trace, o.requests, o.seed)?;
+            // n arrivals over the stretch's span make n - 1 gaps.
+            let span = (slice[slice.len() - 1].at - slice[0].at).max(1e-9);
+            (slice, ((slice.len() - 1).max(1) as f64 / span) / o.rate)
+        }
+        TraceTime::Recorded { speed } => {
+            o.trace_time.check_span(trace, o.seconds)?;
+            (
+                recorded_slice(trace, o.seconds * speed, o.seed)?,
+                1.0 / speed,
+            )
+        }
+    };
     let t0 = slice[0].at;
-    // n arrivals over the stretch's span make n - 1 gaps.
-    let span = (slice[slice.len() - 1].at - t0).max(1e-9);
-    let scale = ((slice.len() - 1).max(1) as f64 / span) / o.rate;
     Ok(slice
         .iter()
         .enumerate()
@@ -477,6 +571,20 @@ fn trace_slice(trace: &[TraceRequest], n: usize, seed: u64) -> Result<&[TraceReq
     let offsets = trace.len() - n + 1;
     let offset = ((seed as usize).wrapping_mul(n)) % offsets;
     Ok(&trace[offset..offset + n])
+}
+
+/// The requests of `span` seconds of the trace, from an offset chosen by `seed`.
+fn recorded_slice(trace: &[TraceRequest], span: f64, seed: u64) -> Result<&[TraceRequest]> {
+    let end = trace.last().map_or(0.0, |r| r.at);
+    // Starts that leave `span` seconds of the trace after them.
+    let starts = trace.partition_point(|r| r.at + span <= end);
+    if starts == 0 {
+        bail!("the trace is shorter than the {span:.1} s of it asked for");
+    }
+    let first = (seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 17) as usize % starts;
+    let t0 = trace[first].at;
+    let last = first + trace[first..].partition_point(|r| r.at < t0 + span);
+    Ok(&trace[first..last])
 }
 
 /// Requests of a workload.

@@ -173,7 +173,7 @@ fn options_line(o: &super::Options) -> String {
         None => default.to_string(),
     };
     format!(
-        "Covered: shapes {}; loads {} of the knee; knees {}; swept: {}; also at the knee: {}; the balancer {}.",
+        "Covered: shapes {}; loads {} of the knee; knees {}; swept: {}; also at the knee: {}; the balancer {}. The trace: {}, its requests' client addresses {}, its times {}.",
         o.shapes
             .iter()
             .map(|s| format!("`{}`", s.name()))
@@ -210,7 +210,13 @@ fn options_line(o: &super::Options) -> String {
                 balancer::base::config::DEFAULT_SCRAPE_INTERVAL_MS,
                 balancer::base::config::DEFAULT_MAX_SCRAPE_INTERVAL_MS
             ),
-        }
+        },
+        o.trace.as_ref().map_or(
+            "the shipped Azure conversation excerpt".to_string(),
+            |p| format!("`{}`", p.display())
+        ),
+        o.trace_clients.spec(),
+        o.trace_time.describe(),
     )
 }
 

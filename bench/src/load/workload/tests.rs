@@ -14,6 +14,8 @@ fn opts(shape: Shape, requests: usize, rate: f64, seed: u64) -> WorkloadOptions 
         rate,
         seed,
         trace_clients: TraceClients::PerRequest,
+        trace_time: TraceTime::Rate,
+        seconds: 0.0,
     }
 }
 
@@ -225,4 +227,95 @@ fn shared_blocks_become_shared_prompt_prefixes() {
     let longer = prompt_of_blocks(&[7], 600, &mut rng);
     assert_eq!(longer.split(' ').count(), 600);
     assert_ne!(longer, full);
+}
+
+#[test]
+fn a_trace_replays_as_recorded_at_its_own_times() {
+    for (text, expect) in [
+        ("rate", TraceTime::Rate),
+        ("recorded", TraceTime::Recorded { speed: 1.0 }),
+        ("recorded:2.5", TraceTime::Recorded { speed: 2.5 }),
+    ] {
+        assert_eq!(TraceTime::parse(text).unwrap(), expect);
+    }
+    for bad in [
+        "",
+        "recorded:0",
+        "recorded:-1",
+        "recorded:NaN",
+        "recorded:inf",
+        "asap",
+    ] {
+        let e = TraceTime::parse(bad).unwrap_err().to_string();
+        assert!(
+            e.contains("expected rate, recorded or recorded:X"),
+            "{bad:?}: {e}"
+        );
+    }
+    // One request a second for 100 s, then ten in the next second: a burst.
+    let mut trace: Vec<TraceRequest> = (0..100)
+        .map(|i| TraceRequest {
+            at: f64::from(i),
+            prompt_tokens: 10,
+            output_tokens: 5,
+            session: None,
+            blocks: Vec::new(),
+        })
+        .collect();
+    let first = trace[0].clone();
+    trace.extend((0..10).map(|i| TraceRequest {
+        at: 100.0 + f64::from(i) * 0.1,
+        ..first.clone()
+    }));
+    let recorded = |speed: f64, seconds: f64, seed: u64| WorkloadOptions {
+        trace_time: TraceTime::Recorded { speed },
+        seconds,
+        ..opts(Shape::Conversation, 1, 1.0, seed)
+    };
+    // As recorded: 20 s of arrivals one second apart, whatever `requests` and `rate` say.
+    for seed in 0..20 {
+        let w = build(&recorded(1.0, 20.0, seed), &trace).unwrap();
+        let starts: Vec<f64> = w.iter().map(|c| c.start).collect();
+        assert!(
+            starts[0] == 0.0 && *starts.last().unwrap() < 20.0,
+            "{starts:?}"
+        );
+        assert!(starts.windows(2).all(|p| p[1] > p[0]), "{starts:?}");
+        assert!((19..=29).contains(&w.len()), "seed {seed}: {}", w.len());
+    }
+    // Twice as fast: 40 s of the trace in 20 s.
+    let w = build(&recorded(2.0, 20.0, 1), &trace).unwrap();
+    assert!(w.iter().all(|c| c.start < 20.0));
+    assert!(w.len() >= 39, "{}", w.len());
+    // The stretch with the burst keeps it (the rate mode would spread it over the stretch).
+    let whole = build(&recorded(1.0, 100.5, 0), &trace).unwrap();
+    assert_eq!(whole.len(), 105);
+    assert!((whole[104].start - whole[100].start - 0.4).abs() < 1e-9);
+    // The trace's mean rate as replayed; and a trace too short for the run says so.
+    let rate = TraceTime::Recorded { speed: 2.0 }.rate_of(&trace).unwrap();
+    assert!((rate - 2.0 * 109.0 / 100.9).abs() < 1e-9, "{rate}");
+    assert_eq!(TraceTime::Rate.rate_of(&trace), None);
+    let e = build(&recorded(1.0, 200.0, 0), &trace)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("the trace spans 100.9 s, 100.9 s at speed 1: shorter than the 200 s of arrivals asked (--duration)"),
+        "{e}"
+    );
+}
+
+#[test]
+fn trace_options_write_what_they_read() {
+    for s in ["per-request", "per-session", "per-prefix", "behind:7"] {
+        assert_eq!(TraceClients::parse(s).unwrap().spec(), s);
+    }
+    assert_eq!(TraceTime::Rate.describe(), "compressed to each load's rate");
+    assert_eq!(
+        TraceTime::parse("recorded").unwrap().describe(),
+        "as recorded"
+    );
+    assert_eq!(
+        TraceTime::parse("recorded:4").unwrap().describe(),
+        "as recorded, 4x as fast"
+    );
 }
