@@ -339,6 +339,7 @@ fn llm_demo() -> Result<()> {
                 timeout: Duration::from_secs(120),
                 keep_alive: false,
                 bind_sources: true,
+                give_up: None,
             },
         )
     })?;

@@ -105,6 +105,7 @@ pub(super) fn idle_probe(rack: &LlmRack, addr: SocketAddr) -> Result<Vec<Outcome
                 timeout: Duration::from_secs(10),
                 keep_alive: false,
                 bind_sources: true,
+                give_up: None,
             },
         )
     })?;

@@ -42,7 +42,7 @@ use balancer::base::config::{AttachMode, RawVip};
 use self::contenders::{Contender, ROUTER_PORT, VipSettings, start_router};
 use super::Figures;
 use super::cpu_account::CpuAccount;
-use crate::load::client::{self, ClientOptions, Outcome, Target};
+use crate::load::client::{self, ClientOptions, GiveUp, Outcome, Target};
 use crate::load::stats::{Slo, Summary, summarize};
 use crate::load::workload::{self, Shape, TraceRequest, WorkloadOptions};
 use balancer_tests::configs::{backend, to_toml, vip};
@@ -328,6 +328,14 @@ fn measured_run(
         trace,
     )?;
     // As recorded, the stretch says how many requests came in the run's seconds.
+    // A knee probe stops once its p99 is certainly over the line: the search needs only
+    // whether it passed, and an overloaded probe would take minutes to drain.
+    let give_up = (load == 0.0).then(|| {
+        GiveUp::p99_over(
+            Duration::from_secs_f64(opts.knee_ttft),
+            workload::request_count(&work),
+        )
+    });
     let rate = match as_recorded(opts, shape) {
         true => workload::request_count(&work) as f64 / opts.duration,
         false => rate,
@@ -341,7 +349,7 @@ fn measured_run(
         persistence,
         prefix_hit_rate,
         wall,
-    } = rack.run(&c, &work, opts)?;
+    } = rack.run(&c, &work, opts, give_up)?;
     let summary = summarize(&outcomes, opts.slo);
     let (premium, others): (Vec<Outcome>, Vec<Outcome>) = outcomes.iter().cloned().partition(|o| {
         work.iter()

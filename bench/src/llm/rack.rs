@@ -237,12 +237,13 @@ impl LlmRack {
         Ok(total)
     }
 
-    /// One run of `work` through `c`.
+    /// One run of `work` through `c`, stopped early where `give_up` says.
     pub(super) fn run(
         &mut self,
         c: &Contender,
         work: &[workload::Conversation],
         opts: &Options,
+        give_up: Option<GiveUp>,
     ) -> Result<RunOutput> {
         self.start_sims()?;
         let addr = self.prepare(c)?;
@@ -266,6 +267,7 @@ impl LlmRack {
             timeout: opts.timeout,
             keep_alive: false,
             bind_sources: true,
+            give_up,
         };
         let t0 = Instant::now();
         let outcomes = self

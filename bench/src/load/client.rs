@@ -9,6 +9,8 @@
 //! inside the client's network namespace.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -34,6 +36,48 @@ pub struct ClientOptions {
     pub keep_alive: bool,
     /// Send from each conversation's address (the rack gives the client those addresses).
     pub bind_sources: bool,
+    /// Stop the run early once its p99 TTFT is certainly over a line (None: play it all).
+    pub give_up: Option<GiveUp>,
+}
+
+/// When a run may stop early: once more than `late` requests got their first token after
+/// `ttft`. The requests not finished then fail with [`STOPPED`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GiveUp {
+    pub ttft: Duration,
+    pub late: usize,
+}
+
+impl GiveUp {
+    /// The line a p99 TTFT over `requests` requests must keep: with more than this many
+    /// requests past it, the p99 (nearest rank) is past it too.
+    pub fn p99_over(ttft: Duration, requests: usize) -> GiveUp {
+        let rank = (0.99 * requests as f64).ceil() as usize;
+        GiveUp {
+            ttft,
+            late: requests.saturating_sub(rank),
+        }
+    }
+}
+
+/// The error of the requests a run stopped early did not finish.
+pub const STOPPED: &str = "stopped: the run's p99 TTFT was already over the line";
+
+/// Counts the requests past a [`GiveUp`]'s line, and says when there are too many.
+struct Late {
+    line: f64,
+    most: usize,
+    count: AtomicUsize,
+    over: tokio::sync::Notify,
+}
+
+impl Late {
+    fn first_token(&self, ttft: f64) {
+        if ttft > self.line && self.count.fetch_add(1, Ordering::Relaxed) == self.most {
+            // Stored for the waiter even if it is not waiting yet.
+            self.over.notify_one();
+        }
+    }
 }
 
 /// What happened to one request.
@@ -69,15 +113,54 @@ pub fn run(target: &Target, workload: &[Conversation], opts: ClientOptions) -> V
         .expect("tokio runtime");
     let target = target.clone();
     let workload = workload.to_vec();
+    let late = opts.give_up.map(|g| {
+        Arc::new(Late {
+            line: g.ttft.as_secs_f64(),
+            most: g.late,
+            count: AtomicUsize::new(0),
+            over: tokio::sync::Notify::new(),
+        })
+    });
     runtime.block_on(async move {
         let start = Instant::now();
         let tasks: Vec<_> = workload
             .into_iter()
-            .map(|c| tokio::spawn(conversation(target.clone(), c, opts, start)))
+            .map(|c| {
+                let (id, turns) = (c.id, c.turns.len());
+                let task = conversation(target.clone(), c, opts, start, late.clone());
+                (id, turns, tokio::spawn(task))
+            })
             .collect();
+        let over = async {
+            match &late {
+                Some(l) => l.over.notified().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(over);
+        let mut stopped = false;
         let mut out = Vec::new();
-        for t in tasks {
-            out.extend(t.await.unwrap_or_default());
+        for (id, turns, mut t) in tasks {
+            if !stopped {
+                tokio::select! {
+                    r = &mut t => {
+                        out.extend(r.unwrap_or_default());
+                        continue;
+                    }
+                    () = &mut over => stopped = true,
+                }
+            }
+            // Stopped: what finished counts, the rest fails.
+            t.abort();
+            match t.await {
+                Ok(v) => out.extend(v),
+                Err(_) => out.extend((0..turns).map(|turn| Outcome {
+                    conversation: id,
+                    turn,
+                    error: Some(STOPPED.into()),
+                    ..Outcome::default()
+                })),
+            }
         }
         out
     })
@@ -88,6 +171,7 @@ async fn conversation(
     c: Conversation,
     opts: ClientOptions,
     start: Instant,
+    late: Option<Arc<Late>>,
 ) -> Vec<Outcome> {
     tokio::time::sleep_until((start + Duration::from_secs_f64(c.start)).into()).await;
     let mut history = String::new();
@@ -110,10 +194,13 @@ async fn conversation(
                 &target,
                 &mut stream,
                 source,
-                c.id,
-                &prompt,
-                turn.output_tokens,
+                Ask {
+                    session: c.id,
+                    prompt: &prompt,
+                    max_tokens: turn.output_tokens,
+                },
                 opts.keep_alive,
+                late.as_deref(),
             ),
         )
         .await;
@@ -163,22 +250,28 @@ async fn connect(addr: SocketAddr, source: Option<IpAddr>) -> Result<TcpStream, 
     Ok(s)
 }
 
+/// What one request asks: its conversation (the session), prompt and output tokens.
+struct Ask<'a> {
+    session: usize,
+    prompt: &'a str,
+    max_tokens: u32,
+}
+
 /// Sends one streamed completion and reads it to its end: the outcome and the answer's text.
 async fn request(
     target: &Target,
     stream: &mut Option<TcpStream>,
     source: Option<IpAddr>,
-    session: usize,
-    prompt: &str,
-    max_tokens: u32,
+    ask: Ask<'_>,
     keep_alive: bool,
+    late: Option<&Late>,
 ) -> Result<(Outcome, String), String> {
     let t0 = Instant::now();
     if stream.is_none() {
         *stream = Some(connect(target.addr, source).await?);
     }
     let s = stream.as_mut().expect("connected");
-    send(s, target, session, prompt, max_tokens, keep_alive).await?;
+    send(s, target, &ask, keep_alive).await?;
     let Streamed {
         decoder,
         answer,
@@ -186,7 +279,7 @@ async fn request(
         last,
         chunks,
         usage_tokens,
-    } = read_stream(s, t0).await?;
+    } = read_stream(s, t0, late).await?;
     let mut out = Outcome {
         backend: decoder.header("x-served-by").map(str::to_string),
         tokens: usage_tokens.map_or(chunks, |t| t as u32),
@@ -214,11 +307,14 @@ async fn request(
 async fn send(
     s: &mut TcpStream,
     target: &Target,
-    session: usize,
-    prompt: &str,
-    max_tokens: u32,
+    ask: &Ask<'_>,
     keep_alive: bool,
 ) -> Result<(), String> {
+    let Ask {
+        session,
+        prompt,
+        max_tokens,
+    } = *ask;
     let body = serde_json::json!({
         "model": target.model,
         "prompt": prompt,
@@ -256,7 +352,11 @@ struct Streamed {
 
 /// Reads a streamed answer to its end (`[DONE]`); an HTTP error or a stream cut short is an
 /// error.
-async fn read_stream(s: &mut TcpStream, t0: Instant) -> Result<Streamed, String> {
+async fn read_stream(
+    s: &mut TcpStream,
+    t0: Instant,
+    late: Option<&Late>,
+) -> Result<Streamed, String> {
     let mut decoder = ResponseDecoder::default();
     let mut buf = vec![0u8; 64 * 1024];
     let mut answer = String::new();
@@ -285,6 +385,11 @@ async fn read_stream(s: &mut TcpStream, t0: Instant) -> Result<Streamed, String>
                         .and_then(|t| t.as_str())
                         .unwrap_or_default();
                     if !text.is_empty() {
+                        if first.is_none()
+                            && let Some(l) = late
+                        {
+                            l.first_token(now);
+                        }
                         first.get_or_insert(now);
                         last = now;
                         chunks += 1;
@@ -317,4 +422,65 @@ async fn read_stream(s: &mut TcpStream, t0: Instant) -> Result<Streamed, String>
         chunks,
         usage_tokens,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::workload::Turn;
+
+    #[test]
+    fn the_give_up_line_is_where_the_p99_is_past_it() {
+        let late = |n| GiveUp::p99_over(Duration::from_secs(5), n).late;
+        assert_eq!([late(40), late(100), late(101), late(320)], [0, 1, 1, 3]);
+    }
+
+    #[test]
+    fn a_run_stops_once_its_p99_is_certainly_over_the_line() {
+        // One request at a time, each about 0.4 s: 30 sent at once queue for 12 s.
+        let profile =
+            balancer_sim::engine::Profile::parse("one:kv=65536:prefill=20000:decode=50:batch=1")
+                .unwrap();
+        let addr = balancer_sim::server::spawn_local("gpu1", "m", profile).unwrap();
+        let work: Vec<Conversation> = (0..30)
+            .map(|id| Conversation {
+                id,
+                start: 0.0,
+                source: IpAddr::from([127, 0, 0, 1]),
+                turns: vec![Turn {
+                    message: "a short prompt".into(),
+                    output_tokens: 20,
+                    think: 0.0,
+                }],
+            })
+            .collect();
+        let target = Target {
+            addr,
+            model: "m".into(),
+        };
+        let opts = ClientOptions {
+            timeout: Duration::from_secs(60),
+            keep_alive: false,
+            bind_sources: false,
+            give_up: Some(GiveUp {
+                ttft: Duration::from_millis(500),
+                late: 2,
+            }),
+        };
+        let t0 = Instant::now();
+        let out = run(&target, &work, opts);
+        let wall = t0.elapsed().as_secs_f64();
+        assert_eq!(out.len(), 30);
+        let stopped = out
+            .iter()
+            .filter(|o| o.error.as_deref() == Some(STOPPED))
+            .count();
+        // The late ones may be stopped while they decode: only the stop is certain.
+        assert!(stopped >= 15, "{stopped} stopped of 30");
+        assert!(
+            out.iter()
+                .all(|o| o.ok() || o.error.as_deref() == Some(STOPPED))
+        );
+        assert!(wall < 8.0, "{wall} s");
+    }
 }
