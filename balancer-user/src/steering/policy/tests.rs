@@ -716,3 +716,57 @@ fn a_reported_capacity_counts_within_max_ratio_of_the_median() {
         assert!((c - w).abs() < 1e-12, "{c} against {w}");
     }
 }
+
+#[test]
+fn with_a_ttft_objective_the_backends_expected_to_miss_it_take_no_new_flows() {
+    // Prefill of a prompt 0.25 s and 0.5 s, idle; a third at 0.25 s with 11 requests ahead
+    // (3 s expected).
+    let prefill = |p: f64, waiting: f64| Signals {
+        kv_usage: Some(0.1),
+        running: Some(2.0),
+        waiting: Some(waiting),
+        prefill_seconds: Some(p),
+        ..Signals::default()
+    };
+    let inputs = [
+        input(1, prefill(0.25, 0.0)),
+        input(2, prefill(0.5, 0.0)),
+        input(3, prefill(0.25, 11.0)),
+    ];
+    let plain = decide(
+        &cfg(PolicyKind::Composite),
+        &inputs,
+        &mut PolicyState::default(),
+    );
+    assert!(plain[2].weight > 0, "{plain:?}");
+    // With an objective of 1 s, the first two meet it and keep their weights; the third is
+    // cut off, and says why.
+    let c = PolicyConfig {
+        ttft_slo: Some(Duration::from_secs(1)),
+        ..cfg(PolicyKind::Composite)
+    };
+    let slo = decide(&c, &inputs, &mut PolicyState::default());
+    assert_eq!(weights(&slo)[..2], weights(&plain)[..2], "{slo:?}");
+    assert_eq!(slo[2].weight, 0, "{slo:?}");
+    assert!(
+        !slo[2].saturated,
+        "not saturation: admission must not refuse on it"
+    );
+    assert!(
+        slo[2]
+            .reason
+            .contains("expected delay 3000 ms, pool's best 250 ms; over the TTFT objective (1000 ms) while another backend meets it"),
+        "{}",
+        slo[2].reason
+    );
+    // When no backend meets it, the weights are as without it.
+    let all_late = [input(1, prefill(0.25, 7.0)), input(2, prefill(0.5, 7.0))];
+    assert_eq!(
+        weights(&decide(&c, &all_late, &mut PolicyState::default())),
+        weights(&decide(
+            &cfg(PolicyKind::Composite),
+            &all_late,
+            &mut PolicyState::default()
+        ))
+    );
+}
