@@ -90,8 +90,6 @@ pub struct VipSettings {
     pub persistence_secs: Option<u32>,
     /// A fixed scrape interval, ms (None: the daemon's default, paced by the VIP's requests).
     pub scrape_ms: Option<u64>,
-    /// The composite policy's TTFT objective, ms (`ttft_slo_ms`).
-    pub ttft_slo_ms: Option<u32>,
 }
 
 impl VipSettings {
@@ -110,14 +108,6 @@ impl VipSettings {
             admission: false,
             persistence_secs: None,
             scrape_ms: None,
-            ttft_slo_ms: None,
-        }
-    }
-
-    const fn with_objective(self, ms: u32) -> Self {
-        VipSettings {
-            ttft_slo_ms: Some(ms),
-            ..self
         }
     }
 
@@ -198,7 +188,6 @@ impl VipSettings {
                 // stale_after_ms: the daemon's default, three scrapes (at least a second),
                 // so slower scrapes are compared, not taken for stale.
                 queue_saturation: self.queue_saturation.map(i64::from),
-                ttft_slo_ms: self.ttft_slo_ms.map(i64::from),
                 ..RawPolicy::default()
             });
         }
@@ -222,7 +211,7 @@ pub const PREMIUM_TIER: &str = "premium";
 
 /// The balancer's policies compared: name, what it is, and its settings of the VIP (the
 /// scrape interval is filled in).
-const OURS: [(&str, &str, VipSettings); 13] = [
+const OURS: [(&str, &str, VipSettings); 12] = [
     (
         "round-robin",
         "each backend in turn",
@@ -242,11 +231,6 @@ const OURS: [(&str, &str, VipSettings); 13] = [
         "composite",
         "Maglev with weights from the servers' metrics (composite policy)",
         VipSettings::new("maglev", None, true),
-    ),
-    (
-        "composite-slo",
-        "composite with a TTFT objective of 2 s (the benchmark's SLO): while a server is expected to meet it, those expected to miss it take no new requests",
-        VipSettings::new("maglev", None, true).with_objective(2000),
     ),
     (
         "least-latency",

@@ -267,12 +267,7 @@ fn differs(r: &Ratio) -> &'static str {
 pub fn is_load_aware_ours(name: &str) -> bool {
     matches!(
         super::contenders::without_interval(name),
-        "least-conn"
-            | "composite"
-            | "composite-slo"
-            | "affinity"
-            | "persistence"
-            | "persistence-unbounded"
+        "least-conn" | "composite" | "affinity" | "persistence" | "persistence-unbounded"
     )
 }
 
@@ -305,8 +300,6 @@ pub fn load_words(load: &str) -> String {
 /// - Where a session-affinity policy ran beside `composite`: `composite`'s mean TTFT over the
 ///   policy's (>= 1.5x), the policy's p99 over `composite`'s (no worse, <= 1.02x).
 /// - Where a tenant-affinity policy ran: `composite`'s and `affinity`'s mean TTFT over its.
-/// - Where `composite-slo` ran beside `composite`: its p99 TTFT and goodput over
-///   `composite`'s at each load (the TTFT objective's effect; no target).
 ///
 /// The best policies are picked on the same runs, so their ratios lean their way.
 pub fn stated(s: &Samples) -> Vec<Stated> {
@@ -315,7 +308,6 @@ pub fn stated(s: &Samples) -> Vec<Stated> {
     over_routers(s, &mut out);
     affinity(s, &mut out);
     tenant_affinity(s, &mut out);
-    objective(s, &mut out);
     out
 }
 
@@ -460,27 +452,6 @@ fn tenant_affinity(s: &Samples, out: &mut Vec<Stated>) {
                 out.push(Stated {
                     key: format!("{other}_over_tenant_affinity/ttft_mean"),
                     what: format!("mean TTFT, `{other}` / `{tenant}`, at the knee"),
-                    ratio,
-                    line: None,
-                });
-            }
-        }
-    }
-}
-
-fn objective(s: &Samples, out: &mut Vec<Stated>) {
-    for load in s.loads() {
-        for (metric, key, what) in [
-            ("ttft_p99_s", "ttft_p99", "p99 TTFT"),
-            ("goodput_rps", "goodput", "goodput"),
-        ] {
-            if let Some(ratio) = s.paired("composite-slo", "composite", &load, metric) {
-                out.push(Stated {
-                    key: format!("slo_over_composite/{load}/{key}"),
-                    what: format!(
-                        "{what}, with a TTFT objective (`composite-slo`) / without (`composite`), {}",
-                        load_words(&load)
-                    ),
                     ratio,
                     line: None,
                 });

@@ -117,10 +117,6 @@ pub struct PolicyConfig {
     /// The most a backend's share of the scored backends' weight may be, as a multiple of its
     /// share of their configured weights (>= 1).
     pub max_share: f64,
-    /// The composite policy's TTFT objective: while some backend's expected delay for a new
-    /// request is within it, the backends expected to miss it take no new flows (None: every
-    /// backend is only weighed against the pool's best delay).
-    pub ttft_slo: Option<Duration>,
 }
 
 impl Default for PolicyConfig {
@@ -139,7 +135,6 @@ impl Default for PolicyConfig {
             quantum: 10,
             max_ratio: 10.0,
             max_share: 3.0,
-            ttft_slo: None,
         }
     }
 }

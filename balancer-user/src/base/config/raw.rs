@@ -351,8 +351,6 @@ pub struct RawPolicy {
     pub max_ratio: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_share: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ttft_slo_ms: Option<i64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]

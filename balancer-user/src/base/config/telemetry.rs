@@ -383,13 +383,6 @@ pub(super) fn validate_policy(
             .transpose()
             .map(|v| v.unwrap_or(default))
     };
-    if raw.ttft_slo_ms.is_some_and(|v| v != 0) && kind != PolicyKind::Composite {
-        return Err(invalid(
-            key("ttft_slo_ms"),
-            "(set)",
-            "applies to kind = \"composite\" only (its expected delays)",
-        ));
-    }
     if raw.fresher_load == Some(true) {
         return Err(invalid(
             key("fresher_load"),
@@ -437,15 +430,6 @@ pub(super) fn validate_policy(
         max_share: match raw.max_share {
             Some(v) => float_in(v, 1.0, 1000.0, &key("max_share"))?,
             None => d.max_share,
-        },
-        ttft_slo: match raw.ttft_slo_ms {
-            None | Some(0) => None,
-            Some(v) => Some(Duration::from_millis(int_in(
-                v,
-                1,
-                600_000,
-                &key("ttft_slo_ms"),
-            )?)),
         },
     })
 }
@@ -529,6 +513,5 @@ pub(super) fn policy_to_raw(p: &PolicyConfig) -> RawPolicy {
         fresher_load: None,
         max_ratio: Some(p.max_ratio),
         max_share: Some(p.max_share),
-        ttft_slo_ms: Some(p.ttft_slo.map_or(0, |d| d.as_millis() as i64)),
     }
 }

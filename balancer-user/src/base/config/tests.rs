@@ -501,18 +501,6 @@ fn errors_name_the_key_and_the_value() {
             ),
             "vip[0].policy.floor = 1.5: must be between 0 and 1",
         ),
-        (
-            with_vip(
-                "address = \"10.0.0.1\"\nport = 80\n[vip.telemetry]\nsource = \"push\"\n[vip.policy]\nkind = \"composite\"\nttft_slo_ms = 900000",
-            ),
-            "vip[0].policy.ttft_slo_ms = 900000",
-        ),
-        (
-            with_vip(
-                "address = \"10.0.0.1\"\nport = 80\n[vip.telemetry]\nsource = \"push\"\n[vip.policy]\nkind = \"least-latency\"\nttft_slo_ms = 2000",
-            ),
-            "vip[0].policy.ttft_slo_ms = (set): applies to kind = \"composite\" only",
-        ),
     ];
     for (text, want) in cases {
         let got = error_of(text);
@@ -582,14 +570,6 @@ fn telemetry_and_policy_settings() {
     assert_eq!(v.policy.kind, PolicyKind::Composite);
     assert_eq!(v.policy.factors.queue, 3.0);
     assert_eq!(v.policy.stale, StaleMode::Keep);
-    assert_eq!(v.policy.ttft_slo, None);
-    assert_eq!(Config::parse(&c.to_toml()).unwrap(), c);
-    // A TTFT objective, written back as read.
-    let c = Config::parse(&with_vip(
-        "address = \"10.0.0.1\"\nport = 80\n[vip.telemetry]\nsource = \"push\"\n[vip.policy]\nkind = \"composite\"\nttft_slo_ms = 2000",
-    ))
-    .unwrap();
-    assert_eq!(c.vips[0].policy.ttft_slo, Some(Duration::from_secs(2)));
     assert_eq!(Config::parse(&c.to_toml()).unwrap(), c);
 }
 

@@ -132,7 +132,6 @@ pub fn decide(cfg: &PolicyConfig, inputs: &[Input], state: &mut PolicyState) -> 
     }
     let pool = Pool::of(cfg, inputs);
     let verdicts: Vec<Verdict> = inputs.iter().map(|i| verdict(cfg, &pool, i)).collect();
-    let verdicts = over_objective(cfg, &pool, inputs, verdicts);
     let (targets, capped) = targets(cfg, inputs, &verdicts);
     let mut decisions: Vec<Decision> = inputs
         .iter()
@@ -233,40 +232,6 @@ fn verdict(cfg: &PolicyConfig, pool: &Pool, i: &Input) -> Verdict {
     let (score, why) = score(cfg, i, &s, pool.max_flows, pool.max_ttft);
     let (capacity, why) = capacity(cfg, pool, i, why);
     Verdict::Score(capacity * score, why)
-}
-
-/// With a TTFT objective: while some scored backend is expected to meet it, the scored
-/// backends expected to miss it get weight 0.
-fn over_objective(
-    cfg: &PolicyConfig,
-    pool: &Pool,
-    inputs: &[Input],
-    verdicts: Vec<Verdict>,
-) -> Vec<Verdict> {
-    let (Some(slo), Some(delays)) = (cfg.ttft_slo, pool.delays.as_ref()) else {
-        return verdicts;
-    };
-    let objective = slo.as_secs_f64();
-    let meets = |i: &Input| delays.of(i).is_some_and(|d| d <= objective);
-    let scored = |v: &Verdict| matches!(v, Verdict::Score(..));
-    if !inputs
-        .iter()
-        .zip(&verdicts)
-        .any(|(i, v)| scored(v) && meets(i))
-    {
-        return verdicts;
-    }
-    inputs
-        .iter()
-        .zip(verdicts)
-        .map(|(i, v)| match v {
-            Verdict::Score(_, why) if !meets(i) => Verdict::Zero(format!(
-                "{why}; over the TTFT objective ({} ms) while another backend meets it",
-                slo.as_millis()
-            )),
-            v => v,
-        })
-        .collect()
 }
 
 /// Which saturation cut-off a backend's report is over, if any (KV cache, waiting requests,

@@ -174,23 +174,3 @@ fn session_affinity_is_stated_against_load_only_at_each_load() {
         .unwrap();
     assert_eq!(p99.verdict(), Some(Verdict::Missed));
 }
-
-#[test]
-fn the_ttft_objective_is_stated_against_composite_without_a_target() {
-    let f = figures(
-        "prefill-heavy",
-        "1.00",
-        &[
-            ("composite", "goodput_rps", &[2.0, 2.0, 2.0]),
-            ("composite-slo", "goodput_rps", &[2.4, 2.6, 2.5]),
-        ],
-    );
-    let stated = stated(&Samples::of_shape(&f, "prefill-heavy"));
-    let g = stated
-        .iter()
-        .find(|s| s.key == "slo_over_composite/1.00/goodput")
-        .unwrap();
-    assert!((g.ratio.value - 1.25).abs() < 1e-9);
-    assert_eq!(g.verdict(), None);
-    assert!(g.reading().ends_with("higher"), "{}", g.reading());
-}
