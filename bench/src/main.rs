@@ -622,6 +622,11 @@ fn llm_options(a: LlmArgs) -> Result<llm::Options> {
     opts.trace_clients =
         workload::TraceClients::parse(&trace_clients).context("--trace-clients")?;
     opts.trace_time = workload::TraceTime::parse(&trace_time).context("--trace-time")?;
+    if opts.trace_time != workload::TraceTime::Rate && requests.is_some() {
+        anyhow::bail!(
+            "--requests: a trace replayed as recorded plays --duration seconds of it; leave --requests out"
+        );
+    }
     if let Some(path) = trace {
         // Read once here, so a bad trace fails before any rack is built.
         let requests = bench::load::trace::read_trace(&path)?;
@@ -779,6 +784,38 @@ mod tests {
         ] {
             let e = llm(bad).unwrap_err();
             assert!(format!("{e:#}").contains("--reps"), "{bad:?}: {e:#}");
+        }
+    }
+
+    #[test]
+    fn a_trace_as_recorded_is_checked_against_the_duration() {
+        let trace = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/data/azure-llm-conv-excerpt.csv"
+        );
+        let o = llm(&["--trace", trace, "--trace-time", "recorded:2"]).unwrap();
+        assert_eq!(o.trace_time, workload::TraceTime::Recorded { speed: 2.0 });
+        // The excerpt spans about 507 s.
+        for (args, want) in [
+            (
+                &[
+                    "--trace",
+                    trace,
+                    "--trace-time",
+                    "recorded",
+                    "--duration",
+                    "600",
+                ][..],
+                "shorter than the 600 s of arrivals asked (--duration)",
+            ),
+            (&["--trace-time", "asap"], "--trace-time"),
+            (
+                &["--trace-time", "recorded", "--requests", "50"],
+                "--requests: a trace replayed as recorded",
+            ),
+        ] {
+            let e = format!("{:#}", llm(args).unwrap_err());
+            assert!(e.contains(want), "{args:?}: {e}");
         }
     }
 

@@ -493,7 +493,7 @@ pub fn run(opts: &Options) -> Result<(Results, Figures)> {
         opts.trace_time.check_span(&trace, opts.duration)?;
     }
     println!(
-        "LLM routing benchmark: GPUs {}; {} per run, {}, loads {:?} of each shape's knee; SLO TTFT <= {} s and ITL <= {} ms",
+        "LLM routing benchmark: GPUs {}; {} per run, {}, loads {:?} of each shape's knee{}; SLO TTFT <= {} s and ITL <= {} ms",
         opts.gpus.join(", "),
         opts.requests.map_or(
             format!("the requests of {} s (at least 40)", opts.duration),
@@ -501,6 +501,11 @@ pub fn run(opts: &Options) -> Result<(Results, Figures)> {
         ),
         opts.repetitions(),
         opts.loads,
+        if as_recorded(opts, Shape::Conversation) && opts.shapes.contains(&Shape::Conversation) {
+            " (conversation: one load, its trace as recorded)"
+        } else {
+            ""
+        },
         opts.slo.ttft,
         opts.slo.itl * 1e3
     );
