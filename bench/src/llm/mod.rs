@@ -198,6 +198,11 @@ fn as_recorded(opts: &Options, shape: Shape) -> bool {
     shape == Shape::Conversation && opts.trace_time != workload::TraceTime::Rate
 }
 
+/// Whether the run has a conversation shape that replays its trace as recorded.
+fn conversation_as_recorded(opts: &Options) -> bool {
+    opts.shapes.contains(&Shape::Conversation) && as_recorded(opts, Shape::Conversation)
+}
+
 /// Requests of a run at `rate`.
 fn requests_at(opts: &Options, rate: f64) -> usize {
     opts.requests
@@ -327,7 +332,6 @@ fn measured_run(
         },
         trace,
     )?;
-    // As recorded, the stretch says how many requests came in the run's seconds.
     // A knee probe stops once its p99 is certainly over the line: the search needs only
     // whether it passed, and an overloaded probe would take minutes to drain.
     let give_up = (load == 0.0).then(|| {
@@ -336,9 +340,11 @@ fn measured_run(
             workload::request_count(&work),
         )
     });
-    let rate = match as_recorded(opts, shape) {
-        true => workload::request_count(&work) as f64 / opts.duration,
-        false => rate,
+    // As recorded, the stretch says how many requests came in the run's seconds.
+    let rate = if as_recorded(opts, shape) {
+        workload::request_count(&work) as f64 / opts.duration
+    } else {
+        rate
     };
     let RunOutput {
         outcomes,
@@ -501,7 +507,7 @@ pub fn run(opts: &Options) -> Result<(Results, Figures)> {
         ),
         opts.repetitions(),
         opts.loads,
-        if as_recorded(opts, Shape::Conversation) && opts.shapes.contains(&Shape::Conversation) {
+        if conversation_as_recorded(opts) {
             " (conversation: one load, its trace as recorded)"
         } else {
             ""

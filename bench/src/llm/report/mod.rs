@@ -25,7 +25,6 @@ use super::verdicts::load_key;
 use super::{Results, Run, ShapeResult};
 use crate::Figures;
 use crate::load::stats::median;
-use crate::load::workload::Shape;
 
 /// A figure of a run: its name (with its unit) and value.
 pub type Metric = (&'static str, f64);
@@ -185,7 +184,7 @@ fn options_line(o: &super::Options) -> String {
             .map(|l| format!("{l}"))
             .collect::<Vec<_>>()
             .join(", "),
-        if super::as_recorded(o, Shape::Conversation) && o.shapes.contains(&Shape::Conversation) {
+        if super::conversation_as_recorded(o) {
             "searched, but for conversation: its trace as recorded, at the trace's rate (one load)"
                 .to_string()
         } else if o.knees.is_empty() {
