@@ -173,7 +173,7 @@ struct LlmArgs {
     /// tenants.
     #[arg(long, value_delimiter = ',')]
     shapes: Option<Vec<String>>,
-    /// Your own trace for the conversation shape to replay (time-compressed to each load)
+    /// Your own trace for the conversation shape to replay (as --trace-time says)
     /// and the mixed shape to draw sizes from, instead of the shipped Azure excerpt: an
     /// Azure LLM inference trace CSV, a BurstGPT CSV or Mooncake JSON lines, recognised
     /// from the first line.
@@ -571,15 +571,15 @@ fn llm_options(a: LlmArgs) -> Result<llm::Options> {
     if !quick {
         opts.duration = duration;
     }
+    // Read with --reps auto, or by --recommend when it picks the repetitions.
+    let cap_read = match reps.as_deref() {
+        Some(n) => n == "auto",
+        None => recommend,
+    };
+    if max_reps.is_some() && !cap_read {
+        anyhow::bail!("--max-reps: applies with --reps auto (or --recommend without --reps) only");
+    }
     match reps.as_deref() {
-        Some(n) if n != "auto" && max_reps.is_some() => {
-            anyhow::bail!(
-                "--max-reps: applies with --reps auto (or --recommend) only, not --reps {n}"
-            )
-        }
-        None if max_reps.is_some() && !recommend => {
-            anyhow::bail!("--max-reps: applies with --reps auto (or --recommend) only")
-        }
         None => {}
         Some("auto") => {
             let cap = max_reps.unwrap_or(10);

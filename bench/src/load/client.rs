@@ -65,15 +65,16 @@ pub const STOPPED: &str = "stopped: the run's p99 TTFT was already over the line
 
 /// Counts the requests past a [`GiveUp`]'s line, and says when there are too many.
 struct Late {
-    line: f64,
-    most: usize,
+    give_up: GiveUp,
     count: AtomicUsize,
     over: tokio::sync::Notify,
 }
 
 impl Late {
     fn first_token(&self, ttft: f64) {
-        if ttft > self.line && self.count.fetch_add(1, Ordering::Relaxed) == self.most {
+        if ttft > self.give_up.ttft.as_secs_f64()
+            && self.count.fetch_add(1, Ordering::Relaxed) == self.give_up.late
+        {
             // Stored for the waiter even if it is not waiting yet.
             self.over.notify_one();
         }
@@ -113,10 +114,9 @@ pub fn run(target: &Target, workload: &[Conversation], opts: ClientOptions) -> V
         .expect("tokio runtime");
     let target = target.clone();
     let workload = workload.to_vec();
-    let late = opts.give_up.map(|g| {
+    let late = opts.give_up.map(|give_up| {
         Arc::new(Late {
-            line: g.ttft.as_secs_f64(),
-            most: g.late,
+            give_up,
             count: AtomicUsize::new(0),
             over: tokio::sync::Notify::new(),
         })

@@ -251,7 +251,7 @@ impl TraceTime {
         let TraceTime::Recorded { speed } = self else {
             return None;
         };
-        let span = trace.last()?.at - trace.first()?.at;
+        let span = span(trace);
         (span > 0.0).then(|| (trace.len() - 1) as f64 / span * speed)
     }
 
@@ -260,10 +260,7 @@ impl TraceTime {
         let TraceTime::Recorded { speed } = self else {
             return Ok(());
         };
-        let span = match (trace.first(), trace.last()) {
-            (Some(a), Some(b)) => b.at - a.at,
-            _ => 0.0,
-        };
+        let span = span(trace);
         if span / speed < seconds {
             bail!(
                 "the trace spans {span:.1} s, {:.1} s at speed {speed}: shorter than the {seconds} s of arrivals asked (--duration)",
@@ -571,6 +568,14 @@ fn trace_slice(trace: &[TraceRequest], n: usize, seed: u64) -> Result<&[TraceReq
     let offsets = trace.len() - n + 1;
     let offset = ((seed as usize).wrapping_mul(n)) % offsets;
     Ok(&trace[offset..offset + n])
+}
+
+/// Seconds from a trace's first request to its last (0 for an empty trace).
+fn span(trace: &[TraceRequest]) -> f64 {
+    match (trace.first(), trace.last()) {
+        (Some(a), Some(b)) => b.at - a.at,
+        _ => 0.0,
+    }
 }
 
 /// The requests of `span` seconds of the trace, from an offset chosen by `seed`.
