@@ -193,6 +193,16 @@ impl Harness {
         Ok(program.fd()?.as_fd().as_raw_fd())
     }
 
+    /// The instructions the verifier processed to accept the program, its global functions
+    /// included (the kernel's `verified_insns`): the load fails past 1,000,000.
+    pub fn verified_insns(&mut self) -> Result<u32> {
+        let program = ebpf::program(&mut self.object, ebpf::BALANCER_PROGRAM)?;
+        program
+            .info()?
+            .verified_instruction_count()
+            .context("the kernel does not report the verifier's instruction count")
+    }
+
     /// The backend the VIP's table assigns to a flow (what a connection-table miss picks).
     pub fn table_backend(&self, vip: &str, client: IpAddr, sport: u16) -> Result<IpAddr> {
         let state = self

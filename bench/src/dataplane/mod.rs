@@ -177,6 +177,8 @@ pub fn run(settings: &Settings) -> Result<Figures> {
         Ok((new, old, Bare::load()?))
     };
     let (mut new, mut old, mut bare) = load()?;
+    let mut figures = Figures::default();
+    verifier_headroom(&mut new, old.as_mut(), &mut figures)?;
     let load_katran = || katran.map(katran::Pair::load).transpose();
     let mut pair = load_katran()?;
     let mut beside_katran = katran::Samples::default();
@@ -203,7 +205,6 @@ pub fn run(settings: &Settings) -> Result<Figures> {
             break;
         }
     }
-    let mut figures = Figures::default();
     let cases: Vec<&Case> = new.cases().collect();
     samples.print_table(done, &cases, &mut figures);
     if !samples.baseline.is_empty() {
@@ -227,6 +228,33 @@ pub fn run(settings: &Settings) -> Result<Figures> {
         }
     );
     Ok(figures)
+}
+
+/// The verifier's limit on the instructions it processes to accept one program, its global
+/// functions included (`BPF_COMPLEXITY_LIMIT_INSNS`).
+const VERIFIER_LIMIT: u32 = 1_000_000;
+
+/// Prints how many instructions the verifier processed to accept each build (a change that
+/// crosses the limit fails to load with E2BIG), and records them.
+fn verifier_headroom(
+    new: &mut Programs,
+    old: Option<&mut Programs>,
+    figures: &mut Figures,
+) -> Result<()> {
+    let mut line = |name: &str, key: &str, h: &mut Harness| -> Result<()> {
+        let n = h.verified_insns()?;
+        println!(
+            "{name}: the verifier processed {n} instructions ({:.1}% of its limit of {VERIFIER_LIMIT})",
+            100.0 * f64::from(n) / f64::from(VERIFIER_LIMIT)
+        );
+        figures.insert(key.into(), f64::from(n));
+        Ok(())
+    };
+    line("this build", "verified_insns", &mut new.main.0)?;
+    if let Some(old) = old {
+        line("the baseline", "baseline_verified_insns", &mut old.main.0)?;
+    }
+    Ok(())
 }
 
 /// Runs per timed case.
