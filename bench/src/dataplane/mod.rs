@@ -312,11 +312,14 @@ impl Programs {
             .ok()
             .map(|h| snat_setup(h, payload))
             .transpose()?;
+        // A baseline that knows admission control runs the open pool's case as this build
+        // does; an older one, the same VIPs without it.
         let first_admission = new.admission.as_ref().and_then(|(_, c)| c.first()).cloned();
-        let admission = Some((
-            Harness::with_object(&admission_config(false), object)?,
-            first_admission.into_iter().collect(),
-        ));
+        let admission_harness = match Harness::with_object(&admission_config(true), object) {
+            Ok(h) => h,
+            Err(_) => Harness::with_object(&admission_config(false), object)?,
+        };
+        let admission = Some((admission_harness, first_admission.into_iter().collect()));
         Ok(Programs {
             main: (main, main_cases(payload)),
             nat,
