@@ -104,6 +104,32 @@ pub struct Ip {
     pub len: usize,
 }
 
+impl Ip {
+    /// This parse with a transport offset the verifier cannot tell apart from another
+    /// parse's. Each shape of network header the parse knows (IPv4, IPv6 with extension
+    /// headers) leaves an offset of its own, and the verifier walks the code after the parse
+    /// once per shape; here those shapes reach that code in one state, so it is walked once
+    /// per network-header offset (one per VLAN tag), and the program stays well under the
+    /// verifier's limit of instructions processed. The value is unchanged: the frame's linear
+    /// part is shorter than 1 MiB, so `size >> 20` is 0 (the verifier knows the frame's size
+    /// only as a number it cannot bound), and no parse gives an offset past the floor plus
+    /// [`OPAQUE_MASK`]. The floor (an IPv4 header after the network header) is one the
+    /// verifier knows, so code that reaches back from the offset still passes.
+    #[inline(always)]
+    pub fn opaque(mut self, frame: &Frame) -> Ip {
+        let zero = frame.size() >> 20;
+        let floor = self.l3_off + IPV4_LEN;
+        self.l4_off = floor + ((self.l4_off - floor + zero) & OPAQUE_MASK);
+        self
+    }
+}
+
+/// The bound [`Ip::opaque`] gives a transport offset past its floor. The longest parse ends
+/// 40 + 4 × 2,048 = 8,232 bytes past the network header (IPv6 and four extension headers of
+/// the longest kind); an offset plus a header's size must stay under 64 KiB for the
+/// verifier to track a packet range.
+pub const OPAQUE_MASK: usize = (1 << 14) - 1;
+
 /// Longest IPv6 extension chain followed before the packet counts as malformed.
 const MAX_IPV6_EXTENSIONS: usize = 4;
 

@@ -73,7 +73,7 @@ fn parse(ctx: *mut xdp_md) -> Option<Packet> {
     if ip.shape != Shape::Plain {
         return None;
     }
-    checked(frame, pack(&ip, 0))
+    checked(frame, pack(&ip.opaque(&frame), 0))
 }
 
 /// Bounds on the offsets a global function is handed (the verifier knows nothing of them). A
