@@ -45,11 +45,12 @@ pub fn sum_addr(words: &[u32; 4]) -> u64 {
     sum
 }
 
-/// A checksum (as stored) after the first `N` 32-bit words of an address changed from `old`
-/// to `new` (both as stored in the packet): RFC 1624's incremental update, `~(~C + ~m + m')`.
+/// What the first `N` 32-bit words of an address changing from `old` to `new` (both as stored
+/// in the packet) add to a one's-complement sum: RFC 1624's `~m + m'`, to [`apply`] once for
+/// every field a translation changes.
 #[inline(always)]
-pub fn replace_addr<const N: usize>(check: u16, old: &[u32; 4], new: &[u32; 4]) -> u16 {
-    let mut sum = u64::from(!check);
+pub fn addr_delta<const N: usize>(old: &[u32; 4], new: &[u32; 4]) -> u64 {
+    let mut sum = 0u64;
     let mut i = 0;
     while i < N {
         let gone = !old[i];
@@ -57,12 +58,31 @@ pub fn replace_addr<const N: usize>(check: u16, old: &[u32; 4], new: &[u32; 4]) 
         sum += u64::from(new[i] & 0xffff) + u64::from(new[i] >> 16);
         i += 1;
     }
-    !fold(sum)
+    sum
+}
+
+/// What one 16-bit word (a port, as stored) changing from `old` to `new` adds to a sum.
+#[inline(always)]
+pub fn word_delta(old: u16, new: u16) -> u64 {
+    u64::from(!old) + u64::from(new)
+}
+
+/// A checksum (as stored) after the changes summed in `delta`: RFC 1624's `~(~C + delta)`.
+#[inline(always)]
+pub fn apply(check: u16, delta: u64) -> u16 {
+    !fold(u64::from(!check) + delta)
+}
+
+/// A checksum (as stored) after the first `N` 32-bit words of an address changed from `old`
+/// to `new` (both as stored in the packet): RFC 1624's incremental update, `~(~C + ~m + m')`.
+#[inline(always)]
+pub fn replace_addr<const N: usize>(check: u16, old: &[u32; 4], new: &[u32; 4]) -> u16 {
+    apply(check, addr_delta::<N>(old, new))
 }
 
 /// A checksum (as stored) after one 16-bit word (a port, as stored) changed from `old` to
 /// `new`: RFC 1624's `~(~C + ~m + m')`.
 #[inline(always)]
 pub fn replace_word(check: u16, old: u16, new: u16) -> u16 {
-    !fold(u64::from(!check) + u64::from(!old) + u64::from(new))
+    apply(check, word_delta(old, new))
 }

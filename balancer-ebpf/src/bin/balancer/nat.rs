@@ -186,17 +186,59 @@ impl Packet {
         }
     }
 
-    /// Updates the TCP or UDP checksum with `update`; an IPv4 UDP checksum of zero means
-    /// "none" and stays so, a computed zero UDP checksum is written as 0xffff.
+    /// Writes the new source and destination addresses of `change` (each `(old, new)` where
+    /// it changes) and its new port, and updates the IPv4 header checksum and the TCP or UDP
+    /// checksum (whose pseudo-header holds the addresses) once each, by the summed deltas.
+    /// Every pointer is checked before anything is written, so a translation never stops
+    /// half-way.
     #[inline(always)]
-    fn update_l4_check(&self, update: impl FnOnce(u16) -> u16) -> Option<()> {
+    fn translate(&self, change: &Change<'_>) -> Option<()> {
+        let v4 = self.family == FAMILY_V4;
         let l4_check = self.l4_check()?;
+        let ports = self.frame.ptr::<Ports>(self.l4_off)?;
+        let mut delta = 0u64;
+        if v4 {
+            let h = self.frame.ptr::<Ipv4Hdr>(self.l3_off)?;
+            // SAFETY: bounds checked by `ptr`.
+            let h = unsafe { &mut *h };
+            if let Some((old, new)) = change.src {
+                h.saddr = new[0];
+                delta += csum::addr_delta::<1>(old, new);
+            }
+            if let Some((old, new)) = change.dst {
+                h.daddr = new[0];
+                delta += csum::addr_delta::<1>(old, new);
+            }
+            h.check = csum::apply(h.check, delta);
+        } else {
+            let h = self.frame.ptr::<Ipv6Hdr>(self.l3_off)?;
+            // SAFETY: bounds checked by `ptr`.
+            let h = unsafe { &mut *h };
+            if let Some((old, new)) = change.src {
+                h.saddr = *new;
+                delta += csum::addr_delta::<4>(old, new);
+            }
+            if let Some((old, new)) = change.dst {
+                h.daddr = *new;
+                delta += csum::addr_delta::<4>(old, new);
+            }
+        }
+        if let Some(port) = change.port {
+            // SAFETY: bounds checked by `ptr`.
+            let p = unsafe { &mut *ports };
+            let old = match port {
+                Port::Src(new) => core::mem::replace(&mut p.src, new),
+                Port::Dst(new) => core::mem::replace(&mut p.dst, new),
+            };
+            delta += csum::word_delta(old, port.value());
+        }
         // SAFETY: bounds checked by `ptr` in `l4_check`.
         let sum = unsafe { *l4_check };
-        if self.proto == IPPROTO_UDP && self.family == FAMILY_V4 && sum == 0 {
+        if self.proto == IPPROTO_UDP && v4 && sum == 0 {
+            // An IPv4 UDP checksum of zero means "none", and stays so.
             return Some(());
         }
-        let mut updated = update(sum);
+        let mut updated = csum::apply(sum, delta);
         if self.proto == IPPROTO_UDP && updated == 0 {
             updated = 0xffff;
         }
@@ -204,59 +246,29 @@ impl Packet {
         unsafe { *l4_check = updated };
         Some(())
     }
+}
 
-    /// Writes `new` as the destination (`dst`) or source address, and updates the IPv4 header
-    /// checksum and the TCP or UDP checksum (whose pseudo-header holds the address). Each
-    /// header is reached through one bounds-checked pointer, its fields at fixed offsets.
-    #[inline(always)]
-    fn rewrite(&self, dst: bool, old: &RawAddr, new: &RawAddr) -> Option<()> {
-        let v4 = self.family == FAMILY_V4;
-        // Checked before anything is written.
-        self.l4_check()?;
-        if v4 {
-            let h = self.frame.ptr::<Ipv4Hdr>(self.l3_off)?;
-            // SAFETY: bounds checked by `ptr`.
-            let h = unsafe { &mut *h };
-            if dst {
-                h.daddr = new[0];
-            } else {
-                h.saddr = new[0];
-            }
-            h.check = csum::replace_addr::<1>(h.check, old, new);
-        } else {
-            let h = self.frame.ptr::<Ipv6Hdr>(self.l3_off)?;
-            // SAFETY: bounds checked by `ptr`.
-            let h = unsafe { &mut *h };
-            if dst {
-                h.daddr = *new;
-            } else {
-                h.saddr = *new;
-            }
-        }
-        self.update_l4_check(|sum| {
-            if v4 {
-                csum::replace_addr::<1>(sum, old, new)
-            } else {
-                csum::replace_addr::<4>(sum, old, new)
-            }
-        })
-    }
+/// What a NAT translation writes: each address that changes as `(old, new)`, and the port
+/// that changes (network order).
+struct Change<'a> {
+    src: Option<(&'a RawAddr, &'a RawAddr)>,
+    dst: Option<(&'a RawAddr, &'a RawAddr)>,
+    port: Option<Port>,
+}
 
-    /// Writes `new` (network byte order) as the destination (`dst`) or source port, and
-    /// updates the TCP or UDP checksum.
+/// The port a translation writes, and which.
+#[derive(Clone, Copy)]
+enum Port {
+    Src(u16),
+    Dst(u16),
+}
+
+impl Port {
     #[inline(always)]
-    fn rewrite_port(&self, dst: bool, new: u16) -> Option<()> {
-        let p = self.frame.ptr::<Ports>(self.l4_off)?;
-        self.l4_check()?;
-        // SAFETY: bounds checked by `ptr`.
-        let p = unsafe { &mut *p };
-        let old = if dst { p.dst } else { p.src };
-        if dst {
-            p.dst = new;
-        } else {
-            p.src = new;
+    fn value(self) -> u16 {
+        match self {
+            Port::Src(p) | Port::Dst(p) => p,
         }
-        self.update_l4_check(|sum| csum::replace_word(sum, old, new))
     }
 }
 
@@ -299,12 +311,21 @@ fn forward(ctx: *mut xdp_md, backend_id: u32, vip_id: u32) -> Option<u32> {
             let Some(port) = snat_port(&p, backend, source, s, eth.src)? else {
                 return Some(NAT_RESET);
             };
-            p.rewrite(false, &s.flow_key.client, &source.addr)?;
-            p.rewrite_port(false, port)?;
+            p.translate(&Change {
+                src: Some((&s.flow_key.client, &source.addr)),
+                dst: Some((&s.flow_key.vip, &backend.addr)),
+                port: Some(Port::Src(port)),
+            })?;
         }
-        _ => record_way_back(backend, s, eth.src)?,
+        _ => {
+            record_way_back(backend, s, eth.src)?;
+            p.translate(&Change {
+                src: None,
+                dst: Some((&s.flow_key.vip, &backend.addr)),
+                port: None,
+            })?;
+        }
     }
-    p.rewrite(true, &s.flow_key.vip, &backend.addr)?;
     Some(send(ctx, eth, backend.mac, Side::Backends))
 }
 
@@ -541,7 +562,12 @@ fn reply(ctx: *mut xdp_md, layout: u64) -> Option<u32> {
     {
         // SAFETY: a map value, valid for the program's run.
         let way_back = unsafe { &*way_back };
-        if p.rewrite(false, &s.reply.backend, &way_back.vip).is_none() {
+        let change = Change {
+            src: Some((&s.reply.backend, &way_back.vip)),
+            dst: None,
+            port: None,
+        };
+        if p.translate(&change).is_none() {
             return Some(XDP_DROP);
         }
         // SAFETY: bounds checked by `ptr`.
@@ -560,10 +586,12 @@ fn reply(ctx: *mut xdp_md, layout: u64) -> Option<u32> {
         if p.tcp_flags() & FIN_OR_RST != 0 {
             flow.closing = SNAT_CLOSING;
         }
-        if p.rewrite(false, &s.reply.backend, &flow.vip).is_none()
-            || p.rewrite(true, &s.reply.client, &flow.client).is_none()
-            || p.rewrite_port(true, flow.client_port).is_none()
-        {
+        let change = Change {
+            src: Some((&s.reply.backend, &flow.vip)),
+            dst: Some((&s.reply.client, &flow.client)),
+            port: Some(Port::Dst(flow.client_port)),
+        };
+        if p.translate(&change).is_none() {
             return Some(XDP_DROP);
         }
         // SAFETY: bounds checked by `ptr`.
