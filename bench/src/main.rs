@@ -87,7 +87,8 @@ struct DataplaneArgs {
 
 #[derive(clap::Args)]
 struct E2eArgs {
-    /// Rounds (peers interleaved, a fresh rack each; median and spread reported).
+    /// Rounds (peers interleaved, a fresh rack each; median and spread reported, and each of
+    /// our modes beside its fair peer as a paired ratio with a bootstrap 95% interval).
     #[arg(long, default_value_t = 3)]
     rounds: usize,
     /// Seconds per phase.

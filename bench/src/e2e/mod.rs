@@ -63,7 +63,9 @@ pub const PAGE: super::page::Page = super::page::Page {
             the balancer (XDP native and skb, L2 DSR; NAT; NAT with source NAT), nftables DNAT \
             as kube-proxy writes it (and with masquerade), HAProxy in TCP mode. Medians over \
             interleaved rounds, a fresh rack each; ratios against another peer are listed below \
-            the table.",
+            the table. Each of our modes beside its fair peer (`balancer_snat` / `nftables_snat` \
+            and the like) is the geometric mean of the per-round ratios, with its bootstrap 95% \
+            interval in the `_lo95` and `_hi95` rows.",
     columns: &[
         ("_baseline", "no balancer"),
         ("_router", "router"),

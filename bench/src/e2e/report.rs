@@ -27,7 +27,7 @@ pub(super) fn report(opts: &Options, results: &BTreeMap<&'static str, Vec<Round>
     let mut figures = Figures::new();
     peer_table(opts, results, &mut figures);
     baseline_ratios(opts, results, &mut figures);
-    fair_ratios(&mut figures);
+    fair_ratios(results, &mut figures);
     saturation_note(opts, results);
     figures.insert("rounds".into(), opts.rounds as f64);
     figures.insert("pinned".into(), if opts.pin { 1.0 } else { 0.0 });
@@ -176,33 +176,71 @@ fn baseline_ratios(
     }
 }
 
-/// Each of our modes beside its fair peer.
-fn fair_ratios(figures: &mut Figures) {
+/// Each of our modes beside its fair peer: the geometric mean of the per-round ratios (the
+/// peers of a round ran back to back, so a round pairs them) with its bootstrap 95% interval,
+/// and what the interval says.
+fn fair_ratios(results: &BTreeMap<&'static str, Vec<Round>>, figures: &mut Figures) {
+    println!();
+    println!("ours / the fair peer, per round paired (geometric mean, bootstrap 95% interval):");
     for (ours, theirs) in [
         (Peer::XdpNative, Peer::Nftables),
         (Peer::XdpNative, Peer::Haproxy),
         (Peer::XdpNat, Peer::Nftables),
         (Peer::XdpSnat, Peer::NftablesSnat),
     ] {
-        for (key, name) in [
-            ("conn_per_s", "conn/s"),
-            ("udp_pps", "UDP pps"),
-            ("wrk_conn_per_s", "wrk conn/s"),
-            ("trafgen_udp_pps", "trafgen pps"),
-        ] {
-            if let (Some(&b), Some(&p)) = (
-                figures.get(&format!("{key}_{}", ours.key())),
-                figures.get(&format!("{key}_{}", theirs.key())),
-            ) && p > 0.0
-            {
-                println!("  {} / {}: {name} {:.2}×", ours.key(), theirs.key(), b / p);
-                figures.insert(
-                    format!("{key}_ratio_{}_to_{}", ours.key(), theirs.key()),
-                    b / p,
-                );
+        let (Some(a), Some(b)) = (results.get(ours.key()), results.get(theirs.key())) else {
+            continue;
+        };
+        for (key, name, get) in FAIR_FIGURES {
+            let ratios = paired_ratios(a, b, get);
+            if ratios.is_empty() {
+                continue;
+            }
+            let (r, (lo, hi)) = crate::geomean_with_95(&ratios, 4000);
+            let says = if ratios.len() < 2 {
+                "one round: no interval"
+            } else if lo > 1.0 {
+                "ahead"
+            } else if hi < 1.0 {
+                "behind"
+            } else {
+                "no difference we can see"
+            };
+            println!(
+                "  {} / {}: {name} {r:.3}× ({lo:.3}..{hi:.3}, {} rounds): {says}",
+                ours.key(),
+                theirs.key(),
+                ratios.len()
+            );
+            let stem = format!("{key}_ratio_{}_to_{}", ours.key(), theirs.key());
+            figures.insert(stem.clone(), r);
+            if ratios.len() >= 2 {
+                figures.insert(format!("{stem}_lo95"), lo);
+                figures.insert(format!("{stem}_hi95"), hi);
             }
         }
     }
+}
+
+/// The rates compared between each of our modes and its fair peer.
+const FAIR_FIGURES: [(&str, &str, Getter); 4] = [
+    ("conn_per_s", "conn/s", |r| Some(r.conn.rate)),
+    ("udp_pps", "UDP pps", |r| r.udp.as_ref().map(|u| u.rate)),
+    ("wrk_conn_per_s", "wrk conn/s", |r| Some(r.wrk.rate)),
+    ("trafgen_udp_pps", "trafgen pps", |r| {
+        r.trafgen.as_ref().map(|t| t.rate)
+    }),
+];
+
+/// `get(a) / get(b)` of each round both have the figure in (positive).
+pub(super) fn paired_ratios(a: &[Round], b: &[Round], get: Getter) -> Vec<f64> {
+    a.iter()
+        .zip(b)
+        .filter_map(|(x, y)| match (get(x), get(y)) {
+            (Some(x), Some(y)) if x > 0.0 && y > 0.0 => Some(x / y),
+            _ => None,
+        })
+        .collect()
 }
 
 /// What saturated, and what "own ns/pkt" counts.
