@@ -264,8 +264,9 @@ fn saturation_note(opts: &Options, results: &BTreeMap<&'static str, Vec<Round>>)
         }
     );
     println!(
-        "own ns/pkt: the XDP program's run time per run (BPF stats; it runs once per packet it sees) \
-         or HAProxy's process CPU per client packet; nftables' cost is in softirqs and only shows \
+        "own ns/pkt: the XDP program's run time per run (BPF stats, on only in a {SAMPLE_SECONDS} s run \
+         of each phase after the measured one; it runs once per packet it sees) or HAProxy's \
+         process CPU per client packet; nftables' cost is in softirqs and only shows \
          in host CPU ns/pkt (compare with the baseline)."
     );
 }
