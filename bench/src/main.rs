@@ -108,11 +108,12 @@ struct E2eArgs {
     pin: bool,
     /// Peers measured, in order: baseline, router (a plain forwarding hop), balancer,
     /// balancer_skb, balancer_nat (NAT to unmodified backends), balancer_snat (NAT with
-    /// source NAT), nftables, nftables_snat (DNAT + masquerade), haproxy.
+    /// source NAT), balancer_snat_skb (the same in skb mode), nftables, nftables_snat (DNAT +
+    /// masquerade), haproxy.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "baseline,router,balancer,balancer_skb,balancer_nat,balancer_snat,nftables,nftables_snat,haproxy"
+        default_value = "baseline,router,balancer,balancer_skb,balancer_nat,balancer_snat,balancer_snat_skb,nftables,nftables_snat,haproxy"
     )]
     peers: Vec<String>,
 }

@@ -1,7 +1,7 @@
 //! `bench e2e`: the balancer against the peers an operator already runs, in the same rack.
 //!
 //! One peer at a time sits between the client and three backends: the balancer's XDP program
-//! (native and generic/skb mode, L2 DSR), the kernel's nftables DNAT load balancing as
+//! (L2 DSR in native and generic/skb mode, NAT, source NAT in both modes), the kernel's nftables DNAT load balancing as
 //! kube-proxy's nftables mode writes it (`numgen random` for TCP, `jhash` for UDP, replies
 //! routed back through the balancer namespace for un-NAT), HAProxy in TCP mode, and a
 //! baseline without a balancer: the client talks to the backends directly, spreading itself
@@ -61,7 +61,7 @@ pub const PAGE: super::page::Page = super::page::Page {
     title: "End to end: the balancer against nftables and HAProxy",
     about: "One peer at a time between a client and three backends in the same rack of network \
             namespaces (veth, 2 vCPUs shared by everything): no balancer, a plain routing hop, \
-            the balancer (XDP native and skb, L2 DSR; NAT; NAT with source NAT), nftables DNAT \
+            the balancer (XDP native and skb, L2 DSR; NAT; NAT with source NAT, native and skb), nftables DNAT \
             as kube-proxy writes it (and with masquerade), HAProxy in TCP mode. Medians over \
             interleaved rounds, a fresh rack each; ratios against another peer are listed below \
             the table. Each of our modes beside its fair peer (`balancer_snat` / `nftables_snat` \
@@ -74,6 +74,7 @@ pub const PAGE: super::page::Page = super::page::Page {
         ("_balancer_skb", "balancer skb"),
         ("_balancer_nat", "balancer NAT"),
         ("_balancer_snat", "balancer SNAT"),
+        ("_balancer_snat_skb", "balancer SNAT skb"),
         ("_nftables", "nftables"),
         ("_nftables_snat", "nftables SNAT"),
         ("_haproxy", "HAProxy"),
@@ -96,6 +97,10 @@ pub enum Peer {
     /// The balancer by NAT with source NAT (backends with no route to the client): beside
     /// nftables DNAT with masquerade.
     XdpSnat,
+    /// Source NAT as `XdpSnat`, the program attached in skb (generic) mode: on veth, native
+    /// XDP turns every frame into an XDP buffer and back (copying it where the socket still
+    /// holds it), which generic mode does not.
+    XdpSnatSkb,
     Nftables,
     /// nftables DNAT plus masquerade (source NAT), the backends routing nothing through it.
     NftablesSnat,
@@ -103,13 +108,14 @@ pub enum Peer {
 }
 
 impl Peer {
-    pub const ALL: [Peer; 9] = [
+    pub const ALL: [Peer; 10] = [
         Peer::Baseline,
         Peer::Router,
         Peer::XdpNative,
         Peer::XdpSkb,
         Peer::XdpNat,
         Peer::XdpSnat,
+        Peer::XdpSnatSkb,
         Peer::Nftables,
         Peer::NftablesSnat,
         Peer::Haproxy,
@@ -124,6 +130,7 @@ impl Peer {
             Peer::XdpSkb => "balancer_skb",
             Peer::XdpNat => "balancer_nat",
             Peer::XdpSnat => "balancer_snat",
+            Peer::XdpSnatSkb => "balancer_snat_skb",
             Peer::Nftables => "nftables",
             Peer::NftablesSnat => "nftables_snat",
             Peer::Haproxy => "haproxy",
@@ -142,6 +149,7 @@ impl Peer {
             Peer::XdpSkb => "balancer, XDP skb (generic), L2 DSR",
             Peer::XdpNat => "balancer, XDP native, NAT (unmodified backends)",
             Peer::XdpSnat => "balancer, XDP native, NAT + source NAT",
+            Peer::XdpSnatSkb => "balancer, XDP skb (generic), NAT + source NAT",
             Peer::Nftables => "nftables DNAT (numgen/jhash)",
             Peer::NftablesSnat => "nftables DNAT + masquerade",
             Peer::Haproxy => "HAProxy, TCP mode",
@@ -273,7 +281,7 @@ fn measure(peer: Peer, opts: &Options, cpus: usize) -> Result<Round> {
     let own = OwnCost {
         program: matches!(
             peer,
-            Peer::XdpNative | Peer::XdpSkb | Peer::XdpNat | Peer::XdpSnat
+            Peer::XdpNative | Peer::XdpSkb | Peer::XdpNat | Peer::XdpSnat | Peer::XdpSnatSkb
         )
         .then(|| balancer::dataplane::pinning::Pins::new(topo.pin_dir()).program()),
         process,
@@ -349,6 +357,11 @@ fn start_peer(topo: &mut Topology, peer: Peer) -> Result<Option<u32>> {
             topo.attach_peer_pass(AttachMode::Native)?;
             topo.source_nat_backends()?;
             let config = bench_config(rack_config(topo, "snat", AttachMode::Native));
+            topo.start_balancer(&to_toml(&config))?;
+        }
+        Peer::XdpSnatSkb => {
+            topo.source_nat_backends()?;
+            let config = bench_config(rack_config(topo, "snat", AttachMode::Skb));
             topo.start_balancer(&to_toml(&config))?;
         }
         Peer::Nftables => setup_nftables(topo, false)?,

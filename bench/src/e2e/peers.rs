@@ -21,6 +21,7 @@ pub(super) fn peer_tag(peer: Peer) -> &'static str {
         Peer::XdpSkb => "skb",
         Peer::XdpNat => "nat",
         Peer::XdpSnat => "snat",
+        Peer::XdpSnatSkb => "snats",
         Peer::Nftables => "nft",
         Peer::NftablesSnat => "nfts",
         Peer::Haproxy => "hap",

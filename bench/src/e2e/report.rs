@@ -187,6 +187,7 @@ fn fair_ratios(results: &BTreeMap<&'static str, Vec<Round>>, figures: &mut Figur
         (Peer::XdpNative, Peer::Haproxy),
         (Peer::XdpNat, Peer::Nftables),
         (Peer::XdpSnat, Peer::NftablesSnat),
+        (Peer::XdpSnatSkb, Peer::NftablesSnat),
     ] {
         let (Some(a), Some(b)) = (results.get(ours.key()), results.get(theirs.key())) else {
             continue;
