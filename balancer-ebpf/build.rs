@@ -4,8 +4,8 @@
 //!   cargo cannot express a dependency on a binary from another package.
 //! - Generate 32-bit ALU instructions (BPF `alu32`, kernels >= 5.1): without them every 32-bit
 //!   operation is emulated with 64-bit ones plus masks, which made the hashes on the packet path
-//!   about twice as long. (rustc already passes `--cpu generic` to the linker, so the CPU
-//!   itself cannot be raised here; the feature can.)
+//!   about twice as long. The CPU, v3 (which implies `alu32` and adds 32-bit jumps), is set by
+//!   the nested build in `balancer-user/build.rs`; the feature stays for a build without it.
 fn main() {
     match which::which("bpf-linker") {
         Ok(path) => println!("cargo:rerun-if-changed={}", path.display()),
