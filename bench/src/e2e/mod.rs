@@ -1,9 +1,10 @@
 //! `bench e2e`: the balancer against the peers an operator already runs, in the same rack.
 //!
 //! One peer at a time sits between the client and three backends: the balancer's XDP program
-//! (L2 DSR in native and generic/skb mode, NAT, source NAT in both modes), the kernel's nftables DNAT load balancing as
-//! kube-proxy's nftables mode writes it (`numgen random` for TCP, `jhash` for UDP, replies
-//! routed back through the balancer namespace for un-NAT), HAProxy in TCP mode, and a
+//! (L2 DSR in native and generic/skb mode, NAT, source NAT in both modes), the kernel's
+//! nftables DNAT load balancing as kube-proxy's nftables mode writes it (`numgen random` for
+//! TCP, `jhash` for UDP, replies routed back through the balancer namespace for un-NAT),
+//! HAProxy in TCP mode, and a
 //! baseline without a balancer: the client talks to the backends directly, spreading itself
 //! over the same three (one backend alone would have a third of the servers' capacity, and
 //! the baseline would lose to every balancer). Each round builds a
@@ -22,8 +23,8 @@
 //!   kernel; the difference to the baseline is what the peer adds), and the peer's own cost
 //!   where it is separable: the XDP program's run time per packet (BPF run-time stats, on only
 //!   in a one-second run of each phase after the measured one: they read the clock twice per
-//!   program run, which slowed our peers alone) and HAProxy's process time per packet. nftables' cost is spread over softirqs and only shows
-//!   in the host figure.
+//!   program run, which slowed our peers alone) and HAProxy's process time per packet.
+//!   nftables' cost is spread over softirqs and only shows in the host figure.
 //!
 //! On a 2-core machine the generator, the servers and the forwarding all share the CPUs: the
 //! output says how busy the host was, which is what saturates first. `--pin` puts the
@@ -61,9 +62,9 @@ pub const PAGE: super::page::Page = super::page::Page {
     title: "End to end: the balancer against nftables and HAProxy",
     about: "One peer at a time between a client and three backends in the same rack of network \
             namespaces (veth, 2 vCPUs shared by everything): no balancer, a plain routing hop, \
-            the balancer (XDP native and skb, L2 DSR; NAT; NAT with source NAT, native and skb), nftables DNAT \
-            as kube-proxy writes it (and with masquerade), HAProxy in TCP mode. Medians over \
-            interleaved rounds, a fresh rack each; ratios against another peer are listed below \
+            the balancer (XDP native and skb, L2 DSR; NAT; NAT with source NAT, native and \
+            skb), nftables DNAT as kube-proxy writes it (and with masquerade), HAProxy in TCP \
+            mode. Medians over interleaved rounds, a fresh rack each; ratios against another peer are listed below \
             the table. Each of our modes beside its fair peer (`balancer_snat` / `nftables_snat` \
             and the like) is the geometric mean of the per-round ratios, with its bootstrap 95% \
             interval in the `_lo95` and `_hi95` rows.",
@@ -353,15 +354,17 @@ fn start_peer(topo: &mut Topology, peer: Peer) -> Result<Option<u32>> {
             let config = bench_config(rack_config(topo, "nat", AttachMode::Native));
             topo.start_balancer(&to_toml(&config))?;
         }
-        Peer::XdpSnat => {
-            topo.attach_peer_pass(AttachMode::Native)?;
+        Peer::XdpSnat | Peer::XdpSnatSkb => {
+            let mode = if peer == Peer::XdpSnat {
+                AttachMode::Native
+            } else {
+                AttachMode::Skb
+            };
+            if mode == AttachMode::Native {
+                topo.attach_peer_pass(mode)?;
+            }
             topo.source_nat_backends()?;
-            let config = bench_config(rack_config(topo, "snat", AttachMode::Native));
-            topo.start_balancer(&to_toml(&config))?;
-        }
-        Peer::XdpSnatSkb => {
-            topo.source_nat_backends()?;
-            let config = bench_config(rack_config(topo, "snat", AttachMode::Skb));
+            let config = bench_config(rack_config(topo, "snat", mode));
             topo.start_balancer(&to_toml(&config))?;
         }
         Peer::Nftables => setup_nftables(topo, false)?,
