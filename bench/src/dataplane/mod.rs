@@ -36,7 +36,7 @@ pub const PAGE: super::page::Page = super::page::Page {
     name: "dataplane",
     title: "Data plane: cost per packet",
     about: "Nanoseconds per packet of the XDP program per path, through `BPF_PROG_TEST_RUN`, \
-            in 9 interleaved rounds (median), against a bare `XDP_PASS` program timed in the \
+            the median of interleaved rounds (`rounds` below), against a bare `XDP_PASS` program timed in the \
             same rounds. Paths that leave the frame reusable run with the kernel's `repeat` \
             (1,000,000 runs a call); encapsulating paths as 20,000 single runs a round, \
             compared with `xdp_pass_single`. Compare \"ns over XDP_PASS\" across machines, not \
