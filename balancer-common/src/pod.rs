@@ -3,9 +3,9 @@
 
 use crate::latency::{LatencyFlow, LatencyFlowKey, LatencyStats};
 use crate::maps::{
-    Admission, Backend, DecapAddrKey, DecapConfig, FlowBucket, FlowKey, GlobalConfig, Home,
-    NatLinks, NatReplyKey, NatReplyValue, SnatClientKey, SnatFlowKey, SnatFlowValue, SnatPortValue,
-    SnatSource, SourcePrefix, VipKey, VipMeta, VipSlot,
+    Admission, Backend, DecapAddrKey, DecapConfig, FairAdmission, FlowBucket, FlowKey,
+    GlobalConfig, Home, NatLinks, NatReplyKey, NatReplyValue, SnatClientKey, SnatFlowKey,
+    SnatFlowValue, SnatPortValue, SnatSource, SourcePrefix, VipKey, VipMeta, VipSlot,
 };
 use crate::stats::{DecapStats, GlobalStats, NatLinkStats, NatStats, TierAdmission, TrafficStats};
 
@@ -58,6 +58,8 @@ unsafe impl aya::Pod for NatLinks {}
 unsafe impl aya::Pod for NatLinkStats {}
 // SAFETY: as above.
 unsafe impl aya::Pod for Admission {}
+// SAFETY: as above.
+unsafe impl aya::Pod for FairAdmission {}
 // SAFETY: as above.
 unsafe impl aya::Pod for TierAdmission {}
 

@@ -141,7 +141,8 @@ pub struct TrafficStats {
 const _: () = assert!(core::mem::size_of::<TrafficStats>() == 24);
 
 /// Admission control of one VIP and client tier (per CPU; see
-/// [`crate::maps::ADMISSION_STATS`]). Counted only while the VIP's pool is saturated.
+/// [`crate::maps::ADMISSION_STATS`]). Counted only while the VIP's pool is saturated (or, in
+/// fair admission, while some tenant's rate applies at all times).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TierAdmission {
@@ -149,7 +150,8 @@ pub struct TierAdmission {
     pub admitted: u64,
     /// New flows not admitted: the tier is not admitted while saturated.
     pub shed_saturated: u64,
-    /// New flows not admitted: the tier is admitted but its cap was spent on this CPU.
+    /// New flows not admitted: the tier is admitted but its cap was spent on this CPU; in fair
+    /// admission, the tenant is over its rate (its fair share, or its `max_new_flows_per_sec`).
     pub shed_over_cap: u64,
     /// Of those not admitted, sent to the VIP's overflow tier (the rest were refused).
     pub overflowed: u64,

@@ -1038,3 +1038,106 @@ fn a_vip_added_at_run_time_names_files_only_under_the_file_dir() {
     let (code, reply) = add(vip(dir.join("token").to_str().unwrap()));
     assert_eq!(code, 200, "{reply:?}");
 }
+
+/// A config with two tenants and a VIP with fair admission.
+fn fair_config_text(dir: &Path) -> String {
+    format!(
+        r#"interface = "lb0"
+pin_dir = "{dir}/pins"
+state_file = "{dir}/state.json"
+
+[api]
+socket = "{dir}/api.sock"
+
+[[tier]]
+name = "team-a"
+prefixes = ["10.9.1.0/24"]
+[[tier]]
+name = "team-b"
+prefixes = ["10.9.2.0/24"]
+share = 2
+
+[[vip]]
+name = "llm"
+address = "10.111.0.101"
+port = 8000
+telemetry = {{ source = "push" }}
+policy = {{ kind = "composite" }}
+admission = {{ fair = true }}
+
+  [[vip.backend]]
+  address = "10.111.0.21"
+"#,
+        dir = dir.display()
+    )
+}
+
+#[test]
+fn a_tenant_s_share_and_limit_change_live_and_bad_changes_change_nothing() {
+    let rig = rig_with("tenants", &fair_config_text);
+    let tenants = |rig: &Rig| {
+        let s: Status = rig.json(&["status"]);
+        let a = s.vips[0].admission.clone().expect("admission in status");
+        assert!(a.fair);
+        a.tiers
+            .iter()
+            .map(|t| (t.tier.clone(), t.share, t.rate))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        tenants(&rig),
+        vec![
+            ("none".into(), Some(1), None),
+            ("team-a".into(), Some(1), None),
+            ("team-b".into(), Some(2), None),
+        ]
+    );
+    let out = rig.ok(&["status"]);
+    assert!(out.contains("fair admission: pool open"), "{out}");
+    assert!(out.contains("TENANT"), "{out}");
+    rig.ok(&["tier", "set", "team-a", "--share", "3"]);
+    rig.ok(&["tier", "set", "team-b", "--max-new-flows-per-sec", "50"]);
+    assert_eq!(
+        tenants(&rig),
+        vec![
+            ("none".into(), Some(1), None),
+            ("team-a".into(), Some(3), None),
+            ("team-b".into(), Some(2), Some(50.0)),
+        ]
+    );
+    // Written to the file, and read back the same.
+    let saved = Config::load(&rig.config_path).unwrap();
+    assert_eq!(
+        (saved.tiers[0].share, saved.tiers[1].max_new_flows_per_sec),
+        (3, Some(50))
+    );
+    rig.ok(&["tier", "set", "team-b", "--max-new-flows-per-sec", "0"]);
+    assert_eq!(tenants(&rig)[2], ("team-b".into(), Some(2), None));
+    // Errors name the problem and change nothing.
+    let (code, _, err) = rig.cli(&["tier", "set", "team-c", "--share", "2"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("no tier named \"team-c\""), "{err}");
+    let (code, _, err) = rig.cli(&["tier", "set", "team-a"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("nothing to change"), "{err}");
+    let (code, _, err) = rig.cli(&["tier", "set", "team-a", "--share", "0"]);
+    assert_eq!(code, 2, "{err}");
+    let (code, reply) = rig
+        .client()
+        .raw("PUT", "/v1/tiers/team-a", Some(br#"{"share": 20000}"#))
+        .unwrap();
+    let reply = String::from_utf8_lossy(&reply);
+    assert_eq!(code, 400, "{reply}");
+    assert!(
+        reply.contains("tier[0].share = 20000: must be between 1 and 10000"),
+        "{reply}"
+    );
+    let (code, reply) = rig
+        .client()
+        .raw("PUT", "/v1/tiers/team-a", Some(br#"{"weight": 2}"#))
+        .unwrap();
+    let reply = String::from_utf8_lossy(&reply);
+    assert_eq!(code, 422, "an unknown field: {reply}");
+    assert!(reply.contains("unknown field `weight`"), "{reply}");
+    assert_eq!(tenants(&rig)[1], ("team-a".into(), Some(3), None));
+}

@@ -25,6 +25,8 @@ const UDP4: &str = "10.111.1.2";
 const DROP4: &str = "10.111.1.3";
 const OVERFLOW4: &str = "10.111.1.4";
 const CAPPED4: &str = "10.111.1.5";
+const FAIR4: &str = "10.111.1.6";
+const FAIR_OVERFLOW4: &str = "10.111.1.7";
 
 /// A premium client (its /24 is the premium tier's), a free one (no tier).
 const PREMIUM: &str = "10.9.5.7";
@@ -55,9 +57,19 @@ fn admit(tiers: &[(&str, i64)]) -> RawAdmission {
     }
 }
 
+/// Fair admission, with an overflow tier if given.
+fn fair(overflow: Option<&str>) -> RawAdmission {
+    RawAdmission {
+        fair: Some(true),
+        overflow: overflow.map(String::from),
+        ..RawAdmission::default()
+    }
+}
+
 /// Tiers "premium" (10.9.5.0/24, 2001:db8:5::/48, DSCP 46) and "spare" (no clients: the
 /// overflow pool); VIPs on TCP (both families), UDP, with refusal by drop, with an overflow
-/// tier, and with a capped premium tier.
+/// tier, with a capped premium tier, and with fair admission (premium limited to 4 new flows
+/// a second), without and with an overflow tier.
 fn config() -> String {
     let mut config = harness_settings(65_536);
     config.tier = vec![
@@ -66,6 +78,9 @@ fn config() -> String {
             prefixes: vec!["10.9.5.0/24".into(), "2001:db8:5::/48".into()],
             dscp: vec![46],
             spillover: Some(true),
+            // Its own limit in fair admission: one new flow per 250 ms.
+            max_new_flows_per_sec: Some(4),
+            ..RawTier::default()
         },
         RawTier {
             name: Some("spare".into()),
@@ -103,6 +118,17 @@ fn config() -> String {
             v
         },
         admitted_vip("capped4", CAPPED4, admit(&[("premium", 3)]), &[B1, B2]),
+        admitted_vip("fair4", FAIR4, fair(None), &[B1, B2]),
+        {
+            let mut v = admitted_vip(
+                "fairoverflow4",
+                FAIR_OVERFLOW4,
+                fair(Some("spare")),
+                &[B1, B2, B3],
+            );
+            v.backend[2].tier = Some("spare".into());
+            v
+        },
     ];
     to_toml(&config)
 }
@@ -352,6 +378,11 @@ fn flows_not_admitted_go_to_the_overflow_tier_and_only_then() {
 /// The flow clock's tick now (the kernel's coarse monotonic clock in 2^30 ns ticks, as the
 /// program reads it).
 fn tick() -> u64 {
+    coarse_ns() >> 30
+}
+
+/// The kernel's coarse monotonic clock, nanoseconds (the clock the program reads).
+fn coarse_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -361,7 +392,7 @@ fn tick() -> u64 {
         unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) },
         0
     );
-    (ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64) >> 30
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 #[test]
@@ -401,4 +432,114 @@ fn an_admitted_tier_is_admitted_up_to_its_cap() {
         (counts[1].admitted, counts[1].shed_over_cap),
         (admitted, reset)
     );
+}
+
+/// Milliseconds on the coarse clock the program reads.
+fn coarse_ms() -> u64 {
+    coarse_ns() / 1_000_000
+}
+
+/// How many of `outcomes` went to a backend, and how many were refused with a RST.
+fn tally(outcomes: &[Outcome]) -> (u64, u64) {
+    let admitted = outcomes
+        .iter()
+        .filter(|o| matches!(o, Outcome::To(_)))
+        .count() as u64;
+    let reset = outcomes
+        .iter()
+        .filter(|o| **o == Outcome::Reset { ack: SYN_SEQ + 1 })
+        .count() as u64;
+    (admitted, reset)
+}
+
+#[test]
+#[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
+fn fair_admission_holds_a_tenant_to_its_own_limit_at_all_times() {
+    let mut h = harness();
+    let id = h.balancer.vip("fair4").unwrap().id;
+    // Not saturated: the clients of no tier have no limit; premium is held to 4 a second
+    // (one per 250 ms, with 250 ms of burst: two at once, then one per 250 ms).
+    let started = coarse_ms();
+    let outcomes: Vec<Outcome> = (0..12)
+        .map(|p| syn(&mut h, PREMIUM, FAIR4, 9100 + p))
+        .collect();
+    let elapsed = coarse_ms() - started;
+    let (admitted, reset) = tally(&outcomes);
+    assert_eq!(admitted + reset, 12, "{outcomes:?}");
+    assert!(
+        (2..=2 + elapsed / 250 + 1).contains(&admitted),
+        "{admitted} admitted in {elapsed} ms: {outcomes:?}"
+    );
+    assert!(matches!(outcomes[0], Outcome::To(_)), "{outcomes:?}");
+    for p in 0..12 {
+        assert!(
+            matches!(syn(&mut h, FREE, FAIR4, 9200 + p), Outcome::To(_)),
+            "a client of no tier (no limit) refused"
+        );
+    }
+    let counts = h.balancer.admission_counts(id).unwrap();
+    assert_eq!(
+        (counts[1].admitted, counts[1].shed_over_cap),
+        (admitted, reset)
+    );
+    assert_eq!((counts[0].admitted, counts[0].shed_over_cap), (12, 0));
+    // A premium flow admitted earlier is established: its packets pass whatever the pace.
+    let first = ip(PREMIUM);
+    let data = tcp_frame(first, 9100, ip(FAIR4), 80, false, b"more");
+    for _ in 0..5 {
+        assert!(matches!(
+            outcome(&mut h, &data, first, ip(FAIR4), 9100),
+            Outcome::To(_)
+        ));
+    }
+}
+
+#[test]
+#[ignore = "needs root (BPF_PROG_TEST_RUN); run by cargo xtask test"]
+fn a_saturated_pool_admits_every_tenant_at_its_fair_rate_and_overflows_the_rest() {
+    let mut h = harness();
+    // Before any round has measured the pool, a saturated pool admits a trickle shared by
+    // the tenants (the clients of no tier and premium, share 1 each: about one flow per 2 s
+    // each): the first SYN of each tenant is admitted, the next ones refused.
+    saturate(&mut h, "fair4", true);
+    let id = h.balancer.vip("fair4").unwrap().id;
+    let entry = h.balancer.fair_rates(
+        id,
+        h.config.vip("fair4").unwrap().admission.as_ref().unwrap(),
+        true,
+    );
+    assert!(
+        entry[0].is_some_and(|r| r < 1.0) && entry[1].is_some_and(|r| r < 1.0),
+        "{entry:?}"
+    );
+    for (client, sport) in [(FREE, 9300), (PREMIUM, 9400)] {
+        let outcomes: Vec<Outcome> = (0..6)
+            .map(|p| syn(&mut h, client, FAIR4, sport + p))
+            .collect();
+        assert!(
+            matches!(outcomes[0], Outcome::To(_)),
+            "{client}: {outcomes:?}"
+        );
+        assert_eq!(tally(&outcomes), (1, 5), "{client}: {outcomes:?}");
+    }
+    let counts = h.balancer.admission_counts(id).unwrap();
+    assert_eq!((counts[0].admitted, counts[0].shed_over_cap), (1, 5));
+    assert_eq!((counts[1].admitted, counts[1].shed_over_cap), (1, 5));
+    // With an overflow tier, what is over a tenant's rate goes to its backend.
+    saturate(&mut h, "fairoverflow4", true);
+    let outcomes: Vec<Outcome> = (0..6)
+        .map(|p| syn(&mut h, FREE, FAIR_OVERFLOW4, 9500 + p))
+        .collect();
+    assert!(
+        outcomes[1..].iter().all(|o| *o == Outcome::To(ip(B3))),
+        "{outcomes:?}"
+    );
+    let id = h.balancer.vip("fairoverflow4").unwrap().id;
+    let counts = h.balancer.admission_counts(id).unwrap();
+    assert_eq!((counts[0].shed_over_cap, counts[0].overflowed), (5, 5));
+    // No longer saturated: the clients of no tier are admitted again, at once.
+    saturate(&mut h, "fair4", false);
+    for p in 0..6 {
+        assert!(matches!(syn(&mut h, FREE, FAIR4, 9600 + p), Outcome::To(_)));
+    }
 }

@@ -817,6 +817,7 @@ fn tiered(spillover: bool, premium_weight: u32) -> String {
         prefixes: vec!["10.9.5.0/24".into(), "2001:db8:5::/48".into()],
         dscp: vec![46],
         spillover: Some(spillover),
+        ..RawTier::default()
     }];
     for (name, address, backends) in [
         ("t4", "10.111.1.1", [B1, B2, B3]),

@@ -81,6 +81,13 @@ pub const ADMISSION: &str = "ADMISSION";
 pub const ADMISSION_STATS: &str = "ADMISSION_STATS";
 /// Entries per VIP in [`ADMISSION_STATS`]: clients of no tier (0), then tiers 1..=7.
 pub const ADMISSION_TIERS: u32 = MAX_TIERS + 1;
+/// Fair admission: array by VIP id of [`FairAdmission`], read for the new flows of the VIPs
+/// flagged [`VIP_F_FAIR`] while their admission entry is consulted.
+pub const FAIR: &str = "FAIR";
+/// Fair admission's pace: array by `vip_id * ADMISSION_TIERS + tier` of `u64`, shared by all
+/// CPUs: each tenant's theoretical arrival time (GCRA, in `bpf_ktime_get_coarse_ns`
+/// nanoseconds), moved on by [`FairAdmission::intervals_ns`] for each flow admitted.
+pub const FAIR_TAT: &str = "FAIR_TAT";
 /// Source NAT: hash of a client's flow ([`SnatFlowKey`]) -> [`SnatFlowValue`] (its backend,
 /// source address and port). Not LRU: an entry leaves only when the daemon expires it, with
 /// its [`SNAT_PORTS`] entry, so a port is never given to a second live flow.
@@ -332,6 +339,9 @@ pub const VIP_F_ADMISSION: u8 = 8;
 /// [`VipMeta::flags`]: new flows count down the VIP's [`SCRAPE_DUE`] entry (its telemetry is
 /// paced by its requests).
 pub const VIP_F_SCRAPE_DUE: u8 = 16;
+/// [`VipMeta::flags`]: admission control is fair admission ([`FAIR`] holds the tenants'
+/// rates).
+pub const VIP_F_FAIR: u8 = 32;
 
 /// A backend slot is in use and may receive packets.
 pub const BACKEND_F_ACTIVE: u8 = 1;
@@ -439,10 +449,15 @@ pub const REFUSE_DROP: u8 = 1;
 /// flow (TCP SYN, or a UDP packet of no tracked flow) is admitted only if its client's tier is
 /// admitted and under that tier's cap; otherwise it goes to the overflow tier's backends when
 /// the VIP has some, else it is refused. Established flows never reach this.
+///
+/// A VIP with fair admission ([`VIP_F_FAIR`]) judges its tenants by [`FairAdmission`]
+/// instead of `admit` and `caps`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Admission {
-    /// 1 while the daemon holds every eligible backend of the VIP's shared pool saturated.
+    /// [`ADMISSION_SATURATED`] while the daemon holds every eligible backend of the VIP's
+    /// shared pool saturated, with [`ADMISSION_LIMITED`] in fair admission; 0: every new flow
+    /// is admitted without a look.
     pub saturated: u8,
     /// [`REFUSE_RESET`] or [`REFUSE_DROP`].
     pub refuse: u8,
@@ -455,6 +470,27 @@ pub struct Admission {
     pub caps: [u32; ADMISSION_TIERS as usize],
 }
 const _: () = assert!(core::mem::size_of::<Admission>() == 36);
+
+/// [`Admission::saturated`]: the daemon holds the VIP's shared pool saturated.
+pub const ADMISSION_SATURATED: u8 = 1;
+/// [`Admission::saturated`], fair admission only: some tenant's own rate limit applies while
+/// the pool is open (its new flows are judged although the pool is not saturated).
+pub const ADMISSION_LIMITED: u8 = 2;
+
+/// A VIP's fair admission (its entry of [`FAIR`], read for the VIPs flagged [`VIP_F_FAIR`]):
+/// every tier (tenant) is admitted at most at its rate, one new flow per `intervals_ns[tier]`
+/// on average over all CPUs with bursts of up to `burst_ns` ahead of that pace (a GCRA on
+/// [`FAIR_TAT`]). The daemon publishes each tenant's fair share of the pool while it is
+/// saturated, and its `max_new_flows_per_sec` at all times.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FairAdmission {
+    /// Per tier, nanoseconds per new flow at its rate (0: no limit).
+    pub intervals_ns: [u64; ADMISSION_TIERS as usize],
+    /// How far ahead of its pace a tenant may admit, in nanoseconds.
+    pub burst_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<FairAdmission>() == 72);
 
 /// Value of the session-persistence map: the client's backend and when it was last chosen.
 #[repr(C)]
@@ -548,7 +584,7 @@ pub const LAYOUT: u64 = (8 << 56)
     | core::mem::size_of::<crate::stats::TrafficStats>() as u64;
 
 /// The maps pinned under the daemon's pin directory (the program, its XDP link and these).
-pub const PINNED_MAPS: [&str; 29] = [
+pub const PINNED_MAPS: [&str; 31] = [
     VIPS,
     MAGLEV,
     BACKENDS,
@@ -569,6 +605,8 @@ pub const PINNED_MAPS: [&str; 29] = [
     SOURCE_PREFIXES,
     ADMISSION,
     ADMISSION_STATS,
+    FAIR,
+    FAIR_TAT,
     SNAT_FLOWS,
     SNAT_PORTS,
     SNAT_CLIENTS,

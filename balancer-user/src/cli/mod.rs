@@ -10,6 +10,7 @@ mod report;
 mod run;
 mod status;
 mod table;
+mod tier;
 mod top;
 mod vip;
 mod weights;
@@ -72,6 +73,7 @@ pub enum Command {
     Backend(backend::BackendArgs),
     Table(table::TableArgs),
     Weights(weights::WeightsArgs),
+    Tier(tier::TierArgs),
     Reload(reload::ReloadArgs),
     Stop(reload::StopArgs),
     CheckConfig(check_config::CheckConfigArgs),
@@ -103,6 +105,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Backend(args) => backend::run(args, &cli.client),
         Command::Table(args) => table::run(args, &cli.client),
         Command::Weights(args) => weights::run(args, &cli.client),
+        Command::Tier(args) => tier::run(args, &cli.client),
         Command::Reload(_) => reload::reload(&cli.client),
         Command::Stop(args) => reload::stop(args, &cli.client),
         Command::CheckConfig(args) => check_config::run(args),

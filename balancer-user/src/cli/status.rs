@@ -93,6 +93,10 @@ fn print_admission(a: &balancer::state::wire::AdmissionStatus) {
         Some(t) => format!(", overflow to tier {t}"),
         None => String::new(),
     };
+    if a.fair {
+        print_fair_admission(a, &overflow);
+        return;
+    }
     println!(
         "  admission: pool {}; refuse by {}{overflow}",
         if a.saturated {
@@ -115,6 +119,42 @@ fn print_admission(a: &balancer::state::wire::AdmissionStatus) {
         println!(
             "    {:<16} {:<10} {:>10} {:>12} {:>12} {:>12}",
             t.tier, admitted, t.admitted_flows, t.shed_saturated, t.shed_over_cap, t.overflowed
+        );
+    }
+}
+
+/// Fair admission: the pool's capacity and per tenant its share, its rate now, what it asked
+/// and what was decided.
+fn print_fair_admission(a: &balancer::state::wire::AdmissionStatus, overflow: &str) {
+    let capacity = match a.capacity {
+        Some(c) => format!("{c:.1} new flows/s"),
+        None => "not measured yet".to_string(),
+    };
+    println!(
+        "  fair admission: pool {} (finishes {capacity}); refuse by {}{overflow}",
+        if a.saturated {
+            "SATURATED (tenants by share)"
+        } else {
+            "open"
+        },
+        a.refuse
+    );
+    println!(
+        "    {:<16} {:>6} {:>10} {:>10} {:>10} {:>12} {:>12}",
+        "TENANT", "SHARE", "RATE/s", "ASKED/s", "ADMITTED#", "SHED:RATE", "OVERFLOWED"
+    );
+    for t in a.tiers.iter().filter(|t| t.share.is_some()) {
+        let rate = t.rate.map_or("-".to_string(), |r| format!("{r:.1}"));
+        let asked = t.asked.map_or("-".to_string(), |r| format!("{r:.1}"));
+        println!(
+            "    {:<16} {:>6} {:>10} {:>10} {:>10} {:>12} {:>12}",
+            t.tier,
+            t.share.unwrap_or(0),
+            rate,
+            asked,
+            t.admitted_flows,
+            t.shed_over_cap,
+            t.overflowed
         );
     }
 }

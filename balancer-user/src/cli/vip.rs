@@ -102,6 +102,14 @@ struct AddArgs {
     /// default; UDP is dropped) or by dropping them ("drop").
     #[arg(long, value_name = "reset|drop")]
     admission_refuse: Option<String>,
+    /// Fair admission: every `[[tier]]` is a tenant (and the clients of no tier one more);
+    /// while the shared pool is saturated, each is admitted by its `share` of the new flows
+    /// the pool can take (instead of --admit's tiers).
+    #[arg(long)]
+    fair_admission: bool,
+    /// Fair admission: the share of the clients of no tier (default 1).
+    #[arg(long, value_name = "SHARE", requires = "fair_admission")]
+    default_share: Option<u32>,
     /// Model routing: take the backends of this `[[pool]]` of the config...
     #[arg(long)]
     pool: Option<String>,
@@ -262,10 +270,17 @@ fn add_body(args: AddArgs) -> anyhow::Result<RawVip> {
         admit,
         admission_overflow,
         admission_refuse,
+        fair_admission,
+        default_share,
         pool,
         model,
     } = args;
-    let admission = admission_body(admit, admission_overflow, admission_refuse)?;
+    let admission = admission_body(
+        admit,
+        admission_overflow,
+        admission_refuse,
+        fair_admission.then_some(default_share),
+    )?;
     // One value goes in the singular key, several make a service.
     use balancer::base::config::service::one_or_many;
     let (address, addresses) = one_or_many(address.iter().map(IpAddr::to_string).collect());
@@ -321,14 +336,15 @@ fn add_body(args: AddArgs) -> anyhow::Result<RawVip> {
 }
 
 /// `vip add`'s admission flags as the config's `[vip.admission]` table (`None` when none is
-/// given). A cap that is not a number is refused here, naming the flag; the rest is checked by
-/// the daemon with the whole config.
+/// given); `fair` is `Some(default share)` for fair admission. A cap that is not a number is
+/// refused here, naming the flag; the rest is checked by the daemon with the whole config.
 fn admission_body(
     admit: Vec<String>,
     overflow: Option<String>,
     refuse: Option<String>,
+    fair: Option<Option<u32>>,
 ) -> anyhow::Result<Option<balancer::base::config::RawAdmission>> {
-    if admit.is_empty() && overflow.is_none() && refuse.is_none() {
+    if admit.is_empty() && overflow.is_none() && refuse.is_none() && fair.is_none() {
         return Ok(None);
     }
     let mut tiers = std::collections::BTreeMap::new();
@@ -348,6 +364,8 @@ fn admission_body(
         admit: tiers,
         overflow,
         refuse,
+        fair: fair.map(|_| true),
+        default_share: fair.flatten().map(i64::from),
     }))
 }
 
@@ -357,11 +375,12 @@ mod tests {
 
     #[test]
     fn admission_flags_make_the_admission_table() {
-        assert_eq!(admission_body(Vec::new(), None, None).unwrap(), None);
+        assert_eq!(admission_body(Vec::new(), None, None, None).unwrap(), None);
         let a = admission_body(
             vec!["premium".into(), "standard=200".into()],
             Some("spare".into()),
             Some("drop".into()),
+            None,
         )
         .unwrap()
         .unwrap();
@@ -370,11 +389,21 @@ mod tests {
         assert_eq!(a.overflow.as_deref(), Some("spare"));
         assert_eq!(a.refuse.as_deref(), Some("drop"));
         // Refusal alone turns it on, admitting no tier.
-        let a = admission_body(Vec::new(), None, Some("reset".into()))
+        let a = admission_body(Vec::new(), None, Some("reset".into()), None)
             .unwrap()
             .unwrap();
         assert!(a.admit.is_empty());
-        let err = admission_body(vec!["premium=lots".into()], None, None).unwrap_err();
+        assert_eq!(a.fair, None);
+        // Fair admission alone turns it on, with its default share when given.
+        let a = admission_body(Vec::new(), None, None, Some(Some(3)))
+            .unwrap()
+            .unwrap();
+        assert_eq!((a.fair, a.default_share), (Some(true), Some(3)));
+        let a = admission_body(Vec::new(), None, None, Some(None))
+            .unwrap()
+            .unwrap();
+        assert_eq!((a.fair, a.default_share), (Some(true), None));
+        let err = admission_body(vec!["premium=lots".into()], None, None, None).unwrap_err();
         assert!(
             err.to_string()
                 .contains("--admit \"premium=lots\": the cap after '=' must be a whole number"),

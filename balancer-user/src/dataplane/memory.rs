@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use balancer_common::maps::{
-    Admission, Backend, GlobalConfig, Home, MAX_BACKENDS, MAX_VIPS, NatLinks, SnatSource,
-    SourcePrefix, VipKey, VipMeta,
+    Admission, Backend, FairAdmission, GlobalConfig, Home, MAX_BACKENDS, MAX_VIPS, NatLinks,
+    SnatSource, SourcePrefix, VipKey, VipMeta,
 };
 use balancer_common::stats::{GlobalStats, NatLinkStats, TrafficStats};
 
@@ -45,6 +45,8 @@ pub struct MemoryDataplane {
     pub source_prefixes: HashMap<u32, SourcePrefix>,
     /// Admission control per VIP id, and its counters (tests set them).
     pub admission: HashMap<u32, Admission>,
+    /// Fair admission's tenant rates per VIP id.
+    pub fair: HashMap<u32, FairAdmission>,
     pub admission_counts: HashMap<u32, AdmissionCounts>,
     pub nat: Arc<Mutex<MemoryNat>>,
     /// NAT's links, and the frames it sent to the other one.
@@ -119,6 +121,10 @@ impl Dataplane for MemoryDataplane {
             "ADMISSION",
             MAX_VIPS,
         )
+    }
+
+    fn set_fair(&mut self, vip_id: u32, fair: &FairAdmission) -> Result<(), DataplaneError> {
+        put(&mut self.fair, vip_id, *fair, "FAIR", MAX_VIPS)
     }
 
     fn admission_stats(&self, vip_id: u32) -> Result<AdmissionCounts, DataplaneError> {

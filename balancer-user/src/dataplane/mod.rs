@@ -21,8 +21,8 @@ pub use nat_expiry::{NatSweep, NatSweepSettings, NatSweeper};
 pub use scrape_due::ScrapeDue;
 
 use balancer_common::maps::{
-    ADMISSION_TIERS, Admission, Backend, GlobalConfig, Home, NatLinks, SnatSource, SourcePrefix,
-    VipKey, VipMeta,
+    ADMISSION_TIERS, Admission, Backend, FairAdmission, GlobalConfig, Home, NatLinks, SnatSource,
+    SourcePrefix, VipKey, VipMeta,
 };
 use balancer_common::stats::{GlobalStats, NatLinkStats, TierAdmission, TrafficStats};
 
@@ -99,6 +99,9 @@ pub trait Dataplane {
     /// Writes VIP `vip_id`'s admission control (read only while its VIP is flagged
     /// `VIP_F_ADMISSION`).
     fn set_admission(&mut self, vip_id: u32, admission: &Admission) -> Result<(), DataplaneError>;
+    /// Writes VIP `vip_id`'s fair admission: its tenants' rates (read only while its VIP is
+    /// flagged `VIP_F_FAIR`).
+    fn set_fair(&mut self, vip_id: u32, fair: &FairAdmission) -> Result<(), DataplaneError>;
     /// VIP `vip_id`'s admission counters per client tier (index 0: clients of no tier), summed
     /// over CPUs.
     fn admission_stats(&self, vip_id: u32) -> Result<AdmissionCounts, DataplaneError>;
@@ -222,6 +225,9 @@ impl<T: Dataplane + ?Sized> Dataplane for Box<T> {
     }
     fn set_admission(&mut self, vip_id: u32, admission: &Admission) -> Result<(), DataplaneError> {
         (**self).set_admission(vip_id, admission)
+    }
+    fn set_fair(&mut self, vip_id: u32, fair: &FairAdmission) -> Result<(), DataplaneError> {
+        (**self).set_fair(vip_id, fair)
     }
     fn admission_stats(&self, vip_id: u32) -> Result<AdmissionCounts, DataplaneError> {
         (**self).admission_stats(vip_id)

@@ -8,7 +8,7 @@ use super::{ChangeError, Daemon};
 use crate::base::config::{
     MAX_WEIGHT, RawBackend, RawConfig, RawVip, service, validate_backend, validate_vip,
 };
-use crate::state::wire::{ChangeResult, SchedulerBody};
+use crate::state::wire::{ChangeResult, SchedulerBody, TenantBody};
 
 /// The raw VIP `name` in an edit, or the error that it is missing.
 fn raw_vip<'a>(c: &'a mut RawConfig, name: &str) -> Result<&'a mut RawVip, ChangeError> {
@@ -116,6 +116,49 @@ impl Daemon {
             }
             if let Some(len) = body.affinity_prefix_v6 {
                 vip.affinity_prefix_v6 = Some(len);
+            }
+            Ok(())
+        })
+    }
+
+    /// Changes tier `name`'s share and rate limit as a tenant of fair admission. Only the
+    /// admission entries of the VIPs with fair admission change: no table, no flow.
+    pub fn set_tenant(
+        &mut self,
+        name: &str,
+        body: TenantBody,
+    ) -> Result<ChangeResult, ChangeError> {
+        if !self.config.tiers.iter().any(|t| t.name == name) {
+            return Err(ChangeError::NotFound(format!("no tier named {name:?}")));
+        }
+        if body.share.is_none() && body.max_new_flows_per_sec.is_none() {
+            return Err(ChangeError::Invalid(
+                "nothing to change: give share or max_new_flows_per_sec".into(),
+            ));
+        }
+        let mut said = Vec::new();
+        if let Some(s) = body.share {
+            said.push(format!("share {s}"));
+        }
+        match body.max_new_flows_per_sec {
+            Some(0) => said.push("no rate limit".into()),
+            Some(r) => said.push(format!("at most {r} new flows/s")),
+            None => {}
+        }
+        let what = format!("tier {name}: {}", said.join(", "));
+        self.edit(&what, |c| {
+            let tier = c
+                .tier
+                .iter_mut()
+                .find(|t| t.name.as_deref() == Some(name))
+                .ok_or_else(|| ChangeError::NotFound(format!("no tier named {name:?}")))?;
+            if let Some(s) = body.share {
+                tier.share = Some(s);
+            }
+            match body.max_new_flows_per_sec {
+                Some(0) => tier.max_new_flows_per_sec = None,
+                Some(r) => tier.max_new_flows_per_sec = Some(r),
+                None => {}
             }
             Ok(())
         })

@@ -208,13 +208,33 @@ impl Daemon {
         };
         let names = std::iter::once(("none", 0u8))
             .chain(self.config.tiers.iter().map(|t| (t.name.as_str(), t.id)));
+        let fair = a.fair.then(|| {
+            let (shares, _) = self.balancer.tenants(a);
+            let rates = self.balancer.fair_rates(vip.id, a, vip.saturated);
+            let state = self.balancer.fair_state(vip.id);
+            (
+                shares,
+                rates,
+                state.map(|s| s.asked()),
+                state.and_then(|s| s.capacity()),
+            )
+        });
         let tiers = names
             .map(|(name, id)| {
                 let c = counts.get(usize::from(id)).copied().unwrap_or_default();
+                let i = usize::from(id);
+                let tenant = fair
+                    .as_ref()
+                    .filter(|(shares, ..)| shares.get(i).is_some_and(|s| *s > 0));
                 TierAdmissionStatus {
                     tier: name.to_string(),
-                    // Clients of no tier are never admitted while saturated.
-                    admitted: id != 0 && a.admit.contains_key(name),
+                    // Clients of no tier are never admitted while saturated (but in fair
+                    // admission, where every tenant is).
+                    admitted: if a.fair {
+                        tenant.is_some()
+                    } else {
+                        id != 0 && a.admit.contains_key(name)
+                    },
                     cap: if id != 0 {
                         a.admit.get(name).copied().unwrap_or(0)
                     } else {
@@ -224,6 +244,9 @@ impl Daemon {
                     shed_saturated: c.shed_saturated,
                     shed_over_cap: c.shed_over_cap,
                     overflowed: c.overflowed,
+                    share: tenant.map(|(shares, ..)| shares[i]),
+                    rate: tenant.and_then(|(_, rates, ..)| rates[i]),
+                    asked: tenant.and_then(|(_, _, asked, _)| asked.map(|a| a[i])),
                 }
             })
             .collect();
@@ -232,6 +255,8 @@ impl Daemon {
             refuse: a.refuse.name().to_string(),
             overflow: a.overflow.clone(),
             tiers,
+            fair: a.fair,
+            capacity: fair.and_then(|(.., capacity)| capacity),
         })
     }
 

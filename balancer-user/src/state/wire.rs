@@ -48,6 +48,18 @@ pub struct SchedulerBody {
     pub affinity_prefix_v6: Option<i64>,
 }
 
+/// `PUT /v1/tiers/{name}`: a tier's settings as a tenant of fair admission (absent: unchanged).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantBody {
+    /// Its share (weight), 1-10000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<i64>,
+    /// Its new flows per second on each VIP with fair admission; 0 removes the limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_new_flows_per_sec: Option<i64>,
+}
+
 /// `POST /v1/stop`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -136,6 +148,13 @@ pub struct AdmissionStatus {
     pub overflow: Option<String>,
     /// Per client tier ("none": clients of no tier), counted while saturated.
     pub tiers: Vec<TierAdmissionStatus>,
+    /// Fair admission: every tier is a tenant, admitted by its share while saturated.
+    #[serde(default)]
+    pub fair: bool,
+    /// Fair admission: the new flows per second the shared pool finishes, as measured (what
+    /// the tenants share while it is saturated); absent until measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<f64>,
 }
 
 /// One client tier's admission counters.
@@ -154,6 +173,17 @@ pub struct TierAdmissionStatus {
     pub shed_over_cap: u64,
     /// Of those not admitted, sent to the overflow tier (the rest were refused).
     pub overflowed: u64,
+    /// Fair admission: the tenant's share (absent: not a tenant, or not fair admission).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<u32>,
+    /// Fair admission: the new flows per second the tenant may open now (its fair share while
+    /// saturated, its own limit at all times; absent: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<f64>,
+    /// Fair admission: the new flows per second the tenant asked for lately (counted while
+    /// its admission is consulted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asked: Option<f64>,
 }
 
 /// `GET /v1/status`.

@@ -15,12 +15,14 @@
 mod admission;
 mod apply;
 mod bound;
+mod fair;
 mod homes;
 mod snapshot;
 mod tables;
 mod weights;
 
 pub use bound::BoundShares;
+pub use fair::{FairState, water_fill};
 pub use homes::HomeReading;
 pub use snapshot::{BackendSnapshot, RestoreError, RetiringSnapshot, Snapshot, VipSnapshot};
 pub use tables::{build_table, build_tier_tables};
@@ -260,6 +262,9 @@ pub struct Balancer<D: Dataplane> {
     prefix_written: HashMap<u32, SourcePrefix>,
     /// The admission control written per VIP id.
     admission_written: HashMap<u32, Admission>,
+    /// Fair admission's measurements, and the tenants' rates written, per VIP id.
+    fair: HashMap<u32, FairState>,
+    fair_written: HashMap<u32, balancer_common::maps::FairAdmission>,
 }
 
 impl<D: Dataplane> Balancer<D> {
@@ -283,6 +288,8 @@ impl<D: Dataplane> Balancer<D> {
             snat_written: HashMap::new(),
             prefix_written: HashMap::new(),
             admission_written: HashMap::new(),
+            fair: HashMap::new(),
+            fair_written: HashMap::new(),
         }
     }
 
@@ -309,6 +316,18 @@ impl<D: Dataplane> Balancer<D> {
         if self.tiers == tiers {
             return Ok(());
         }
+        // A change of shares or rate limits alone leaves the classification as it is (it
+        // reaches the data plane through the VIPs' admission entries).
+        let classes = |t: &[crate::base::config::TierConfig]| {
+            t.iter()
+                .map(|t| (t.id, t.prefixes.clone(), t.dscp.clone()))
+                .collect::<Vec<_>>()
+        };
+        if classes(&self.tiers) == classes(tiers) {
+            self.tiers = tiers.to_vec();
+            self.tier_spill = spill_of(tiers);
+            return Ok(());
+        }
         let mut prefixes = Vec::new();
         let mut dscp = [0u8; 64];
         for t in tiers {
@@ -321,10 +340,7 @@ impl<D: Dataplane> Balancer<D> {
         }
         self.dataplane.set_tiers(&prefixes, &dscp)?;
         self.tiers = tiers.to_vec();
-        self.tier_spill = tiers
-            .iter()
-            .filter(|t| t.spillover)
-            .fold(0, |m, t| m | 1 << t.id);
+        self.tier_spill = spill_of(tiers);
         Ok(())
     }
 
@@ -402,3 +418,11 @@ impl<D: Dataplane> Balancer<D> {
 
 #[cfg(test)]
 mod tests;
+
+/// The tiers that spill into the shared pool (bit `id`).
+fn spill_of(tiers: &[crate::base::config::TierConfig]) -> u8 {
+    tiers
+        .iter()
+        .filter(|t| t.spillover)
+        .fold(0, |m, t| m | 1 << t.id)
+}

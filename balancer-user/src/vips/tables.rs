@@ -9,7 +9,7 @@ use balancer_common::maglev;
 use balancer_common::maglev::MaglevBackend;
 use balancer_common::maps::{
     BACKEND_F_ACTIVE, BACKEND_F_RETURNING_ELSEWHERE, Backend, ForwardMode, VIP_F_ADMISSION,
-    VIP_F_COUNT, VIP_F_SCRAPE_DUE, VIP_F_SOURCE_PREFIX, VIP_F_TIERS, VipKey, VipMeta,
+    VIP_F_COUNT, VIP_F_FAIR, VIP_F_SCRAPE_DUE, VIP_F_SOURCE_PREFIX, VIP_F_TIERS, VipKey, VipMeta,
 };
 
 use crate::base::config::{Forwarding, VipConfig};
@@ -44,7 +44,10 @@ pub(super) fn vip_meta(id: u32, config: &VipConfig) -> VipMeta {
             VIP_F_TIERS
         } else {
             0
-        } | if config.policy.reads_flows() {
+        } | if config.policy.reads_flows()
+            || config.admission.as_ref().is_some_and(|a| a.fair)
+        {
+            // Fair admission measures the pool's capacity by the flows it finishes.
             VIP_F_COUNT
         } else {
             0
@@ -54,6 +57,10 @@ pub(super) fn vip_meta(id: u32, config: &VipConfig) -> VipMeta {
             0
         } | if config.admission.is_some() {
             VIP_F_ADMISSION
+        } else {
+            0
+        } | if config.admission.as_ref().is_some_and(|a| a.fair) {
+            VIP_F_FAIR
         } else {
             0
         } | if config.telemetry.paced() {

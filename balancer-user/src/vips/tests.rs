@@ -171,6 +171,106 @@ tier = "spare"
 }
 
 #[test]
+fn fair_admission_shares_the_pool_s_capacity_among_the_tenants_asking() {
+    use balancer_common::maps::{
+        ADMISSION_LIMITED, ADMISSION_SATURATED, VIP_F_ADMISSION, VIP_F_FAIR,
+    };
+    let text = r#"
+[[tier]]
+name = "team-a"
+prefixes = ["10.9.1.0/24"]
+share = 2
+[[tier]]
+name = "team-b"
+prefixes = ["10.9.2.0/24"]
+max_new_flows_per_sec = 40
+[[vip]]
+name = "llm"
+address = "10.100.0.1"
+port = 80
+telemetry = { source = "push" }
+policy = { kind = "composite" }
+admission = { fair = true, default_share = 1 }
+[[vip.backend]]
+address = "10.0.0.11"
+[[vip.backend]]
+address = "10.0.0.12"
+"#;
+    let cfg = config(text);
+    let mut lb = balancer();
+    lb.set_tiers(&cfg.tiers).unwrap();
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    let key = vip_key("10.100.0.1".parse().unwrap(), 80, 6);
+    let endpoint = cfg.vips[0].endpoint();
+    let state = lb.vip("llm").unwrap();
+    let id = state.id;
+    let pool: Vec<u32> = state.backends.values().map(|b| b.id).collect();
+    let meta = lb.dataplane().vips[&key];
+    assert_ne!(meta.flags & VIP_F_ADMISSION, 0);
+    assert!(
+        meta.counts_active(),
+        "fair admission measures flows finished"
+    );
+    assert_ne!(meta.flags & VIP_F_FAIR, 0);
+    // Not saturated: only team-b's own limit applies, at all times.
+    assert_eq!(lb.dataplane().admission[&id].saturated, ADMISSION_LIMITED);
+    let fair = lb.dataplane().fair[&id];
+    assert_eq!(fair.intervals_ns[2], 25_000_000, "40 flows/s");
+    assert_eq!(fair.intervals_ns[0], 0);
+    assert_eq!(fair.intervals_ns[1], 0);
+    // Rounds: the pool finishes 100 flows a second; team-a asks 500/s, the clients of no
+    // tier 10/s, team-b 200/s (over its own limit).
+    let t0 = Instant::now();
+    lb.fair_round(&endpoint, t0).unwrap();
+    {
+        let dp = &mut lb.dataplane;
+        for b in &pool {
+            dp.backend_traffic.entry(*b).or_default().new_flows = 50 * 60;
+            dp.active.insert(*b, 0);
+        }
+        let counts = dp.admission_counts.entry(id).or_default();
+        counts[0].admitted = 10 * 60;
+        counts[1].admitted = 100 * 60;
+        counts[1].shed_over_cap = 400 * 60;
+        counts[2].admitted = 40 * 60;
+        counts[2].shed_over_cap = 160 * 60;
+    }
+    lb.fair_round(&endpoint, t0 + Duration::from_secs(60))
+        .unwrap();
+    let fair = lb.fair_state(id).unwrap();
+    assert!((fair.capacity().unwrap() - 100.0).abs() < 1e-6, "{fair:?}");
+    assert!(lb.set_saturated(&endpoint, true).unwrap());
+    lb.fair_round(&endpoint, t0 + Duration::from_secs(60))
+        .unwrap();
+    assert_eq!(
+        lb.dataplane().admission[&id].saturated,
+        ADMISSION_SATURATED | ADMISSION_LIMITED
+    );
+    let entry = lb.dataplane().fair[&id];
+    // 95 to share: no tier asks 10 (under its quarter of it), and the other 85 go to team-a
+    // (share 2) and team-b (share 1, asking 40 at most: its own limit) as 2:1.
+    let rate = |t: usize| 1e9 / entry.intervals_ns[t] as f64;
+    assert!(
+        (rate(1) - 85.0 * 2.0 / 3.0).abs() < 0.01,
+        "team-a {}",
+        rate(1)
+    );
+    assert!((rate(2) - 85.0 / 3.0).abs() < 0.01, "team-b {}", rate(2));
+    // The clients of no tier may open at least their quarter of the whole.
+    assert!((rate(0) - 95.0 / 4.0).abs() < 0.01, "no tier {}", rate(0));
+    assert_eq!(entry.burst_ns, 250_000_000);
+    // Fair admission off: the entry goes back to plain admission control.
+    let mut cfg = cfg;
+    cfg.vips[0].admission.as_mut().unwrap().fair = false;
+    lb.apply(&cfg.vips, &macs()).unwrap();
+    lb.fair_round(&endpoint, t0 + Duration::from_secs(61))
+        .unwrap();
+    assert_eq!(lb.dataplane().vips[&key].flags & VIP_F_FAIR, 0);
+    assert_eq!(lb.dataplane().admission[&id].saturated, ADMISSION_SATURATED);
+    assert!(lb.fair_state(id).is_none());
+}
+
+#[test]
 fn tenant_affinity_writes_the_prefix_and_flags_the_vip() {
     let mut lb = balancer();
     let mut cfg = two_vips();

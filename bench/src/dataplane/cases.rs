@@ -149,11 +149,23 @@ pub(super) fn snat_config(tenant_prefix: bool) -> String {
     to_toml(&config)
 }
 
+/// How much of admission control a program knows (a baseline may be older than some of it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum AdmissionLevel {
+    None,
+    Plain,
+    Fair,
+}
+
 /// The admission-control paths' program: a premium tier (10.9.5.0/24) and three Maglev VIPs
 /// (10.111.3.1-3) with admission control admitting it: one left open, one saturated, one
-/// saturated with a (never reached) cap on the tier. Without `admission` (a baseline older
-/// than it), the same VIPs without admission control.
-pub(super) fn admission_config(admission: bool) -> String {
+/// saturated with a (never reached) cap on the tier; and at [`AdmissionLevel::Fair`] a fourth
+/// (10.111.3.4) with fair admission, where premium has its own (never reached) limit. At
+/// [`AdmissionLevel::None`] (a baseline older than it), the same VIPs without admission
+/// control.
+pub(super) fn admission_config(level: AdmissionLevel) -> String {
+    let admission = level >= AdmissionLevel::Plain;
+    let fair = level == AdmissionLevel::Fair;
     let mut config = RawConfig {
         encap: entropy_sources(),
         ..harness_settings(1_000_000)
@@ -162,16 +174,16 @@ pub(super) fn admission_config(admission: bool) -> String {
     config.tier = vec![balancer::base::config::RawTier {
         name: Some("premium".into()),
         prefixes: vec!["10.9.5.0/24".into()],
+        max_new_flows_per_sec: fair.then_some(100_000_000),
         ..Default::default()
     }];
-    for (i, (name, cap)) in [
+    let vips: &[(&str, i64)] = &[
         ("adm_open", 0),
         ("adm_saturated", 0),
         ("adm_capped", 100_000_000),
-    ]
-    .into_iter()
-    .enumerate()
-    {
+        ("adm_fair", 0),
+    ];
+    for (i, (name, cap)) in vips[..if fair { 4 } else { 3 }].iter().copied().enumerate() {
         let weighted = [("10.111.0.11", 3), ("10.111.0.12", 1), ("10.111.0.13", 2)];
         let mut v = scheduled_vip(
             name,
@@ -189,9 +201,16 @@ pub(super) fn admission_config(admission: bool) -> String {
                 kind: Some("composite".into()),
                 ..Default::default()
             });
-            v.admission = Some(balancer::base::config::RawAdmission {
-                admit: [("premium".to_string(), cap)].into_iter().collect(),
-                ..Default::default()
+            v.admission = Some(if name == "adm_fair" {
+                balancer::base::config::RawAdmission {
+                    fair: Some(true),
+                    ..Default::default()
+                }
+            } else {
+                balancer::base::config::RawAdmission {
+                    admit: [("premium".to_string(), cap)].into_iter().collect(),
+                    ..Default::default()
+                }
             });
         }
         config.vip.push(v);
@@ -199,9 +218,10 @@ pub(super) fn admission_config(admission: bool) -> String {
     to_toml(&config)
 }
 
-/// The admission paths on `h` (a program with [`admission_config`]`(true)`): a new flow of an
-/// open pool, of an admitted tier while saturated (without and with a cap), and a SYN refused
-/// with a RST. The first also runs on the baseline (as a plain Maglev new flow).
+/// The admission paths on `h` (a program with [`admission_config`]`(Fair)`): a new flow of an
+/// open pool, of an admitted tier while saturated (without and with a cap), of a tenant under
+/// its rate in fair admission, and a SYN refused with a RST. The first also runs on the
+/// baseline (as a plain Maglev new flow).
 pub(super) fn admission_setup(mut h: Harness, payload: &[u8]) -> Result<(Harness, Vec<Case>)> {
     for name in ["adm_saturated", "adm_capped"] {
         let endpoint = h.config.vip(name).context("admission VIP")?.endpoint();
@@ -233,6 +253,15 @@ pub(super) fn admission_setup(mut h: Harness, payload: &[u8]) -> Result<(Harness
             what: "new flow of an admitted tier under its cap while saturated",
             method: Method::Repeat,
             frame: syn(premium, "10.111.3.3"),
+            expect: XDP_TX,
+            fresh_ports: false,
+            target: None,
+        },
+        Case {
+            key: "new_flow_admission_fair",
+            what: "new flow of a tenant under its rate in fair admission (a tier lookup and a pace check on a word shared by all CPUs)",
+            method: Method::Repeat,
+            frame: syn(premium, "10.111.3.4"),
             expect: XDP_TX,
             fresh_ports: false,
             target: None,

@@ -282,7 +282,7 @@ impl Programs {
             nat: Some(nat_setup(Harness::new(&nat_config(true))?, payload)?),
             snat: Some(snat_setup(Harness::new(&snat_config(true))?, payload)?),
             admission: Some(admission_setup(
-                Harness::new(&admission_config(true))?,
+                Harness::new(&admission_config(AdmissionLevel::Fair))?,
                 payload,
             )?),
         })
@@ -315,10 +315,11 @@ impl Programs {
         // A baseline that knows admission control runs the open pool's case as this build
         // does; an older one, the same VIPs without it.
         let first_admission = new.admission.as_ref().and_then(|(_, c)| c.first()).cloned();
-        let admission_harness = match Harness::with_object(&admission_config(true), object) {
-            Ok(h) => h,
-            Err(_) => Harness::with_object(&admission_config(false), object)?,
-        };
+        let admission_harness =
+            match Harness::with_object(&admission_config(AdmissionLevel::Plain), object) {
+                Ok(h) => h,
+                Err(_) => Harness::with_object(&admission_config(AdmissionLevel::None), object)?,
+            };
         let admission = Some((admission_harness, first_admission.into_iter().collect()));
         Ok(Programs {
             main: (main, main_cases(payload)),

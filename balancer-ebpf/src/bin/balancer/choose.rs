@@ -77,7 +77,7 @@ pub fn choose(
 
     let picked = if vip.flags & VIP_F_ADMISSION != 0
         && (flow.kind == PacketKind::TcpSyn || flow.kind == PacketKind::Udp)
-        && saturated(vip.vip_id)
+        && admission_consulted(vip.vip_id)
     {
         match admission(vip, flow) {
             AS_USUAL => new_flow_backend(vip, flow),
@@ -113,10 +113,11 @@ pub fn choose(
     })
 }
 
-/// Whether the daemon holds VIP `vip_id`'s pool saturated (one array read: an open pool's new
-/// flows pay no more for admission control).
+/// Whether VIP `vip_id`'s new flows go through admission control: the daemon holds its pool
+/// saturated (or, in fair admission, a tenant's own limit applies while it is open). One
+/// array read: an open pool's new flows pay no more for admission control.
 #[inline(always)]
-fn saturated(vip_id: u32) -> bool {
+fn admission_consulted(vip_id: u32) -> bool {
     match ADMISSION.get(vip_id) {
         Some(a) => a.saturated != 0,
         None => false,
@@ -136,7 +137,7 @@ const REFUSED_DROP: u32 = MAX_BACKENDS + 3;
 #[inline(never)]
 fn admission(vip: &VipMeta, flow: &Flow<'_>) -> u32 {
     let (pool, src_lo, src_hi, client) = client_args(vip, flow);
-    let verdict = balancer_admit(pool, src_lo, src_hi, client);
+    let verdict = balancer_admit(pool, src_lo, src_hi, client | u64::from(vip.flags) << 16);
     let refused = if verdict & REFUSE_BY_DROP != 0 {
         REFUSED_DROP
     } else {

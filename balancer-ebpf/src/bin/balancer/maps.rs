@@ -9,11 +9,11 @@ use balancer_common::{
     addr::RawAddr,
     maps::{
         ADMISSION_TIERS, Admission, AffinityKey, AffinityValue, BPF_F_MMAPABLE, Backend,
-        DEFAULT_AFFINITY_ENTRIES, DEFAULT_FLOW_BUCKETS, FlowBucket, GlobalConfig, Home,
-        MAGLEV_TABLE_FLAGS, MAX_BACKENDS, MAX_SNAT_CLIENTS, MAX_TABLE_ENTRIES, MAX_TIER_PREFIXES,
-        MAX_VIPS, NatLinks, NatReplyKey, NatReplyValue, SCRAPE_EVENTS_BYTES, SnatClientKey,
-        SnatFlowKey, SnatFlowValue, SnatPortValue, SnatSource, SourcePrefix, VIP_INDEX_FLAGS,
-        VIP_INDEX_SLOTS, VipSlot,
+        DEFAULT_AFFINITY_ENTRIES, DEFAULT_FLOW_BUCKETS, FairAdmission, FlowBucket, GlobalConfig,
+        Home, MAGLEV_TABLE_FLAGS, MAX_BACKENDS, MAX_SNAT_CLIENTS, MAX_TABLE_ENTRIES,
+        MAX_TIER_PREFIXES, MAX_VIPS, NatLinks, NatReplyKey, NatReplyValue, SCRAPE_EVENTS_BYTES,
+        SnatClientKey, SnatFlowKey, SnatFlowValue, SnatPortValue, SnatSource, SourcePrefix,
+        VIP_INDEX_FLAGS, VIP_INDEX_SLOTS, VipSlot,
     },
     stats::{GlobalStats, NatLinkStats, NatStats, TierAdmission, TrafficStats},
 };
@@ -124,6 +124,15 @@ pub static ADMISSION: Array<Admission, { MAX_VIPS as usize }> = Array::new();
 #[btf_map]
 pub static ADMISSION_STATS: PerCpuArray<TierAdmission, { (MAX_VIPS * ADMISSION_TIERS) as usize }> =
     PerCpuArray::new();
+
+/// Fair admission's tenant rates per VIP id (read for VIPs flagged `VIP_F_FAIR` only).
+#[btf_map]
+pub static FAIR: Array<FairAdmission, { MAX_VIPS as usize }> = Array::new();
+
+/// Fair admission's pace per VIP id and tenant, shared by all CPUs (see
+/// `balancer_common::maps::FAIR_TAT`).
+#[btf_map]
+pub static FAIR_TAT: Array<u64, { (MAX_VIPS * ADMISSION_TIERS) as usize }> = Array::new();
 
 /// `BPF_F_NO_PREALLOC`: entries take memory when inserted, not all when the map is made.
 const NO_PREALLOC: usize = 1;

@@ -2,6 +2,12 @@
 //! shared pool is saturated (by its policy's cut-offs: KV cache, waiting requests, free GPU
 //! memory), new flows are admitted only for the listed tiers, each up to its cap; the rest go
 //! to an overflow tier's backends or are refused (a TCP RST, or dropped).
+//!
+//! Fair admission (`fair = true`) treats each `[[tier]]` as a tenant and the clients of no tier
+//! as one more: while the pool is saturated every tenant is admitted, the pool's rate of new
+//! flows shared among the tenants asking by their `share` (max-min: a tenant asking for less
+//! than its share gets what it asks, the rest is split among the others), and a tenant's
+//! `max_new_flows_per_sec` holds at all times.
 
 use std::collections::BTreeMap;
 
@@ -31,7 +37,7 @@ impl Refusal {
 }
 
 /// A VIP's admission control.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AdmissionConfig {
     /// Tiers (by `[[tier]]` name) admitted while the pool is saturated, each with its cap:
     /// new flows per second on each CPU of the balancer (0: no cap). Clients of no tier and
@@ -41,6 +47,22 @@ pub struct AdmissionConfig {
     /// of them can.
     pub overflow: Option<String>,
     pub refuse: Refusal,
+    /// Fair admission: every tenant admitted by its share while saturated (`admit` is empty).
+    pub fair: bool,
+    /// Fair admission: the share of the clients of no tier.
+    pub default_share: u32,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        AdmissionConfig {
+            admit: BTreeMap::new(),
+            overflow: None,
+            refuse: Refusal::Reset,
+            fair: false,
+            default_share: 1,
+        }
+    }
 }
 
 /// `[vip.admission]` as written.
@@ -55,6 +77,12 @@ pub struct RawAdmission {
     /// "reset" (default) or "drop".
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refuse: Option<String>,
+    /// Fair admission between the tiers as tenants, by their shares.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fair: Option<bool>,
+    /// Fair admission: the share of the clients of no tier (default 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_share: Option<i64>,
 }
 
 /// Largest per-tier cap (new flows per second per CPU).
@@ -91,6 +119,30 @@ pub(super) fn validate_admission(
         }
         t => t,
     };
+    let fair = raw.fair.unwrap_or(false);
+    if fair && !admit.is_empty() {
+        return Err(invalid(
+            key("admission.admit"),
+            format!("{} tiers", admit.len()),
+            "fair admission admits every tier by its share; list tiers in admit only without fair",
+        ));
+    }
+    let default_share = match raw.default_share {
+        Some(s) if !fair => {
+            return Err(invalid(
+                key("admission.default_share"),
+                s,
+                "the share of the clients of no tier applies to fair admission only (set fair = true)",
+            ));
+        }
+        Some(s) => int_in(
+            s,
+            1,
+            super::tiers::MAX_SHARE,
+            &key("admission.default_share"),
+        )?,
+        None => 1,
+    };
     let refuse = match raw.refuse.as_deref() {
         None | Some("reset") => Refusal::Reset,
         Some("drop") => Refusal::Drop,
@@ -106,6 +158,8 @@ pub(super) fn validate_admission(
         admit,
         overflow,
         refuse,
+        fair,
+        default_share,
     })
 }
 
@@ -120,6 +174,8 @@ impl AdmissionConfig {
                 .collect(),
             overflow: self.overflow.clone(),
             refuse: Some(self.refuse.name().to_string()),
+            fair: self.fair.then_some(true),
+            default_share: self.fair.then_some(i64::from(self.default_share)),
         }
     }
 }

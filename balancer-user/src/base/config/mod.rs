@@ -318,6 +318,8 @@ impl Config {
                     prefixes: t.prefixes.iter().map(Prefix::to_string).collect(),
                     dscp: t.dscp.iter().map(|d| i64::from(*d)).collect(),
                     spillover: Some(t.spillover),
+                    share: Some(i64::from(t.share)),
+                    max_new_flows_per_sec: t.max_new_flows_per_sec.map(i64::from),
                 })
                 .collect(),
             vip: self.vips.iter().map(VipConfig::to_raw).collect(),

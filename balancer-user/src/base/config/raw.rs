@@ -379,4 +379,10 @@ pub struct RawTier {
     pub dscp: Vec<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spillover: Option<bool>,
+    /// The tier's weight in fair admission (a tenant; default 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub share: Option<i64>,
+    /// The tier's new flows per second on each VIP with fair admission, at all times.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_new_flows_per_sec: Option<i64>,
 }

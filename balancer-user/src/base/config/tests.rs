@@ -323,6 +323,69 @@ fn admission_control_names_tiers_and_needs_reports() {
 }
 
 #[test]
+fn fair_admission_reads_tenant_shares_and_limits() {
+    let tiers = "interface = \"eth0\"\n\
+        [[tier]]\nname = \"team-a\"\nprefixes = [\"10.9.1.0/24\"]\nshare = 3\n\
+        max_new_flows_per_sec = 500\n\
+        [[tier]]\nname = \"team-b\"\ndscp = [10]\n";
+    let vip = |admission: &str| {
+        format!(
+            "{tiers}[[vip]]\naddress = \"10.0.0.1\"\nport = 80\ntelemetry = {{ source = \"push\" }}\n\
+             policy = {{ kind = \"composite\" }}\nadmission = {admission}\n\
+             [[vip.backend]]\naddress = \"10.0.0.2\"\n"
+        )
+    };
+    let c = Config::parse(&vip("{ fair = true, default_share = 2 }")).unwrap();
+    let a = c.vips[0].admission.as_ref().unwrap();
+    assert!(a.fair);
+    assert_eq!(a.default_share, 2);
+    assert_eq!(
+        (c.tiers[0].share, c.tiers[0].max_new_flows_per_sec),
+        (3, Some(500))
+    );
+    assert_eq!(
+        (c.tiers[1].share, c.tiers[1].max_new_flows_per_sec),
+        (1, None)
+    );
+    assert_eq!(Config::parse(&c.to_toml()).unwrap(), c);
+    // Without default_share the clients of no tier weigh 1.
+    let c = Config::parse(&vip("{ fair = true }")).unwrap();
+    assert_eq!(c.vips[0].admission.as_ref().unwrap().default_share, 1);
+    let with_tier = |line: &str| {
+        format!(
+            "interface = \"eth0\"\n[[tier]]\nname = \"t\"\nprefixes = [\"10.9.0.0/16\"]\n{line}\n"
+        )
+    };
+    let cases: &[(String, &str)] = &[
+        (
+            vip("{ fair = true, admit = { team-a = 0 } }"),
+            "vip[0].admission.admit = 1 tiers: fair admission admits every tier by its share",
+        ),
+        (
+            vip("{ default_share = 2 }"),
+            "vip[0].admission.default_share = 2: the share of the clients of no tier applies to fair admission only",
+        ),
+        (
+            vip("{ fair = true, default_share = 0 }"),
+            "vip[0].admission.default_share = 0: must be between 1 and 10000",
+        ),
+        (
+            with_tier("share = 0"),
+            "tier[0].share = 0: must be between 1 and 10000",
+        ),
+        (
+            with_tier("max_new_flows_per_sec = -5"),
+            "tier[0].max_new_flows_per_sec = -5: must be between 1 and 100000000",
+        ),
+        (with_tier("share = 1.5"), "share"),
+    ];
+    for (text, want) in cases {
+        let got = error_of(text);
+        assert!(got.contains(want), "want {want:?}, got {got:?}");
+    }
+}
+
+#[test]
 fn errors_name_the_key_and_the_value() {
     let cases: &[(String, &str)] = &[
         ("attach_mode = \"x\"".into(), "interface = (missing)"),

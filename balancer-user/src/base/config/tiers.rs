@@ -1,4 +1,5 @@
-//! `[[tier]]`: priority tiers of clients (source prefixes, DSCP) with their own backend pools.
+//! `[[tier]]`: tiers of clients (source prefixes, DSCP): priority tiers with their own backend
+//! pools, and the tenants of fair admission with their shares and limits.
 
 use crate::base::net::Prefix;
 
@@ -19,7 +20,17 @@ pub struct TierConfig {
     /// When none of a VIP's backends for the tier can take a new flow (all down, drained or
     /// saturated), it goes to the shared pool; else it is dropped.
     pub spillover: bool,
+    /// The tier's weight as a tenant in fair admission (`[vip.admission] fair`): while a VIP's
+    /// pool is saturated, its new flows are shared among the tenants asking in proportion.
+    pub share: u32,
+    /// The tier's new flows per second on each VIP with fair admission, saturated or not.
+    pub max_new_flows_per_sec: Option<u32>,
 }
+
+/// Largest tenant share.
+pub const MAX_SHARE: i64 = 10_000;
+/// Largest rate limit of a tenant (new flows per second).
+pub const MAX_TENANT_RATE: i64 = 100_000_000;
 
 /// Validates the `[[tier]]` tables: names unique, at most 7, prefixes and DSCP values in range
 /// and each claimed by one tier.
@@ -57,6 +68,11 @@ pub(super) fn validate_tiers(raw: Vec<RawTier>) -> Result<Vec<TierConfig>, Confi
             prefixes: Vec::new(),
             dscp: Vec::new(),
             spillover: t.spillover.unwrap_or(true),
+            share: int_in(t.share.unwrap_or(1), 1, MAX_SHARE, &key("share"))?,
+            max_new_flows_per_sec: t
+                .max_new_flows_per_sec
+                .map(|r| int_in(r, 1, MAX_TENANT_RATE, &key("max_new_flows_per_sec")))
+                .transpose()?,
         };
         for (j, p) in t.prefixes.iter().enumerate() {
             let k = format!("{}[{j}]", key("prefixes"));

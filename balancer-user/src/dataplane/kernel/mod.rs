@@ -8,8 +8,8 @@ use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
 use aya::maps::{Array, IterableMap as _, MapData, MapError, PerCpuArray};
 use balancer_common::flow_cache::FlowValue;
 use balancer_common::maps::{
-    self as names, ADMISSION_TIERS, Admission, Backend, FlowBucket, GlobalConfig, Home,
-    MAGLEV_TABLE_FLAGS, NatLinks, SnatSource, SourcePrefix, VIP_INDEX_FLAGS, VIP_INDEX_SLOTS,
+    self as names, ADMISSION_TIERS, Admission, Backend, FairAdmission, FlowBucket, GlobalConfig,
+    Home, MAGLEV_TABLE_FLAGS, NatLinks, SnatSource, SourcePrefix, VIP_INDEX_FLAGS, VIP_INDEX_SLOTS,
     VipKey, VipMeta, VipSlot,
 };
 use balancer_common::stats::{COUNTERS, GlobalStats, NatLinkStats, TierAdmission, TrafficStats};
@@ -63,6 +63,8 @@ pub struct KernelDataplane {
     /// benchmark's baseline).
     admission: Option<Array<MapData, Admission>>,
     admission_stats: Option<PerCpuArray<MapData, TierAdmission>>,
+    /// Fair admission's tenant rates; `None` in an object built before it.
+    fair: Option<Array<MapData, FairAdmission>>,
     /// NAT's two links and their counters; `None` in an object built before them (a
     /// benchmark's baseline), which knows one link only.
     nat_links: Option<Array<MapData, NatLinks>>,
@@ -294,6 +296,19 @@ impl Dataplane for KernelDataplane {
             None => Err(absent(
                 names::ADMISSION,
                 "find (this program knows no admission control)",
+            )),
+        }
+    }
+
+    fn set_fair(&mut self, vip_id: u32, fair: &FairAdmission) -> Result<(), DataplaneError> {
+        match &mut self.fair {
+            Some(map) => map
+                .set(vip_id, fair, 0)
+                .map_err(map_err(names::FAIR, "write")),
+            None if *fair == FairAdmission::default() => Ok(()),
+            None => Err(absent(
+                names::FAIR,
+                "find (this program knows no fair admission)",
             )),
         }
     }

@@ -179,6 +179,7 @@ impl KernelDataplane {
             source_prefixes: take_optional(ebpf, names::SOURCE_PREFIXES)?,
             admission: take_optional(ebpf, names::ADMISSION)?,
             admission_stats: take_optional(ebpf, names::ADMISSION_STATS)?,
+            fair: take_optional(ebpf, names::FAIR)?,
             nat_link_stats: take_optional(ebpf, names::NAT_LINK_STATS)?,
             tables: HashMap::new(),
             nat: Arc::new(Mutex::new(KernelNat {

@@ -105,6 +105,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/vips/{name}/backends/{addr}/weight", put(set_weight))
         .route("/v1/vips/{name}/backends/{addr}/drain", post(drain))
         .route("/v1/vips/{name}/backends/{addr}/undrain", post(undrain))
+        .route("/v1/tiers/{name}", put(set_tenant))
         .route("/v1/weights", get(weights))
         .route(
             "/v1/backends/{addr}",
@@ -400,6 +401,17 @@ async fn set_scheduler(
 ) -> ApiResult<ChangeResult> {
     let Json(body) = body?;
     with_daemon(&s, move |d| d.set_scheduler(&name, body))
+        .await
+        .map(Json)
+}
+
+async fn set_tenant(
+    State(s): State<ApiState>,
+    UrlPath(name): UrlPath<String>,
+    body: Result<Json<crate::state::wire::TenantBody>, JsonRejection>,
+) -> ApiResult<ChangeResult> {
+    let Json(body) = body?;
+    with_daemon(&s, move |d| d.set_tenant(&name, body))
         .await
         .map(Json)
 }

@@ -212,7 +212,40 @@ fn vip_families(f: &mut Families, vip: &VipStatus) {
         &l,
         flag(a.saturated),
     );
+    if let Some(c) = a.capacity {
+        f.gauge(
+            "balancer_admission_capacity",
+            "Fair admission: the new flows per second the VIP's shared pool finishes, as measured; what the tenants share while it is saturated.",
+            &l,
+            c,
+        );
+    }
     for t in &a.tiers {
+        let tl = [("vip", l[0].1), ("tier", t.tier.as_str())];
+        if let Some(share) = t.share {
+            f.gauge(
+                "balancer_admission_tenant_share",
+                "Fair admission: a tenant's share (weight).",
+                &tl,
+                f64::from(share),
+            );
+        }
+        if let Some(rate) = t.rate {
+            f.gauge(
+                "balancer_admission_tenant_rate",
+                "Fair admission: the new flows per second a tenant may open now (its fair share while the pool is saturated, its own limit at all times; absent: no limit).",
+                &tl,
+                rate,
+            );
+        }
+        if let Some(asked) = t.asked {
+            f.gauge(
+                "balancer_admission_tenant_asked",
+                "Fair admission: the new flows per second a tenant asked for lately (counted while its admission is consulted).",
+                &tl,
+                asked,
+            );
+        }
         for (outcome, flows) in [
             ("admitted", t.admitted_flows),
             ("shed_saturated", t.shed_saturated),
@@ -221,7 +254,7 @@ fn vip_families(f: &mut Families, vip: &VipStatus) {
         ] {
             f.counter(
                 "balancer_admission_flows_total",
-                "New flows admission control decided on while the pool was saturated, by client tier and outcome (shed: not admitted, because the tier is not admitted or its cap was spent; overflowed: of those shed, sent to the overflow tier).",
+                "New flows admission control decided on while the pool was saturated (in fair admission, also while a tenant's own limit applied), by client tier and outcome (shed: not admitted, because the tier is not admitted or its cap, or in fair admission its rate, was spent; overflowed: of those shed, sent to the overflow tier).",
                 &[("vip", l[0].1), ("tier", t.tier.as_str()), ("outcome", outcome)],
                 flows as f64,
             );

@@ -1,7 +1,7 @@
 //! One weight round of a VIP: its backends' latest reports and active flows go through the
 //! VIP's policy, and the resulting weights go into its Maglev table (republished only when they
 //! change it); for a VIP with admission control, whether its pool is saturated goes to the
-//! data plane. Shared by the daemon and the benchmark that times it.
+//! data plane (and, in fair admission, each tenant's rate). Shared by the daemon and the benchmark that times it.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -81,6 +81,7 @@ pub fn weight_round<D: Dataplane>(
     if vip.admission.is_some() {
         let saturated = pool_saturated(&decisions, |a| eligible.contains(&a));
         balancer.set_saturated(&endpoint, saturated)?;
+        balancer.fair_round(&endpoint, now)?;
     }
     Ok(RoundOutcome { decisions, report })
 }

@@ -354,6 +354,8 @@ impl<D: Dataplane> Balancer<D> {
             self.snat_written.remove(&vip.id);
             self.prefix_written.remove(&vip.id);
             self.admission_written.remove(&vip.id);
+            self.fair.remove(&vip.id);
+            self.fair_written.remove(&vip.id);
             tracing::info!(vip = %vip.config.name, "VIP removed");
         }
         Ok(())

@@ -150,7 +150,12 @@ fn the_shipped_rules_and_dashboard_read_only_metrics_the_daemon_exposes() {
                 shed_saturated: 7,
                 shed_over_cap: 0,
                 overflowed: 0,
+                share: Some(2),
+                rate: Some(31.5),
+                asked: Some(40.0),
             }],
+            fair: true,
+            capacity: Some(95.0),
         }),
     });
     let weights = vec![VipWeights {
@@ -225,4 +230,12 @@ fn the_shipped_rules_and_dashboard_read_only_metrics_the_daemon_exposes() {
         ),
         "{text}"
     );
+    for line in [
+        "balancer_admission_capacity{vip=\"llm\"} 95",
+        "balancer_admission_tenant_share{vip=\"llm\",tier=\"none\"} 2",
+        "balancer_admission_tenant_rate{vip=\"llm\",tier=\"none\"} 31.5",
+        "balancer_admission_tenant_asked{vip=\"llm\",tier=\"none\"} 40",
+    ] {
+        assert!(text.contains(line), "{line} in {text}");
+    }
 }
