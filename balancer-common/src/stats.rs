@@ -141,8 +141,8 @@ pub struct TrafficStats {
 const _: () = assert!(core::mem::size_of::<TrafficStats>() == 24);
 
 /// Admission control of one VIP and client tier (per CPU; see
-/// [`crate::maps::ADMISSION_STATS`]). Counted only while the VIP's pool is saturated (or, in
-/// fair admission, while some tenant's rate applies at all times).
+/// [`crate::maps::ADMISSION_STATS`]). Counted only while the VIP's pool is saturated (in fair
+/// admission, at all times).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TierAdmission {

@@ -456,7 +456,7 @@ pub const REFUSE_DROP: u8 = 1;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Admission {
     /// [`ADMISSION_SATURATED`] while the daemon holds every eligible backend of the VIP's
-    /// shared pool saturated, with [`ADMISSION_LIMITED`] in fair admission; 0: every new flow
+    /// shared pool saturated, with [`ADMISSION_TENANTS`] in fair admission; 0: every new flow
     /// is admitted without a look.
     pub saturated: u8,
     /// [`REFUSE_RESET`] or [`REFUSE_DROP`].
@@ -473,9 +473,9 @@ const _: () = assert!(core::mem::size_of::<Admission>() == 36);
 
 /// [`Admission::saturated`]: the daemon holds the VIP's shared pool saturated.
 pub const ADMISSION_SATURATED: u8 = 1;
-/// [`Admission::saturated`], fair admission only: some tenant's own rate limit applies while
-/// the pool is open (its new flows are judged although the pool is not saturated).
-pub const ADMISSION_LIMITED: u8 = 2;
+/// [`Admission::saturated`], fair admission only: every new flow is judged by its tenant,
+/// also while the pool is open (counted for the tenant's asked rate, held to its own limit).
+pub const ADMISSION_TENANTS: u8 = 2;
 
 /// A VIP's fair admission (its entry of [`FAIR`], read for the VIPs flagged [`VIP_F_FAIR`]):
 /// every tier (tenant) is admitted at most at its rate, one new flow per `intervals_ns[tier]`

@@ -180,8 +180,7 @@ pub struct TierAdmissionStatus {
     /// saturated, its own limit at all times; absent: no limit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate: Option<f64>,
-    /// Fair admission: the new flows per second the tenant asked for lately (counted while
-    /// its admission is consulted).
+    /// Fair admission: the new flows per second the tenant asked for lately.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub asked: Option<f64>,
 }

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use balancer_common::maps::{
-    ADMISSION_LIMITED, ADMISSION_SATURATED, Admission, FairAdmission, REFUSE_DROP, REFUSE_RESET,
+    ADMISSION_SATURATED, ADMISSION_TENANTS, Admission, FairAdmission, REFUSE_DROP, REFUSE_RESET,
 };
 
 use crate::base::config::{AdmissionConfig, Refusal, VipConfig};
@@ -14,9 +14,9 @@ use crate::dataplane::{AdmissionCounts, Dataplane};
 use super::fair::{FairState, Reading, TENANTS};
 use super::{Balancer, BalancerError, Endpoint};
 
-/// How far ahead of its rate a tenant may open new flows in fair admission (its burst: a
-/// quarter of a second's worth).
-pub const FAIR_BURST: Duration = Duration::from_millis(250);
+/// How far ahead of its rate a tenant may open new flows in fair admission (its burst: half
+/// a second's worth).
+pub const FAIR_BURST: Duration = Duration::from_millis(500);
 
 /// Nanoseconds per flow at `rate` flows per second (at least 1: 0 means no limit).
 fn interval_ns(rate: f64) -> u64 {
@@ -101,9 +101,9 @@ impl<D: Dataplane> Balancer<D> {
             for (t, rate) in rates.iter().enumerate() {
                 fair.intervals_ns[t] = rate.map_or(0, interval_ns);
             }
-            if rates.iter().any(Option::is_some) {
-                entry.saturated |= ADMISSION_LIMITED;
-            }
+            // Every new flow is judged by its tenant, open or saturated: what each asks is
+            // then known when the pool saturates.
+            entry.saturated |= ADMISSION_TENANTS;
             return (entry, fair);
         }
         for (tier, cap) in &a.admit {
@@ -198,7 +198,8 @@ impl<D: Dataplane> Balancer<D> {
         let active = self.dataplane.active_flows(&pool)?.values().sum();
         let counts = self.dataplane.admission_stats(id)?;
         let asked = counts.map(|c| c.admitted + c.shed_saturated + c.shed_over_cap);
-        self.fair.entry(id).or_default().observe(
+        let state = self.fair.entry(id).or_default();
+        state.observe(
             now,
             Reading {
                 pool,
@@ -206,6 +207,15 @@ impl<D: Dataplane> Balancer<D> {
                 active,
                 asked,
             },
+        );
+        tracing::debug!(
+            vip = %config.name,
+            placed,
+            active,
+            saturated,
+            capacity = ?state.capacity(),
+            asked = ?state.asked(),
+            "fair admission round"
         );
         self.write_admission(id, &config, saturated)
     }

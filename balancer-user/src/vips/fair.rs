@@ -7,9 +7,10 @@
 //! over [`CAPACITY_HALF_LIFE`]: while saturated the pool works flat out, so that rate is what
 //! it can take; just before, it is the rate that saturated it. While saturated the tenants
 //! share [`TARGET`] of it (a little less than it finishes, so a backlog drains) by max-min
-//! fairness on their shares and their asked rates ([`water_fill`]); a tenant may always open
-//! at least its share of the whole (so one that starts asking is not held to the little it
-//! asked before), and never more than its own limit.
+//! fairness on their shares and their asked rates ([`water_fill`]): each tenant may open up
+//! to the fair level for its share ([`fair_level`]; one held there gets exactly its part, one
+//! asking less has room for its bursts), at least its share of the whole (so one that starts
+//! asking is not held to the little it asked before), and never more than its own limit.
 
 use std::time::{Duration, Instant};
 
@@ -105,14 +106,16 @@ impl FairState {
                 *d = d.min(f64::from(*l));
             }
         }
-        let fill = water_fill(capacity, &weights, &demands);
+        let level = fair_level(capacity, &weights, &demands);
         let mut rates = [None; TENANTS];
         for t in 0..TENANTS {
             if shares[t] == 0 {
                 continue;
             }
+            // Every tenant may open up to the fair level for its share: the one held there
+            // gets exactly its part, one asking for less has room for its bursts.
             let guaranteed = capacity * weights[t] / total;
-            let rate = fill[t].max(guaranteed);
+            let rate = (level * weights[t]).max(guaranteed);
             rates[t] = Some(match limits[t] {
                 Some(l) => rate.min(f64::from(l)),
                 None => rate,
@@ -158,6 +161,38 @@ pub fn water_fill(capacity: f64, weights: &[f64], demands: &[f64]) -> Vec<f64> {
         open = unmet;
     }
     given
+}
+
+/// The fair level of a max-min split of `capacity` ([`water_fill`]): the rate per unit of
+/// weight of the tenants that get less than they ask. When every tenant asking gets all it
+/// asks, the level of the one asking most per weight plus what is left spread over them; when
+/// none asks, the capacity over every tenant's weight.
+pub fn fair_level(capacity: f64, weights: &[f64], demands: &[f64]) -> f64 {
+    let given = water_fill(capacity, weights, demands);
+    let n = weights.len().min(demands.len());
+    let asking: Vec<usize> = (0..n)
+        .filter(|&t| weights[t] > 0.0 && demands[t] > 0.0)
+        .collect();
+    if let Some(&t) = asking
+        .iter()
+        .find(|&&t| given[t] < demands[t] * (1.0 - 1e-9))
+    {
+        return given[t] / weights[t];
+    }
+    if asking.is_empty() {
+        let all: f64 = weights.iter().filter(|w| **w > 0.0).sum();
+        return if all > 0.0 {
+            capacity.max(0.0) / all
+        } else {
+            0.0
+        };
+    }
+    let left = (capacity - given.iter().sum::<f64>()).max(0.0);
+    let top = asking
+        .iter()
+        .map(|&t| demands[t] / weights[t])
+        .fold(0.0, f64::max);
+    top + left / asking.iter().map(|&t| weights[t]).sum::<f64>()
 }
 
 #[cfg(test)]
@@ -260,15 +295,32 @@ mod tests {
         shares[2] = 1;
         let rates = s.saturated_rates(&shares, &[None; TENANTS]);
         let cap = 100.0 * TARGET;
-        // The quiet tenants keep at least their third; the flooder gets the rest.
-        assert!(close(rates[0].unwrap(), cap / 3.0), "{rates:?}");
+        // The flooder gets what the quiet tenants leave; they may burst up to the same level.
         assert!(close(rates[2].unwrap(), cap - 20.0), "{rates:?}");
+        assert!(close(rates[0].unwrap(), cap - 20.0), "{rates:?}");
         assert_eq!(rates[3], None, "not a tenant");
         // With its own limit of 30/s, the flooder is held there.
         let mut limits = [None; TENANTS];
         limits[2] = Some(30);
         let rates = s.saturated_rates(&shares, &limits);
         assert!(close(rates[2].unwrap(), 30.0), "{rates:?}");
+    }
+
+    #[test]
+    fn the_fair_level_is_what_the_held_tenants_get_per_weight() {
+        // Tenant 2 (weight 2) is held at 60: level 30.
+        assert!(close(
+            fair_level(100.0, &[1.0, 1.0, 2.0], &[10.0, 500.0, 500.0]),
+            30.0
+        ));
+        // Everyone satisfied: the top demand per weight (20) plus the 50 left over 2.
+        assert!(close(fair_level(100.0, &[1.0, 1.0], &[20.0, 30.0]), 55.0));
+        // Nobody asking: the capacity over every weight.
+        assert!(close(
+            fair_level(90.0, &[1.0, 2.0, 0.0], &[0.0, 0.0, 5.0]),
+            30.0
+        ));
+        assert_eq!(fair_level(90.0, &[0.0], &[0.0]), 0.0);
     }
 
     #[test]

@@ -173,7 +173,7 @@ tier = "spare"
 #[test]
 fn fair_admission_shares_the_pool_s_capacity_among_the_tenants_asking() {
     use balancer_common::maps::{
-        ADMISSION_LIMITED, ADMISSION_SATURATED, VIP_F_ADMISSION, VIP_F_FAIR,
+        ADMISSION_SATURATED, ADMISSION_TENANTS, VIP_F_ADMISSION, VIP_F_FAIR,
     };
     let text = r#"
 [[tier]]
@@ -213,7 +213,7 @@ address = "10.0.0.12"
     );
     assert_ne!(meta.flags & VIP_F_FAIR, 0);
     // Not saturated: only team-b's own limit applies, at all times.
-    assert_eq!(lb.dataplane().admission[&id].saturated, ADMISSION_LIMITED);
+    assert_eq!(lb.dataplane().admission[&id].saturated, ADMISSION_TENANTS);
     let fair = lb.dataplane().fair[&id];
     assert_eq!(fair.intervals_ns[2], 25_000_000, "40 flows/s");
     assert_eq!(fair.intervals_ns[0], 0);
@@ -244,7 +244,7 @@ address = "10.0.0.12"
         .unwrap();
     assert_eq!(
         lb.dataplane().admission[&id].saturated,
-        ADMISSION_SATURATED | ADMISSION_LIMITED
+        ADMISSION_SATURATED | ADMISSION_TENANTS
     );
     let entry = lb.dataplane().fair[&id];
     // 95 to share: no tier asks 10 (under its quarter of it), and the other 85 go to team-a
@@ -256,9 +256,9 @@ address = "10.0.0.12"
         rate(1)
     );
     assert!((rate(2) - 85.0 / 3.0).abs() < 0.01, "team-b {}", rate(2));
-    // The clients of no tier may open at least their quarter of the whole.
-    assert!((rate(0) - 95.0 / 4.0).abs() < 0.01, "no tier {}", rate(0));
-    assert_eq!(entry.burst_ns, 250_000_000);
+    // The clients of no tier may burst up to the fair level (team-b's part, share 1).
+    assert!((rate(0) - 85.0 / 3.0).abs() < 0.01, "no tier {}", rate(0));
+    assert_eq!(entry.burst_ns, 500_000_000);
     // Fair admission off: the entry goes back to plain admission control.
     let mut cfg = cfg;
     cfg.vips[0].admission.as_mut().unwrap().fair = false;

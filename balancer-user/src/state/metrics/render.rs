@@ -241,7 +241,7 @@ fn vip_families(f: &mut Families, vip: &VipStatus) {
         if let Some(asked) = t.asked {
             f.gauge(
                 "balancer_admission_tenant_asked",
-                "Fair admission: the new flows per second a tenant asked for lately (counted while its admission is consulted).",
+                "Fair admission: the new flows per second a tenant asked for lately.",
                 &tl,
                 asked,
             );
@@ -254,7 +254,7 @@ fn vip_families(f: &mut Families, vip: &VipStatus) {
         ] {
             f.counter(
                 "balancer_admission_flows_total",
-                "New flows admission control decided on while the pool was saturated (in fair admission, also while a tenant's own limit applied), by client tier and outcome (shed: not admitted, because the tier is not admitted or its cap, or in fair admission its rate, was spent; overflowed: of those shed, sent to the overflow tier).",
+                "New flows admission control decided on while the pool was saturated (in fair admission, at all times), by client tier and outcome (shed: not admitted, because the tier is not admitted or its cap, or in fair admission its rate, was spent; overflowed: of those shed, sent to the overflow tier).",
                 &[("vip", l[0].1), ("tier", t.tier.as_str()), ("outcome", outcome)],
                 flows as f64,
             );
