@@ -172,7 +172,9 @@ struct LlmArgs {
     #[arg(long, conflicts_with_all = ["quick", "sweep", "at_knee", "loads"])]
     recommend: bool,
     /// Workload shapes: conversation, prefill-heavy, mixed, multi-turn, multi-turn-nat,
-    /// tenants.
+    /// tenants, tenants-many, noisy-tenant (fair share between tenants: its own runs at 75%
+    /// of its knee, with and without a tenant asking 4x its share, with and without fair
+    /// admission).
     #[arg(long, value_delimiter = ',')]
     shapes: Option<Vec<String>>,
     /// Your own trace for the conversation shape to replay (as --trace-time says)
@@ -561,7 +563,7 @@ fn llm_options(a: LlmArgs) -> Result<llm::Options> {
             .map(|n| {
                 Shape::parse(n).ok_or_else(|| {
                     anyhow::anyhow!(
-                        "--shapes: unknown shape {n:?} (conversation, prefill-heavy, mixed, multi-turn, multi-turn-nat, tenants)"
+                        "--shapes: unknown shape {n:?} (conversation, prefill-heavy, mixed, multi-turn, multi-turn-nat, tenants, tenants-many, noisy-tenant)"
                     )
                 })
             })

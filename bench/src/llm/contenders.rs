@@ -85,6 +85,10 @@ pub struct VipSettings {
     /// Admission control: while every server is saturated, only the premium tier's new
     /// connections are admitted, the others are refused with a RST.
     pub admission: bool,
+    /// Fair admission between the `noisy-tenant` shape's tenants (each a `[[tier]]`, share
+    /// 1): while every server is saturated, each tenant's new connections are admitted at its
+    /// fair share of what the pool finishes; the rest get a RST.
+    pub fair: bool,
     /// Session persistence: a client's new flows go to its previous server for this long
     /// after its last one (while that server has room under bounded load).
     pub persistence_secs: Option<u32>,
@@ -106,6 +110,7 @@ impl VipSettings {
             affinity_prefix_v4: None,
             queue_saturation: None,
             admission: false,
+            fair: false,
             persistence_secs: None,
             scrape_ms: None,
         }
@@ -130,6 +135,10 @@ impl VipSettings {
             admission: true,
             ..self
         }
+    }
+
+    const fn fair_share(self) -> Self {
+        VipSettings { fair: true, ..self }
     }
 
     const fn by_prefix(self, v4: u8) -> Self {
@@ -159,12 +168,18 @@ impl VipSettings {
         vip.max_load_factor = self.max_load_factor;
         vip.affinity_prefix_v4 = self.affinity_prefix_v4.map(i64::from);
         vip.persistence_secs = self.persistence_secs.map(i64::from);
-        vip.admission = self
-            .admission
-            .then(|| balancer::base::config::RawAdmission {
-                admit: [(PREMIUM_TIER.to_string(), 0)].into_iter().collect(),
+        vip.admission = if self.fair {
+            Some(balancer::base::config::RawAdmission {
+                fair: Some(true),
                 ..Default::default()
-            });
+            })
+        } else {
+            self.admission
+                .then(|| balancer::base::config::RawAdmission {
+                    admit: [(PREMIUM_TIER.to_string(), 0)].into_iter().collect(),
+                    ..Default::default()
+                })
+        };
         if self.composite {
             // The reporter's page first: its TTFT is taken before a later page's.
             let (port, extra) = match self.passive_latency {
@@ -211,7 +226,7 @@ pub const PREMIUM_TIER: &str = "premium";
 
 /// The balancer's policies compared: name, what it is, and its settings of the VIP (the
 /// scrape interval is filled in).
-const OURS: [(&str, &str, VipSettings); 12] = [
+const OURS: [(&str, &str, VipSettings); 13] = [
     (
         "round-robin",
         "each backend in turn",
@@ -275,6 +290,11 @@ const OURS: [(&str, &str, VipSettings); 12] = [
         "composite-admission",
         "composite-cutoff with admission control: while every server is over a cut-off, only the premium clients' new connections (10.111.0.96/27: 28 of the 100 client addresses) are admitted; the others get a TCP RST from the balancer",
         CUTOFF.admitting_premium(),
+    ),
+    (
+        "composite-fair",
+        "composite-cutoff with fair admission: each tenant of the noisy-tenant shape (a /28 of client addresses, a `[[tier]]` of share 1) is admitted while every server is over a cut-off at its max-min fair share of the new connections the pool finishes; the rest get a TCP RST from the balancer",
+        CUTOFF.fair_share(),
     ),
 ];
 
@@ -395,6 +415,9 @@ impl Contender {
 
     /// What it is, for the report.
     pub fn describe(name: &str) -> String {
+        if let Some((variant, base)) = super::fairness::variant_of(name) {
+            return format!("{} ({variant})", Contender::describe(base));
+        }
         if let Some((base, ms)) = name.rsplit_once('@') {
             return format!("{}; scraping every {ms} ms", Contender::describe(base));
         }

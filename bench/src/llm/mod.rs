@@ -19,6 +19,7 @@
 //! the JSON and the plots.
 
 pub mod contenders;
+pub mod fairness;
 mod knee;
 pub mod page;
 mod rack;
@@ -181,6 +182,9 @@ pub fn default_sweep(shape: Shape) -> Vec<String> {
     if shape == Shape::MultiTurnNat {
         return Vec::new();
     }
+    if shape == Shape::NoisyTenant {
+        return fairness::CONTENDERS.map(String::from).to_vec();
+    }
     let mut v = vec!["round-robin", "least-conn", "composite"];
     if shape.multi_turn() {
         v.extend(["affinity", "persistence", "persistence-unbounded"]);
@@ -240,6 +244,8 @@ pub struct Run {
     /// The requests of the premium clients (`workload::PREMIUM_PREFIX`) and of the others.
     pub premium: Summary,
     pub others: Summary,
+    /// The `noisy-tenant` shape's figures by tenant and period.
+    pub tenants: Option<fairness::TenantFigures>,
     pub wall: f64,
 }
 
@@ -312,20 +318,14 @@ fn measured_run(
     trace: &[TraceRequest],
     opts: &Options,
 ) -> Result<Run> {
-    let Point {
-        shape,
-        contender: name,
-        rate,
-        load,
-        rep,
-    } = point;
-    let c = Contender::parse(name, opts.scrape_ms)?;
+    let (shape, rate, load) = (point.shape, point.rate, point.load);
+    let c = Contender::parse(point.contender, opts.scrape_ms)?;
     let work = workload::build(
         &WorkloadOptions {
             shape,
             requests: requests_at(opts, rate),
             rate,
-            seed: opts.first_seed + rep as u64,
+            seed: opts.first_seed + point.rep as u64,
             trace_clients: opts.trace_clients,
             trace_time: opts.trace_time,
             seconds: opts.duration,
@@ -346,6 +346,26 @@ fn measured_run(
     } else {
         rate
     };
+    played_run(rack, Point { rate, ..point }, &c, &work, opts, give_up)
+}
+
+/// Plays `work` through `c` and sums it up as the run of `point` (its contender's name as the
+/// run's: a variant may name it otherwise than `c`).
+fn played_run(
+    rack: &mut LlmRack,
+    point: Point<'_>,
+    c: &Contender,
+    work: &[workload::Conversation],
+    opts: &Options,
+    give_up: Option<GiveUp>,
+) -> Result<Run> {
+    let Point {
+        shape,
+        contender: name,
+        rate,
+        load,
+        rep,
+    } = point;
     let RunOutput {
         outcomes,
         cpu_per_1k,
@@ -355,7 +375,7 @@ fn measured_run(
         persistence,
         prefix_hit_rate,
         wall,
-    } = rack.run(&c, &work, opts, give_up)?;
+    } = rack.run(c, work, opts, give_up)?;
     let summary = summarize(&outcomes, opts.slo);
     let (premium, others): (Vec<Outcome>, Vec<Outcome>) = outcomes.iter().cloned().partition(|o| {
         work.iter()
@@ -373,10 +393,12 @@ fn measured_run(
         &point_line(shape, name, rate, rep),
         &summary,
         &outcomes,
-        &work,
+        work,
         persistence,
         wall,
     );
+    let tenants = (shape == Shape::NoisyTenant)
+        .then(|| fairness::tenant_figures(work, &outcomes, opts.slo, opts.timeout.as_secs_f64()));
     Ok(Run {
         shape,
         contender: name.to_string(),
@@ -393,6 +415,7 @@ fn measured_run(
         ttfts,
         premium,
         others,
+        tenants,
         wall,
     })
 }
@@ -592,6 +615,16 @@ fn run_shape(
         }
     };
     println!("{}: knee {knee:.2} requests/s ({knee_how})", shape.name());
+    if shape == Shape::NoisyTenant {
+        let runs = fairness::runs(rack, knee, opts)?;
+        return Ok(ShapeResult {
+            shape,
+            knee,
+            knee_how,
+            probes,
+            runs,
+        });
+    }
     let sweep_set = opts.sweep.clone().unwrap_or_else(|| default_sweep(shape));
     let knee_set = opts.at_knee.clone().unwrap_or_else(contenders::all);
     // Each load's contenders: the sweep's, and at the knee every contender of the knee set.

@@ -54,6 +54,14 @@ pub const CURRENT: &[Source] = &[
         label: "Multi-turn behind a NAT at 75% of the knee",
         dir: "nat-homes/home-by-capacity/nat-75-percent",
     },
+    Source {
+        label: "Fair share between tenants (`noisy-tenant`): calm load 75% of the knee, 60 s runs, 3 repetitions",
+        dir: "fair-share/load-75",
+    },
+    Source {
+        label: "Fair share between tenants (`noisy-tenant`): calm load 50% of the knee, 60 s runs, 3 repetitions",
+        dir: "fair-share/load-50",
+    },
 ];
 
 const ABOUT: &str = "Four simulated GPU servers (`sim-llm`: 2 large, 2 small, calibrated \
@@ -69,7 +77,10 @@ the same runs. How it measures: [benchmarking.md](../dev/benchmarking.md#llm-rou
 const TARGETS: &str = "Targets: the best balancer policy's p99 TTFT <= 0.5x round robin's at \
 50-100% of the knee with goodput and throughput no lower (>= 0.98x); at the knee <= 1.2x the best \
 L7 router policy's p99 TTFT at <= 1/20 of its CPU per request; for multi-turn traffic, session \
-affinity with >= 1.5x lower mean TTFT than load only (`composite`), p99 no worse (<= 1.02x).";
+affinity with >= 1.5x lower mean TTFT than load only (`composite`), p99 no worse (<= 1.02x); \
+with a tenant asking 4x its share (`noisy-tenant`), fair admission keeps the others' p99 TTFT \
+<= 1.2x of the run without its excess at >= 0.95x the pool goodput of the same policy without \
+fairness.";
 
 /// Writes the page to `<root>/docs/benchmarks/llm.md` from the runs under
 /// `<root>/docs/results/llm`.

@@ -417,11 +417,16 @@ pub(super) fn tc_latency_runs() -> Result<(u64, u64)> {
 /// The balancer config: the rack's usual VIPs, metrics on loopback, and the LLM VIP over
 /// every backend with `settings`.
 pub fn config(topo: &Topology, settings: &VipSettings) -> String {
-    config_with(topo, |llm| settings.apply(llm))
+    build_config(topo, settings.fair, |llm| settings.apply(llm))
 }
 
 /// Like [`config`], with the LLM VIP's settings made by `edit`.
 pub fn config_with(topo: &Topology, edit: impl FnOnce(&mut RawVip)) -> String {
+    build_config(topo, false, edit)
+}
+
+/// The config, with the noisy-tenant shape's tenants as tiers if `tenants`.
+fn build_config(topo: &Topology, tenants: bool, edit: impl FnOnce(&mut RawVip)) -> String {
     let mut config = rack_config(topo, "l2-dsr", AttachMode::Native);
     config.metrics.listen = Some(format!("127.0.0.1:{METRICS_PORT}"));
     // The premium clients, a tier for the contenders with admission control (the others
@@ -431,6 +436,17 @@ pub fn config_with(topo: &Topology, edit: impl FnOnce(&mut RawVip)) -> String {
         prefixes: vec![workload::PREMIUM_PREFIX.into()],
         ..Default::default()
     });
+    if tenants {
+        // Fair admission: the noisy-tenant shape's tenants, a tier each (share 1; more
+        // specific than the premium prefix where they overlap).
+        for (t, prefix) in workload::noisy_tenant_prefixes().into_iter().enumerate() {
+            config.tier.push(balancer::base::config::RawTier {
+                name: Some(format!("tenant-{t}")),
+                prefixes: vec![prefix],
+                ..Default::default()
+            });
+        }
+    }
     let mut llm = vip(VIP_NAME, VIP4, LLM_PORT);
     llm.backend = (0..topo.backends.len())
         .map(|i| backend(backend4(i), None))

@@ -308,7 +308,75 @@ pub fn stated(s: &Samples) -> Vec<Stated> {
     over_routers(s, &mut out);
     affinity(s, &mut out);
     tenant_affinity(s, &mut out);
+    fair_share(s, &mut out);
     out
+}
+
+/// The `noisy-tenant` shape's runs (`llm::fairness`): at each load, the well-behaved tenants'
+/// p99 TTFT in the noisy period with fair admission over the calm run's (<= 1.2x) and over the
+/// run without fairness; the pool's goodput with fair admission over the run without (>=
+/// 0.95x); and the well-behaved tenants' goodput in the period over the calm run's.
+fn fair_share(s: &Samples, out: &mut Vec<Stated>) {
+    use super::fairness::{CALM, CONTENDERS, NOISY};
+    let fair = format!("{NOISY}:{}", CONTENDERS[0]);
+    let calm = format!("{CALM}:{}", CONTENDERS[0]);
+    let unfair = format!("{NOISY}:{}", CONTENDERS[1]);
+    if !s.names.contains(&fair) {
+        return;
+    }
+    for load in s.loads() {
+        let at = load_words(&load);
+        let mut push = |key: &str, what: String, r: Option<Ratio>, line: Option<Line>| {
+            if let Some(ratio) = r {
+                out.push(Stated {
+                    key: format!("{key}/{load}"),
+                    what,
+                    ratio,
+                    line,
+                });
+            }
+        };
+        push(
+            "fair_well_p99_over_calm",
+            format!(
+                "well-behaved tenants' p99 TTFT in the noisy period, fair admission / the run without the excess, {at}"
+            ),
+            s.paired(&fair, &calm, &load, "well_ttft_p99_s"),
+            Some(Line::AtMost(1.2)),
+        );
+        push(
+            "fair_goodput_over_unfair",
+            format!(
+                "pool goodput with the noisy tenant, fair admission / the same policy without it, {at}"
+            ),
+            s.paired(&fair, &unfair, &load, "goodput_rps"),
+            Some(Line::AtLeast(0.95)),
+        );
+        push(
+            "unfair_well_p99_over_calm",
+            format!(
+                "well-behaved tenants' p99 TTFT in the noisy period without fairness / the run without the excess, {at}"
+            ),
+            s.paired(&unfair, &calm, &load, "well_ttft_p99_s"),
+            None,
+        );
+        push(
+            "fair_well_p99_over_unfair",
+            format!(
+                "well-behaved tenants' p99 TTFT in the noisy period, fair admission / without, {at}"
+            ),
+            s.paired(&fair, &unfair, &load, "well_ttft_p99_s"),
+            None,
+        );
+        push(
+            "fair_well_goodput_over_calm",
+            format!(
+                "well-behaved tenants' goodput in the noisy period, fair admission / the run without the excess, {at}"
+            ),
+            s.paired(&fair, &calm, &load, "well_goodput_rps"),
+            None,
+        );
+    }
 }
 
 /// The loads of 50-100% of the knee.

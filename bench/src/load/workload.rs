@@ -12,6 +12,11 @@
 //! `multi-turn-nat` is `multi-turn` with every conversation behind one of 4 addresses (a NAT),
 //! instead of one address each.
 //!
+//! `noisy-tenant` is 4 tenants (a /28 of addresses each, as `tenants`) sending one-turn chat
+//! requests (prompt log-normal median 400 words, output median 150 tokens) Poisson at a quarter
+//! of the rate each; the fair-share runs add the fourth tenant's excess, 4x its share in the
+//! middle third of the run (`noisy_excess`).
+//!
 //! `tenants` is `multi-turn` where each conversation belongs to one of 8 tenants (popularity
 //! Zipf, s = 1): its first message starts with the tenant's system prompt (log-normal, median
 //! 1,000 tokens, 300-3,000; the same for all of the tenant's conversations), and it comes from
@@ -59,10 +64,11 @@ pub enum Shape {
     MultiTurnNat,
     Tenants,
     TenantsMany,
+    NoisyTenant,
 }
 
 impl Shape {
-    pub const ALL: [Shape; 7] = [
+    pub const ALL: [Shape; 8] = [
         Shape::Conversation,
         Shape::PrefillHeavy,
         Shape::Mixed,
@@ -70,6 +76,7 @@ impl Shape {
         Shape::MultiTurnNat,
         Shape::Tenants,
         Shape::TenantsMany,
+        Shape::NoisyTenant,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -81,6 +88,7 @@ impl Shape {
             Shape::MultiTurnNat => "multi-turn-nat",
             Shape::Tenants => "tenants",
             Shape::TenantsMany => "tenants-many",
+            Shape::NoisyTenant => "noisy-tenant",
         }
     }
 
@@ -179,7 +187,7 @@ pub fn is_premium(source: IpAddr) -> bool {
 pub fn addresses_of(shape: Shape) -> usize {
     match shape {
         Shape::MultiTurnNat => 4,
-        Shape::Tenants | Shape::TenantsMany => 150,
+        Shape::Tenants | Shape::TenantsMany | Shape::NoisyTenant => 150,
         _ => 100,
     }
 }
@@ -371,7 +379,97 @@ pub fn build(o: &WorkloadOptions, trace: &[TraceRequest]) -> Result<Vec<Conversa
         Shape::MultiTurn | Shape::MultiTurnNat | Shape::Tenants | Shape::TenantsMany => {
             multi_turn(o, &addresses, &mut rng)
         }
+        Shape::NoisyTenant => fair_tenants(o, &addresses, &mut rng),
     })
+}
+
+/// Tenants of the `noisy-tenant` shape: each a /28 of the client's addresses from
+/// 10.111.0.112 (as the `tenants` shape's), at the same rate.
+pub const NOISY_TENANTS: usize = 4;
+/// The tenant that asks for more in the noisy period.
+pub const NOISY: usize = NOISY_TENANTS - 1;
+/// How many times its share it asks for then.
+pub const NOISY_EXCESS: f64 = 4.0;
+
+/// Which tenant of the `noisy-tenant` shape `source` belongs to.
+pub fn noisy_tenant_of(source: IpAddr) -> Option<usize> {
+    let all = client_addresses(addresses_of(Shape::NoisyTenant));
+    let i = all.iter().position(|a| *a == source)?;
+    let t = i.checked_sub(FIRST_TENANT_ADDRESS)? / 16;
+    (t < NOISY_TENANTS).then_some(t)
+}
+
+/// The `noisy-tenant` shape's tenant prefixes, as `[[tier]]` prefixes (10.111.0.112/28, ...).
+pub fn noisy_tenant_prefixes() -> Vec<String> {
+    (0..NOISY_TENANTS)
+        .map(|t| format!("10.111.0.{}/28", 100 + FIRST_TENANT_ADDRESS + 16 * t))
+        .collect()
+}
+
+/// A one-turn chat request of the `noisy-tenant` shape from tenant `tenant`, at `start`.
+fn tenant_request(
+    id: usize,
+    tenant: usize,
+    start: f64,
+    addresses: &[IpAddr],
+    rng: &mut Rng,
+) -> Conversation {
+    let i = FIRST_TENANT_ADDRESS + 16 * tenant + (rng.next_u64() % 16) as usize;
+    Conversation {
+        id,
+        start,
+        source: addresses[i],
+        turns: vec![Turn {
+            message: words(rng.size(400.0, 0.6, 50, 4000) as usize, rng),
+            output_tokens: rng.size(150.0, 0.5, 16, 500),
+            think: 0.0,
+        }],
+    }
+}
+
+/// The `noisy-tenant` shape as the knee and the fair-share runs see it without the excess:
+/// [`NOISY_TENANTS`] tenants, each Poisson at a quarter of the rate, one-turn chat requests
+/// (prompt log-normal median 400 words, output median 150 tokens).
+fn fair_tenants(o: &WorkloadOptions, addresses: &[IpAddr], rng: &mut Rng) -> Vec<Conversation> {
+    let mut at = 0.0;
+    (0..o.requests)
+        .map(|i| {
+            at += rng.exponential(1.0 / o.rate);
+            let tenant = (rng.next_u64() % NOISY_TENANTS as u64) as usize;
+            tenant_request(i, tenant, at, addresses, rng)
+        })
+        .collect()
+}
+
+/// The noisy tenant's excess over `calm` (a `noisy-tenant` workload at `rate`): during the
+/// middle third of its arrivals, [`NOISY`] asks for [`NOISY_EXCESS`] times its share, these
+/// requests on top of its own. Ids follow `calm`'s; the same seed gives the same excess.
+pub fn noisy_excess(
+    calm: &[Conversation],
+    rate: f64,
+    seed: u64,
+) -> (Vec<Conversation>, (f64, f64)) {
+    let addresses = client_addresses(addresses_of(Shape::NoisyTenant));
+    let mut rng = Rng::new(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x0015e);
+    let end = calm.last().map_or(0.0, |c| c.start);
+    let period = (end / 3.0, 2.0 * end / 3.0);
+    let excess_rate = (NOISY_EXCESS - 1.0) * rate / NOISY_TENANTS as f64;
+    let mut at = period.0;
+    let mut out = Vec::new();
+    loop {
+        at += rng.exponential(1.0 / excess_rate);
+        if at > period.1 {
+            break;
+        }
+        out.push(tenant_request(
+            calm.len() + out.len(),
+            NOISY,
+            at,
+            &addresses,
+            &mut rng,
+        ));
+    }
+    (out, period)
 }
 
 /// A one-turn conversation: request `id`, from its client address.

@@ -26,6 +26,7 @@ fn run(contender: &str, load: f64, rep: usize, p99: f64, goodput: f64) -> Run {
         ttfts: Vec::new(),
         premium: Summary::default(),
         others: Summary::default(),
+        tenants: None,
         wall: 1.0,
     }
 }

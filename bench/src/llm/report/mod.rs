@@ -80,6 +80,13 @@ pub(super) fn metrics(r: &Run) -> Vec<Metric> {
         }
         v.push(("new_flows_placed", p.placed / p.total()));
     }
+    if let Some(t) = &r.tenants {
+        v.push(("well_ttft_p99_s", t.well_ttft_p99));
+        v.push(("well_goodput_rps", t.well_goodput));
+        v.push(("well_failed", t.well_failed as f64));
+        v.push(("noisy_goodput_rps", t.noisy_goodput));
+        v.push(("noisy_failed", t.noisy_failed as f64));
+    }
     let moved = s.turns_moved();
     if !moved.is_nan() {
         v.push(("turns_moved", moved));
@@ -317,8 +324,12 @@ fn shape_section(s: &ShapeResult, md: &mut String, f: &mut Figures, out: &Path) 
         s.runs.iter().map(|r| r.rep + 1).max().unwrap_or(0)
     );
     load_tables(s, &names, &loads, &g, md);
-    tier_table(&names, &loads, &g, md);
-    knee_table(s, &names, &g, md);
+    if s.shape == crate::load::workload::Shape::NoisyTenant {
+        tenant_table(&names, &loads, &g, md);
+    } else {
+        tier_table(&names, &loads, &g, md);
+        knee_table(s, &names, &g, md);
+    }
     targets(s, &names, &g, md, f);
     plots(s, &names, &loads, &g, out, md)?;
     Ok(())
@@ -385,14 +396,60 @@ fn load_tables(s: &ShapeResult, names: &[String], loads: &[f64], g: &ByPoint<'_>
 /// By client tier: what admission control keeps for the premium clients, and what the others
 /// lose.
 fn tier_table(names: &[String], loads: &[f64], g: &ByPoint<'_>, md: &mut String) {
-    let _ = write!(
-        md,
+    let intro = format!(
         "### By client tier\n\nPremium clients ({}: 28 of the 100 client addresses): p99 TTFT s / goodput per s; \
-         the other clients: p99 TTFT s / requests failed (refused, for admission control).\n\n| contender |",
+         the other clients: p99 TTFT s / requests failed (refused, for admission control).",
         crate::load::workload::PREMIUM_PREFIX
     );
+    split_table(
+        &intro,
+        ("premium", "others"),
+        (
+            &[("premium_ttft_p99_s", 2), ("premium_goodput_rps", 2)],
+            &[("others_ttft_p99_s", 2), ("others_failed", 0)],
+        ),
+        (names, loads, g),
+        md,
+    );
+}
+
+/// The `noisy-tenant` shape's runs in the noisy period: the well-behaved tenants' p99 TTFT,
+/// goodput and failures, the noisy tenant's goodput and failures.
+fn tenant_table(names: &[String], loads: &[f64], g: &ByPoint<'_>, md: &mut String) {
+    split_table(
+        "### The noisy period, by tenant\n\nThe requests scheduled in the middle third of a run (where \
+         the noisy tenant asks 4x its share): the three well-behaved tenants' p99 TTFT s (a failed \
+         request counts as the client's timeout) / goodput per s / requests failed (refused); the \
+         noisy tenant's goodput per s / requests failed.",
+        ("well-behaved", "noisy"),
+        (
+            &[
+                ("well_ttft_p99_s", 2),
+                ("well_goodput_rps", 2),
+                ("well_failed", 0),
+            ],
+            &[("noisy_goodput_rps", 2), ("noisy_failed", 0)],
+        ),
+        (names, loads, g),
+        md,
+    );
+}
+
+/// Metrics of a table cell: each metric's name and the digits it is shown with.
+type CellMetrics<'a> = &'a [(&'a str, usize)];
+
+/// A table of two columns per load (`labels`), each cell the medians of its `metrics` joined
+/// by " / ", a row per contender, after `intro`.
+fn split_table(
+    intro: &str,
+    labels: (&str, &str),
+    metrics: (CellMetrics<'_>, CellMetrics<'_>),
+    (names, loads, g): (&[String], &[f64], &ByPoint<'_>),
+    md: &mut String,
+) {
+    let _ = write!(md, "{intro}\n\n| contender |");
     for l in loads {
-        let _ = write!(md, " {:.0}% premium | others |", l * 100.0);
+        let _ = write!(md, " {:.0}% {} | {} |", l * 100.0, labels.0, labels.1);
     }
     let _ = write!(md, "\n| --- |");
     for _ in loads {
@@ -403,15 +460,13 @@ fn tier_table(names: &[String], loads: &[f64], g: &ByPoint<'_>, md: &mut String)
         let _ = write!(md, "| `{n}` |");
         for l in loads {
             let runs = g.get(&(n.clone(), load_key(*l)));
-            let c = |m: &str, d: usize| cell(runs.and_then(|r| stat(r, m)), 1.0, d);
-            let _ = write!(
-                md,
-                " {} / {} | {} / {} |",
-                c("premium_ttft_p99_s", 2),
-                c("premium_goodput_rps", 2),
-                c("others_ttft_p99_s", 2),
-                c("others_failed", 0)
-            );
+            let cells = |ms: CellMetrics<'_>| {
+                ms.iter()
+                    .map(|(m, d)| cell(runs.and_then(|r| stat(r, m)), 1.0, *d))
+                    .collect::<Vec<_>>()
+                    .join(" / ")
+            };
+            let _ = write!(md, " {} | {} |", cells(metrics.0), cells(metrics.1));
         }
         md.push('\n');
     }

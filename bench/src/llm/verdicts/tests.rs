@@ -174,3 +174,33 @@ fn session_affinity_is_stated_against_load_only_at_each_load() {
         .unwrap();
     assert_eq!(p99.verdict(), Some(Verdict::Missed));
 }
+
+#[test]
+fn fair_share_states_its_two_targets_against_the_calm_and_the_unfair_runs() {
+    let f = figures(
+        "noisy-tenant",
+        "0.75",
+        &[
+            ("calm:composite-fair", "well_ttft_p99_s", &[1.0, 1.0, 1.0]),
+            ("noisy:composite-fair", "well_ttft_p99_s", &[1.1, 1.1, 1.1]),
+            (
+                "noisy:composite-cutoff",
+                "well_ttft_p99_s",
+                &[4.0, 4.0, 4.0],
+            ),
+            ("noisy:composite-fair", "goodput_rps", &[5.0, 5.0, 5.0]),
+            ("noisy:composite-cutoff", "goodput_rps", &[5.5, 5.5, 5.5]),
+        ],
+    );
+    let stated = stated(&Samples::of_shape(&f, "noisy-tenant"));
+    let get = |key: &str| stated.iter().find(|s| s.key == key).unwrap();
+    let p99 = get("fair_well_p99_over_calm/0.75");
+    assert!((p99.ratio.value - 1.1).abs() < 1e-9);
+    assert_eq!(p99.verdict(), Some(Verdict::Met));
+    let goodput = get("fair_goodput_over_unfair/0.75");
+    assert!((goodput.ratio.value - 5.0 / 5.5).abs() < 1e-9);
+    assert_eq!(goodput.verdict(), Some(Verdict::Missed));
+    let unfair = get("unfair_well_p99_over_calm/0.75");
+    assert_eq!(unfair.verdict(), None);
+    assert!(unfair.reading().ends_with("higher"), "{}", unfair.reading());
+}

@@ -319,3 +319,56 @@ fn trace_options_write_what_they_read() {
         "as recorded, 4x as fast"
     );
 }
+
+#[test]
+fn the_noisy_tenant_asks_four_times_its_share_in_the_middle_third_only() {
+    let o = opts(Shape::NoisyTenant, 2_000, 8.0, 3);
+    let calm = build(&o, &[]).unwrap();
+    // Four tenants, a quarter of the requests each (within sampling noise), from their /28s.
+    let mut per = [0usize; NOISY_TENANTS];
+    for c in &calm {
+        per[noisy_tenant_of(c.source).expect("a tenant's address")] += 1;
+        assert_eq!(c.turns.len(), 1);
+    }
+    for n in per {
+        assert!((400..600).contains(&n), "{per:?}");
+    }
+    let (excess, (from, to)) = noisy_excess(&calm, 8.0, 3);
+    assert_eq!(
+        noisy_excess(&calm, 8.0, 3).0,
+        excess,
+        "the same seed, the same excess"
+    );
+    let end = calm.last().unwrap().start;
+    assert!((from - end / 3.0).abs() < 1e-9 && (to - 2.0 * end / 3.0).abs() < 1e-9);
+    assert!(excess.iter().all(|c| (from..=to).contains(&c.start)));
+    assert!(
+        excess
+            .iter()
+            .all(|c| noisy_tenant_of(c.source) == Some(NOISY))
+    );
+    // Ids follow the calm workload's.
+    assert_eq!(excess[0].id, calm.len());
+    // In the period the noisy tenant asks about 4x what each other tenant does.
+    let in_period = |t: usize| {
+        calm.iter()
+            .chain(&excess)
+            .filter(|c| (from..to).contains(&c.start) && noisy_tenant_of(c.source) == Some(t))
+            .count() as f64
+    };
+    let ratio = in_period(NOISY) / in_period(0);
+    assert!((3.0..5.2).contains(&ratio), "{ratio}");
+    // The tiers' prefixes hold the tenants' addresses.
+    assert_eq!(
+        noisy_tenant_prefixes(),
+        [
+            "10.111.0.112/28",
+            "10.111.0.128/28",
+            "10.111.0.144/28",
+            "10.111.0.160/28"
+        ]
+    );
+    assert_eq!(noisy_tenant_of("10.111.0.175".parse().unwrap()), Some(3));
+    assert_eq!(noisy_tenant_of("10.111.0.176".parse().unwrap()), None);
+    assert_eq!(noisy_tenant_of("10.111.0.100".parse().unwrap()), None);
+}
