@@ -574,8 +574,10 @@ pub struct GlobalConfig {
 const _: () = assert!(core::mem::size_of::<GlobalConfig>() == 56);
 
 /// Identifies the layout of the pinned maps: a daemon adopts pinned maps only when their
-/// layout is its own. The top byte is bumped by hand when a meaning changes without a size.
-pub const LAYOUT: u64 = (8 << 56)
+/// layout is its own. The top byte is bumped by hand when a meaning changes without a size
+/// (9: fair admission's bit in `Admission::saturated` and `VIP_F_FAIR`, which an older program
+/// would read as a saturated pool admitting no tier).
+pub const LAYOUT: u64 = (9 << 56)
     | (core::mem::size_of::<VipSlot>() as u64) << 40
     | (core::mem::size_of::<Backend>() as u64) << 32
     | (core::mem::size_of::<FlowBucket>() as u64) << 24

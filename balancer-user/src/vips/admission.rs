@@ -56,11 +56,10 @@ impl<D: Dataplane> Balancer<D> {
     ) -> [Option<f64>; TENANTS] {
         let (shares, limits) = self.tenants(a);
         if saturated {
-            self.fair
-                .get(&id)
-                .cloned()
-                .unwrap_or_default()
-                .saturated_rates(&shares, &limits)
+            match self.fair.get(&id) {
+                Some(state) => state.saturated_rates(&shares, &limits),
+                None => FairState::default().saturated_rates(&shares, &limits),
+            }
         } else {
             limits.map(|l| l.map(f64::from))
         }
